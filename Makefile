@@ -1,0 +1,58 @@
+# clockmesh: the two commands a fresh Debian/Ubuntu machine needs, as root:
+#   make demo   build the lab, deploy with Ansible, show live fleet health
+#   make test   the whole suite (lint, unit, lab, molecule)
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# Debian packages the lab and the tests need (ssh per lab host, iproute2 for
+# namespaces, tc for faults, promtool to check /metrics).
+APT_PACKAGES := iproute2 openssh-server openssh-client python3-venv procps util-linux \
+	psmisc rsync sshpass prometheus
+
+.PHONY: help deps venv demo demo-down test lint unit clean
+
+help:
+	@echo "make demo   build the lab, deploy with Ansible, show live fleet health (root)"
+	@echo "make test   run the whole suite: lint, unit, lab and molecule tests (root)"
+	@echo "make lint   ruff, mypy, ansible-lint only"
+	@echo "make demo-down  tear the demo lab down"
+
+deps: $(VENV)/.deps-apt
+$(VENV)/.deps-apt:
+	@mkdir -p $(VENV)
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing Debian packages: $$missing"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+	@touch $@
+
+venv: $(VENV)/.installed
+$(VENV)/.installed: pyproject.toml $(VENV)/.deps-apt
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	@touch $@
+
+demo: venv
+	$(BIN)/clockmesh lab up --name demo
+	$(BIN)/ansible-playbook -i .lab/demo/inventory.yml playbooks/deploy.yml
+	$(BIN)/clockmesh lab health --name demo
+
+demo-down: venv
+	$(BIN)/clockmesh lab down --name demo
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/ansible-lint
+
+test: lint
+	$(BIN)/pytest
+
+clean:
+	rm -rf $(VENV) .wheelhouse build *.egg-info

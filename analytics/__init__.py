@@ -1,0 +1,1 @@
+"""The ops-box side of clockmesh: ingest, store, clock solver, detector, reports."""

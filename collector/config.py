@@ -1,0 +1,133 @@
+"""``/etc/clockmesh/collector.yml``: what one collector does.
+
+Written by the ``clockmesh_collector`` role from inventory variables; see
+``roles/clockmesh_collector/templates/collector.yml.j2`` and docs/configuration.md.
+Every key is optional except ``host``, ``backend.address``, ``ingest.url`` and
+``fleet_key_file``. Unknown keys are errors (a typo must not silently fall back
+to a default).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+
+from collector import configfile
+
+DEFAULT_PATH = Path("/etc/clockmesh/collector.yml")
+
+
+class _Strict(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    pass
+
+
+class Peer(_Strict, kw_only=True):
+    """Another fleet host this collector may probe."""
+
+    name: str
+    address: str  # backend-fabric IPv4 address
+    rack: str = ""
+
+
+class Backend(_Strict, kw_only=True):
+    interface: str = "eth0"  # backend-fabric netdev (counters, SO_BINDTODEVICE)
+    address: str  # this host's backend address (probes are sent from it)
+    probe_port: int = 7470  # UDP port probes and echoes arrive on
+
+
+class Probe(_Strict, kw_only=True):
+    buddies_random: int = 10  # K: buddies outside the own rack, chosen stably per host
+    ports_per_buddy: int = 8  # UDP source ports per buddy (ECMP paths covered)
+    base_sport: int = 40000  # first source port; the others follow
+    rate_per_port: float = 1.0  # coded pairs per second per (buddy, port)
+    pair_spacing_us: float = 20.0  # intended TX spacing inside a coded pair
+    echo: bool = True  # echo every probe back for the RTT/2 baseline
+    max_age_s: float = 5.0  # probes older than this (by their send time) are stale
+
+
+class Ingest(_Strict, kw_only=True):
+    url: str  # ops-box ingest endpoint, e.g. http://198.19.0.1:8470
+    ca_file: str = ""  # CA bundle when the ops box serves TLS
+    timeout_s: float = 5.0
+    retry_max_s: float = 30.0  # cap of the exponential back-off while unreachable
+
+
+class Spool(_Strict, kw_only=True):
+    dir: str = "/var/lib/clockmesh/spool"
+    max_bytes: int = 256 * 1024 * 1024  # oldest segments are dropped (and counted) past this
+    roll_s: float = 1.0  # a segment is closed, fsynced and shipped this often
+    roll_bytes: int = 4 * 1024 * 1024
+
+
+class Counters(_Strict, kw_only=True):
+    interval_s: float = 1.0
+    sysfs_root: str = "/"  # tests and the lab point this at recorded trees
+    interfaces: list[str] = msgspec.field(default_factory=list)  # default: backend.interface
+    rdma_devices: list[str] = msgspec.field(default_factory=list)  # default: all found
+
+
+class Rdma(_Strict, kw_only=True):
+    pyverbs: bool = True  # use pyverbs where importable
+    nccl_conf: str = "/etc/nccl.conf"
+    configfs_root: str = "/sys/kernel/config"
+
+
+class Inband(_Strict, kw_only=True):
+    socket: str = "/run/clockmesh/inband.sock"
+
+
+class LabClock(_Strict, kw_only=True):
+    """Lab only: skew applied to every recorded timestamp (requires ``lab: true``)."""
+
+    offset_ns: int = 0
+    drift_ppm: float = 0.0
+
+
+class CollectorConfig(_Strict, kw_only=True):
+    host: str
+    rack: str = ""
+    lab: bool = False
+    fleet_key_file: str = "/etc/clockmesh/fleet.key"
+    backend: Backend
+    peers: list[Peer] = msgspec.field(default_factory=list)
+    probe: Probe = msgspec.field(default_factory=Probe)
+    ingest: Ingest
+    spool: Spool = msgspec.field(default_factory=Spool)
+    counters: Counters = msgspec.field(default_factory=Counters)
+    rdma: Rdma = msgspec.field(default_factory=Rdma)
+    inband: Inband = msgspec.field(default_factory=Inband)
+    lab_clock: LabClock | None = None
+    status_file: str = "/run/clockmesh/collector.status.json"
+    log_level: str = "info"
+
+
+def load(path: str | Path = DEFAULT_PATH) -> CollectorConfig:
+    """Load and validate collector.yml; raises :class:`configfile.ConfigError`."""
+    config = configfile.load(path, CollectorConfig)
+    validate(config, path)
+    return config
+
+
+def validate(config: CollectorConfig, path: str | Path) -> None:
+    """Checks a schema cannot express: ranges and cross-key rules."""
+
+    def need(ok: bool, key: str, message: str) -> None:
+        if not ok:
+            raise configfile.ConfigError(path, key, message)
+
+    need(config.lab_clock is None or config.lab, "lab_clock", "only allowed with lab: true")
+    need(1 <= config.backend.probe_port <= 65535, "backend.probe_port", "expected a port 1-65535")
+    need(config.probe.ports_per_buddy >= 1, "probe.ports_per_buddy", "expected an int >= 1")
+    need(config.probe.buddies_random >= 0, "probe.buddies_random", "expected an int >= 0")
+    need(config.probe.rate_per_port > 0, "probe.rate_per_port", "expected a number > 0")
+    need(
+        1 <= config.probe.base_sport <= 65535 - config.probe.ports_per_buddy,
+        "probe.base_sport",
+        "expected a port such that base_sport + ports_per_buddy <= 65535",
+    )
+    need(config.spool.max_bytes > 0, "spool.max_bytes", "expected an int > 0")
+    need(config.log_level in {"debug", "info", "warning", "error"}, "log_level",
+         "expected one of debug, info, warning, error")
+    need(config.ingest.url.startswith(("http://", "https://")), "ingest.url",
+         "expected an http:// or https:// URL")

@@ -1,0 +1,1 @@
+"""The ops-box terminal UI (Textual)."""
