@@ -1,0 +1,221 @@
+"""``clockmesh lab ...``: build, inspect and break a leaf-spine lab (root only)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from collector.configfile import ConfigError
+from lab.fabric import Lab, LabError, LabStatus
+from lab.plan import PlanError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _user_errors(func: F) -> F:
+    """Turn lab/user errors into one-line click errors (no traceback)."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except (LabError, PlanError, ConfigError) as exc:
+            raise click.ClickException(str(exc)) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _lab_options(func: F) -> F:
+    func = click.option(
+        "--state-dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=None,
+        help="State directory (default: ./.lab/NAME).",
+    )(func)
+    func = click.option(
+        "--name",
+        default="demo",
+        show_default=True,
+        envvar="CLOCKMESH_LAB",
+        help="Lab name (1-12 lowercase letters/digits); prefixes its namespaces.",
+    )(func)
+    return func
+
+
+def _make_lab(name: str, state_dir: Path | None) -> Lab:
+    try:
+        return Lab(name, state_dir)
+    except PlanError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m)?$")
+
+
+def parse_duration(text: str, option: str) -> float:
+    match = _DURATION.match(text.strip())
+    if not match:
+        raise click.BadParameter(
+            f"expected a duration like 3s, 500ms or 1m, got {text!r}", param_hint=option
+        )
+    value, unit = float(match.group(1)), match.group(2) or "s"
+    return value * {"ms": 0.001, "s": 1.0, "m": 60.0}[unit]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def lab() -> None:
+    """Build and break a leaf-spine lab fabric in network namespaces (root only).
+
+    Hosts h<leaf>-<n>, leaves, spines and an ops box, each a network namespace; a
+    management bridge in the root namespace; sshd per host. See docs/lab.md.
+    """
+
+
+@lab.command()
+@_lab_options
+@click.option("--spines", type=int, default=2, show_default=True)
+@click.option("--leaves", type=int, default=4, show_default=True)
+@click.option("--hosts-per-leaf", type=int, default=4, show_default=True)
+@click.option(
+    "--clock-skew",
+    "clock_seed",
+    type=int,
+    default=None,
+    metavar="SEED",
+    help="Give every host a seeded ground-truth clock error (±5 ms, ±50 ppm) in the inventory.",
+)
+@_user_errors
+def up(
+    name: str,
+    state_dir: Path | None,
+    spines: int,
+    leaves: int,
+    hosts_per_leaf: int,
+    clock_seed: int | None,
+) -> None:
+    """Build the lab: namespaces, veths, ECMP routes, mgmt bridge, sshd per host."""
+    the_lab = _make_lab(name, state_dir)
+    t0 = time.monotonic()
+    topo = the_lab.up(spines, leaves, hosts_per_leaf, clock_seed)
+    took = time.monotonic() - t0
+    click.echo(
+        f"lab {name}: {len(topo.hosts)} hosts, {len(topo.leaves)} leaves, "
+        f"{len(topo.spines)} spines, ops box {topo.ops.mgmt_address}, "
+        f"mgmt {topo.mgmt.subnet} on {topo.mgmt.bridge} — up in {took:.1f}s"
+    )
+    click.echo(f"inventory: {the_lab.inventory_path}")
+    click.echo(f"topology:  {the_lab.topology_path}")
+
+
+@lab.command()
+@_lab_options
+@click.option(
+    "--all", "all_labs", is_flag=True, help="Tear down every clockmesh lab on this machine."
+)
+@click.option("--keep-files", is_flag=True, help="Keep the state directory (logs, per-host dirs).")
+@_user_errors
+def down(name: str, state_dir: Path | None, all_labs: bool, keep_files: bool) -> None:
+    """Remove every namespace, veth, bridge, mount and process of the lab (idempotent)."""
+    if all_labs:
+        reports = Lab.down_all()
+        for lab_name, rep in reports:
+            click.echo(
+                f"lab {lab_name}: removed {len(rep.namespaces)} namespaces, "
+                f"{len(rep.root_links)} root links, stopped {len(rep.pids)} processes"
+            )
+        if not reports:
+            click.echo("no labs found")
+        return
+    rep = _make_lab(name, state_dir).down(keep_files=keep_files)
+    click.echo(
+        f"lab {name}: removed {len(rep.namespaces)} namespaces, {len(rep.root_links)} root "
+        f"links, stopped {len(rep.pids)} processes"
+    )
+
+
+def _print_status(st: LabStatus) -> None:
+    click.echo(f"lab {st.name}  (state: {st.state_dir}{'' if st.recorded else ', none recorded'})")
+    click.echo(
+        f"  namespaces: {len(st.namespaces_present)}/{st.namespaces_expected} present"
+        f"   mgmt bridge {st.bridge or '-'}: {'up' if st.bridge_exists else 'absent'}"
+    )
+    if st.nodes:
+        bad = [n for n in st.nodes if not (n.exists and n.sshd_alive and n.ssh_port_open)]
+        click.echo(f"  sshd: {len(st.nodes) - len(bad)}/{len(st.nodes)} nodes answering on :22")
+        for n in bad:
+            click.echo(
+                f"    {n.name}: namespace {'ok' if n.exists else 'MISSING'}, "
+                f"sshd pid {n.sshd_pid} {'alive' if n.sshd_alive else 'DEAD'}, "
+                f"port 22 {'open' if n.ssh_port_open else 'CLOSED'}"
+            )
+    if st.links:
+        down_links = [lk for lk in st.links if not lk.up]
+        click.echo(f"  links: {len(st.links) - len(down_links)}/{len(st.links)} up")
+        for lk in down_links:
+            click.echo(f"    {lk.name}: DOWN (a={lk.a_up}, b={lk.b_up})")
+        for lk in st.links:
+            if lk.qdisc:
+                click.echo(f"    {lk.name}: shaped ({', '.join(lk.qdisc)})")
+    if st.faults:
+        click.echo("  faults:")
+        for f in st.faults:
+            state = "" if "pid" not in f else (" running" if f.get("alive") else " finished")
+            detail = ", ".join(
+                f"{k}={v}" for k, v in f.items() if k not in {"kind", "link", "alive", "start"}
+            )
+            click.echo(f"    {f.get('kind')} {f.get('link')}{state} ({detail})")
+    else:
+        click.echo("  faults: none")
+
+
+@lab.command()
+@_lab_options
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_user_errors
+def status(name: str, state_dir: Path | None, as_json: bool) -> None:
+    """What exists: namespaces, sshd per host, links up/down, active faults."""
+    st = _make_lab(name, state_dir).status()
+    if as_json:
+        from dataclasses import asdict
+
+        click.echo(json.dumps(asdict(st), default=str, indent=2))
+    else:
+        _print_status(st)
+
+
+@lab.command(name="exec", context_settings={"ignore_unknown_options": True})
+@_lab_options
+@click.argument("node")
+@click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
+@_user_errors
+def exec_(name: str, state_dir: Path | None, node: str, argv: tuple[str, ...]) -> None:
+    """Run a command in NODE's network (and, for hosts, private mount) namespace.
+
+    Example: clockmesh lab exec h1-1 -- ip -br addr
+    """
+    try:
+        rc = _make_lab(name, state_dir).exec(node, list(argv)).returncode
+    except FileNotFoundError as exc:
+        raise click.ClickException(f"{exc.filename}: command not found") from None
+    sys.exit(rc)
+
+
+@lab.command(name="inventory")
+@_lab_options
+@_user_errors
+def inventory_(name: str, state_dir: Path | None) -> None:
+    """Print the path of the lab's Ansible inventory."""
+    the_lab = _make_lab(name, state_dir)
+    if not the_lab.inventory_path.exists():
+        raise click.ClickException(
+            f"{the_lab.inventory_path}: not found (is lab {name!r} up? `clockmesh lab up --name {name}`)"
+        )
+    click.echo(str(the_lab.inventory_path))

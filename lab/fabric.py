@@ -1,0 +1,673 @@
+"""``Lab``: build, inspect, enter and tear down a leaf-spine fabric of network namespaces.
+
+Python API used by the CLI, the tests and other components::
+
+    lab = Lab("demo")                # state in ./.lab/demo/
+    topo = lab.up(spines=2, leaves=4, hosts_per_leaf=4)
+    lab.exec("h1-1", ["ip", "-br", "addr"])
+    lab.down()
+
+Netlink work (namespaces, veths, bridge, addresses, multipath routes) goes through
+pyroute2; sysctls and process launches use ``ip netns exec`` (they need a process
+inside the namespace anyway).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import ipaddress
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import time
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pyroute2 import IPRoute, NetlinkError, netns
+
+from lab import inventory, plan, processes, sshd
+from lab.state import MARKER_FILE, LabState
+from lab.topology import Topology, dumps, load
+
+GLOBAL_LOCK = Path("/run/lock/clockmesh-lab.lock")
+ALIAS_PREFIX = "clockmesh-lab:"
+ROUTER_SYSCTLS = [
+    "net.ipv4.ip_forward=1",
+    "net.ipv4.fib_multipath_hash_policy=1",
+]
+COMMON_SYSCTLS = [
+    # No IPv6: router solicitations and MLD reports would pollute link counters.
+    "net.ipv6.conf.all.disable_ipv6=1",
+    "net.ipv6.conf.default.disable_ipv6=1",
+    # ECMP makes paths asymmetric; strict reverse-path filtering would drop replies.
+    "net.ipv4.conf.all.rp_filter=0",
+    "net.ipv4.conf.default.rp_filter=0",
+    "net.ipv4.conf.all.ignore_routes_with_linkdown=1",
+    "net.ipv4.conf.default.ignore_routes_with_linkdown=1",
+]
+
+
+class LabError(RuntimeError):
+    """A lab operation failed; ``str()`` is one line for the user."""
+
+
+def default_state_dir(name: str) -> Path:
+    return Path.cwd() / ".lab" / name
+
+
+@dataclass
+class NodeStatus:
+    name: str
+    namespace: str
+    exists: bool
+    sshd_pid: int | None = None
+    sshd_alive: bool = False
+    ssh_port_open: bool = False
+
+
+@dataclass
+class LinkStatus:
+    name: str
+    a_up: bool | None
+    b_up: bool | None
+    qdisc: list[str] = field(default_factory=list)
+
+    @property
+    def up(self) -> bool:
+        return bool(self.a_up and self.b_up)
+
+
+@dataclass
+class LabStatus:
+    name: str
+    state_dir: Path
+    recorded: bool
+    bridge: str | None
+    bridge_exists: bool
+    namespaces_expected: int
+    namespaces_present: list[str]
+    nodes: list[NodeStatus]
+    links: list[LinkStatus]
+    faults: list[dict[str, Any]]
+
+
+@dataclass
+class DownReport:
+    namespaces: list[str]
+    root_links: list[str]
+    pids: list[int]
+
+
+def require_root() -> None:
+    if os.geteuid() != 0:
+        raise LabError("the lab needs root (network namespaces, veths, mounts): run as root")
+
+
+@contextlib.contextmanager
+def _global_lock() -> Iterator[None]:
+    GLOBAL_LOCK.parent.mkdir(parents=True, exist_ok=True)
+    with open(GLOBAL_LOCK, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _ns_fd(name: str) -> int:
+    return os.open(processes.NETNS_DIR / name, os.O_RDONLY)
+
+
+def _existing_namespaces() -> list[str]:
+    try:
+        return sorted(os.listdir(processes.NETNS_DIR))
+    except FileNotFoundError:
+        return []
+
+
+def _run_parallel(commands: list[list[str]], what: str) -> None:
+    procs = [
+        (cmd, subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+        for cmd in commands
+    ]
+    errors = []
+    for cmd, proc in procs:
+        _, err = proc.communicate()
+        if proc.returncode != 0:
+            errors.append(f"{' '.join(cmd[:5])}: {err.strip()}")
+    if errors:
+        raise LabError(f"{what} failed: {errors[0]}")
+
+
+class Lab:
+    """One named lab and its state directory."""
+
+    def __init__(self, name: str, state_dir: str | Path | None = None) -> None:
+        self.name = plan.check_name(name)
+        self.dir = Path(state_dir) if state_dir is not None else default_state_dir(name)
+        self.dir = self.dir.absolute()
+        self.state = LabState(self.dir)
+
+    # ------------------------------------------------------------------ paths
+    @property
+    def topology_path(self) -> Path:
+        return self.dir / "topology.json"
+
+    @property
+    def inventory_path(self) -> Path:
+        return self.dir / "inventory.yml"
+
+    @property
+    def private_key(self) -> Path:
+        return self.dir / "ssh" / "id_ed25519"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.dir / "ssh" / "known_hosts"
+
+    def node_dir(self, node: str) -> Path:
+        return self.dir / "nodes" / node
+
+    @property
+    def topology(self) -> Topology:
+        return load(self.topology_path)
+
+    def ssh_command(self, node: str, argv: list[str] | None = None) -> list[str]:
+        """An ``ssh`` argv reaching ``node`` with the lab key and strict host key checking."""
+        topo = self.topology
+        addr = topo.ops.mgmt_address if node == topo.ops.name else topo.host(node).mgmt_address
+        return [
+            "ssh",
+            "-i",
+            str(self.private_key),
+            "-o",
+            f"UserKnownHostsFile={self.known_hosts}",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "ConnectTimeout=5",
+            f"root@{addr}",
+            *(argv or []),
+        ]
+
+    # --------------------------------------------------------------------- up
+    def up(
+        self,
+        spines: int = 2,
+        leaves: int = 4,
+        hosts_per_leaf: int = 4,
+        clock_seed: int | None = None,
+    ) -> Topology:
+        """Build the lab. On any failure everything created so far is torn down."""
+        require_root()
+        plan.build(self.name, 1, spines, leaves, hosts_per_leaf, clock_seed)  # validate first
+        if self.state.exists():
+            live = self._namespaces()
+            if live:
+                raise LabError(
+                    f"lab {self.name!r} is already up ({len(live)} namespaces, state in "
+                    f"{self.dir}); run `clockmesh lab down --name {self.name}` first"
+                )
+            self.down()  # stale state from a crash: clean it before rebuilding
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / MARKER_FILE).write_text(f"{self.name}\n")
+        try:
+            topo = self._build(spines, leaves, hosts_per_leaf, clock_seed)
+        except BaseException as exc:
+            with contextlib.suppress(Exception):
+                self.down(keep_files=True)
+            if isinstance(exc, LabError | NetlinkError | OSError | sshd.SshError):
+                raise LabError(f"lab up {self.name}: {exc}") from exc
+            raise
+        return topo
+
+    def _build(
+        self, spines: int, leaves: int, hosts_per_leaf: int, clock_seed: int | None
+    ) -> Topology:
+        t0 = time.monotonic()
+        alias = ALIAS_PREFIX + self.name
+        with _global_lock(), IPRoute() as root:
+            slot = self._allocate_slot(root)
+            topo = plan.build(self.name, slot, spines, leaves, hosts_per_leaf, clock_seed)
+            mgmt_nodes = [*topo.hosts, topo.ops]
+            root_links = [plan.mgmt_root_iface(slot, n.name) for n in mgmt_nodes]
+            with self.state.update() as st:
+                st.clear()
+                st.update(
+                    name=self.name,
+                    state_dir=str(self.dir),
+                    slot=slot,
+                    bridge=topo.mgmt.bridge,
+                    params={
+                        "spines": spines,
+                        "leaves": leaves,
+                        "hosts_per_leaf": hosts_per_leaf,
+                        "clock_seed": clock_seed,
+                    },
+                    namespaces=[],
+                    root_links=[topo.mgmt.bridge, *root_links],
+                    processes=[],
+                    faults=[],
+                    complete=False,
+                    started=time.time(),
+                )
+            root.link("add", ifname=topo.mgmt.bridge, kind="bridge")
+            br = root.link_lookup(ifname=topo.mgmt.bridge)[0]
+            root.link("set", index=br, ifalias=alias)
+            root.addr("add", index=br, address=topo.mgmt.gateway, prefixlen=24)
+            root.link("set", index=br, state="up")
+        self.topology_path.write_bytes(dumps(topo))
+
+        # Namespaces: recorded first, then created.
+        all_ns = [h.namespace for h in topo.hosts]
+        all_ns += [r.namespace for r in (*topo.leaves, *topo.spines)]
+        all_ns.append(topo.ops.namespace)
+        self.state.add("namespaces", *all_ns)
+        for ns in all_ns:
+            netns.create(ns)
+        routers = {r.namespace for r in (*topo.leaves, *topo.spines)}
+        _run_parallel(
+            [
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    ns,
+                    "sysctl",
+                    "-q",
+                    "-w",
+                    *COMMON_SYSCTLS,
+                    *(ROUTER_SYSCTLS if ns in routers else []),
+                ]
+                for ns in all_ns
+            ],
+            "sysctl",
+        )
+
+        handles: dict[str, IPRoute] = {}
+        try:
+            for ns in all_ns:
+                handles[ns] = IPRoute(netns=ns, flags=0)
+            self._wire(topo, handles, slot, alias)
+        finally:
+            for h in handles.values():
+                h.close()
+        self._wait_links_up(topo)
+        t_net = time.monotonic() - t0
+        self._start_sshd(topo)
+        t_ssh = time.monotonic() - t0 - t_net
+        fleet_key = secrets.token_hex(32)
+        inventory.write(
+            self.inventory_path,
+            inventory.build(topo, self.private_key, self.known_hosts, fleet_key),
+            self.name,
+        )
+        with self.state.update() as st:
+            st["complete"] = True
+            st["timing"] = {"network_s": round(t_net, 3), "sshd_s": round(t_ssh, 3)}
+        return topo
+
+    def _wait_links_up(self, topo: Topology, timeout: float = 10.0) -> None:
+        present = set(self._namespaces())
+        deadline = time.monotonic() + timeout
+        while True:
+            down = [lk.name for lk in link_states(topo, present) if not lk.up]
+            if not down:
+                return
+            if time.monotonic() > deadline:
+                raise LabError(f"links still down after {timeout:.0f}s: {', '.join(down[:5])}")
+            time.sleep(0.05)
+
+    def _allocate_slot(self, root: IPRoute) -> int:
+        used: set[int] = set()
+        mgmt = ipaddress.IPv4Network("198.19.0.0/16")
+        for link in root.get_links():
+            ifname = link.get_attr("IFLA_IFNAME") or ""
+            if ifname.startswith("cmbr") and ifname[4:].isdigit():
+                used.add(int(ifname[4:]))
+        for addr in root.get_addr(family=socket.AF_INET):
+            ip = ipaddress.IPv4Address(addr.get_attr("IFA_ADDRESS"))
+            if ip in mgmt:
+                used.add(int(ip) >> 8 & 0xFF)
+        start = zlib.crc32(self.name.encode()) % 254 + 1
+        for i in range(254):
+            slot = (start - 1 + i) % 254 + 1
+            if slot not in used:
+                return slot
+        raise LabError("no free management /24 left in 198.19.0.0/16 (254 labs up?)")
+
+    def _wire(self, topo: Topology, h: dict[str, IPRoute], slot: int, alias: str) -> None:
+        # 1. veth pairs, created directly with their ends in the two namespaces.
+        for link in topo.links:
+            fd = _ns_fd(link.a.namespace)
+            try:
+                h[link.b.namespace].link(
+                    "add",
+                    ifname=link.b.interface,
+                    kind="veth",
+                    peer={"ifname": link.a.interface, "net_ns_fd": fd},
+                )
+            finally:
+                os.close(fd)
+        with IPRoute() as root:
+            br = root.link_lookup(ifname=topo.mgmt.bridge)[0]
+            for node in [*topo.hosts, topo.ops]:
+                ifname = plan.mgmt_root_iface(slot, node.name)
+                fd = _ns_fd(node.namespace)
+                try:
+                    root.link(
+                        "add",
+                        ifname=ifname,
+                        kind="veth",
+                        peer={"ifname": node.mgmt_interface, "net_ns_fd": fd},
+                    )
+                finally:
+                    os.close(fd)
+                idx = root.link_lookup(ifname=ifname)[0]
+                root.link("set", index=idx, master=br, ifalias=alias)
+                root.link("set", index=idx, state="up")
+        # 2. addresses, everything up (routes need live nexthops).
+        for ipr in h.values():
+            ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up")
+        ends = [end for link in topo.links for end in (link.a, link.b)]
+        for end in ends:
+            ipr = h[end.namespace]
+            idx = ipr.link_lookup(ifname=end.interface)[0]
+            ipr.addr("add", index=idx, address=end.address, prefixlen=end.prefixlen)
+            ipr.link("set", index=idx, state="up")
+        for node in [*topo.hosts, topo.ops]:
+            ipr = h[node.namespace]
+            idx = ipr.link_lookup(ifname=node.mgmt_interface)[0]
+            ipr.addr("add", index=idx, address=node.mgmt_address, prefixlen=24)
+            ipr.link("set", index=idx, state="up")
+        # 3. routes.
+        for host in topo.hosts:
+            access = topo.access_link(host.name)
+            h[host.namespace].route("add", dst="198.18.0.0/16", gateway=access.b.address)
+        fabric = {(lk.a.node, lk.b.node): lk for lk in topo.links if lk.kind == "fabric"}
+        for leaf in topo.leaves:
+            hops = [{"gateway": fabric[(leaf.name, s.name)].b.address} for s in topo.spines]
+            for other in topo.leaves:
+                if other.name == leaf.name:
+                    continue
+                if len(hops) == 1:
+                    h[leaf.namespace].route("add", dst=other.subnet, gateway=hops[0]["gateway"])
+                else:
+                    h[leaf.namespace].route("add", dst=other.subnet, multipath=hops)
+        for spine in topo.spines:
+            for leaf in topo.leaves:
+                gw = fabric[(leaf.name, spine.name)].a.address
+                h[spine.namespace].route("add", dst=leaf.subnet, gateway=gw)
+
+    def _start_sshd(self, topo: Topology) -> None:
+        for target in sshd.PRIVATE_MOUNTS:
+            Path(target).mkdir(parents=True, exist_ok=True)
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
+        client_pub = sshd.keygen(self.private_key, f"clockmesh-lab-{self.name}")
+        authorized = self.dir / "ssh" / "authorized_keys"
+        authorized.write_text(client_pub + "\n")
+        authorized.chmod(0o600)
+        nodes = [(h.name, h.namespace, h.mgmt_address) for h in topo.hosts]
+        nodes.append((topo.ops.name, topo.ops.namespace, topo.ops.mgmt_address))
+        # Host keys in parallel (ssh-keygen per node).
+        keygens = []
+        for node, _, _ in nodes:
+            key = self.node_dir(node) / "ssh_host_ed25519_key"
+            key.parent.mkdir(parents=True, exist_ok=True)
+            for sub in sshd.PRIVATE_MOUNTS.values():
+                (self.node_dir(node) / sub).mkdir(exist_ok=True)
+            if not key.exists():
+                keygens.append(
+                    ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", node, "-f", str(key)]
+                )
+        _run_parallel(keygens, "ssh-keygen")
+        known = []
+        for node, _, addr in nodes:
+            key = self.node_dir(node) / "ssh_host_ed25519_key"
+            key.chmod(0o600)
+            pub = Path(f"{key}.pub").read_text().split()
+            known.append(f"{addr} {pub[0]} {pub[1]}")
+        self.known_hosts.write_text("\n".join(known) + "\n")
+        recs = []
+        for node, ns, addr in nodes:
+            ndir = self.node_dir(node)
+            conf = ndir / "sshd_config"
+            conf.write_text(
+                sshd.sshd_config(addr, ndir / "ssh_host_ed25519_key", authorized, ndir / "sshd.pid")
+            )
+            with open(ndir / "sshd.log", "ab") as log:
+                proc = subprocess.Popen(
+                    sshd.launch_command(ns, ndir, conf),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            recs.append(processes.record(proc.pid, node=node, what="sshd"))
+        self.state.add("processes", *recs)
+        missing = sshd.wait_listening([addr for _, _, addr in nodes])
+        if missing:
+            node = next(n for n, _, a in nodes if a == missing[0])
+            log = (self.node_dir(node) / "sshd.log").read_text(errors="replace").strip()
+            last = log.splitlines()[-1] if log else "no log output"
+            raise LabError(f"sshd on {node} ({missing[0]}:22) did not come up: {last}")
+
+    # ------------------------------------------------------------------- down
+    def _namespaces(self) -> list[str]:
+        pattern = plan.namespace_pattern(self.name)
+        return [ns for ns in _existing_namespaces() if pattern.match(ns)]
+
+    def down(self, keep_files: bool = False) -> DownReport:
+        """Remove every namespace, veth, bridge, mount and process of this lab.
+
+        Idempotent; works from ``state.json`` plus a scan of namespaces matching the
+        lab's name and root links carrying its alias, so it also cleans up after a
+        crash or a SIGKILLed ``up``.
+        """
+        require_root()
+        data = self.state.read()
+        namespaces = sorted(set(data.get("namespaces", [])) | set(self._namespaces()))
+        # 1. fault injectors and recorded processes (sshd ...), by PID + start time.
+        recorded = list(data.get("processes", []))
+        recorded += [f for f in data.get("faults", []) if "pid" in f]
+        killed = processes.terminate_records(recorded)
+        # 2. anything else running inside the lab's namespaces (collectors, loads).
+        in_ns = processes.pids_in_namespaces(namespaces)
+        killed += processes.terminate([pid for pids in in_ns.values() for pid in pids])
+        # 3. namespaces (their veth ends go with them).
+        removed_ns = []
+        for ns in namespaces:
+            if (processes.NETNS_DIR / ns).exists():
+                with contextlib.suppress(OSError):
+                    netns.remove(ns)
+                removed_ns.append(ns)
+        # 4. root-namespace links: the bridge and the mgmt veth ends.
+        alias = ALIAS_PREFIX + self.name
+        wanted = set(data.get("root_links", []))
+        removed_links = []
+        with IPRoute() as root:
+            for link in root.get_links():
+                ifname = link.get_attr("IFLA_IFNAME")
+                if ifname in wanted or link.get_attr("IFLA_IFALIAS") == alias:
+                    try:
+                        root.link("del", index=link["index"])
+                        removed_links.append(ifname)
+                    except NetlinkError as exc:
+                        if exc.code != errno.ENODEV:
+                            raise
+        # 5. files.
+        if not keep_files and (self.dir / MARKER_FILE).exists():
+            shutil.rmtree(self.dir, ignore_errors=True)
+        elif self.state.exists():
+            with self.state.update() as st:
+                st["namespaces"] = []
+                st["processes"] = []
+                st["faults"] = []
+                st["complete"] = False
+                st["down"] = True
+        return DownReport(removed_ns, sorted(removed_links), sorted(set(killed)))
+
+    @staticmethod
+    def down_all(base: Path | None = None) -> list[tuple[str, DownReport]]:
+        """Tear down every lab: state dirs under ``base`` plus any lab namespace/link found."""
+        require_root()
+        reports = []
+        base = base if base is not None else Path.cwd() / ".lab"
+        if base.is_dir():
+            for state_file in sorted(base.glob("*/state.json")):
+                name = state_file.parent.name
+                with contextlib.suppress(plan.PlanError):
+                    reports.append((name, Lab(name, state_file.parent).down()))
+        # Lab names have no dashes, so a lab namespace's name starts with "<lab>-".
+        names = {
+            ns.split("-")[0] for ns in _existing_namespaces() if plan.ANY_LAB_NAMESPACE.match(ns)
+        }
+        with IPRoute() as root:
+            for link in root.get_links():
+                alias = link.get_attr("IFLA_IFALIAS") or ""
+                if alias.startswith(ALIAS_PREFIX):
+                    names.add(alias[len(ALIAS_PREFIX) :])
+        for name in sorted(names):
+            with contextlib.suppress(plan.PlanError):
+                lab = Lab(name, Path("/nonexistent-clockmesh-lab") / name)
+                reports.append((name, lab.down(keep_files=True)))
+        return reports
+
+    # ------------------------------------------------------------------- exec
+    def _sshd_record(self, node: str) -> dict[str, Any] | None:
+        for rec in self.state.read().get("processes", []):
+            if rec.get("node") == node and rec.get("what") == "sshd":
+                return rec
+        return None
+
+    def command(self, node: str, argv: list[str]) -> list[str]:
+        """argv running ``argv`` in ``node``'s network namespace (and private mounts)."""
+        topo = self.topology
+        try:
+            ns = topo.node_namespace(node)
+        except KeyError:
+            raise LabError(
+                f"node: no node named {node!r} in lab {self.name!r} "
+                f"(expected one of {', '.join(topo.nodes)})"
+            ) from None
+        if node in {h.name for h in topo.hosts} or node == topo.ops.name:
+            rec = self._sshd_record(node)
+            if rec is None or not processes.alive(rec):
+                raise LabError(
+                    f"{node}: its sshd (which holds the private mounts) is not running; "
+                    "run `clockmesh lab status`"
+                )
+            return [
+                "nsenter",
+                f"--net={processes.NETNS_DIR / ns}",
+                f"--mount=/proc/{rec['pid']}/ns/mnt",
+                "--",
+                *argv,
+            ]
+        return ["ip", "netns", "exec", ns, *argv]
+
+    def exec(self, node: str, argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess[Any]:
+        """Run ``argv`` in ``node`` and wait (kwargs go to :func:`subprocess.run`)."""
+        return subprocess.run(self.command(node, argv), **kwargs)
+
+    def popen(self, node: str, argv: list[str], **kwargs: Any) -> subprocess.Popen[Any]:
+        return subprocess.Popen(self.command(node, argv), **kwargs)
+
+    # ----------------------------------------------------------------- status
+    def status(self) -> LabStatus:
+        require_root()
+        data = self.state.read()
+        present = self._namespaces()
+        present_set = set(present)
+        bridge = data.get("bridge")
+        nodes: list[NodeStatus] = []
+        links: list[LinkStatus] = []
+        bridge_exists = False
+        if bridge:
+            with IPRoute() as root:
+                bridge_exists = bool(root.link_lookup(ifname=bridge))
+        try:
+            topo: Topology | None = self.topology
+        except Exception:
+            topo = None
+        if topo is not None:
+            sshd_recs = {r["node"]: r for r in data.get("processes", []) if r.get("what") == "sshd"}
+            for name, ns, addr in [
+                *((h.name, h.namespace, h.mgmt_address) for h in topo.hosts),
+                (topo.ops.name, topo.ops.namespace, topo.ops.mgmt_address),
+            ]:
+                rec = sshd_recs.get(name)
+                ns_ok = ns in present_set
+                nodes.append(
+                    NodeStatus(
+                        name=name,
+                        namespace=ns,
+                        exists=ns_ok,
+                        sshd_pid=rec["pid"] if rec else None,
+                        sshd_alive=bool(rec and processes.alive(rec)),
+                        ssh_port_open=ns_ok and sshd.port_open(addr, 0.3),
+                    )
+                )
+            links = link_states(topo, present_set)
+        expected = 0
+        if topo is not None:
+            expected = len(topo.hosts) + len(topo.leaves) + len(topo.spines) + 1
+        faults = [
+            dict(f, alive=processes.alive(f)) if "pid" in f else f for f in data.get("faults", [])
+        ]
+        return LabStatus(
+            name=self.name,
+            state_dir=self.dir,
+            recorded=bool(data),
+            bridge=bridge,
+            bridge_exists=bridge_exists,
+            namespaces_expected=expected,
+            namespaces_present=present,
+            nodes=nodes,
+            links=links,
+            faults=faults,
+        )
+
+
+def link_states(topo: Topology, present: set[str]) -> list[LinkStatus]:
+    """Operational state and root qdisc of both ends of every link."""
+    by_ns: dict[str, dict[str, tuple[bool, list[str]]]] = {}
+    for ns in {e.namespace for lk in topo.links for e in (lk.a, lk.b)} & present:
+        info: dict[str, tuple[bool, list[str]]] = {}
+        try:
+            with IPRoute(netns=ns, flags=0) as ipr:
+                names = {}
+                for link in ipr.get_links():
+                    ifname = link.get_attr("IFLA_IFNAME")
+                    names[link["index"]] = ifname
+                    up = link.get_attr("IFLA_OPERSTATE") == "UP"
+                    info[ifname] = (up, [])
+                for q in ipr.get_qdiscs():
+                    kind = q.get_attr("TCA_KIND")
+                    ifname = names.get(q["index"])
+                    if (
+                        ifname in info
+                        and kind in {"tbf", "netem", "htb"}
+                        and q["parent"] == 0xFFFFFFFF
+                    ):
+                        info[ifname][1].append(kind)
+        except (OSError, NetlinkError):
+            continue
+        by_ns[ns] = info
+    out = []
+    for lk in topo.links:
+        a = by_ns.get(lk.a.namespace, {}).get(lk.a.interface)
+        b = by_ns.get(lk.b.namespace, {}).get(lk.b.interface)
+        qd = [f"{lk.a.node}:{k}" for k in (a[1] if a else [])]
+        qd += [f"{lk.b.node}:{k}" for k in (b[1] if b else [])]
+        out.append(LinkStatus(lk.name, a[0] if a else None, b[0] if b else None, qd))
+    return out

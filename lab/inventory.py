@@ -1,0 +1,64 @@
+"""``inventory.yml``: the contract between the lab and the Ansible roles.
+
+Groups: ``collectors`` (children: one group per rack, named after its leaf) and
+``opsbox``. Keep these names and variables stable: the roles depend on them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from lab.topology import Topology
+
+INGEST_PORT = 8470
+
+
+def build(topo: Topology, private_key: Path, known_hosts: Path, fleet_key: str) -> dict[str, Any]:
+    racks: dict[str, dict[str, Any]] = {}
+    for host in topo.hosts:
+        hostvars: dict[str, Any] = {
+            "ansible_host": host.mgmt_address,
+            "clockmesh_backend_address": host.backend_address,
+            "clockmesh_backend_interface": host.backend_interface,
+            "clockmesh_rack": host.rack,
+        }
+        if host.clock is not None:
+            hostvars["clockmesh_lab_clock"] = {
+                "offset_ns": host.clock.offset_ns,
+                "drift_ppm": host.clock.drift_ppm,
+            }
+        racks.setdefault(host.rack, {"hosts": {}})["hosts"][host.name] = hostvars
+    return {
+        "all": {
+            "vars": {
+                "ansible_user": "root",
+                "ansible_ssh_private_key_file": str(private_key),
+                "ansible_ssh_common_args": (
+                    f"-o UserKnownHostsFile={known_hosts} -o StrictHostKeyChecking=yes"
+                ),
+                "ansible_python_interpreter": "/usr/bin/python3",
+                "clockmesh_fleet_key": fleet_key,
+                "clockmesh_ingest_url": f"http://{topo.ops.mgmt_address}:{INGEST_PORT}",
+                "clockmesh_lab": True,
+            },
+            "children": {
+                "collectors": {"children": racks},
+                "opsbox": {
+                    "hosts": {topo.ops.name: {"ansible_host": topo.ops.mgmt_address}},
+                },
+            },
+        }
+    }
+
+
+def write(path: Path, inventory: dict[str, Any], lab: str) -> None:
+    header = f"# clockmesh lab {lab!r}: written by `clockmesh lab up`; regenerated on every up.\n"
+    tmp = path.with_suffix(".yml.tmp")
+    tmp.write_text(
+        header + yaml.safe_dump(inventory, sort_keys=False, width=1000), encoding="utf-8"
+    )
+    tmp.chmod(0o600)  # holds the fleet key
+    tmp.replace(path)
