@@ -1,18 +1,24 @@
 """``clockmesh collector ...``: run or inspect the collector on a fleet host.
 
 Started minimal by the Ansible work (the roles validate collector.yml with
-``check-config`` before it replaces the old file); the collector grows ``run``
-and friends here.
+``check-config`` before it replaces the old file); ``run`` and ``status`` added
+by the collector work.
 """
 
 from __future__ import annotations
 
+import json
+import sys
+import time
 from pathlib import Path
 
 import click
+import msgspec
 
 from collector import config as collector_config
 from collector.configfile import ConfigError
+
+STALE_S = 5.0
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -39,3 +45,106 @@ def check_config(path: Path) -> None:
         click.echo(str(exc), err=True)
         raise SystemExit(2) from None
     click.echo(f"{path}: ok")
+
+
+@collector.command("run")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    default=str(collector_config.DEFAULT_PATH),
+    show_default=True,
+    help="collector.yml to run with.",
+)
+def run(config_path: str) -> None:
+    """Run the collector in the foreground (SIGTERM stops, SIGHUP reloads)."""
+    from collector.agent import Collector, setup_logging
+
+    try:
+        cfg = collector_config.load(config_path)
+        setup_logging(cfg.log_level)
+        agent = Collector(cfg, config_path)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    except OSError as exc:
+        raise click.ClickException(f"cannot start: {exc}") from None
+    try:
+        sys.exit(agent.run())
+    except OSError as exc:
+        # e.g. the backend address is not configured on this host
+        raise click.ClickException(f"{config_path}: backend: cannot open sockets: {exc}") from None
+
+
+def _default_status_file() -> str:
+    for info in msgspec.structs.fields(collector_config.CollectorConfig):
+        if info.name == "status_file":
+            return str(info.default)
+    raise AssertionError("CollectorConfig has no status_file")
+
+
+def _age(unix: float) -> str:
+    if not unix:
+        return "never"
+    return f"{time.time() - unix:.1f}s ago"
+
+
+@collector.command("status")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="collector.yml naming the status file (default: /etc/clockmesh/collector.yml).",
+)
+@click.option("--status-file", type=click.Path(dir_okay=False), default=None)
+@click.option("--json", "as_json", is_flag=True, help="Print the raw status JSON.")
+def status(config_path: str | None, status_file: str | None, as_json: bool) -> None:
+    """Show what the running collector is doing (reads its status file)."""
+    if status_file is None:
+        path = Path(config_path or collector_config.DEFAULT_PATH)
+        if config_path is None and not path.exists():
+            status_file = _default_status_file()
+        else:
+            try:
+                status_file = collector_config.load(path).status_file
+            except ConfigError as exc:
+                raise click.ClickException(str(exc)) from None
+    try:
+        data = json.loads(Path(status_file).read_text())
+    except FileNotFoundError:
+        raise click.ClickException(
+            f"{status_file}: status file not found (is the collector running?)"
+        ) from None
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(f"{status_file}: unreadable status file: {exc}") from None
+    if as_json:
+        click.echo(json.dumps(data, indent=1))
+        return
+    age = time.time() - float(data.get("updated_unix", 0))
+    state = "running" if age < STALE_S else f"STALE (last update {age:.0f}s ago; not running?)"
+    rej = data.get("rejected", {})
+    sp = data.get("spool", {})
+    sh = data.get("shipping", {})
+    lines = [
+        f"collector {data.get('host')} pid {data.get('pid')}: {state}",
+        f"  probes/s       sent {data.get('probes_sent_per_s')}  received {data.get('probes_received_per_s')}"
+        f"  (total sent {data.get('probes_sent')}, received {data.get('probes_received')},"
+        f" echoes {data.get('echoes_received')})",
+        f"  buddies        {len(data.get('buddies', []))} x {data.get('ports_per_buddy')} ports:"
+        f" {', '.join(data.get('buddies', [])) or '-'}",
+        "  rejected       "
+        + (", ".join(f"{k} {v}" for k, v in sorted(rej.items())) or "none")
+        + f"  (total {sum(rej.values())})",
+        f"  spool          {sp.get('segments')} segments, {sp.get('bytes')} bytes, {sp.get('rows')} rows"
+        f" waiting; dropped {sp.get('dropped_rows')} rows",
+        f"  last ack       segment {sh.get('last_ack_segment')} {_age(sh.get('last_ack_unix', 0))}"
+        f" ({sh.get('segments_acked')} acked, {sh.get('rejected')} rejected)",
+    ]
+    if sh.get("last_error"):
+        lines.append(f"  shipping error {sh['last_error']} (retry in {sh.get('backoff_s')}s)")
+    if data.get("lab_clock"):
+        lc = data["lab_clock"]
+        lines.append(
+            f"  lab clock      offset {lc['offset_ns']} ns, drift {lc['drift_ppm']} ppm, t0 {lc['t0_ns']}"
+        )
+    click.echo("\n".join(lines))

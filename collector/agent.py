@@ -1,0 +1,499 @@
+"""The collector process: one selector loop, plus the shipper thread.
+
+The loop owns the probe sockets, the in-band hook and every timer (coded-pair
+schedule, record flush, counters, RDMA config, jobs, health, status file);
+records go to per-table numpy buffers, are appended to the open spool segment
+every ``FLUSH_S`` and the segment is rolled (fsync) every ``spool.roll_s``. The
+shipper thread posts closed segments. SIGTERM/SIGINT: flush, roll, stop.
+SIGHUP: reload the config (a bad one is logged and the old one kept).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import selectors
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from collector import buddies as buddies_mod
+from collector import config as config_mod
+from collector import rdma_config, records
+from collector.config import CollectorConfig
+from collector.configfile import ConfigError
+from collector.inband import InbandHook
+from collector.lab_clock import RecordingClock
+from collector.probe_mesh import ProbeMesh
+from collector.probe_packet import PacketCodec
+from collector.record_buffer import RecordBuffer
+from collector.shipper import Shipper
+from collector.spool import Spool
+from collector.sysfs_counters import SysfsCounters
+
+log = logging.getLogger("clockmesh.collector")
+FLUSH_S = 0.25
+RDMA_CONFIG_S = 10.0
+JOBS_S = 5.0
+STATUS_S = 1.0
+
+
+class KeyValueFormatter(logging.Formatter):
+    """``ts=... level=... logger=... event=...`` lines (messages are key=value already)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        line = f"ts={ts}.{int(record.msecs):03d}Z level={record.levelname.lower()} logger={record.name} {record.getMessage()}"
+        if record.exc_info:
+            line += " exc=" + repr(self.formatException(record.exc_info))
+        return line
+
+
+def setup_logging(level: str) -> None:
+    root = logging.getLogger("clockmesh")
+    if not any(isinstance(h.formatter, KeyValueFormatter) for h in root.handlers):
+        handler = logging.StreamHandler()
+        handler.setFormatter(KeyValueFormatter())
+        root.addHandler(handler)
+        root.propagate = False
+    root.setLevel(level.upper())
+
+
+def read_key(path: str) -> bytes:
+    """The fleet key (file content, trailing whitespace stripped). Never logged."""
+    try:
+        key = Path(path).read_bytes().strip()
+    except OSError as exc:
+        raise ConfigError(path, None, f"fleet key unreadable: {exc.strerror}") from None
+    if len(key) < 16:
+        raise ConfigError(path, None, "fleet key is shorter than 16 bytes")
+    return key
+
+
+def _atomic_write(path: Path, data: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(data)
+    os.replace(tmp, path)
+
+
+class Collector:
+    """Everything one host's collector does; :meth:`run` blocks until stopped."""
+
+    def __init__(self, cfg: CollectorConfig, config_path: str | Path | None = None) -> None:
+        self.cfg = cfg
+        self.config_path = config_path
+        self.key = read_key(cfg.fleet_key_file)
+        self.host_id = records.host_id(cfg.host)
+        self.clock = RecordingClock(cfg.lab_clock)
+        self.started_unix = time.time()
+        self.buffers = {name: RecordBuffer(name) for name in records.TABLES}
+        self.spool = Spool(
+            cfg.spool.dir,
+            cfg.host,
+            self.host_id,
+            max_bytes=cfg.spool.max_bytes,
+            roll_s=cfg.spool.roll_s,
+            roll_bytes=cfg.spool.roll_bytes,
+        )
+        self.shipper = Shipper(
+            self.spool,
+            cfg.ingest.url,
+            self.key,
+            timeout_s=cfg.ingest.timeout_s,
+            retry_max_s=cfg.ingest.retry_max_s,
+            ca_file=cfg.ingest.ca_file,
+        )
+        self.mesh: ProbeMesh | None = None
+        self.inband: InbandHook | None = None
+        self.counters: SysfsCounters | None = None
+        self.verbs_note = ""
+        self._rdma_fp = b""
+        self._jobs_fp = b""
+        self._stop = False
+        self._reload = False
+        self._sel = selectors.DefaultSelector()
+        self._last_status: tuple[float, int, int] = (time.monotonic(), 0, 0)
+        self.rates = (0.0, 0.0)
+        self.reloads = 0
+        self.reload_errors = 0
+
+    # ---- set-up / tear-down ---------------------------------------------------------
+    def _open_io(self) -> None:
+        cfg = self.cfg
+        chosen = buddies_mod.choose(cfg.host, cfg.rack, cfg.peers, cfg.probe.buddies_random)
+        self.mesh = ProbeMesh(cfg, chosen, PacketCodec(self.key), self.clock, self.buffers)
+        socks = self.mesh.open()
+        mesh = self.mesh
+        self._sel.register(socks[0], selectors.EVENT_READ, mesh.on_probe_socket)
+        for i, sock in enumerate(socks[1:]):
+            self._sel.register(sock, selectors.EVENT_READ, lambda i=i: mesh.on_tx_socket(i))
+        self.inband = InbandHook(cfg.inband.socket, self.host_id, self.clock)
+        self._sel.register(self.inband.sock, selectors.EVENT_READ, self._on_inband)
+        interfaces = cfg.counters.interfaces or [cfg.backend.interface]
+        self.counters = SysfsCounters(
+            cfg.counters.sysfs_root, interfaces, cfg.counters.rdma_devices
+        )
+        self._rdma_fp = b""
+        self._jobs_fp = b""
+        log.info(
+            "event=probe_mesh host=%s address=%s buddies=%s ports=%d pairs_per_s=%.1f counters=%d",
+            cfg.host,
+            cfg.backend.address,
+            ",".join(p.name for p in chosen) or "-",
+            cfg.probe.ports_per_buddy,
+            len(mesh.slots) * cfg.probe.rate_per_port,
+            len(self.counters),
+        )
+
+    def _close_io(self) -> None:
+        if self.mesh is not None:
+            for sock in [self.mesh.rx_sock, *self.mesh.tx_socks]:
+                if sock is not None:
+                    self._sel.unregister(sock)
+            self.mesh.flush(time.time_ns() + 10**12)  # everything left, USER where needed
+            self.mesh.close()
+        if self.inband is not None:
+            self._sel.unregister(self.inband.sock)
+            self.inband.close()
+            self.inband = None
+
+    def _probe_verbs(self) -> None:
+        if not self.cfg.rdma.pyverbs:
+            self.verbs_note = "disabled"
+            return
+        from collector import verbs
+
+        devices = verbs.enumerate_devices()
+        if devices is None:
+            self.verbs_note = "pyverbs not importable; UDP probes only"
+            log.info("event=pyverbs_unavailable action=udp_only")
+        else:
+            self.verbs_note = f"{len(devices)} device(s)"
+            log.info("event=pyverbs devices=%s", ",".join(d.name for d in devices) or "-")
+
+    # ---- periodic work --------------------------------------------------------------
+    def _on_inband(self) -> None:
+        assert self.inband is not None
+        rows, jobs = self.inband.drain()
+        if len(rows):
+            self.buffers["inband"].extend(rows)
+        if len(jobs):
+            self.buffers["job_rdma"].extend(jobs)
+
+    def _sample_counters(self) -> None:
+        if self.counters is not None and len(self.counters):
+            self.buffers["counter"].extend(self.counters.sample(self.clock.now(), self.host_id))
+
+    def _scan_rdma_config(self) -> None:
+        cfg = self.cfg
+        rows = rdma_config.gid_table(
+            cfg.counters.sysfs_root, cfg.rdma.configfs_root, self.clock.now(), self.host_id
+        )
+        fp = rdma_config.fingerprint(rows)
+        if fp != self._rdma_fp:
+            self._rdma_fp = fp
+            self.buffers["rdma_config"].extend(rows)
+            log.info("event=rdma_config gids=%d", len(rows))
+
+    def _scan_jobs(self) -> None:
+        rows = rdma_config.job_rows(
+            self.cfg.rdma.nccl_conf, self.clock.now(), self.host_id, same_netns=self.cfg.lab
+        )
+        fp = rdma_config.fingerprint(rows)
+        if fp != self._jobs_fp:
+            self._jobs_fp = fp
+            self.buffers["job_rdma"].extend(rows)
+            log.info("event=job_rdma rows=%d", len(rows))
+
+    def health_values(self) -> dict[str, int]:
+        mesh = self.mesh
+        values: dict[str, int] = {}
+        if mesh is not None:
+            for name in ("probes_sent", "probes_received", "echoes_sent", "echoes_received"):
+                values[name] = mesh.stats[name]
+            values["tx_ts_kernel"] = mesh.stats["tx_ts_kernel"]
+            values["tx_ts_user"] = mesh.stats["tx_ts_user"]
+            for reason, count in mesh.rejected.items():
+                values[f"probes_rejected_{reason}"] = count
+            for name, count in mesh.stats.items():
+                if name.startswith("send_error_"):
+                    values[name] = count
+        if self.inband is not None:
+            values["inband_received"] = self.inband.received
+            values["inband_rejected"] = self.inband.rejected
+        st = self.spool.stats
+        values["spool_dropped_rows"] = st.dropped_rows
+        values["spool_dropped_segments"] = st.dropped_segments
+        values["spool_rows_written"] = st.rows_written
+        values["batches_rejected"] = self.shipper.stats.rejected
+        if self.counters is not None:
+            values["counter_files_unreadable"] = self.counters.unreadable
+        if self.cfg.lab_clock is not None:
+            values["lab_clock_t0_ns"] = self.clock.t0_ns
+        return values
+
+    def _health(self) -> None:
+        ts = self.clock.now()
+        values = self.health_values()
+        rows = np.zeros(len(values), records.HEALTH)
+        rows["ts_ns"] = ts
+        rows["host"] = self.host_id
+        rows["name"] = [n.encode()[:40] for n in values]
+        rows["value"] = [v & 0xFFFF_FFFF_FFFF_FFFF for v in values.values()]
+        self.buffers["health"].extend(rows)
+
+    def flush(self) -> None:
+        """Buffers -> open segment; roll it when due."""
+        if self.mesh is not None:
+            self.mesh.flush()
+        for name, buf in self.buffers.items():
+            if len(buf):
+                self.spool.write(name, buf.take())
+        if self.spool.due():
+            self.spool.roll()
+            self.shipper.wake()
+
+    def status(self) -> dict[str, Any]:
+        now = time.monotonic()
+        mesh = self.mesh
+        sent = mesh.stats["probes_sent"] if mesh else 0
+        recv = mesh.stats["probes_received"] if mesh else 0
+        t_prev, s_prev, r_prev = self._last_status
+        if now - t_prev >= 0.5:
+            self.rates = ((sent - s_prev) / (now - t_prev), (recv - r_prev) / (now - t_prev))
+            self._last_status = (now, sent, recv)
+        segs, nbytes, rows = self.spool.depth()
+        sh = self.shipper.stats
+        return {
+            "host": self.cfg.host,
+            "host_id": self.host_id,
+            "pid": os.getpid(),
+            "updated_unix": time.time(),
+            "started_unix": self.started_unix,
+            "config": str(self.config_path or ""),
+            "backend_address": self.cfg.backend.address,
+            "probes_sent_per_s": round(self.rates[0], 1),
+            "probes_received_per_s": round(self.rates[1], 1),
+            "probes_sent": sent,
+            "probes_received": recv,
+            "echoes_received": mesh.stats["echoes_received"] if mesh else 0,
+            "buddies": [p.name for p in mesh.buddies] if mesh else [],
+            "ports_per_buddy": self.cfg.probe.ports_per_buddy,
+            "rejected": dict(mesh.rejected) if mesh else {},
+            "tx_timestamps": {
+                "kernel": mesh.stats["tx_ts_kernel"] if mesh else 0,
+                "user": mesh.stats["tx_ts_user"] if mesh else 0,
+            },
+            "inband": {
+                "received": self.inband.received if self.inband else 0,
+                "rejected": self.inband.rejected if self.inband else 0,
+            },
+            "spool": {
+                "dir": self.cfg.spool.dir,
+                "segments": segs,
+                "bytes": nbytes,
+                "rows": rows,
+                "dropped_segments": self.spool.stats.dropped_segments,
+                "dropped_rows": self.spool.stats.dropped_rows,
+                "recovered_segments": self.spool.stats.recovered_segments,
+                "rejected_segments": self.spool.stats.rejected_segments,
+            },
+            "shipping": {
+                "url": self.cfg.ingest.url,
+                "segments_acked": sh.segments_acked,
+                "rows_acked": sh.rows_acked,
+                "duplicates": sh.duplicates,
+                "rejected": sh.rejected,
+                "failures": sh.failures,
+                "last_ack_segment": sh.last_ack_segment,
+                "last_ack_unix": sh.last_ack_unix,
+                "last_error": sh.last_error,
+                "backoff_s": sh.backoff_s,
+            },
+            "lab_clock": (
+                {
+                    "offset_ns": self.clock.offset_ns,
+                    "drift_ppm": self.clock.drift_ppm,
+                    "t0_ns": self.clock.t0_ns,
+                }
+                if self.cfg.lab_clock is not None
+                else None
+            ),
+            "pyverbs": self.verbs_note,
+            "reloads": self.reloads,
+            "reload_errors": self.reload_errors,
+        }
+
+    def write_status(self) -> None:
+        path = Path(self.cfg.status_file)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _atomic_write(path, json.dumps(self.status(), indent=1) + "\n")
+        except OSError as exc:
+            log.warning("event=status_write_failed path=%s error=%r", path, exc.strerror)
+
+    # ---- reload ---------------------------------------------------------------------
+    def reload(self) -> None:
+        if self.config_path is None:
+            return
+        try:
+            new = config_mod.load(self.config_path)
+            key = read_key(new.fleet_key_file)
+        except ConfigError as exc:
+            self.reload_errors += 1
+            log.error("event=reload_failed error=%r action=keep_old_config", str(exc))
+            return
+        if new.spool.dir != self.cfg.spool.dir or new.host != self.cfg.host:
+            log.warning("event=reload_partial reason='host and spool.dir need a restart'")
+            new.spool.dir, new.host = self.cfg.spool.dir, self.cfg.host
+        self.flush()
+        self._close_io()
+        old = self.cfg
+        self.cfg, self.key = new, key
+        self.shipper.key = key
+        self.clock = RecordingClock(new.lab_clock, self.clock.t0_ns)
+        self.spool.max_bytes = new.spool.max_bytes
+        self.spool.roll_s = new.spool.roll_s
+        self.spool.roll_bytes = new.spool.roll_bytes
+        self.shipper.set_target(new.ingest.url, new.ingest.timeout_s, new.ingest.retry_max_s)
+        setup_logging(new.log_level)
+        try:
+            self._open_io()
+        except OSError as exc:
+            log.error("event=reload_failed error=%r action=keep_old_config", str(exc))
+            self.reload_errors += 1
+            self._close_io()
+            self.cfg = old
+            self.clock = RecordingClock(old.lab_clock, self.clock.t0_ns)
+            self._open_io()
+            return
+        self.reloads += 1
+        log.info("event=reloaded config=%s", self.config_path)
+
+    # ---- main loop ------------------------------------------------------------------
+    def request_stop(self, *_: object) -> None:
+        self._stop = True
+
+    def request_reload(self, *_: object) -> None:
+        self._reload = True
+
+    def run(self, install_signals: bool = True, ready: Callable[[], None] | None = None) -> int:
+        wake_r, wake_w = socket.socketpair()
+        wake_r.setblocking(False)
+        wake_w.setblocking(False)
+        old_handlers: dict[int, Any] = {}
+        old_fd = -1
+        if install_signals and threading.current_thread() is threading.main_thread():
+            old_fd = signal.set_wakeup_fd(wake_w.fileno(), warn_on_full_buffer=False)
+            for sig, fn in (
+                (signal.SIGTERM, self.request_stop),
+                (signal.SIGINT, self.request_stop),
+                (signal.SIGHUP, self.request_reload),
+            ):
+                old_handlers[sig] = signal.signal(sig, fn)
+        self._sel.register(wake_r, selectors.EVENT_READ, lambda: _drain(wake_r))
+        self._wake_w = wake_w
+        try:
+            self._open_io()
+            self._probe_verbs()
+            self.shipper.start()
+            self._scan_rdma_config()
+            self._scan_jobs()
+            self._sample_counters()
+            self._health()
+            self.flush()
+            self.write_status()
+            log.info(
+                "event=started host=%s pid=%d spool=%s ingest=%s lab_clock_t0_ns=%s",
+                self.cfg.host,
+                os.getpid(),
+                self.cfg.spool.dir,
+                self.cfg.ingest.url,
+                self.clock.t0_ns if self.cfg.lab_clock else "-",
+            )
+            if ready is not None:
+                ready()
+            self._loop()
+        finally:
+            self._shutdown()
+            for sig, handler in old_handlers.items():
+                signal.signal(sig, handler)
+            if old_handlers:
+                signal.set_wakeup_fd(old_fd)
+            self._sel.unregister(wake_r)
+            wake_r.close()
+            wake_w.close()
+        return 0
+
+    def stop_from_thread(self) -> None:
+        """Stop a collector running in another thread (tests, benchmarks)."""
+        self._stop = True
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"\0")
+
+    def _loop(self) -> None:
+        now = time.monotonic()
+        next_flush = now + FLUSH_S
+        next_counters = now + self.cfg.counters.interval_s
+        next_rdma = now + RDMA_CONFIG_S
+        next_jobs = now + JOBS_S
+        next_status = now + STATUS_S
+        while not self._stop:
+            if self._reload:
+                self._reload = False
+                self.reload()
+            now = time.monotonic()
+            assert self.mesh is not None
+            next_send = self.mesh.send_due(now)
+            if now >= next_flush:
+                self.flush()
+                next_flush = now + FLUSH_S
+            if now >= next_counters:
+                self._sample_counters()
+                next_counters += self.cfg.counters.interval_s
+                if next_counters < now:
+                    next_counters = now + self.cfg.counters.interval_s
+            if now >= next_rdma:
+                self._scan_rdma_config()
+                next_rdma = now + RDMA_CONFIG_S
+            if now >= next_jobs:
+                self._scan_jobs()
+                next_jobs = now + JOBS_S
+            if now >= next_status:
+                self._health()
+                self.write_status()
+                next_status = now + STATUS_S
+            deadline = min(next_send, next_flush, next_counters, next_rdma, next_jobs, next_status)
+            timeout = max(0.0, deadline - time.monotonic())
+            for key, _events in self._sel.select(timeout):
+                key.data()
+
+    def _shutdown(self) -> None:
+        log.info("event=stopping action=flush")
+        try:
+            self._health()
+            self._close_io()
+            self.flush()
+            self.spool.close()
+        finally:
+            self.shipper.stop()
+            if self.shipper.is_alive():
+                self.shipper.join(self.cfg.ingest.timeout_s + 1.0)
+            self.write_status()
+        log.info("event=stopped segments_waiting=%d", self.spool.depth()[0])
+
+
+def _drain(sock: socket.socket) -> None:
+    try:
+        while sock.recv(512):
+            pass
+    except (BlockingIOError, InterruptedError):
+        pass

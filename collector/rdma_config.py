@@ -1,0 +1,181 @@
+"""RDMA configuration: GID tables, rdma_cm default RoCE mode, and jobs' GID index.
+
+* GID table (records.RDMA_CONFIG): ``sys/class/infiniband/<dev>/ports/<p>/gids/<n>``
+  with ``gid_attrs/types/<n>`` ("IB/RoCE v1" or "RoCE v2") and
+  ``gid_attrs/ndevs/<n>`` under the sysfs root. Empty entries (all-zero GID,
+  or a type file that fails with EINVAL as on real kernels) are skipped.
+* ``default_roce_mode`` from configfs
+  (``<configfs_root>/rdma_cm/<dev>/ports/<p>/default_roce_mode``) when mounted
+  and present; "" otherwise.
+* Jobs (records.JOB_RDMA): ``NCCL_IB_GID_INDEX`` in ``/etc/nccl.conf``
+  (``KEY=VALUE`` lines, ``#`` comments), and the environment of every process
+  holding an RDMA device open (a ``/proc/<pid>/fd`` link to
+  ``.../dev/infiniband/uverbsN``; in the lab, the fake tree's file of that name):
+  ``NCCL_IB_GID_INDEX``, else ``UCX_IB_GID_INDEX``. The job id is
+  ``CLOCKMESH_JOB_ID``, else ``SLURM_JOB_ID``, else ``pid-<pid>``. In the lab
+  (many "hosts" share one kernel) only processes in the collector's own network
+  namespace count.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+from numpy.lib.recfunctions import repack_fields
+
+from collector import records
+
+_UVERBS = re.compile(r"(^|/)dev/infiniband/uverbs\d+$")
+_ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
+
+
+def _text(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="ascii", errors="replace").strip()
+    except OSError:
+        return None
+
+
+def gid_table(
+    sysfs_root: str | Path, configfs_root: str | Path, ts_ns: int, host: int
+) -> np.ndarray:
+    """RDMA_CONFIG rows for every populated GID of every RDMA port."""
+    ib = Path(sysfs_root) / "sys/class/infiniband"
+    rows: list[tuple[object, ...]] = []
+    if not ib.is_dir():
+        return np.zeros(0, records.RDMA_CONFIG)
+    for dev in sorted(os.listdir(ib)):
+        ports = ib / dev / "ports"
+        if not ports.is_dir():
+            continue
+        for port in sorted((p for p in os.listdir(ports) if p.isdigit()), key=int):
+            base = ports / port
+            mode = _text(
+                Path(configfs_root) / "rdma_cm" / dev / "ports" / port / "default_roce_mode"
+            )
+            gids = base / "gids"
+            if not gids.is_dir():
+                continue
+            for n in sorted((g for g in os.listdir(gids) if g.isdigit()), key=int):
+                gid = _text(gids / n)
+                if not gid or gid == _ZERO_GID:
+                    continue
+                gid_type = _text(base / "gid_attrs" / "types" / n)
+                if not gid_type:
+                    continue  # the kernel answers EINVAL for unpopulated entries
+                ndev = _text(base / "gid_attrs" / "ndevs" / n) or ""
+                rows.append(
+                    (ts_ns, host, dev.encode()[:16], int(port), int(n), 0, gid.encode()[:40],
+                     gid_type.encode()[:16], ndev.encode()[:16], (mode or "").encode()[:16])
+                )  # fmt: skip
+    return np.array(rows, dtype=records.RDMA_CONFIG) if rows else np.zeros(0, records.RDMA_CONFIG)
+
+
+def parse_nccl_conf(text: str) -> int | None:
+    """NCCL_IB_GID_INDEX from nccl.conf text (last assignment wins), or None."""
+    value: int | None = None
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if "=" not in line:
+            continue
+        key, _, val = line.partition("=")
+        if key.strip() == "NCCL_IB_GID_INDEX":
+            try:
+                value = int(val.strip().strip("\"'"))
+            except ValueError:
+                continue
+    return value
+
+
+def _environ(pid: str, proc: Path) -> dict[str, str]:
+    try:
+        raw = (proc / pid / "environ").read_bytes()
+    except OSError:
+        return {}
+    env: dict[str, str] = {}
+    for item in raw.split(b"\0"):
+        key, sep, val = item.partition(b"=")
+        if sep:
+            env[key.decode("utf-8", "replace")] = val.decode("utf-8", "replace")
+    return env
+
+
+def _gid_from_env(env: dict[str, str]) -> int:
+    for key in ("NCCL_IB_GID_INDEX", "UCX_IB_GID_INDEX"):
+        try:
+            return int(env[key])
+        except (KeyError, ValueError):
+            continue
+    return -1
+
+
+def rdma_processes(proc: str | Path = "/proc", same_netns: bool = False) -> list[tuple[int, str]]:
+    """(pid, uverbs device path) of processes holding an RDMA device open."""
+    proc = Path(proc)
+    own_ns = None
+    if same_netns:
+        try:
+            own_ns = os.readlink(proc / "self/ns/net")
+        except OSError:
+            own_ns = None
+    found: list[tuple[int, str]] = []
+    self_pid = os.getpid()
+    for pid in os.listdir(proc):
+        if not pid.isdigit() or int(pid) == self_pid:
+            continue
+        fd_dir = proc / pid / "fd"
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(fd_dir / fd)
+            except OSError:
+                continue
+            if _UVERBS.search(target):
+                if own_ns is not None:
+                    try:
+                        if os.readlink(proc / pid / "ns/net") != own_ns:
+                            break
+                    except OSError:
+                        break
+                found.append((int(pid), target))
+                break
+    return found
+
+
+def job_rows(
+    nccl_conf: str | Path,
+    ts_ns: int,
+    host: int,
+    *,
+    proc: str | Path = "/proc",
+    same_netns: bool = False,
+    device: str = "",
+) -> np.ndarray:
+    """JOB_RDMA rows: one from nccl.conf (if it sets the index), one per RDMA process."""
+    rows: list[tuple[object, ...]] = []
+    text = _text(Path(nccl_conf))
+    if text is not None:
+        gid = parse_nccl_conf(text)
+        if gid is not None:
+            rows.append((ts_ns, host, b"", 0, gid, b"nccl.conf", device.encode()[:16]))
+    for pid, target in rdma_processes(proc, same_netns):
+        env = _environ(str(pid), Path(proc))
+        job = env.get("CLOCKMESH_JOB_ID") or env.get("SLURM_JOB_ID") or f"pid-{pid}"
+        uverbs = target.rsplit("/", 1)[-1]
+        rows.append(
+            (ts_ns, host, job.encode()[:32], pid, _gid_from_env(env), b"environ",
+             (device or uverbs).encode()[:16])
+        )  # fmt: skip
+    return np.array(rows, dtype=records.JOB_RDMA) if rows else np.zeros(0, records.JOB_RDMA)
+
+
+def fingerprint(rows: np.ndarray, ignore: tuple[str, ...] = ("ts_ns",)) -> bytes:
+    """Content of rows without their timestamps: re-send only when this changes."""
+    names = [n for n in rows.dtype.names or () if n not in ignore]
+    return repack_fields(rows[names]).tobytes() if len(rows) else b""

@@ -1,0 +1,280 @@
+"""The local append-only spool: segment files in the :mod:`collector.wire` format.
+
+Directory layout (``spool.dir``)::
+
+    next_segment            the next segment id (decimal), replaced atomically
+    0000000000000042.open   the segment being written: header, then chunks appended
+    0000000000000041.seg    closed (fsynced) segments, shipped in id order
+    rejected/               segments the ops box refused with a 4xx (kept for humans)
+
+Life of a segment: its id is reserved durably (``next_segment`` written with
+fsync *before* the file exists, so ids are monotonic per host across restarts
+and crashes); chunks are appended with plain ``write`` (no user-space buffer, so
+a ``kill -9`` loses nothing the kernel has); on roll (every ``roll_s`` or
+``roll_bytes``) the file is fsynced and renamed to ``.seg`` (directory fsynced
+too). On start, a left-over ``.open`` file is cut back to its valid prefix
+(``wire.decode(allow_torn_tail=True)``) and closed. Past ``max_bytes`` the
+oldest closed segments are deleted and their rows counted as dropped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from collector import wire
+
+log = logging.getLogger("clockmesh.collector.spool")
+_NAME = re.compile(r"^(\d{16})\.(seg|open)$")
+
+
+@dataclass
+class SpoolStats:
+    segments_closed: int = 0
+    rows_written: int = 0
+    dropped_segments: int = 0
+    dropped_rows: int = 0
+    recovered_segments: int = 0
+    recovered_torn_bytes: int = 0
+    rejected_segments: int = 0
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def segment_name(seg_id: int, suffix: str) -> str:
+    return f"{seg_id:016d}.{suffix}"
+
+
+class Spool:
+    """Writer side of the spool (one per collector; the shipper reads closed files)."""
+
+    def __init__(
+        self,
+        directory: str | Path,
+        host: str,
+        host_id: int,
+        *,
+        max_bytes: int,
+        roll_s: float,
+        roll_bytes: int,
+        now_ns: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self.dir = Path(directory)
+        self.host = host
+        self.host_id = host_id
+        self.max_bytes = max_bytes
+        self.roll_s = roll_s
+        self.roll_bytes = roll_bytes
+        self._now_ns = now_ns
+        self.stats = SpoolStats()
+        self.lock = threading.Lock()  # guards the closed-segment map (shipper vs. dropper)
+        self._closed: dict[int, tuple[int, int]] = {}  # id -> (bytes, rows)
+        self.in_flight: int | None = None  # id the shipper is posting; never dropped
+        self._fd: int | None = None
+        self._open_id = 0
+        self._open_bytes = 0
+        self._open_rows = 0
+        self._opened_mono = 0.0
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "rejected").mkdir(exist_ok=True)
+        self._next_id = self._read_next_id()
+        self._recover()
+
+    # ---- start-up -------------------------------------------------------------------
+    def _read_next_id(self) -> int:
+        path = self.dir / "next_segment"
+        try:
+            stored = int(path.read_text().strip() or "1")
+        except FileNotFoundError:
+            stored = 1
+        except ValueError:
+            log.warning("event=spool_bad_next_segment path=%s action=rescan", path)
+            stored = 1
+        highest = 0
+        for entry in self.dir.iterdir():
+            m = _NAME.match(entry.name)
+            if m:
+                highest = max(highest, int(m.group(1)))
+        return max(stored, highest + 1)
+
+    def _recover(self) -> None:
+        for entry in sorted(self.dir.iterdir()):
+            m = _NAME.match(entry.name)
+            if not m:
+                continue
+            seg_id = int(m.group(1))
+            if m.group(2) == "open":
+                self._recover_open(entry, seg_id)
+            else:
+                try:
+                    seg = wire.decode(entry.read_bytes())
+                    self._closed[seg_id] = (entry.stat().st_size, seg.rows())
+                except wire.WireError as exc:
+                    self._reject_local(entry, f"unreadable closed segment: {exc}")
+        self._enforce_bound()
+
+    def _recover_open(self, path: Path, seg_id: int) -> None:
+        body = path.read_bytes()
+        try:
+            seg = wire.decode(body, allow_torn_tail=True)
+        except wire.WireError as exc:
+            # Not even a header: nothing in it was ever shippable.
+            log.warning("event=spool_recover_discard path=%s reason=%r", path, str(exc))
+            path.unlink()
+            return
+        valid = len(body) - seg.torn_bytes
+        if seg.rows() == 0:
+            path.unlink()
+            log.info("event=spool_recover_empty segment=%d", seg_id)
+            return
+        with open(path, "r+b") as fh:
+            fh.truncate(valid)
+            fh.flush()
+            os.fsync(fh.fileno())
+        closed = path.with_name(segment_name(seg_id, "seg"))
+        os.replace(path, closed)
+        _fsync_dir(self.dir)
+        self._closed[seg_id] = (valid, seg.rows())
+        self.stats.recovered_segments += 1
+        self.stats.recovered_torn_bytes += seg.torn_bytes
+        log.info(
+            "event=spool_recovered segment=%d rows=%d torn_bytes=%d",
+            seg_id,
+            seg.rows(),
+            seg.torn_bytes,
+        )
+
+    def _reject_local(self, path: Path, reason: str) -> None:
+        target = self.dir / "rejected" / path.name
+        os.replace(path, target)
+        self.stats.rejected_segments += 1
+        log.warning("event=spool_rejected path=%s reason=%r", target, reason)
+
+    # ---- writing --------------------------------------------------------------------
+    def _reserve_id(self) -> int:
+        seg_id = self._next_id
+        self._next_id += 1
+        tmp = self.dir / "next_segment.tmp"
+        with open(tmp, "w") as fh:
+            fh.write(f"{self._next_id}\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.dir / "next_segment")
+        return seg_id
+
+    def _open(self) -> None:
+        seg_id = self._reserve_id()
+        path = self.dir / segment_name(seg_id, "open")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o640)
+        header = wire.encode_header(self.host, self.host_id, seg_id, self._now_ns())
+        os.write(fd, header)
+        self._fd = fd
+        self._open_id = seg_id
+        self._open_bytes = len(header)
+        self._open_rows = 0
+        self._opened_mono = time.monotonic()
+
+    def write(self, table: str, rows: np.ndarray) -> None:
+        """Append one chunk to the open segment (opening one if needed)."""
+        if len(rows) == 0:
+            return
+        if self._fd is None:
+            self._open()
+        chunk = wire.encode_chunk(table, rows)
+        view = memoryview(chunk)
+        while view:
+            written = os.write(self._fd, view)  # type: ignore[arg-type]
+            view = view[written:]
+        self._open_bytes += len(chunk)
+        self._open_rows += len(rows)
+        self.stats.rows_written += len(rows)
+
+    def due(self) -> bool:
+        """True when the open segment should be rolled (by age or size)."""
+        if self._fd is None:
+            return False
+        age = time.monotonic() - self._opened_mono
+        return age >= self.roll_s or self._open_bytes >= self.roll_bytes
+
+    def roll(self) -> int | None:
+        """Close the open segment durably; returns its id (None if nothing was open)."""
+        if self._fd is None:
+            return None
+        fd, seg_id = self._fd, self._open_id
+        self._fd = None
+        os.fsync(fd)
+        os.close(fd)
+        os.replace(self.dir / segment_name(seg_id, "open"), self.dir / segment_name(seg_id, "seg"))
+        _fsync_dir(self.dir)
+        with self.lock:
+            self._closed[seg_id] = (self._open_bytes, self._open_rows)
+        self.stats.segments_closed += 1
+        self._enforce_bound()
+        return seg_id
+
+    def _enforce_bound(self) -> None:
+        with self.lock:
+            total = sum(size for size, _ in self._closed.values())
+            for seg_id in sorted(self._closed):
+                if total <= self.max_bytes:
+                    break
+                if seg_id == self.in_flight:
+                    continue
+                size, rows = self._closed.pop(seg_id)
+                with contextlib.suppress(FileNotFoundError):
+                    (self.dir / segment_name(seg_id, "seg")).unlink()
+                total -= size
+                self.stats.dropped_segments += 1
+                self.stats.dropped_rows += rows
+                log.warning(
+                    "event=spool_dropped_oldest segment=%d rows=%d bytes=%d", seg_id, rows, size
+                )
+
+    # ---- shipper side ---------------------------------------------------------------
+    def oldest_closed(self) -> int | None:
+        with self.lock:
+            return min(self._closed) if self._closed else None
+
+    def path_of(self, seg_id: int) -> Path:
+        return self.dir / segment_name(seg_id, "seg")
+
+    def acknowledged(self, seg_id: int) -> None:
+        """The ops box stored ``seg_id`` durably: forget it."""
+        with self.lock:
+            self._closed.pop(seg_id, None)
+            with contextlib.suppress(FileNotFoundError):
+                self.path_of(seg_id).unlink()
+
+    def rejected(self, seg_id: int, reason: str) -> None:
+        with self.lock:
+            self._closed.pop(seg_id, None)
+            path = self.path_of(seg_id)
+            if path.exists():
+                self._reject_local(path, reason)
+
+    def depth(self) -> tuple[int, int, int]:
+        """(closed segments, their bytes, their rows) waiting to be shipped."""
+        with self.lock:
+            return (
+                len(self._closed),
+                sum(s for s, _ in self._closed.values()),
+                sum(r for _, r in self._closed.values()),
+            )
+
+    def close(self) -> None:
+        self.roll()

@@ -1,0 +1,106 @@
+"""Kernel timestamps for UDP sockets: SO_TIMESTAMPING on RX and the TX error queue.
+
+RX: every datagram carries an ``SCM_TIMESTAMPING`` control message (three
+timespecs: software, deprecated, raw hardware) and, with ``IP_RECVTTL``, its TTL.
+TX: with ``SOF_TIMESTAMPING_TX_SOFTWARE | OPT_ID | OPT_TSONLY`` the kernel queues
+one message per sent datagram on the socket's error queue (``MSG_ERRQUEUE``),
+carrying the software TX timestamp and, in ``sock_extended_err.ee_data``, the
+per-socket send counter (0, 1, 2, ... in send order) that ties it to the datagram.
+Raw hardware timestamps are used whenever the kernel delivers them (a NIC with
+hardware timestamping enabled); veths never do.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+
+from collector.records import TsKind
+
+SO_TIMESTAMPING = 37
+SCM_TIMESTAMPING = SO_TIMESTAMPING
+SOF_TIMESTAMPING_TX_HARDWARE = 1 << 0
+SOF_TIMESTAMPING_TX_SOFTWARE = 1 << 1
+SOF_TIMESTAMPING_RX_HARDWARE = 1 << 2
+SOF_TIMESTAMPING_RX_SOFTWARE = 1 << 3
+SOF_TIMESTAMPING_SOFTWARE = 1 << 4
+SOF_TIMESTAMPING_RAW_HARDWARE = 1 << 6
+SOF_TIMESTAMPING_OPT_ID = 1 << 7
+SOF_TIMESTAMPING_OPT_TSONLY = 1 << 11
+IP_RECVERR = 11
+IP_RECVTTL = 12
+IP_TTL = 2
+SO_EE_ORIGIN_TIMESTAMPING = 4
+MSG_ERRQUEUE = getattr(socket, "MSG_ERRQUEUE", 0x2000)
+
+RX_FLAGS = (
+    SOF_TIMESTAMPING_RX_SOFTWARE
+    | SOF_TIMESTAMPING_SOFTWARE
+    | SOF_TIMESTAMPING_RX_HARDWARE
+    | SOF_TIMESTAMPING_RAW_HARDWARE
+)
+TX_FLAGS = SOF_TIMESTAMPING_TX_SOFTWARE | SOF_TIMESTAMPING_OPT_ID | SOF_TIMESTAMPING_OPT_TSONLY
+
+_TS3 = struct.Struct("qqqqqq")  # three struct timespec
+_EE = struct.Struct("IBBBBII")  # struct sock_extended_err (without the trailing sockaddr)
+_INT = struct.Struct("i")
+ANC_SIZE = socket.CMSG_SPACE(_TS3.size) + socket.CMSG_SPACE(_INT.size) + 64
+ERR_ANC_SIZE = socket.CMSG_SPACE(_TS3.size) + socket.CMSG_SPACE(_EE.size + 16) + 64
+
+
+def udp_socket(address: str, port: int, *, tx_timestamps: bool) -> socket.socket:
+    """A non-blocking UDP socket bound to ``address:port`` with kernel timestamps on."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((address, port))
+        flags = RX_FLAGS | (TX_FLAGS if tx_timestamps else 0)
+        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING, flags)
+        sock.setsockopt(socket.IPPROTO_IP, IP_RECVTTL, 1)
+        if tx_timestamps:
+            sock.setsockopt(socket.IPPROTO_IP, IP_RECVERR, 1)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def rx_meta(ancdata: list[tuple[int, int, bytes]]) -> tuple[int, int, int]:
+    """(timestamp ns or 0, TsKind, TTL or 0) from a received datagram's control data."""
+    ts, kind, ttl = 0, TsKind.USER, 0
+    for level, ctype, data in ancdata:
+        if level == socket.SOL_SOCKET and ctype == SCM_TIMESTAMPING and len(data) >= _TS3.size:
+            sw_s, sw_ns, _, _, hw_s, hw_ns = _TS3.unpack_from(data)
+            if hw_s or hw_ns:
+                ts, kind = hw_s * 1_000_000_000 + hw_ns, TsKind.HW
+            elif sw_s or sw_ns:
+                ts, kind = sw_s * 1_000_000_000 + sw_ns, TsKind.SW
+        elif level == socket.IPPROTO_IP and ctype == IP_TTL and len(data) >= 1:
+            ttl = data[0] if len(data) < _INT.size else _INT.unpack_from(data)[0]
+    return ts, int(kind), ttl
+
+
+def read_tx_timestamps(sock: socket.socket, limit: int = 4096) -> list[tuple[int, int, int]]:
+    """Drain the error queue: [(send counter, timestamp ns, TsKind), ...]."""
+    out: list[tuple[int, int, int]] = []
+    for _ in range(limit):
+        try:
+            _data, ancdata, _flags, _addr = sock.recvmsg(0, ERR_ANC_SIZE, MSG_ERRQUEUE)
+        except (BlockingIOError, InterruptedError):
+            break
+        ts, kind, ident = 0, TsKind.USER, -1
+        for level, ctype, data in ancdata:
+            if level == socket.SOL_SOCKET and ctype == SCM_TIMESTAMPING:
+                sw_s, sw_ns, _, _, hw_s, hw_ns = _TS3.unpack_from(data)
+                if hw_s or hw_ns:
+                    ts, kind = hw_s * 1_000_000_000 + hw_ns, TsKind.HW
+                else:
+                    ts, kind = sw_s * 1_000_000_000 + sw_ns, TsKind.SW
+            elif len(data) >= _EE.size:
+                _errno, origin, _t, _c, _p, _info, ee_data = _EE.unpack_from(data)
+                if origin == SO_EE_ORIGIN_TIMESTAMPING:
+                    ident = ee_data
+        if ident >= 0 and ts:
+            out.append((ident, ts, int(kind)))
+    return out
