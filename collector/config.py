@@ -127,7 +127,13 @@ def validate(config: CollectorConfig, path: str | Path) -> None:
         "expected a port such that base_sport + ports_per_buddy <= 65535",
     )
     need(config.spool.max_bytes > 0, "spool.max_bytes", "expected an int > 0")
-    need(config.log_level in {"debug", "info", "warning", "error"}, "log_level",
-         "expected one of debug, info, warning, error")
-    need(config.ingest.url.startswith(("http://", "https://")), "ingest.url",
-         "expected an http:// or https:// URL")
+    need(
+        config.log_level in {"debug", "info", "warning", "error"},
+        "log_level",
+        "expected one of debug, info, warning, error",
+    )
+    need(
+        config.ingest.url.startswith(("http://", "https://")),
+        "ingest.url",
+        "expected an http:// or https:// URL",
+    )

@@ -81,5 +81,7 @@ def load(path: str | Path, type_: type[T]) -> T:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(path, None, f"expected a mapping at the top level, got {type(data).__name__}")
+        raise ConfigError(
+            path, None, f"expected a mapping at the top level, got {type(data).__name__}"
+        )
     return convert(data, type_, path)

@@ -102,7 +102,9 @@ def decode(body: bytes | memoryview, *, allow_torn_tail: bool = False) -> Segmen
     if magic != MAGIC:
         raise WireError("not a clockmesh segment (bad magic)")
     if version != FORMAT_VERSION:
-        raise WireError(f"segment format version {version} is not supported (expected {FORMAT_VERSION})")
+        raise WireError(
+            f"segment format version {version} is not supported (expected {FORMAT_VERSION})"
+        )
     if hlen > MAX_HEADER or _PREAMBLE.size + hlen > len(view):
         raise WireError(f"segment header length {hlen} exceeds the body")
     try:
