@@ -219,3 +219,76 @@ def inventory_(name: str, state_dir: Path | None) -> None:
             f"{the_lab.inventory_path}: not found (is lab {name!r} up? `clockmesh lab up --name {name}`)"
         )
     click.echo(str(the_lab.inventory_path))
+
+
+@lab.command()
+@_lab_options
+@click.argument("link")
+@click.option(
+    "--down", "down_", default="3s", show_default=True, help="How long the link stays down."
+)
+@click.option(
+    "--up", "up_", default="2s", show_default=True, help="How long it stays up between flaps."
+)
+@click.option(
+    "--count",
+    type=click.IntRange(min=0),
+    default=3,
+    show_default=True,
+    help="Flaps (0 = until `lab heal`).",
+)
+@click.option("--background", is_flag=True, help="Detach; `clockmesh lab heal` stops it.")
+@_user_errors
+def flap(
+    name: str, state_dir: Path | None, link: str, down_: str, up_: str, count: int, background: bool
+) -> None:
+    """Set LINK (e.g. leaf1-spine2, h1-1-leaf1) down and up COUNT times."""
+    from lab import faults
+
+    the_lab = _make_lab(name, state_dir)
+    down_s, up_s = parse_duration(down_, "--down"), parse_duration(up_, "--up")
+    if background:
+        pid = faults.flap_background(the_lab, link, down_s, up_s, count)
+        click.echo(f"flapping {link} in the background (pid {pid}); stop with `clockmesh lab heal`")
+        return
+    done = faults.flap(the_lab, link, down_s, up_s, count)
+    click.echo(f"{link}: flapped {done} time(s), link up")
+
+
+@lab.command()
+@_lab_options
+@click.argument("link")
+@click.option(
+    "--rate", default="50mbit", show_default=True, help="tbf rate (tc syntax: 50mbit, 800kbit)."
+)
+@click.option(
+    "--direction",
+    type=click.Choice(["a2b", "b2a", "both"]),
+    default="a2b",
+    show_default=True,
+    help="a2b = host->leaf / leaf->spine egress; b2a the reverse.",
+)
+@_user_errors
+def congest(name: str, state_dir: Path | None, link: str, rate: str, direction: str) -> None:
+    """Shape LINK with tbf and push UDP load hashed onto it (stop with `lab heal`)."""
+    from lab import faults
+
+    for rec in faults.congest(_make_lab(name, state_dir), link, rate, direction):
+        click.echo(
+            f"{rec['link']} {rec['direction']}: tbf {rec['rate']} on {rec['node']}:{rec['interface']}, "
+            f"load {rec['src']}->{rec['dst']} sport {rec['sport']} at {rec['pps']} pkt/s (pid {rec['pid']})"
+        )
+
+
+@lab.command()
+@_lab_options
+@_user_errors
+def heal(name: str, state_dir: Path | None) -> None:
+    """Remove every fault: links up, qdiscs removed, load generators and flappers stopped."""
+    from lab import faults
+
+    res = faults.heal(_make_lab(name, state_dir))
+    click.echo(
+        f"lab {name}: stopped {res['stopped']} fault process(es), {res['links_up']} link(s) "
+        f"brought up, {res['qdiscs_removed']} qdisc(s) removed"
+    )

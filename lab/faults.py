@@ -1,0 +1,305 @@
+"""Fault injectors: flap a link, congest a link, heal everything.
+
+Every fault is recorded in ``state.json`` (``faults``) with the PID of the process that
+keeps it going, so ``heal`` and ``down`` can stop it from another shell.
+
+- flap: both ends of the veth pair are set administratively down, then up, ``count``
+  times. With ``ignore_routes_with_linkdown=1`` and the nexthop's device down, the leaf
+  drops that nexthop and rehashes flows onto the remaining spines; a spine whose link
+  to a leaf is down has no route to that leaf's subnet, so flows other leaves still hash
+  onto that spine are lost until the link returns.
+- congest: a ``tbf`` qdisc on the link's egress (per direction) plus a paced UDP load
+  whose source port was found, by sending bursts and reading the link's packet counters,
+  to hash onto that link.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from pyroute2 import IPRoute, NetlinkError, netns
+
+from lab import processes
+from lab.fabric import Lab, LabError, link_states
+from lab.topology import Host, Link, LinkEnd, Topology
+
+PROBE_BURST = 64
+PROBE_PORTS = range(42000, 42256)
+LOAD_DPORT = 9  # discard
+MAX_LOAD_PPS = 20000.0
+
+
+class _Stop(Exception):
+    pass
+
+
+_OWNER_PID = [0]
+
+
+def _raise_stop(signum: int, frame: FrameType | None) -> None:
+    # pyroute2 forks short-lived helpers (to open sockets in a namespace) and stops them
+    # with SIGTERM; they inherit this handler and must just exit, not unwind our stack.
+    if os.getpid() != _OWNER_PID[0]:
+        os._exit(0)
+    raise _Stop()
+
+
+def _get_link(topo: Topology, name: str) -> Link:
+    try:
+        return topo.link(name)
+    except KeyError:
+        names = ", ".join(lk.name for lk in topo.links[:6])
+        raise LabError(f"LINK: no link named {name!r} (e.g. {names}, ...)") from None
+
+
+def set_link(link: Link, up: bool) -> None:
+    """Set both ends of ``link`` administratively up or down."""
+    for end in (link.a, link.b):
+        with IPRoute(netns=end.namespace, flags=0) as ipr:
+            found = ipr.link_lookup(ifname=end.interface)
+            if not found:
+                raise LabError(f"{link.name}: {end.interface} missing in {end.namespace}")
+            ipr.link("set", index=found[0], state="up" if up else "down")
+
+
+def tx_packets(end: LinkEnd) -> int:
+    """Packets sent out of this end (its egress) so far."""
+    with IPRoute(netns=end.namespace, flags=0) as ipr:
+        link = ipr.get_links(ifname=end.interface)[0]
+        stats = link.get_attr("IFLA_STATS64")
+        return int(stats["tx_packets"])
+
+
+def _remove_fault(lab: Lab, pid: int) -> None:
+    with lab.state.update() as st:
+        st["faults"] = [f for f in st.get("faults", []) if f.get("pid") != pid]
+
+
+# ---------------------------------------------------------------------------- flap
+def flap(lab: Lab, link_name: str, down_s: float, up_s: float, count: int) -> int:
+    """Flap a link in the foreground. ``count`` 0 = until stopped. Returns flaps done.
+
+    On SIGTERM/SIGINT the link is brought back up before returning.
+    """
+    topo = lab.topology
+    link = _get_link(topo, link_name)
+    me = processes.record(
+        os.getpid(),
+        kind="flap",
+        link=link.name,
+        down_s=down_s,
+        up_s=up_s,
+        count=count,
+    )
+    lab.state.add("faults", me)
+    _OWNER_PID[0] = os.getpid()
+    old_term = signal.signal(signal.SIGTERM, _raise_stop)
+    done = 0
+    try:
+        while count == 0 or done < count:
+            set_link(link, up=False)
+            time.sleep(down_s)
+            set_link(link, up=True)
+            done += 1
+            if count == 0 or done < count:
+                time.sleep(up_s)
+    except (_Stop, KeyboardInterrupt):
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
+        with contextlib.suppress(Exception):
+            set_link(link, up=True)
+        _remove_fault(lab, me["pid"])
+    return done
+
+
+def flap_background(lab: Lab, link_name: str, down_s: float, up_s: float, count: int) -> int:
+    """Start ``flap`` in a detached process; return its PID once it is recorded."""
+    _get_link(lab.topology, link_name)
+    log = open(lab.dir / "faults.log", "ab")  # noqa: SIM115 - handed to the child
+    cmd = [sys.executable, "-m", "clockmesh.cli", "lab", "flap", "--name", lab.name]
+    cmd += ["--state-dir", str(lab.dir), link_name]
+    cmd += ["--down", f"{down_s}s", "--up", f"{up_s}s", "--count", str(count)]
+    proc = subprocess.Popen(
+        cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
+    )
+    log.close()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if any(f.get("pid") == proc.pid for f in lab.state.read().get("faults", [])):
+            return proc.pid
+        if proc.poll() is not None:
+            raise LabError(
+                f"flap {link_name} exited early (code {proc.returncode}); see {log.name}"
+            )
+        time.sleep(0.05)
+    raise LabError(f"flap {link_name} did not start within 10s; see {log.name}")
+
+
+# ------------------------------------------------------------------------- congest
+def _tc(namespace: str, args: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["ip", "netns", "exec", namespace, "tc", *args], capture_output=True, text=True
+    )
+
+
+def _flow_for(topo: Topology, link: Link, direction: str) -> tuple[Host, Host, LinkEnd, bool]:
+    """(source host, destination host, egress end, needs port search) for one direction."""
+    egress = link.a if direction == "a2b" else link.b
+    if link.kind == "access":
+        host = topo.host(link.a.node)
+        others = [h for h in topo.hosts if h.name != host.name]
+        if not others:
+            raise LabError(f"{link.name}: needs a second host to load it")
+        peer = next((h for h in others if h.rack == host.rack), others[0])
+        return (host, peer, egress, False) if direction == "a2b" else (peer, host, egress, False)
+    leaf, spine = link.a.node, link.b.node
+    local = [h for h in topo.hosts if h.rack == leaf]
+    remote = [h for h in topo.hosts if h.rack != leaf]
+    if not remote:
+        raise LabError(f"{link.name}: needs a second leaf to send traffic over {spine}")
+    if direction == "a2b":
+        return local[0], remote[0], egress, len(topo.spines) > 1
+    # spine -> leaf: the flow enters at the remote leaf, which must hash it onto `spine`.
+    return remote[0], local[0], egress, len(topo.spines) > 1
+
+
+def _siblings(topo: Topology, src: Host, egress: LinkEnd, link: Link) -> list[LinkEnd]:
+    """Egress ends of the links the ECMP decision picks among (to compare counters)."""
+    if link.kind == "access":
+        return [egress]
+    leaf = src.rack
+    return [lk.a for lk in topo.links if lk.kind == "fabric" and lk.a.node == leaf]
+
+
+def find_source_port(topo: Topology, src: Host, dst: Host, link: Link, egress: LinkEnd) -> int:
+    """Send bursts from candidate source ports; keep the first whose burst crossed ``link``."""
+    decision = _siblings(topo, src, egress, link)
+    # For spine->leaf the choice is made at the source leaf: watch its uplink to our spine.
+    watch = egress
+    if link.kind == "fabric" and egress is link.b:
+        watch = next(
+            lk.a for lk in topo.links if lk.a.node == src.rack and lk.b.node == link.b.node
+        )
+    for sport in PROBE_PORTS:
+        sock = netns.create_socket(src.namespace, socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            try:
+                sock.bind((src.backend_address, sport))
+            except OSError:
+                continue  # port in use in that namespace
+            before = {id(e): tx_packets(e) for e in decision if e is not watch}
+            w0 = tx_packets(watch)
+            for _ in range(PROBE_BURST):
+                with contextlib.suppress(OSError):
+                    sock.sendto(b"clockmesh-lab-probe", (dst.backend_address, LOAD_DPORT))
+            time.sleep(0.02)
+            crossed = tx_packets(watch) - w0
+            others = [tx_packets(e) - before[id(e)] for e in decision if e is not watch]
+        finally:
+            sock.close()
+        if crossed >= PROBE_BURST and all(d < PROBE_BURST for d in others):
+            return sport
+    raise LabError(
+        f"{link.name}: no source port in {PROBE_PORTS.start}-{PROBE_PORTS.stop - 1} hashed onto it"
+    )
+
+
+def parse_rate(rate: str) -> float:
+    """tc-style rate ('50mbit', '1gbit', '800kbit') -> bits per second."""
+    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "bit": 1.0}
+    text = rate.strip().lower()
+    for unit, mult in units.items():
+        if text.endswith(unit):
+            with contextlib.suppress(ValueError):
+                value = float(text[: -len(unit)])
+                if value > 0:
+                    return value * mult
+    raise LabError(f"--rate: expected a rate like 50mbit, 800kbit or 1gbit, got {rate!r}")
+
+
+def congest(
+    lab: Lab, link_name: str, rate: str, direction: str = "a2b", overload: float = 1.5
+) -> list[dict[str, Any]]:
+    """Shape ``link`` with tbf and start load hashed onto it. Returns the fault records."""
+    bps = parse_rate(rate)
+    topo = lab.topology
+    link = _get_link(topo, link_name)
+    directions = ["a2b", "b2a"] if direction == "both" else [direction]
+    records = []
+    for d in directions:
+        src, dst, egress, search = _flow_for(topo, link, d)
+        sport = find_source_port(topo, src, dst, link, egress) if search else PROBE_PORTS.start
+        burst = max(int(bps / 8 / 250), 16 * 1514)  # bytes: one HZ tick at rate, >= 16 MTU
+        res = _tc(
+            egress.namespace,
+            [
+                *("qdisc", "replace", "dev", egress.interface, "root", "tbf"),
+                *("rate", rate, "burst", str(burst), "latency", "50ms"),
+            ],
+        )
+        if res.returncode != 0:
+            raise LabError(f"tc tbf on {egress.node}:{egress.interface}: {res.stderr.strip()}")
+        size = 1400
+        pps = min(bps * overload / ((size + 42) * 8), MAX_LOAD_PPS)
+        cmd = ["ip", "netns", "exec", src.namespace, sys.executable, "-m", "lab.loadgen"]
+        cmd += ["--src", src.backend_address, "--sport", str(sport), "--dst", dst.backend_address]
+        cmd += ["--dport", str(LOAD_DPORT), "--pps", f"{pps:.0f}", "--size", str(size)]
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=str(Path(__file__).resolve().parents[1]),
+        )
+        rec = processes.record(
+            proc.pid,
+            kind="congest",
+            link=link.name,
+            direction=d,
+            rate=rate,
+            node=egress.node,
+            namespace=egress.namespace,
+            interface=egress.interface,
+            src=src.name,
+            dst=dst.name,
+            sport=sport,
+            pps=round(pps),
+        )
+        lab.state.add("faults", rec)
+        records.append(rec)
+    return records
+
+
+# ---------------------------------------------------------------------------- heal
+def heal(lab: Lab) -> dict[str, int]:
+    """Remove every fault: stop injectors and loads, all links up, root qdiscs removed."""
+    data = lab.state.read()
+    faults = data.get("faults", [])
+    stopped = processes.terminate_records([f for f in faults if "pid" in f])
+    topo = lab.topology
+    present = set(lab._namespaces())
+    relinked = unshaped = 0
+    for st in link_states(topo, present):
+        link = topo.link(st.name)
+        if not st.up:
+            with contextlib.suppress(LabError, NetlinkError, OSError):
+                set_link(link, up=True)
+                relinked += 1
+        for end, qd in ((link.a, st.qdisc), (link.b, st.qdisc)):
+            if any(q.startswith(f"{end.node}:") for q in qd):
+                _tc(end.namespace, ["qdisc", "del", "dev", end.interface, "root"])
+                unshaped += 1
+    with lab.state.update() as st:
+        st["faults"] = []
+    return {"stopped": len(stopped), "links_up": relinked, "qdiscs_removed": unshaped}
