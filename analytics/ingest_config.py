@@ -1,0 +1,121 @@
+"""``/etc/clockmesh/ingest.yml``: what the ops-box ingest daemon does.
+
+Written by the ops-box Ansible role. Every key is optional; unknown keys are errors.
+See docs/store.md ("Configuration") for each key's meaning.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+
+from analytics.store import layout
+from collector import configfile
+
+DEFAULT_PATH = Path("/etc/clockmesh/ingest.yml")
+
+
+class IngestConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    listen: str = "0.0.0.0:8470"  # host:port of the HTTP(S) listener
+    store_dir: str = "/var/lib/clockmesh/store"
+    fleet_key_file: str = "/etc/clockmesh/fleet.key"
+    log_level: str = "info"
+    tls_cert: str = ""  # PEM certificate chain; serve HTTPS when set (with tls_key)
+    tls_key: str = ""
+    roll_s: float = 0.2  # group commit: batches received within this interval share one commit
+    max_commit_rows: int = 4_000_000  # cap of one commit (the rest goes in the next one)
+    max_body_bytes: int = 64 * 1024 * 1024  # larger batches get 413
+    min_free_bytes: int = 256 * 1024 * 1024  # below this free space: 503, nothing written
+    compression: str = "zstd"  # Parquet codec: zstd, snappy, lz4, gzip, none
+    retention: dict[str, str | int] = msgspec.field(default_factory=dict)  # table -> duration
+    compact_s: float = 600.0  # how often small files are compacted (and retention applied)
+    compact_min_age_s: float = 60.0  # files younger than this are left alone
+    dedup_window: str | int = "24h"  # (host, segment) history loaded at start
+    hot_window_s: float = 150.0  # seconds of probes kept in memory (live view, rollups)
+    hot_max_rows: int = 20_000_000  # memory cap of the hot window (rows)
+    live_refresh_s: float = 5.0  # recompute the live picture this often
+    rollup_grace_s: float = 20.0  # a minute is rolled up once it ended this long ago
+    metrics_max_pairs: int = 2000  # per-pair series in /metrics: the worst N by loss
+
+
+class ResolvedIngest(msgspec.Struct, kw_only=True):
+    """Derived values (durations in seconds, the split listen address)."""
+
+    host: str
+    port: int
+    retention_s: dict[str, float]
+    dedup_window_s: float
+
+
+def load(path: str | Path = DEFAULT_PATH) -> tuple[IngestConfig, ResolvedIngest]:
+    """Load and validate ingest.yml; raises :class:`configfile.ConfigError`."""
+    config = configfile.load(path, IngestConfig)
+    return config, resolve(config, path)
+
+
+def resolve(config: IngestConfig, path: str | Path) -> ResolvedIngest:
+    def fail(key: str, message: str) -> None:
+        raise configfile.ConfigError(path, key, message)
+
+    host, sep, port_text = config.listen.rpartition(":")
+    if not sep or not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+        fail("listen", f"expected host:port with a port 1-65535, got {config.listen!r}")
+    host = host.strip("[]") or "0.0.0.0"
+    if bool(config.tls_cert) != bool(config.tls_key):
+        fail("tls_key" if config.tls_cert else "tls_cert", "tls_cert and tls_key go together")
+    if config.log_level not in {"debug", "info", "warning", "error"}:
+        fail("log_level", "expected one of debug, info, warning, error")
+    if config.compression not in {"zstd", "snappy", "lz4", "gzip", "none"}:
+        fail("compression", "expected one of zstd, snappy, lz4, gzip, none")
+    positive = {
+        "roll_s": config.roll_s,
+        "max_commit_rows": config.max_commit_rows,
+        "max_body_bytes": config.max_body_bytes,
+        "compact_s": config.compact_s,
+        "hot_window_s": config.hot_window_s,
+        "hot_max_rows": config.hot_max_rows,
+        "live_refresh_s": config.live_refresh_s,
+        "metrics_max_pairs": config.metrics_max_pairs,
+    }
+    for key, value in positive.items():
+        if value <= 0:
+            fail(key, "expected a number > 0")
+    for key in ("min_free_bytes", "compact_min_age_s", "rollup_grace_s"):
+        if getattr(config, key) < 0:
+            fail(key, "expected a number >= 0")
+    retention = {
+        name: float(layout.DEFAULT_RETENTION_S[spec.retention_class])
+        for name, spec in layout.TABLES.items()
+    }
+    for table, value in config.retention.items():
+        if table not in layout.TABLES:
+            fail(
+                f"retention.{table}", f"unknown table (expected one of {', '.join(layout.TABLES)})"
+            )
+        try:
+            retention[table] = layout.parse_duration(value)
+        except ValueError as exc:
+            fail(f"retention.{table}", str(exc))
+    try:
+        dedup = layout.parse_duration(config.dedup_window)
+    except ValueError as exc:
+        fail("dedup_window", str(exc))
+    return ResolvedIngest(
+        host=host, port=int(port_text), retention_s=retention, dedup_window_s=dedup
+    )
+
+
+def read_fleet_key(path: str | Path, config_path: str | Path) -> bytes:
+    """The fleet key: the file's bytes with surrounding whitespace removed."""
+    try:
+        key = Path(path).read_bytes().strip()
+    except OSError as exc:
+        raise configfile.ConfigError(
+            config_path, "fleet_key_file", f"cannot read {path}: {exc.strerror or exc}"
+        ) from None
+    if len(key) < 16:
+        raise configfile.ConfigError(
+            config_path, "fleet_key_file", f"{path} holds {len(key)} bytes, expected at least 16"
+        )
+    return key

@@ -1,0 +1,210 @@
+"""Prometheus metrics of the ingest daemon (``GET /metrics``).
+
+Event counters are plain prometheus-client counters updated on the request path. The
+fleet picture (per-host freshness, per-pair loss and raw one-way delay, store size) is
+produced on scrape by :class:`FleetCollector` from the daemon's latest live snapshot, so
+later components (clock solver, detector) add their families by registering another
+collector on :attr:`IngestMetrics.registry`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import prometheus_client
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from analytics.store.hot_window import LiveSnapshot
+
+# *_created series double the scrape size and no dashboard of ours reads them.
+prometheus_client.disable_created_metrics()
+
+REJECT_REASONS = ("auth", "malformed", "schema", "too_large", "unavailable")
+
+
+@dataclass
+class HostState:
+    host: str
+    host_id: int
+    first_ns: int
+    last_ns: int
+    batches: int = 0
+    rows: dict[str, int] = field(default_factory=dict)
+    rates: dict[str, float] = field(default_factory=dict)  # rows/s over the last refresh
+
+
+@dataclass
+class FleetView:
+    """What the collector reads at scrape time (filled by the daemon)."""
+
+    hosts: dict[int, HostState] = field(default_factory=dict)
+    live: LiveSnapshot = field(default_factory=LiveSnapshot)
+    table_sizes: dict[str, tuple[int, int]] = field(default_factory=dict)
+    free_bytes: int = 0
+    unavailable_reason: str = ""
+
+
+class FleetCollector(Collector):
+    def __init__(self, view: Callable[[], FleetView], max_pairs: int) -> None:
+        self._view = view
+        self._max_pairs = max_pairs
+
+    def collect(self) -> Iterable[Metric]:
+        view = self._view()
+        now_ns = time.time_ns()
+        names = {h.host_id: h.host for h in view.hosts.values()}
+
+        age = GaugeMetricFamily(
+            "clockmesh_host_last_batch_age_seconds",
+            "Seconds since the last stored batch of each host.",
+            labels=["host"],
+        )
+        rate = GaugeMetricFamily(
+            "clockmesh_host_rows_per_second",
+            "Rows per second stored per host and table (last refresh interval).",
+            labels=["host", "table"],
+        )
+        for h in view.hosts.values():
+            age.add_metric([h.host], max(0.0, (now_ns - h.last_ns) / 1e9))
+            for table, value in sorted(h.rates.items()):
+                rate.add_metric([h.host, table], value)
+        yield age
+        yield rate
+
+        pairs = sorted(view.live.pairs, key=lambda p: (-p.loss, -(p.owd_raw_p99_ns or 0)))
+        pairs = pairs[: self._max_pairs]
+        labels = ["src", "dst"]
+        sent = GaugeMetricFamily(
+            "clockmesh_link_probes_sent",
+            "Probes sent per host pair in the live window.",
+            labels=labels,
+        )
+        loss = GaugeMetricFamily(
+            "clockmesh_link_probe_loss_ratio",
+            "Fraction of probes sent per host pair in the live window that never arrived.",
+            labels=labels,
+        )
+        p50 = GaugeMetricFamily(
+            "clockmesh_link_owd_raw_p50_seconds",
+            "Median raw one-way delay per host pair (rx - tx across two clocks, uncorrected).",
+            labels=labels,
+        )
+        p99 = GaugeMetricFamily(
+            "clockmesh_link_owd_raw_p99_seconds",
+            "99th percentile raw one-way delay per host pair (uncorrected).",
+            labels=labels,
+        )
+        for p in pairs:
+            key = [names.get(p.src, str(p.src)), names.get(p.dst, str(p.dst))]
+            sent.add_metric(key, p.sent)
+            loss.add_metric(key, p.loss)
+            if p.owd_raw_p50_ns is not None:
+                p50.add_metric(key, p.owd_raw_p50_ns / 1e9)
+            if p.owd_raw_p99_ns is not None:
+                p99.add_metric(key, p.owd_raw_p99_ns / 1e9)
+        yield from (sent, loss, p50, p99)
+
+        pairs_total = GaugeMetricFamily(
+            "clockmesh_live_pairs",
+            "Host pairs with probes in the live window (per-pair series are capped).",
+            value=len(view.live.pairs),
+        )
+        yield pairs_total
+
+        files = GaugeMetricFamily(
+            "clockmesh_store_files", "Parquet files per store table.", labels=["table"]
+        )
+        size = GaugeMetricFamily(
+            "clockmesh_store_bytes", "Bytes of Parquet per store table.", labels=["table"]
+        )
+        for table, (n, b) in sorted(view.table_sizes.items()):
+            files.add_metric([table], n)
+            size.add_metric([table], b)
+        yield files
+        yield size
+        yield GaugeMetricFamily(
+            "clockmesh_store_free_bytes",
+            "Free bytes on the store's filesystem.",
+            value=view.free_bytes,
+        )
+        unavailable = GaugeMetricFamily(
+            "clockmesh_ingest_unavailable",
+            "1 while the daemon refuses batches (503); the reason label says why.",
+            labels=["reason"],
+        )
+        unavailable.add_metric(
+            [view.unavailable_reason or "none"], 1 if view.unavailable_reason else 0
+        )
+        yield unavailable
+
+
+class IngestMetrics:
+    def __init__(self, view: Callable[[], FleetView], max_pairs: int = 2000) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.batches = Counter(
+            "clockmesh_ingest_batches",
+            "Batches acknowledged, by outcome (stored or duplicate).",
+            ["status"],
+            registry=r,
+        )
+        self.rejected = Counter(
+            "clockmesh_ingest_rejected_batches",
+            "Batches refused, by reason (auth 401, malformed 400, schema 422, "
+            "too_large 413, unavailable 503).",
+            ["reason"],
+            registry=r,
+        )
+        self.rows = Counter(
+            "clockmesh_ingest_rows", "Rows stored, by table.", ["table"], registry=r
+        )
+        self.bytes = Counter("clockmesh_ingest_body_bytes", "Batch body bytes stored.", registry=r)
+        self.commits = Counter(
+            "clockmesh_ingest_commits", "Group commits made durable.", registry=r
+        )
+        self.commit_failures = Counter(
+            "clockmesh_ingest_commit_failures",
+            "Group commits that failed (their batches got 503).",
+            registry=r,
+        )
+        self.commit_seconds = Histogram(
+            "clockmesh_ingest_commit_seconds",
+            "Time to write and fsync one group commit.",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=r,
+        )
+        self.ack_seconds = Histogram(
+            "clockmesh_ingest_ack_seconds",
+            "Time from receiving a batch to acknowledging it.",
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=r,
+        )
+        self.pending_rows = Gauge(
+            "clockmesh_ingest_pending_rows", "Rows received, not yet committed.", registry=r
+        )
+        self.hot_rows = Gauge(
+            "clockmesh_hot_window_rows", "Probe rows held in the hot window.", registry=r
+        )
+        self.rollup_minutes = Counter(
+            "clockmesh_rollup_minutes", "Minutes rolled up into probe_minute.", registry=r
+        )
+        self.compactions = Counter(
+            "clockmesh_store_compacted_files", "Small files merged by compaction.", registry=r
+        )
+        self.recovered_orphans = Gauge(
+            "clockmesh_store_recovered_orphan_files",
+            "Files of an unacknowledged partial commit removed at start.",
+            registry=r,
+        )
+        for reason in REJECT_REASONS:
+            self.rejected.labels(reason)
+        for status in ("stored", "duplicate"):
+            self.batches.labels(status)
+        r.register(FleetCollector(view, max_pairs))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

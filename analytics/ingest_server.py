@@ -1,0 +1,521 @@
+"""The ingest daemon: HTTP batches in, durable Parquet out, live state and metrics.
+
+HTTP contract (docs/store.md, "Batch contract"):
+
+``POST /v1/batch``, body = one segment (:mod:`collector.wire`), header
+``Authorization: CLOCKMESH-HMAC-SHA256 <hex>`` = ``wire.sign(fleet_key, body)``.
+
+=====  ==============================================================================
+200    ``{"status": "stored"|"duplicate", "segment": N, "rows": R}`` - the rows are
+       durable (fsynced Parquet + commit record); the collector may delete the segment
+400    malformed body: bad magic, bad header, truncated chunk, CRC mismatch
+401    missing or wrong HMAC (wrong fleet key, altered body)
+413    body larger than ``max_body_bytes``
+422    well-formed but not storable here: unsupported format/record schema version,
+       header host_id that is not the host's id, text that is not UTF-8
+503    not stored right now (disk below ``min_free_bytes``, write failure); retry later
+=====  ==============================================================================
+
+Every 4xx/5xx body is ``{"status": "rejected"|"unavailable", "error": "<one line>"}``.
+
+Group commit: batches received while a commit is running (or within ``roll_s`` of the
+previous one) are written together, fsynced once, and acknowledged together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import logging
+import ssl
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+from aiohttp import web
+
+from analytics.ingest_config import IngestConfig, ResolvedIngest
+from analytics.ingest_metrics import FleetView, HostState, IngestMetrics
+from analytics.store import catalog, layout
+from analytics.store.compactor import Compactor
+from analytics.store.hot_window import HotWindow
+from analytics.store.store_writer import StoreWriteError, StoreWriter
+from collector import records, wire
+
+log = logging.getLogger("clockmesh.ingest")
+_TEXT_TABLES = {n for n, d in records.TABLES.items() if any(d[f].kind == "S" for f in d.names)}
+
+
+@dataclass
+class PendingBatch:
+    seg: wire.Segment
+    nbytes: int
+    received_ns: int
+    arrow: dict[str, pa.Table]  # tables already converted (those with text columns)
+    future: asyncio.Future
+
+
+def _reply(status: int, payload: dict) -> web.Response:
+    return web.Response(
+        status=status,
+        body=json.dumps(payload, separators=(",", ":")).encode(),
+        content_type="application/json",
+    )
+
+
+class IngestServer:
+    """One daemon: owns the store, serves HTTP. ``await start()``, ``await stop()``."""
+
+    def __init__(self, config: IngestConfig, resolved: ResolvedIngest, fleet_key: bytes) -> None:
+        self.config = config
+        self.resolved = resolved
+        self.key = fleet_key
+        self.writer = StoreWriter(
+            config.store_dir,
+            compression=config.compression,
+            dedup_window_s=resolved.dedup_window_s,
+        )
+        self.compactor = Compactor(
+            self.writer,
+            retention_s=resolved.retention_s,
+            min_age_s=config.compact_min_age_s,
+        )
+        self.hot = HotWindow(
+            window_s=config.hot_window_s,
+            max_rows=config.hot_max_rows,
+            grace_s=config.rollup_grace_s,
+        )
+        self.view = FleetView()
+        self.metrics = IngestMetrics(lambda: self.view, config.metrics_max_pairs)
+        self._pending: list[PendingBatch] = []
+        self._pending_rows = 0
+        self._inflight: dict[tuple[int, int], asyncio.Future] = {}
+        self._wake = asyncio.Event()
+        self._next_commit = 0
+        self._last_commit_start = 0.0
+        self._known_names: dict[int, str] = {}
+        self._unavailable = ""
+        self._broken = ""
+        self._commit_pool = concurrent.futures.ThreadPoolExecutor(1, "commit")
+        self._side_pool = concurrent.futures.ThreadPoolExecutor(1, "live")
+        self._tasks: list[asyncio.Task] = []
+        self._runner: web.AppRunner | None = None
+        self._prev_rates: tuple[float, dict[int, dict[str, int]]] = (time.monotonic(), {})
+
+    # ---- lifecycle ---------------------------------------------------------------
+    def open_store(self) -> None:
+        self.writer.open()
+        catalog.write_catalog(self.writer.root)
+        self._next_commit = self.writer.committed + 1
+        self.metrics.recovered_orphans.set(self.writer.recovered_orphans)
+        self.view.free_bytes = self.writer.free_bytes()
+        self.view.table_sizes = self.writer.table_sizes()
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.config.max_body_bytes)
+        app.router.add_post("/v1/batch", self.post_batch)
+        app.router.add_get("/metrics", self.get_metrics)
+        app.router.add_get("/v1/live", self.get_live)
+        app.router.add_get("/healthz", self.get_health)
+        return app
+
+    async def start(self) -> None:
+        self.open_store()
+        ssl_ctx = None
+        if self.config.tls_cert:
+            ssl_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            ssl_ctx.load_cert_chain(self.config.tls_cert, self.config.tls_key)
+        self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(
+            self._runner,
+            self.resolved.host,
+            self.resolved.port,
+            ssl_context=ssl_ctx,
+            backlog=1024,
+            reuse_address=True,
+        )
+        await site.start()
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._committer(), name="committer"),
+            loop.create_task(self._periodic(), name="periodic"),
+        ]
+        log.info(
+            "event=listening address=%s:%d tls=%s store=%s next_commit=%d",
+            self.resolved.host,
+            self.resolved.port,
+            bool(ssl_ctx),
+            self.writer.root,
+            self._next_commit,
+        )
+
+    async def stop(self) -> None:
+        # Flush what was received: those clients are waiting for their ack.
+        deadline = time.monotonic() + 10
+        while self._pending and time.monotonic() < deadline:
+            self._wake.set()
+            await asyncio.sleep(0.05)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._runner is not None:
+            await self._runner.cleanup()
+        self._commit_pool.shutdown(wait=True)
+        self._side_pool.shutdown(wait=True)
+
+    # ---- HTTP handlers -----------------------------------------------------------
+    def _reject(self, status: int, reason: str, error: str, request: web.Request) -> web.Response:
+        self.metrics.rejected.labels(reason).inc()
+        log.warning(
+            "event=batch_rejected status=%d reason=%s peer=%s error=%r",
+            status,
+            reason,
+            request.remote,
+            error,
+        )
+        kind = "unavailable" if status >= 500 else "rejected"
+        return _reply(status, {"status": kind, "error": error})
+
+    def unavailable_reason(self) -> str:
+        return self._broken or self._unavailable
+
+    async def post_batch(self, request: web.Request) -> web.Response:
+        received = time.monotonic()
+        reason = self.unavailable_reason()
+        if reason:
+            return self._reject(503, "unavailable", reason, request)
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return self._reject(
+                413,
+                "too_large",
+                f"batch exceeds max_body_bytes ({self.config.max_body_bytes})",
+                request,
+            )
+        if not wire.verify(self.key, body, request.headers.get("Authorization")):
+            return self._reject(401, "auth", "missing or invalid HMAC for this body", request)
+        try:
+            seg = wire.decode(body)
+        except wire.WireError as exc:
+            text = str(exc)
+            if "not supported" in text:
+                return self._reject(422, "schema", text, request)
+            return self._reject(400, "malformed", text, request)
+        if seg.host_id != records.host_id(seg.host):
+            return self._reject(
+                422,
+                "schema",
+                f"header host_id {seg.host_id} is not the id of {seg.host!r}",
+                request,
+            )
+        rows = seg.rows()
+        key = (seg.host_id, seg.segment)
+        if key in self.writer.ledger:
+            self.metrics.batches.labels("duplicate").inc()
+            return _reply(200, {"status": "duplicate", "segment": seg.segment, "rows": rows})
+        arrow: dict[str, pa.Table] = {}
+        for table in _TEXT_TABLES & seg.tables.keys():
+            try:
+                arrow[table] = layout.records_to_arrow(table, seg.table(table))
+            except (pa.ArrowInvalid, UnicodeDecodeError) as exc:
+                return self._reject(422, "schema", f"{table}: text is not UTF-8 ({exc})", request)
+        loop = asyncio.get_running_loop()
+        existing = self._inflight.get(key)
+        if existing is not None:
+            status, _payload = await asyncio.shield(existing)
+            if status == 200:
+                self.metrics.batches.labels("duplicate").inc()
+                return _reply(200, {"status": "duplicate", "segment": seg.segment, "rows": rows})
+            return _reply(status, _payload)
+        future: asyncio.Future = loop.create_future()
+        self._inflight[key] = future
+        self._pending.append(PendingBatch(seg, len(body), time.time_ns(), arrow, future))
+        self._pending_rows += rows
+        self.metrics.pending_rows.set(self._pending_rows)
+        self._wake.set()
+        status, payload = await asyncio.shield(future)
+        if status == 200:
+            self.metrics.ack_seconds.observe(time.monotonic() - received)
+        else:
+            self.metrics.rejected.labels("unavailable").inc()
+        return _reply(status, payload)
+
+    async def get_metrics(self, request: web.Request) -> web.Response:
+        self.view.unavailable_reason = self.unavailable_reason()
+        body = self.metrics.render()
+        return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
+
+    async def get_live(self, request: web.Request) -> web.Response:
+        return _reply(200, self.live_json())
+
+    async def get_health(self, request: web.Request) -> web.Response:
+        reason = self.unavailable_reason()
+        return _reply(503 if reason else 200, {"ok": not reason, "reason": reason})
+
+    def live_json(self) -> dict:
+        now_ns = time.time_ns()
+        names = {h.host_id: h.host for h in self.view.hosts.values()}
+        live = self.view.live
+        return {
+            "generated_ns": now_ns,
+            "live_window_s": live.window_s,
+            "live_computed_ns": live.generated_ns,
+            "hosts": [
+                {
+                    "host": h.host,
+                    "host_id": h.host_id,
+                    "last_batch_age_s": round((now_ns - h.last_ns) / 1e9, 3),
+                    "batches": h.batches,
+                    "rows": h.rows,
+                    "rates": {k: round(v, 2) for k, v in h.rates.items()},
+                }
+                for h in sorted(self.view.hosts.values(), key=lambda h: h.host)
+            ],
+            "pairs": [
+                {
+                    "src": names.get(p.src, str(p.src)),
+                    "dst": names.get(p.dst, str(p.dst)),
+                    "src_id": p.src,
+                    "dst_id": p.dst,
+                    "sent": p.sent,
+                    "received": p.received,
+                    "loss": round(p.loss, 6),
+                    "owd_raw_min_us": None if p.owd_raw_min_ns is None else p.owd_raw_min_ns / 1e3,
+                    "owd_raw_p50_us": None if p.owd_raw_p50_ns is None else p.owd_raw_p50_ns / 1e3,
+                    "owd_raw_p99_us": None if p.owd_raw_p99_ns is None else p.owd_raw_p99_ns / 1e3,
+                }
+                for p in live.pairs
+            ],
+            "ingest": {
+                "commits": self.writer.committed + 1,
+                "pending_rows": self._pending_rows,
+                "hot_window_rows": self.hot.rows,
+            },
+            "store": {
+                "dir": str(self.writer.root),
+                "free_bytes": self.view.free_bytes,
+                "accepting": not self.unavailable_reason(),
+                "reason": self.unavailable_reason(),
+                "tables": {
+                    t: {"files": f, "bytes": b} for t, (f, b) in self.view.table_sizes.items()
+                },
+            },
+        }
+
+    # ---- group commit ------------------------------------------------------------
+    async def _committer(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wake.wait()
+            wait = self._last_commit_start + self.config.roll_s - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            self._wake.clear()
+            group, rows = self._take_group()
+            if not group:
+                continue
+            self._last_commit_start = time.monotonic()
+            number = self._next_commit
+            self._check_space()
+            if self.unavailable_reason():
+                self._finish(group, 503, self.unavailable_reason())
+                continue
+            try:
+                nbytes = await loop.run_in_executor(
+                    self._commit_pool, self._commit_group, number, group
+                )
+            except StoreWriteError as exc:
+                self.metrics.commit_failures.inc()
+                text = str(exc)
+                log.error("event=commit_failed commit=%d error=%r", number, text)
+                if "restart the daemon" in text:
+                    self._broken = text
+                else:
+                    self._unavailable = text
+                self._finish(group, 503, text)
+                continue
+            except Exception as exc:  # a bug must not leave clients hanging
+                log.exception("event=commit_crashed commit=%d", number)
+                self._broken = f"commit {number} failed unexpectedly: {exc!r}"
+                self._finish(group, 503, self._broken)
+                continue
+            self._next_commit = number + 1
+            self.metrics.commits.inc()
+            for b in group:
+                self.writer.ledger.add(b.seg.host_id, b.seg.segment)
+            self._finish(group, 200, "stored")
+            log.debug("event=committed commit=%d batches=%d rows=%d bytes=%d",
+                      number, len(group), rows, nbytes)  # fmt: skip
+            if self._pending:
+                self._wake.set()
+
+    def _take_group(self) -> tuple[list[PendingBatch], int]:
+        rows = cut = 0
+        for cut, b in enumerate(self._pending, 1):  # noqa: B007
+            rows += b.seg.rows()
+            if rows >= self.config.max_commit_rows:
+                break
+        group, self._pending = self._pending[:cut], self._pending[cut:]
+        self._pending_rows -= rows
+        self.metrics.pending_rows.set(self._pending_rows)
+        return group, rows
+
+    def _finish(self, group: list[PendingBatch], status: int, text: str) -> None:
+        for b in group:
+            self._inflight.pop((b.seg.host_id, b.seg.segment), None)
+            if status == 200:
+                self.metrics.batches.labels("stored").inc()
+                payload = {"status": "stored", "segment": b.seg.segment, "rows": b.seg.rows()}
+            else:
+                payload = {"status": "unavailable", "error": text}
+            if not b.future.done():
+                b.future.set_result((status, payload))
+
+    def _commit_group(self, number: int, group: list[PendingBatch]) -> int:
+        """Runs in the commit thread: build columns, write, fsync; then feed the hot window."""
+        started = time.monotonic()
+        tables: dict[str, pa.Table] = {}
+        for name in records.TABLES:
+            if name in _TEXT_TABLES:
+                parts = [b.arrow[name] for b in group if name in b.arrow]
+                if parts:
+                    tables[name] = pa.concat_tables(parts).combine_chunks()
+                continue
+            arrays = [a for b in group for a in b.seg.tables.get(name, ())]
+            if arrays:
+                rows = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+                tables[name] = layout.records_to_arrow(name, rows)
+        new_names = [
+            (b.received_ns, b.seg.host_id, b.seg.host)
+            for b in group
+            if self._known_names.get(b.seg.host_id) != b.seg.host
+        ]
+        if new_names:
+            seen = {}
+            for ts, hid, host in new_names:
+                seen[hid] = (ts, host)
+            tables["host_names"] = pa.table(
+                {
+                    "ts_ns": pa.array([v[0] for v in seen.values()], pa.int64()),
+                    "host_id": pa.array(list(seen), pa.int64()),
+                    "host": pa.array([v[1] for v in seen.values()], pa.string()),
+                },
+                schema=layout.TABLES["host_names"].schema,
+            )
+        n = len(group)
+        batches = pa.table(
+            {
+                "commit": pa.array(np.full(n, number, np.int64)),
+                "received_ns": pa.array([b.received_ns for b in group], pa.int64()),
+                "host_id": pa.array([b.seg.host_id for b in group], pa.int64()),
+                "host": pa.array([b.seg.host for b in group], pa.string()),
+                "segment": pa.array([b.seg.segment for b in group], pa.int64()),
+                "created_ns": pa.array([b.seg.created_ns for b in group], pa.int64()),
+                "rows": pa.array([b.seg.rows() for b in group], pa.int64()),
+                "bytes": pa.array([b.nbytes for b in group], pa.int64()),
+            },
+            schema=layout.TABLES["batches"].schema,
+        )
+        with self.metrics.commit_seconds.time():
+            nbytes = self.writer.commit(number, tables, batches)
+        # durable from here on
+        for ts, hid, host in new_names:
+            self._known_names[hid] = host
+            del ts
+        now_ns = time.time_ns()
+        # copy-on-write: the event loop and the live thread read these without a lock
+        hosts = dict(self.view.hosts)
+        for b in group:
+            h = hosts.get(b.seg.host_id)
+            if h is None:
+                h = hosts[b.seg.host_id] = HostState(
+                    b.seg.host, b.seg.host_id, b.received_ns, b.received_ns
+                )
+            h.host = b.seg.host
+            h.last_ns = max(h.last_ns, b.received_ns)
+            h.batches += 1
+            counts = dict(h.rows)
+            for name, parts in b.seg.tables.items():
+                counts[name] = counts.get(name, 0) + sum(len(p) for p in parts)
+            h.rows = counts
+        self.view.hosts = hosts
+        for name, data in tables.items():
+            if name in records.TABLES:
+                self.metrics.rows.labels(name).inc(data.num_rows)
+        self.metrics.bytes.inc(sum(b.nbytes for b in group))
+        self.hot.add(now_ns, tables)
+        self.metrics.hot_rows.set(self.hot.rows)
+        log.debug("commit %d took %.3fs", number, time.monotonic() - started)
+        return nbytes
+
+    # ---- background work ---------------------------------------------------------
+    def _check_space(self) -> None:
+        free = self.writer.free_bytes()
+        self.view.free_bytes = free
+        if free < self.config.min_free_bytes:
+            reason = (
+                f"store filesystem has {free} bytes free, below min_free_bytes "
+                f"{self.config.min_free_bytes}"
+            )
+            if self._unavailable != reason:
+                log.error("event=store_full free_bytes=%d min_free_bytes=%d",
+                          free, self.config.min_free_bytes)  # fmt: skip
+            self._unavailable = reason
+        elif self._unavailable:
+            log.warning("event=store_accepting_again free_bytes=%d", free)
+            self._unavailable = ""
+
+    async def _periodic(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_live = next_compact = time.monotonic()
+        next_compact += self.config.compact_s
+        while True:
+            await asyncio.sleep(1.0)
+            self._check_space()
+            now = time.monotonic()
+            if now >= next_live:
+                next_live = now + self.config.live_refresh_s
+                try:
+                    await loop.run_in_executor(self._side_pool, self._refresh_live)
+                except Exception:
+                    log.exception("event=live_refresh_failed")
+            if now >= next_compact:
+                next_compact = now + self.config.compact_s
+                try:
+                    await loop.run_in_executor(self._side_pool, self._compact)
+                except Exception:
+                    log.exception("event=compaction_failed")
+
+    def _refresh_live(self) -> None:
+        self.view.live = self.hot.live()
+        rolled = self.hot.rollup()
+        if rolled is not None:
+            first_minute, pair, path = rolled
+            name = f"r{first_minute:012d}.parquet"
+            for table, data in (("probe_minute", pair), ("path_minute", path)):
+                if data.num_rows:
+                    self.writer.write_partitioned(table, data, name)
+            self.metrics.rollup_minutes.inc(len(set(pair.column("minute_ns").to_pylist())))
+        now = time.monotonic()
+        then, prev = self._prev_rates
+        dt = max(now - then, 1e-6)
+        current = {hid: dict(h.rows) for hid, h in self.view.hosts.items()}
+        for hid, rows in current.items():
+            before = prev.get(hid, {})
+            self.view.hosts[hid].rates = {t: (v - before.get(t, 0)) / dt for t, v in rows.items()}
+        self._prev_rates = (now, current)
+        self.view.table_sizes = self.writer.table_sizes()
+
+    def _compact(self) -> None:
+        before = self.compactor.stats.files_merged
+        self.compactor.run()
+        self.metrics.compactions.inc(self.compactor.stats.files_merged - before)
+
+
+def store_path(config: IngestConfig) -> Path:
+    return Path(config.store_dir)
