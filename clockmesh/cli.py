@@ -18,6 +18,8 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "collector": ("collector.cli:collector", "Run or inspect the probe/telemetry collector.", ""),
     "daemon": ("collector.supervise:daemon", "Supervise a clockmesh service without systemd.", ""),
     "ingest": ("analytics.ingest_cli:ingest", "Run the ops-box ingest daemon.", "opsbox"),
+    "sql": ("analytics.sql_cli:sql", "Query the ops-box store with SQL (read-only).", "opsbox"),
+    "export": ("analytics.export:export", "Export recent store data as a Parquet set.", "opsbox"),
     "lab": ("lab.cli:lab", "Build and break a leaf-spine lab fabric in namespaces.", "lab"),
 }
 
