@@ -208,7 +208,8 @@ class Shipper(threading.Thread):
             if result is True:
                 continue
             if result is False:
-                self._stopping.wait(self.stats.backoff_s)  # a new segment must not cut back-off short
+                # Wait on stop only: a newly closed segment must not cut the back-off short.
+                self._stopping.wait(self.stats.backoff_s)
             else:
                 self._wake.wait(1.0)
                 self._wake.clear()

@@ -1,0 +1,77 @@
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from collector import rdma_config, records
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "sysfs"
+HOST = records.host_id("h01")
+
+
+def test_gid_table_with_types_and_configfs_mode() -> None:
+    root = DATA / "mlx5_roce"
+    rows = rdma_config.gid_table(root, root / "sys/kernel/config", 7, HOST)
+    got = [(int(r["gid_index"]), r["gid"].decode(), r["gid_type"].decode()) for r in rows]
+    assert got == [
+        (0, "fe80:0000:0000:0000:0e42:a1ff:fe3b:5e10", "IB/RoCE v1"),
+        (1, "fe80:0000:0000:0000:0e42:a1ff:fe3b:5e10", "RoCE v2"),
+        (2, "0000:0000:0000:0000:0000:ffff:c612:0102", "IB/RoCE v1"),
+        (3, "0000:0000:0000:0000:0000:ffff:c612:0102", "RoCE v2"),
+    ]
+    assert {r["default_roce_mode"] for r in rows} == {b"RoCE v2"}
+    assert {r["ndev"] for r in rows} == {b"ens1f0np0"}
+    assert (rows["device"] == b"mlx5_0").all() and (rows["port"] == 1).all()
+
+
+def test_configfs_not_mounted_gives_empty_mode() -> None:
+    root = DATA / "rxe_no_counters"
+    rows = rdma_config.gid_table(root, "/nonexistent", 7, HOST)
+    assert len(rows) == 1 and rows[0]["default_roce_mode"] == b""
+
+
+def test_fingerprint_ignores_time_only() -> None:
+    root = DATA / "mlx5_roce"
+    a = rdma_config.gid_table(root, root / "sys/kernel/config", 1, HOST)
+    b = rdma_config.gid_table(root, root / "sys/kernel/config", 2, HOST)
+    assert rdma_config.fingerprint(a) == rdma_config.fingerprint(b)
+    b["gid_type"][3] = b"IB/RoCE v1"
+    assert rdma_config.fingerprint(a) != rdma_config.fingerprint(b)
+
+
+def test_nccl_conf_parsing() -> None:
+    assert rdma_config.parse_nccl_conf((DATA / "mlx5_roce/etc/nccl.conf").read_text()) == 3
+    assert rdma_config.parse_nccl_conf("NCCL_IB_GID_INDEX=1\n# NCCL_IB_GID_INDEX=5\n") == 1
+    assert rdma_config.parse_nccl_conf("NCCL_IB_GID_INDEX=x\n") is None
+
+
+def test_job_from_a_real_process_holding_uverbs(tmp_path: Path) -> None:
+    dev = tmp_path / "dev/infiniband"
+    dev.mkdir(parents=True)
+    (dev / "uverbs0").write_bytes(b"")
+    code = "import sys, time; f = open(sys.argv[1]); print('ready', flush=True); time.sleep(60)"
+    env = dict(os.environ, NCCL_IB_GID_INDEX="1", CLOCKMESH_JOB_ID="allreduce-7")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(dev / "uverbs0")],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        rows = rdma_config.job_rows(DATA / "mlx5_roce/etc/nccl.conf", 9, HOST, same_netns=True)
+        by_source = {r["source"].decode(): r for r in rows}
+        assert by_source["nccl.conf"]["gid_index"] == 3 and by_source["nccl.conf"]["pid"] == 0
+        mine = [r for r in rows if r["pid"] == proc.pid]
+        assert len(mine) == 1
+        assert mine[0]["job_id"] == b"allreduce-7" and mine[0]["gid_index"] == 1
+        assert mine[0]["device"] == b"uverbs0"
+    finally:
+        proc.kill()
+        proc.wait()
+    time.sleep(0.05)
+    rows = rdma_config.job_rows("/nonexistent", 9, HOST)
+    assert not any(r["pid"] == proc.pid for r in rows)

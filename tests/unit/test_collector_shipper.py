@@ -1,0 +1,110 @@
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from collector import records
+from collector.shipper import Shipper
+from collector.spool import Spool
+from tests.unit.collector_receiver import Receiver
+
+KEY = b"fleet-key-for-tests-0123456789"
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    r = Receiver(KEY)
+    try:
+        yield r
+    finally:
+        r.close()
+
+
+def _fill(tmp_path: Path, n: int) -> Spool:
+    sp = Spool(
+        tmp_path / "spool",
+        "h01",
+        records.host_id("h01"),
+        max_bytes=10**9,
+        roll_s=3600,
+        roll_bytes=10**9,
+    )
+    for i in range(n):
+        rows = np.zeros(3, records.PROBE_TX)
+        rows["seq"] = [3 * i, 3 * i + 1, 3 * i + 2]
+        sp.write("probe_tx", rows)
+        sp.roll()
+    return sp
+
+
+def test_ships_in_order_and_deletes_only_after_ack(tmp_path: Path, receiver: Receiver) -> None:
+    sp = _fill(tmp_path, 4)
+    sh = Shipper(sp, receiver.url, KEY)
+    while sh.ship_one():
+        pass
+    assert [seg for _, seg in receiver.order] == [1, 2, 3, 4]
+    assert not list((tmp_path / "spool").glob("*.seg"))
+    assert sh.stats.segments_acked == 4 and sh.stats.rows_acked == 12
+    seqs = np.concatenate([a["seq"] for a in receiver.rows("probe_tx")])
+    assert seqs.tolist() == list(range(12))
+
+
+def test_5xx_keeps_the_segment_and_backs_off(tmp_path: Path, receiver: Receiver) -> None:
+    sp = _fill(tmp_path, 2)
+    sh = Shipper(sp, receiver.url, KEY, retry_min_s=0.1, retry_max_s=0.4)
+    receiver.mode = "fail"
+    backoffs = []
+    for _ in range(4):
+        assert sh.ship_one() is False
+        backoffs.append(sh.stats.backoff_s)
+    assert backoffs == [0.1, 0.2, 0.4, 0.4]
+    assert sp.oldest_closed() == 1 and sh.stats.last_error == "HTTP 503"
+    receiver.mode = "ok"
+    assert sh.ship_one() is True and sh.stats.backoff_s == 0
+    assert sp.oldest_closed() == 2
+
+
+def test_lost_ack_is_retried_and_answered_as_duplicate(tmp_path: Path, receiver: Receiver) -> None:
+    sp = _fill(tmp_path, 1)
+    sh = Shipper(sp, receiver.url, KEY)
+    receiver.mode = "drop_after_store"
+    assert sh.ship_one() is False  # stored, but the connection died before the ack
+    assert sp.oldest_closed() == 1
+    assert sh.ship_one() is True
+    assert receiver.duplicates == 1 and len(receiver.segments) == 1
+    assert sh.stats.duplicates == 1
+
+
+def test_4xx_moves_the_batch_aside_and_goes_on(tmp_path: Path, receiver: Receiver) -> None:
+    sp = _fill(tmp_path, 2)
+    sh = Shipper(sp, receiver.url, b"not-the-fleet-key-at-all")  # receiver answers 401
+    assert sh.ship_one() is True
+    assert (tmp_path / "spool/rejected/0000000000000001.seg").exists()
+    assert sh.stats.rejected == 1 and sp.oldest_closed() == 2
+
+
+def test_unreachable_is_a_retry_not_a_crash(tmp_path: Path) -> None:
+    sp = _fill(tmp_path, 1)
+    sh = Shipper(sp, "http://127.0.0.1:9", KEY, timeout_s=1)
+    assert sh.ship_one() is False
+    assert "ConnectionRefused" in sh.stats.last_error
+    assert sp.oldest_closed() == 1
+
+
+def test_thread_ships_what_is_closed_and_stops(tmp_path: Path, receiver: Receiver) -> None:
+    sp = _fill(tmp_path, 3)
+    sh = Shipper(sp, receiver.url, KEY)
+    sh.start()
+    try:
+        deadline = time.monotonic() + 5
+        while sp.oldest_closed() is not None and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        sh.stop()
+        sh.join(5)
+    assert not sh.is_alive()
+    assert len(receiver.segments) == 3
