@@ -390,23 +390,9 @@ class Lab:
             ipr.addr("add", index=idx, address=node.mgmt_address, prefixlen=24)
             ipr.link("set", index=idx, state="up")
         # 3. routes.
-        for host in topo.hosts:
-            access = topo.access_link(host.name)
-            h[host.namespace].route("add", dst="198.18.0.0/16", gateway=access.b.address)
-        fabric = {(lk.a.node, lk.b.node): lk for lk in topo.links if lk.kind == "fabric"}
-        for leaf in topo.leaves:
-            hops = [{"gateway": fabric[(leaf.name, s.name)].b.address} for s in topo.spines]
-            for other in topo.leaves:
-                if other.name == leaf.name:
-                    continue
-                if len(hops) == 1:
-                    h[leaf.namespace].route("add", dst=other.subnet, gateway=hops[0]["gateway"])
-                else:
-                    h[leaf.namespace].route("add", dst=other.subnet, multipath=hops)
-        for spine in topo.spines:
-            for leaf in topo.leaves:
-                gw = fabric[(leaf.name, spine.name)].a.address
-                h[spine.namespace].route("add", dst=leaf.subnet, gateway=gw)
+        for ns, rts in static_routes(topo).items():
+            for rt in rts:
+                h[ns].route("add", **rt)
 
     def _start_sshd(self, topo: Topology) -> None:
         for target in sshd.PRIVATE_MOUNTS:
@@ -636,6 +622,57 @@ class Lab:
             links=links,
             faults=faults,
         )
+
+
+def static_routes(topo: Topology) -> dict[str, list[dict[str, Any]]]:
+    """The static routes of every namespace (what a routing protocol would install).
+
+    Hosts: 198.18.0.0/16 via their leaf. Leaves: each other leaf's subnet over every
+    spine (ECMP, one nexthop per spine). Spines: each leaf's subnet via that leaf.
+    """
+    out: dict[str, list[dict[str, Any]]] = {}
+    for host in topo.hosts:
+        access = topo.access_link(host.name)
+        out.setdefault(host.namespace, []).append(
+            {"dst": "198.18.0.0/16", "gateway": access.b.address}
+        )
+    fabric = {(lk.a.node, lk.b.node): lk for lk in topo.links if lk.kind == "fabric"}
+    for leaf in topo.leaves:
+        hops = [{"gateway": fabric[(leaf.name, s.name)].b.address} for s in topo.spines]
+        for other in topo.leaves:
+            if other.name == leaf.name:
+                continue
+            rt: dict[str, Any] = {"dst": other.subnet}
+            if len(hops) == 1:
+                rt["gateway"] = hops[0]["gateway"]
+            else:
+                rt["multipath"] = hops
+            out.setdefault(leaf.namespace, []).append(rt)
+    for spine in topo.spines:
+        for leaf in topo.leaves:
+            gw = fabric[(leaf.name, spine.name)].a.address
+            out.setdefault(spine.namespace, []).append({"dst": leaf.subnet, "gateway": gw})
+    return out
+
+
+def restore_routes(topo: Topology, namespaces: set[str] | None = None) -> int:
+    """Re-install missing static routes (the kernel flushes a single-nexthop route when
+    its device goes admin down; a routing protocol would re-add it). Returns routes added.
+    """
+    added = 0
+    for ns, rts in static_routes(topo).items():
+        if namespaces is not None and ns not in namespaces:
+            continue
+        with IPRoute(netns=ns, flags=0) as ipr:
+            have = {
+                f"{r.get_attr('RTA_DST')}/{r['dst_len']}"
+                for r in ipr.get_routes(family=socket.AF_INET, table=254)
+            }
+            for rt in rts:
+                if rt["dst"] not in have:
+                    ipr.route("replace", **rt)
+                    added += 1
+    return added
 
 
 def link_states(topo: Topology, present: set[str]) -> list[LinkStatus]:

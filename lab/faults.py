@@ -3,11 +3,12 @@
 Every fault is recorded in ``state.json`` (``faults``) with the PID of the process that
 keeps it going, so ``heal`` and ``down`` can stop it from another shell.
 
-- flap: both ends of the veth pair are set administratively down, then up, ``count``
-  times. With ``ignore_routes_with_linkdown=1`` and the nexthop's device down, the leaf
-  drops that nexthop and rehashes flows onto the remaining spines; a spine whose link
-  to a leaf is down has no route to that leaf's subnet, so flows other leaves still hash
-  onto that spine are lost until the link returns.
+- flap: the leaf's port of the link is set administratively down, then both ends up,
+  ``count`` times. The leaf drops that nexthop and rehashes its flows onto the other
+  spines; the far end loses carrier, and with ``ignore_routes_with_linkdown=1`` its
+  routes over the link are ignored: a spine whose link to a leaf is down has no usable
+  route to that leaf's subnet, so flows other leaves still hash onto that spine are lost
+  until the link returns (no routing protocol withdraws them, as BGP would).
 - congest: a ``tbf`` qdisc on the link's egress (per direction) plus a paced UDP load
   whose source port was found, by sending bursts and reading the link's packet counters,
   to hash onto that link.
@@ -29,7 +30,7 @@ from typing import Any
 from pyroute2 import IPRoute, NetlinkError, netns
 
 from lab import processes
-from lab.fabric import Lab, LabError, link_states
+from lab.fabric import Lab, LabError, link_states, restore_routes
 from lab.topology import Host, Link, LinkEnd, Topology
 
 PROBE_BURST = 64
@@ -61,9 +62,23 @@ def _get_link(topo: Topology, name: str) -> Link:
         raise LabError(f"LINK: no link named {name!r} (e.g. {names}, ...)") from None
 
 
-def set_link(link: Link, up: bool) -> None:
-    """Set both ends of ``link`` administratively up or down."""
-    for end in (link.a, link.b):
+def leaf_end(link: Link) -> LinkEnd:
+    """The end a flap sets down: always the leaf's port (see :func:`set_link`)."""
+    return link.a if link.a.node.startswith("leaf") else link.b
+
+
+def set_link(link: Link, up: bool, both: bool = False) -> None:
+    """Take ``link`` down (or up) the way a cable pull looks to routing.
+
+    Only the leaf's port is set administratively down: the leaf drops that nexthop at
+    once, and the far end (spine or host) sees its carrier go (``NO-CARRIER``), so its
+    routes over the link are flagged ``linkdown`` and ignored
+    (``ignore_routes_with_linkdown=1``) but kept, ready for when the carrier returns.
+    Bringing it up sets both ends up (``both`` also takes both down) and re-installs any
+    static route the kernel flushed.
+    """
+    ends = (link.a, link.b) if (up or both) else (leaf_end(link),)
+    for end in ends:
         with IPRoute(netns=end.namespace, flags=0) as ipr:
             found = ipr.link_lookup(ifname=end.interface)
             if not found:
@@ -109,6 +124,7 @@ def flap(lab: Lab, link_name: str, down_s: float, up_s: float, count: int) -> in
             set_link(link, up=False)
             time.sleep(down_s)
             set_link(link, up=True)
+            restore_routes(topo, {link.a.namespace, link.b.namespace})
             done += 1
             if count == 0 or done < count:
                 time.sleep(up_s)
@@ -118,6 +134,7 @@ def flap(lab: Lab, link_name: str, down_s: float, up_s: float, count: int) -> in
         signal.signal(signal.SIGTERM, old_term)
         with contextlib.suppress(Exception):
             set_link(link, up=True)
+            restore_routes(topo, {link.a.namespace, link.b.namespace})
         _remove_fault(lab, me["pid"])
     return done
 
@@ -300,6 +317,8 @@ def heal(lab: Lab) -> dict[str, int]:
             if any(q.startswith(f"{end.node}:") for q in qd):
                 _tc(end.namespace, ["qdisc", "del", "dev", end.interface, "root"])
                 unshaped += 1
+    with contextlib.suppress(NetlinkError, OSError):
+        restore_routes(topo, present)
     with lab.state.update() as st:
         st["faults"] = []
     return {"stopped": len(stopped), "links_up": relinked, "qdiscs_removed": unshaped}

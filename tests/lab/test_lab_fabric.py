@@ -1,0 +1,87 @@
+"""A real small lab: namespaces, routes, sshd with the lab key, private mounts."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from lab.fabric import Lab, link_states
+
+pytestmark = [pytest.mark.root, pytest.mark.lab]
+
+
+def test_every_node_exists_and_links_are_up(small_lab: Lab) -> None:
+    topo = small_lab.topology
+    st = small_lab.status()
+    assert st.namespaces_expected == 9 and len(st.namespaces_present) == 9
+    assert st.bridge_exists
+    assert all(lk.up for lk in link_states(topo, set(st.namespaces_present)))
+    # /sys/class/net inside a host shows that namespace's interfaces, not the root's
+    out = small_lab.exec("h1-1", ["ls", "/sys/class/net"], capture_output=True, text=True)
+    assert out.returncode == 0
+    assert set(out.stdout.split()) == {"lo", "bk0", "mg0"}
+
+
+def test_leaf_has_l4_ecmp_route_and_sysctls(small_lab: Lab) -> None:
+    def sysctl(node: str, key: str) -> str:
+        res = small_lab.exec(node, ["sysctl", "-n", key], capture_output=True, text=True)
+        return res.stdout.strip()
+
+    assert sysctl("leaf1", "net.ipv4.fib_multipath_hash_policy") == "1"
+    assert sysctl("leaf1", "net.ipv4.ip_forward") == "1"
+    assert sysctl("spine2", "net.ipv4.conf.all.ignore_routes_with_linkdown") == "1"
+    route = small_lab.exec(
+        "leaf1", ["ip", "route", "show", "198.18.2.0/24"], capture_output=True, text=True
+    ).stdout
+    assert route.count("nexthop via") == 2
+    assert "dev spine1" in route and "dev spine2" in route
+
+
+def test_ssh_with_lab_key_and_private_mounts(small_lab: Lab) -> None:
+    topo = small_lab.topology
+    for node in [*(h.name for h in topo.hosts), topo.ops.name]:
+        res = subprocess.run(
+            small_lab.ssh_command(node, ["true"]), capture_output=True, text=True, timeout=30
+        )
+        assert res.returncode == 0, f"{node}: {res.stderr}"
+    marker = "written-on-h1-1"
+    write = small_lab.ssh_command("h1-1", [f"echo {marker} > /etc/clockmesh/marker"])
+    assert subprocess.run(write, timeout=30).returncode == 0
+    read = subprocess.run(
+        small_lab.ssh_command("h1-1", ["cat /etc/clockmesh/marker"]),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert read.stdout.strip() == marker
+    other = subprocess.run(
+        small_lab.ssh_command("h2-1", ["ls -A /etc/clockmesh"]),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert other.returncode == 0 and marker not in other.stdout and "marker" not in other.stdout
+    # the file lives in h1-1's own directory, not in the machine's /etc/clockmesh
+    assert (small_lab.node_dir("h1-1") / "etc" / "marker").read_text().strip() == marker
+    assert not (small_lab.node_dir("h2-1") / "etc" / "marker").exists()
+    with open("/proc/mounts") as fh:
+        assert str(small_lab.dir) not in fh.read()
+    # `lab exec` enters the same private mounts
+    res = small_lab.exec("h1-1", ["cat", "/etc/clockmesh/marker"], capture_output=True, text=True)
+    assert res.stdout.strip() == marker
+
+
+def test_ssh_rejects_a_foreign_key(small_lab: Lab, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    key = tmp_path / "other"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    cmd = small_lab.ssh_command("h1-1", ["true"])
+    cmd[cmd.index("-i") + 1] = str(key)
+    assert subprocess.run(cmd, capture_output=True, timeout=30).returncode != 0
+
+
+def test_backend_reaches_other_leaf(small_lab: Lab) -> None:
+    code = "import socket;s=socket.socket();s.settimeout(2);print(s.connect_ex(('198.18.2.1', 22)))"
+    # nothing listens on the backend address: a fast RST (111) proves the path works
+    res = small_lab.exec("h1-1", ["python3", "-c", code], capture_output=True, text=True)
+    assert res.stdout.strip() == "111"
