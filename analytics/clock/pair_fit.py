@@ -1,0 +1,158 @@
+"""Per host pair: offset and drift from the lower envelopes of both directions.
+
+For a pair (a, b), a < b, with x on a's clock relative to the window reference:
+
+    forward  a -> b:  y = rx_b - tx_a =  D  + g(x)     g(x) = alpha + s * x
+    reverse  b -> a:  y = rx_a - tx_b =  D' - g(x)
+
+Queueing only ever adds delay, so the forward points lie above ``g + P`` and the
+negated reverse points below ``g - P'``; the separating line sits between the two
+envelopes. We compute it on all pairs at once, without a Python loop per pair:
+
+1. Split the window into bins (default 8). Detrend with the current slope guess
+   ``s0`` and keep, per (pair, direction, bin), the point of least delay
+   (``np.minimum.at`` over a flat cell index: one O(n) pass).
+2. Per bin with both directions, the midpoint of the two envelope points is
+   ``g(x_mid) + (D_f - D_r) / 2``. Its error is bounded by half the bin's excess
+   round-trip time over the pair's clean round trip (queueing on either side),
+   so each bin is weighted ``1 / (sigma^2 + excess^2)`` (NTP's clock-filter idea,
+   made continuous). The reference round trip is the second-smallest of the
+   pair's bins, so one bin with a broken (too-early) timestamp cannot become
+   the reference.
+3. Weighted least-squares line through the bin midpoints (closed form from
+   segment sums), one rejection pass for bins whose residual exceeds what their
+   excess allows (bad timestamps), refit.
+
+Run twice: the second pass detrends with the first pass's slope, so the choice
+of envelope points no longer depends on the guess.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class PairFit:
+    """Per pair (arrays of length n_pairs)."""
+
+    alpha: np.ndarray  # offset b - a at x = 0 (a's clock at the window reference), ns
+    slope: np.ndarray  # drift b - a, ns/ns
+    sigma_alpha: np.ndarray  # ns; inf where there is no estimate
+    sigma_slope: np.ndarray  # ns/ns; inf where the drift is not determined
+    n_bins: np.ndarray  # bins with both directions that were used
+    n_fwd: np.ndarray  # pure samples a -> b
+    n_rev: np.ndarray  # pure samples b -> a
+    noise_ns: float  # estimated per-bin noise of the midpoints
+
+
+def _kth_smallest(v: np.ndarray, k: np.ndarray) -> np.ndarray:
+    s = np.sort(v, axis=1)  # inf (missing) sorts last
+    return np.take_along_axis(s, k[:, None], axis=1)[:, 0]
+
+
+def fit_pairs(
+    pid: np.ndarray,
+    rev: np.ndarray,
+    x: np.ndarray,
+    y: np.ndarray,
+    n_pairs: int,
+    *,
+    window_ns: float,
+    n_bins: int,
+    slope_guess: np.ndarray,
+    noise_ns: float | None,
+    noise_floor_ns: float,
+) -> PairFit:
+    """Fit every pair. ``pid`` pair index, ``rev`` True for b -> a samples,
+    ``x`` float ns on a's clock relative to the reference, ``y = rx - tx`` in ns."""
+    b = np.floor((x + window_ns / 2) * (n_bins / window_ns)).astype(np.intp)
+    np.clip(b, 0, n_bins - 1, out=b)
+    sign = np.where(rev, 1.0, -1.0)
+    z = y + sign * slope_guess[pid] * x
+    cell = (pid * 2 + rev) * n_bins + b
+    zmin = np.full(n_pairs * 2 * n_bins, np.inf)
+    np.minimum.at(zmin, cell, z)
+    at_min = z == zmin[cell]
+    xsel = np.zeros(n_pairs * 2 * n_bins)
+    xsel[cell[at_min]] = x[at_min]
+    zmin = zmin.reshape(n_pairs, 2, n_bins)
+    xsel = xsel.reshape(n_pairs, 2, n_bins)
+    zf, zr = zmin[:, 0, :], zmin[:, 1, :]
+    valid = np.isfinite(zf) & np.isfinite(zr)
+    with np.errstate(invalid="ignore"):
+        mid = np.where(valid, (zf - zr) / 2, 0.0)
+        rtt = np.where(valid, zf + zr, np.inf)
+    xm = np.where(valid, (xsel[:, 0, :] + xsel[:, 1, :]) / 2, 0.0)
+    nvalid = valid.sum(axis=1)
+    k = np.where(nvalid >= 3, 1, 0)
+    ref = _kth_smallest(rtt, k)
+    excess = np.where(
+        valid, np.abs(np.where(valid, rtt, 0.0) - np.where(nvalid > 0, ref, 0)[:, None]), 0.0
+    )
+
+    if noise_ns is None:
+        # Typical midpoint noise: half the median |rtt - ref| over bins of pairs
+        # with enough bins (robust to congested bins by the median).
+        rows = nvalid >= 3
+        if rows.any():
+            e = np.where(valid[rows], excess[rows], np.nan)
+            per_pair = np.nanmedian(e, axis=1)
+            noise_ns = float(0.5 * 1.4826 * np.nanmedian(per_pair))
+        else:
+            noise_ns = noise_floor_ns
+        noise_ns = max(noise_ns, noise_floor_ns)
+
+    w = np.where(valid, 1.0 / (noise_ns**2 + excess**2), 0.0)
+    alpha, slope, s0, sxxc, resid = _wls(w, xm, mid)
+    # Reject bins that are further from the line than their excess allows.
+    bound = excess / 2 + 6 * noise_ns
+    bad = valid & (np.abs(resid) > bound)
+    if bad.any():
+        w = np.where(bad, 0.0, w)
+        alpha, slope, s0, sxxc, resid = _wls(w, xm, mid)
+    used = (w > 0).sum(axis=1)
+    dof = used - 2
+    chi2 = (w * resid**2).sum(axis=1)
+    scale = np.where(dof > 0, np.maximum(1.0, chi2 / np.maximum(dof, 1)), 1.0)
+    slope_ok = sxxc > 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        xbar = np.where(s0 > 0, (w * xm).sum(axis=1) / s0, 0.0)
+        var_a = np.where(s0 > 0, 1.0 / s0, np.inf) + np.where(slope_ok, xbar**2 / sxxc, 0.0)
+        var_s = np.where(slope_ok, 1.0 / sxxc, np.inf)
+    counts = np.bincount(pid * 2 + rev, minlength=2 * n_pairs).reshape(n_pairs, 2)
+    return PairFit(
+        alpha=alpha,
+        slope=slope_guess + np.where(slope_ok, slope, 0.0),
+        sigma_alpha=np.sqrt(var_a * scale),
+        sigma_slope=np.sqrt(var_s * scale),
+        n_bins=used,
+        n_fwd=counts[:, 0],
+        n_rev=counts[:, 1],
+        noise_ns=float(noise_ns),
+    )
+
+
+def _wls(
+    w: np.ndarray, x: np.ndarray, y: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Row-wise weighted line fit; slope 0 where x does not vary (one bin)."""
+    s0 = w.sum(axis=1)
+    sx = (w * x).sum(axis=1)
+    sy = (w * y).sum(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        xbar = np.where(s0 > 0, sx / s0, 0.0)
+        ybar = np.where(s0 > 0, sy / s0, np.nan)
+    dx = x - xbar[:, None]
+    sxxc = (w * dx * dx).sum(axis=1)
+    sxy = (w * dx * (y - np.nan_to_num(ybar)[:, None])).sum(axis=1)
+    # A line needs bins spread in time: weighted spread of x of at least 1 ms.
+    spread_ok = sxxc > s0 * 1e12
+    with np.errstate(divide="ignore", invalid="ignore"):
+        slope = np.where(spread_ok, sxy / sxxc, 0.0)
+    sxxc = np.where(spread_ok, sxxc, 0.0)
+    alpha = ybar - slope * xbar
+    resid = np.where(w > 0, y - alpha[:, None] - slope[:, None] * x, 0.0)
+    return alpha, slope, s0, sxxc, np.nan_to_num(resid)

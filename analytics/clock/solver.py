@@ -1,0 +1,423 @@
+"""``solve_window``: one window of probe records in, per-host clocks and one-way delays out.
+
+See docs/clock.md for the method, the gauge, the uncertainty model and the flags.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from analytics.clock import network
+from analytics.clock.clock_state import ClockState
+from analytics.clock.key_index import KeyIndex, dense_ids
+from analytics.clock.pair_fit import PairFit, fit_pairs
+from analytics.clock.probe_samples import hosts_in, prepare
+from analytics.clock.tables import CLOCK_ROW, OWD_ROW, PAIR_ROW, HostStatus, PairFlag
+from collector.records import ECHO, PROBE_RX, PROBE_TX
+
+DEFAULT_WINDOW_NS = 2_000_000_000
+
+
+@dataclass(frozen=True)
+class SolverConfig:
+    """Knobs of the solver; the defaults suit kernel software timestamps."""
+
+    spacing_tol_ns: int = 2_000  # coded pair: |RX spacing - TX spacing| allowed
+    n_bins: int = 8  # sub-windows per window for the envelope fit
+    echo_reverse: str = "fallback"  # echo return legs as reverse samples: fallback|always|never
+    noise_floor_ns: float = 1.0  # lower bound of the estimated midpoint noise
+    disagree_sigmas: float = 5.0  # flag a pair beyond this many sigmas from the loops ...
+    disagree_floor_ns: float | None = None  # ... and beyond this (default 10 x noise)
+    gauge_host: int | None = None  # host id pinned to offset 0; None: mean zero / continuity
+    state_max_age_ns: int = 60_000_000_000  # forget hosts unseen for this long
+
+    def __post_init__(self) -> None:
+        if self.echo_reverse not in ("fallback", "always", "never"):
+            raise ValueError("echo_reverse: expected one of fallback, always, never")
+        if self.n_bins < 1:
+            raise ValueError("n_bins: expected an int >= 1")
+        if self.spacing_tol_ns < 0:
+            raise ValueError("spacing_tol_ns: expected an int >= 0")
+
+
+@dataclass
+class WindowSolution:
+    """Everything one window produced. Arrays are structured (tables.py dtypes)."""
+
+    window_start_ns: int
+    window_ns: int
+    ref_ns: int
+    clock: np.ndarray  # CLOCK_ROW per host seen in the window
+    pairs: np.ndarray  # PAIR_ROW per probed pair
+    owd: np.ndarray  # OWD_ROW per matched probe
+    drops: dict[str, int]
+    state: ClockState  # pass as ``prior`` to the next window
+    noise_ns: float
+    stats: dict[str, float] = field(default_factory=dict)
+
+    def offsets(self) -> dict[int, float]:
+        """host id -> offset_ns (solved or predicted hosts only)."""
+        ok = self.clock["status"] != HostStatus.UNSOLVED
+        return dict(
+            zip(self.clock["host"][ok].tolist(), self.clock["offset_ns"][ok].tolist(), strict=True)
+        )
+
+
+def _check(name: str, arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    if not isinstance(arr, np.ndarray) or arr.dtype != dtype:
+        got = getattr(arr, "dtype", type(arr).__name__)
+        raise TypeError(f"{name}: expected a numpy array of collector.records dtype, got {got}")
+    return arr
+
+
+def solve_window(
+    tx: np.ndarray,
+    rx: np.ndarray,
+    echoes: np.ndarray,
+    *,
+    window_start_ns: int,
+    window_ns: int = DEFAULT_WINDOW_NS,
+    prior: ClockState | None = None,
+    config: SolverConfig | None = None,
+) -> WindowSolution:
+    """Solve the clocks of one window.
+
+    ``tx``/``rx``/``echoes`` are PROBE_TX / PROBE_RX / ECHO rows (any order; fastest
+    when each host's rows are contiguous, as the collectors ship them). Offsets
+    refer to ``ref_ns = window_start_ns + window_ns // 2`` in mesh time; ``prior``
+    is the previous window's ``state`` (slope guess, continuity of the gauge,
+    hosts without data this window)."""
+    cfg = config or SolverConfig()
+    _check("tx", tx, PROBE_TX)
+    _check("rx", rx, PROBE_RX)
+    _check("echoes", echoes, ECHO)
+    if window_ns <= 0:
+        raise ValueError("window_ns: expected an int > 0")
+    ref = int(window_start_ns) + int(window_ns) // 2
+    stats: dict[str, float] = {}
+
+    hosts = hosts_in(tx["src"], rx["dst"], echoes["src"])
+    n = len(hosts)
+    index = KeyIndex(hosts)
+    ps = prepare(tx, rx, echoes, index, cfg.spacing_tol_ns)
+
+    # prior, per host index
+    prior_i = np.full(n, -1, np.intp)
+    if prior is not None and len(prior.hosts):
+        prior_i = KeyIndex(prior.hosts).lookup(hosts)
+    has_prior = prior_i >= 0
+    p_off = np.full(n, np.nan)
+    p_sig = np.full(n, np.inf)
+    p_drift = np.zeros(n)
+    p_dsig = np.full(n, np.inf)
+    if prior is not None and has_prior.any():
+        off, sig = prior.predict(ref)
+        p_off[has_prior] = off[prior_i[has_prior]]
+        p_sig[has_prior] = sig[prior_i[has_prior]]
+        p_drift[has_prior] = prior.drift[prior_i[has_prior]]
+        p_dsig[has_prior] = prior.drift_sigma[prior_i[has_prior]]
+
+    # ---- samples for the pair fit --------------------------------------------------
+    pure_rx = ps.rx_row[ps.pure]
+    pure_tx = ps.tx_row[ps.pure]
+    u = np.concatenate((ps.src_i[ps.pure], ps.echo_src_i))
+    v = np.concatenate((ps.dst_i[ps.pure], ps.echo_dst_i))
+    t_send = np.concatenate((tx["tx_ns"][pure_tx], echoes["t3_ns"][ps.echo_row]))
+    t_recv = np.concatenate((rx["rx_ns"][pure_rx], echoes["t4_ns"][ps.echo_row]))
+    is_echo = np.zeros(len(u), bool)
+    is_echo[len(pure_rx) :] = True
+    rev = u > v
+    lo = np.minimum(u, v)
+    hi = np.maximum(u, v)
+    pid, pair_keys = dense_ids(lo.astype(np.int64) * n + hi, size_hint=64 * max(n, 1))
+    n_pairs = len(pair_keys)
+    if cfg.echo_reverse != "always" and len(u):
+        if cfg.echo_reverse == "never":
+            keep = ~is_echo
+        else:
+            pd = pid * 2 + rev
+            has_probe = np.bincount(pd[~is_echo], minlength=2 * n_pairs) > 0
+            keep = ~is_echo | ~has_probe[pd]
+        ps.drops["echo_samples_unused"] = int((is_echo & ~keep).sum())
+        pid, rev, t_send, t_recv = pid[keep], rev[keep], t_send[keep], t_recv[keep]
+    x = (np.where(rev, t_recv, t_send) - ref).astype(np.float64)
+    y = (t_recv - t_send).astype(np.float64)
+    pa = pair_keys // max(n, 1)
+    pb = pair_keys % max(n, 1)
+
+    # ---- per-pair fit (two passes: the second detrends with the first's slope) ------
+    s_guess = np.where(has_prior[pa] & has_prior[pb], p_drift[pb] - p_drift[pa], 0.0)
+    prior_pairs = bool((has_prior[pa] & has_prior[pb]).any())
+    fit_args = {"window_ns": float(window_ns), "n_bins": cfg.n_bins}
+    fit = fit_pairs(
+        pid, rev, x, y, n_pairs, slope_guess=s_guess,
+        noise_ns=None if prior_pairs else 1000.0, noise_floor_ns=cfg.noise_floor_ns, **fit_args,
+    )  # fmt: skip
+    fit = fit_pairs(
+        pid, rev, x, y, n_pairs, slope_guess=fit.slope,
+        noise_ns=None, noise_floor_ns=cfg.noise_floor_ns, **fit_args,
+    )  # fmt: skip
+    noise = fit.noise_ns
+    stats["pairs"] = n_pairs
+
+    # ---- network effect ------------------------------------------------------------
+    theta, drift, flags, residual, comp, o_wsum, d_wsum, scales = _network(
+        fit, pa, pb, n, cfg, noise, p_off
+    )
+    stats["chi2_scale_offset"], stats["chi2_scale_drift"] = scales
+
+    # ---- gauge -----------------------------------------------------------------------
+    solved = np.isfinite(theta)
+    theta, drift = _apply_gauge(theta, drift, comp, hosts, has_prior, p_off, p_drift, cfg)
+    o_sig = np.sqrt(scales[0] / np.where(o_wsum > 0, o_wsum, np.nan))
+    d_sig = np.sqrt(scales[1] / np.where(d_wsum > 0, d_wsum, np.nan))
+    no_drift = solved & ~np.isfinite(drift)
+    drift = np.where(no_drift, p_drift, drift)
+    d_sig = np.where(no_drift, p_dsig, d_sig)
+    status = np.full(n, HostStatus.UNSOLVED, np.uint8)
+    status[solved] = HostStatus.SOLVED
+    pred = ~solved & has_prior
+    status[pred] = HostStatus.PREDICTED
+    theta = np.where(pred, p_off, theta)
+    o_sig = np.where(pred, p_sig, o_sig)
+    drift = np.where(pred, p_drift, drift)
+    d_sig = np.where(pred, p_dsig, d_sig)
+
+    # ---- output tables ---------------------------------------------------------------
+    has_est = np.isfinite(fit.alpha)
+    n_pairs_host = np.bincount(pa[has_est], minlength=n) + np.bincount(pb[has_est], minlength=n)
+    dis = (flags & PairFlag.DISAGREE) > 0
+    n_flag_host = np.bincount(pa[dis], minlength=n) + np.bincount(pb[dis], minlength=n)
+    clock = np.zeros(n, CLOCK_ROW)
+    clock["window_start_ns"] = window_start_ns
+    clock["ref_ns"] = ref
+    clock["host"] = hosts
+    clock["offset_ns"] = theta
+    clock["drift_ppm"] = drift * 1e6
+    clock["offset_sigma_ns"] = o_sig
+    clock["drift_sigma_ppm"] = d_sig * 1e6
+    clock["component"] = comp
+    clock["n_pairs"] = n_pairs_host
+    clock["n_flagged"] = n_flag_host
+    clock["status"] = status
+
+    pairs = np.zeros(int(has_est.sum()), PAIR_ROW)
+    e = np.flatnonzero(has_est)
+    pairs["window_start_ns"] = window_start_ns
+    pairs["host_a"] = hosts[pa[e]]
+    pairs["host_b"] = hosts[pb[e]]
+    pairs["offset_ns"] = fit.alpha[e] + fit.slope[e] * np.nan_to_num(theta[pa[e]])
+    pairs["drift_ppm"] = fit.slope[e] * 1e6
+    pairs["offset_sigma_ns"] = fit.sigma_alpha[e]
+    pairs["residual_ns"] = theta[pb[e]] - theta[pa[e]] - pairs["offset_ns"]
+    pairs["n_fwd"] = fit.n_fwd[e]
+    pairs["n_rev"] = fit.n_rev[e]
+    pairs["n_bins"] = fit.n_bins[e]
+    pairs["flags"] = flags[e]
+
+    owd = _owd(tx, rx, ps, hosts, theta, drift, o_sig, ref, window_start_ns)
+    state = _next_state(prior, hosts, theta, drift, o_sig, d_sig, status, ref, cfg)
+    stats["hosts"] = n
+    stats["hosts_solved"] = int(solved.sum())
+    stats["components"] = int(comp.max()) + 1 if (comp >= 0).any() else 0
+    stats["pairs_flagged"] = int(dis.sum())
+    return WindowSolution(
+        window_start_ns=int(window_start_ns),
+        window_ns=int(window_ns),
+        ref_ns=ref,
+        clock=clock,
+        pairs=pairs,
+        owd=owd,
+        drops=ps.drops,
+        state=state,
+        noise_ns=noise,
+        stats=stats,
+    )
+
+
+def _network(
+    fit: PairFit,
+    pa: np.ndarray,
+    pb: np.ndarray,
+    n: int,
+    cfg: SolverConfig,
+    noise: float,
+    p_off: np.ndarray,
+) -> tuple[
+    np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+    tuple[float, float],
+]:  # fmt: skip
+    """Offsets and drifts over the probe graph; flags for disagreeing pairs."""
+    flags = np.zeros(len(pa), np.uint8)
+    one_way = ((fit.n_fwd == 0) | (fit.n_rev == 0)) & ((fit.n_fwd + fit.n_rev) > 0)
+    flags[one_way] |= np.uint8(PairFlag.ONE_WAY)
+    est = np.isfinite(fit.alpha) & np.isfinite(fit.sigma_alpha)
+    flags[est & ~np.isfinite(fit.sigma_slope)] |= np.uint8(PairFlag.NO_DRIFT)
+    sig = np.maximum(np.where(est, fit.sigma_alpha, np.inf), 0.1 * max(noise, 1e-3))
+    w = np.where(est, 1.0 / sig**2, 0.0)
+    # The pair's intercept is at a's clock reading ref, i.e. mesh time ref - theta_a:
+    # first solve, then move each pair's estimate to mesh time ref, solve again.
+    g = network.solve(pa, pb, fit.alpha, w, n)
+    theta_a = np.where(np.isfinite(g.value[pa]), g.value[pa], np.nan_to_num(p_off[pa]))
+    m = fit.alpha + fit.slope * theta_a
+    g = network.solve(pa, pb, m, w, n, x0=g.value)
+    floor = cfg.disagree_floor_ns if cfg.disagree_floor_ns is not None else 10.0 * noise
+    sigma_e = sig * np.sqrt(g.chi2_scale)
+    bad = est & (np.abs(g.residual) > np.maximum(cfg.disagree_sigmas * sigma_e, floor))
+    if bad.any():
+        w2 = np.where(bad, w * 1e-6, w)
+        g = network.solve(pa, pb, m, w2, n, x0=g.value)
+        flags[bad] |= np.uint8(PairFlag.EXCLUDED)
+        sigma_e = sig * np.sqrt(g.chi2_scale)
+        bad = est & (np.abs(g.residual) > np.maximum(cfg.disagree_sigmas * sigma_e, floor))
+    flags[bad] |= np.uint8(PairFlag.DISAGREE)
+    o_wsum = np.bincount(pa[~bad], w[~bad], minlength=n) + np.bincount(
+        pb[~bad], w[~bad], minlength=n
+    )
+    dok = est & np.isfinite(fit.sigma_slope) & ~bad
+    dsig = np.where(dok, fit.sigma_slope, np.inf)
+    dsig = np.maximum(dsig, 1e-12)
+    wd = np.where(dok, 1.0 / dsig**2, 0.0)
+    gd = network.solve(pa, pb, fit.slope, wd, n)
+    d_wsum = np.bincount(pa[dok], wd[dok], minlength=n) + np.bincount(pb[dok], wd[dok], minlength=n)
+    return (
+        g.value, gd.value, flags, g.residual, g.component, o_wsum, d_wsum,
+        (g.chi2_scale, gd.chi2_scale),
+    )  # fmt: skip
+
+
+def _apply_gauge(
+    theta: np.ndarray,
+    drift: np.ndarray,
+    comp: np.ndarray,
+    hosts: np.ndarray,
+    has_prior: np.ndarray,
+    p_off: np.ndarray,
+    p_drift: np.ndarray,
+    cfg: SolverConfig,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Solutions come out mean-zero per component; shift components to the gauge.
+
+    - ``gauge_host``: its component is shifted so that host reads 0 (offset, drift).
+    - otherwise, components that share solved hosts with the prior are shifted so
+      those hosts' mean change from their predicted offset/drift is zero (mesh time
+      continues across windows; hosts joining or leaving do not make it jump);
+    - other components stay mean-zero."""
+    theta = theta.copy()
+    drift = drift.copy()
+    if not (comp >= 0).any():
+        return theta, drift
+    for c in range(int(comp.max()) + 1):
+        members = comp == c
+        if cfg.gauge_host is not None:
+            pin = members & (hosts == cfg.gauge_host)
+            if pin.any():
+                if np.isfinite(drift[pin][0]):
+                    drift[members] -= drift[pin][0]
+                _shift(theta, drift, members, float(theta[pin][0]), pin)
+                continue
+        both = members & has_prior
+        if both.any():
+            dboth = both & np.isfinite(drift)
+            if dboth.any():
+                drift[members] -= np.mean(drift[dboth] - p_drift[dboth])
+            _shift(theta, drift, members, np.mean(theta[both] - p_off[both]), both)
+    return theta, drift
+
+
+def _shift(
+    theta: np.ndarray, drift: np.ndarray, members: np.ndarray, c: float, ref: np.ndarray
+) -> None:
+    """Move the mesh time of one component by ``c`` at the reference instant.
+
+    Reading the clocks ``c`` later changes each offset by its drift too:
+    ``theta' = theta - c * (1 + drift)``; ``c`` is scaled so the mean over
+    ``ref`` hosts of the change is exactly the requested one."""
+    d = np.nan_to_num(drift[members])
+    c = c / (1.0 + float(np.mean(np.nan_to_num(drift[ref]))))
+    theta[members] -= c * (1.0 + d)
+
+
+def _owd(
+    tx: np.ndarray,
+    rx: np.ndarray,
+    ps,  # ProbeSamples
+    hosts: np.ndarray,
+    theta: np.ndarray,
+    drift: np.ndarray,
+    o_sig: np.ndarray,
+    ref: int,
+    window_start_ns: int,
+) -> np.ndarray:
+    """Corrected one-way delay of every matched probe."""
+    s, d = ps.src_i, ps.dst_i
+    tx_ns = tx["tx_ns"][ps.tx_row]
+    rx_ns = rx["rx_ns"][ps.rx_row]
+    th_s, th_d = theta[s], theta[d]
+    dr_s, dr_d = np.nan_to_num(drift[s]), np.nan_to_num(drift[d])
+    t_rel = (tx_ns - ref).astype(np.float64) - th_s  # send time in mesh time, relative to ref
+    t_rel = t_rel / (1.0 + dr_s)
+    off_s = th_s + dr_s * t_rel
+    off_d = th_d + dr_d * t_rel
+    raw = (rx_ns - tx_ns).astype(np.float64)
+    owd = raw - (off_d - off_s)
+    ok = np.isfinite(owd)
+    out = np.zeros(len(s), OWD_ROW)
+    out["window_start_ns"] = window_start_ns
+    out["src"] = hosts[s]
+    out["dst"] = hosts[d]
+    out["seq"] = rx["seq"][ps.rx_row]
+    out["sport"] = rx["sport"][ps.rx_row]
+    out["pure"] = ps.pure
+    out["ok"] = ok
+    out["tx_ns"] = tx_ns
+    out["tx_mesh_ns"] = np.where(ok, ref + np.rint(np.nan_to_num(t_rel)).astype(np.int64), 0)
+    out["owd_ns"] = owd
+    out["owd_sigma_ns"] = np.hypot(o_sig[s], o_sig[d])
+    return out
+
+
+def _next_state(
+    prior: ClockState | None,
+    hosts: np.ndarray,
+    theta: np.ndarray,
+    drift: np.ndarray,
+    o_sig: np.ndarray,
+    d_sig: np.ndarray,
+    status: np.ndarray,
+    ref: int,
+    cfg: SolverConfig,
+) -> ClockState:
+    keep = status != HostStatus.UNSOLVED
+    seen = np.full(len(hosts), ref, np.int64)
+    ids = [hosts[keep]]
+    off = [theta[keep]]
+    dr = [np.nan_to_num(drift[keep])]
+    osg = [o_sig[keep]]
+    dsg = [np.where(np.isfinite(d_sig[keep]), d_sig[keep], np.inf)]
+    last = [seen[keep]]
+    if prior is not None and len(prior.hosts):
+        if keep.any():
+            absent = KeyIndex(hosts[keep]).lookup(prior.hosts) < 0
+        else:
+            absent = np.ones(len(prior.hosts), bool)
+        fresh = ref - prior.last_seen_ns <= cfg.state_max_age_ns
+        carry = absent & fresh
+        p_off, p_sig = prior.predict(ref)
+        ids.append(prior.hosts[carry])
+        off.append(p_off[carry])
+        dr.append(prior.drift[carry])
+        osg.append(p_sig[carry])
+        dsg.append(prior.drift_sigma[carry])
+        last.append(prior.last_seen_ns[carry])
+    return ClockState(
+        ref_ns=ref,
+        hosts=np.concatenate(ids),
+        offset_ns=np.concatenate(off),
+        drift=np.concatenate(dr),
+        offset_sigma_ns=np.concatenate(osg),
+        drift_sigma=np.concatenate(dsg),
+        last_seen_ns=np.concatenate(last),
+    )
