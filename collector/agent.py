@@ -44,6 +44,7 @@ FLUSH_S = 0.25
 RDMA_CONFIG_S = 10.0
 JOBS_S = 5.0
 STATUS_S = 1.0
+SHUTDOWN_SHIP_S = 2.0
 
 
 class KeyValueFormatter(logging.Formatter):
@@ -487,6 +488,10 @@ class Collector:
             self.shipper.stop()
             if self.shipper.is_alive():
                 self.shipper.join(self.cfg.ingest.timeout_s + 1.0)
+            if not self.shipper.is_alive():
+                # Ship what the final roll closed, if the ops box answers quickly;
+                # whatever is left is durable and ships after the next start.
+                self.shipper.drain(SHUTDOWN_SHIP_S)
             self.write_status()
         log.info("event=stopped segments_waiting=%d", self.spool.depth()[0])
 

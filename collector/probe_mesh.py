@@ -166,7 +166,13 @@ class ProbeMesh:
             self.r_kind[i] = TsKind.USER
             self.r_echoed[i] = False
             try:
-                sock.sendto(pkt, (addr, self.port))
+                try:
+                    sock.sendto(pkt, (addr, self.port))
+                except ConnectionRefusedError:
+                    # With IP_RECVERR the kernel reports an earlier probe's ICMP port
+                    # unreachable on this send (and does not send it): count, retry once.
+                    self.stats["icmp_unreachable"] += 1
+                    sock.sendto(pkt, (addr, self.port))
             except OSError as exc:
                 self.r_state[i] = _FAILED
                 name = errno.errorcode.get(exc.errno or 0, "EUNKNOWN")
