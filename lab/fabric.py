@@ -238,7 +238,7 @@ class Lab:
         with _global_lock(), IPRoute() as root:
             slot = self._allocate_slot(root)
             topo = plan.build(self.name, slot, spines, leaves, hosts_per_leaf, clock_seed)
-            mgmt_nodes = [*topo.hosts, topo.ops]
+            mgmt_nodes = topo.mgmt_nodes
             root_links = [plan.mgmt_root_iface(slot, n.name) for n in mgmt_nodes]
             with self.state.update() as st:
                 st.clear()
@@ -360,7 +360,7 @@ class Lab:
                 os.close(fd)
         with IPRoute() as root:
             br = root.link_lookup(ifname=topo.mgmt.bridge)[0]
-            for node in [*topo.hosts, topo.ops]:
+            for node in topo.mgmt_nodes:
                 ifname = plan.mgmt_root_iface(slot, node.name)
                 fd = _ns_fd(node.namespace)
                 try:
@@ -384,7 +384,7 @@ class Lab:
             idx = ipr.link_lookup(ifname=end.interface)[0]
             ipr.addr("add", index=idx, address=end.address, prefixlen=end.prefixlen)
             ipr.link("set", index=idx, state="up")
-        for node in [*topo.hosts, topo.ops]:
+        for node in topo.mgmt_nodes:
             ipr = h[node.namespace]
             idx = ipr.link_lookup(ifname=node.mgmt_interface)[0]
             ipr.addr("add", index=idx, address=node.mgmt_address, prefixlen=24)
@@ -443,8 +443,8 @@ class Lab:
         missing = sshd.wait_listening([addr for _, _, addr in nodes])
         if missing:
             node = next(n for n, _, a in nodes if a == missing[0])
-            log = (self.node_dir(node) / "sshd.log").read_text(errors="replace").strip()
-            last = log.splitlines()[-1] if log else "no log output"
+            text = (self.node_dir(node) / "sshd.log").read_text(errors="replace").strip()
+            last = text.splitlines()[-1] if text else "no log output"
             raise LabError(f"sshd on {node} ({missing[0]}:22) did not come up: {last}")
 
     # ------------------------------------------------------------------- down

@@ -319,6 +319,6 @@ def heal(lab: Lab) -> dict[str, int]:
                 unshaped += 1
     with contextlib.suppress(NetlinkError, OSError):
         restore_routes(topo, present)
-    with lab.state.update() as st:
-        st["faults"] = []
+    with lab.state.update() as state:
+        state["faults"] = []
     return {"stopped": len(stopped), "links_up": relinked, "qdiscs_removed": unshaped}

@@ -113,9 +113,12 @@ class Topology(msgspec.Struct, frozen=True):
         """The network namespace of a host, leaf, spine or the ops box."""
         if node == self.ops.name:
             return self.ops.namespace
-        for item in (*self.hosts, *self.leaves, *self.spines):
-            if item.name == node:
-                return item.namespace
+        for host in self.hosts:
+            if host.name == node:
+                return host.namespace
+        for router in (*self.leaves, *self.spines):
+            if router.name == node:
+                return router.namespace
         raise KeyError(f"no node named {node!r} in lab {self.lab!r}")
 
     @property
@@ -126,6 +129,11 @@ class Topology(msgspec.Struct, frozen=True):
             *(r.name for r in self.spines),
             self.ops.name,
         ]
+
+    @property
+    def mgmt_nodes(self) -> list[Host | OpsBox]:
+        """Every node on the management network (hosts, then the ops box)."""
+        return [*self.hosts, self.ops]
 
     def access_link(self, host: str) -> Link:
         """The host's link to its leaf."""
