@@ -85,3 +85,24 @@ def test_backend_reaches_other_leaf(small_lab: Lab) -> None:
     # nothing listens on the backend address: a fast RST (111) proves the path works
     res = small_lab.exec("h1-1", ["python3", "-c", code], capture_output=True, text=True)
     assert res.stdout.strip() == "111"
+
+
+def test_cli_status_inventory_exec(small_lab: Lab) -> None:
+    import json
+    import sys
+
+    base = [sys.executable, "-m", "clockmesh.cli", "lab"]
+    where = ["--name", small_lab.name, "--state-dir", str(small_lab.dir)]
+    st = subprocess.run([*base, "status", *where, "--json"], capture_output=True, text=True)
+    data = json.loads(st.stdout)
+    assert len(data["namespaces_present"]) == 9
+    assert all(n["sshd_alive"] and n["ssh_port_open"] for n in data["nodes"])
+    inv = subprocess.run([*base, "inventory", *where], capture_output=True, text=True)
+    assert inv.stdout.strip() == str(small_lab.inventory_path)
+    rc = subprocess.run([*base, "exec", *where, "h2-2", "--", "sh", "-c", "exit 3"])
+    assert rc.returncode == 3
+    bad = subprocess.run(
+        [*base, "exec", *where, "h9-9", "--", "true"], capture_output=True, text=True
+    )
+    assert bad.returncode != 0 and "no node named 'h9-9'" in bad.stderr
+    assert "Traceback" not in bad.stderr
