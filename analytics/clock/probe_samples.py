@@ -1,8 +1,17 @@
 """Join PROBE_TX to PROBE_RX, apply the coded-probe filter, take echo return legs.
 
-Everything is O(n) scatter/gather: rows are addressed by (host index, seq -
-that host's smallest seq in the window), a dense table per window, so there is
-no sort of millions of rows. Drop reasons are counted, never silent.
+Everything is O(n) scatter/gather, no sort of millions of rows:
+
+- A probe is addressed by (sender index, seq - that sender's smallest seq in the
+  window): a dense slot per window (:class:`SeqLayout`). TX times are scattered
+  into their slots (TX rows come per sender in seq order, so the writes stream),
+  and each RX row gathers its TX time from its slot.
+- Coded pairs: the second probe of a pair nearly always arrives right after the
+  first at the same receiver, so the partner is looked for in the next row first;
+  the few pairs split by other traffic are found through a slot table.
+- Echoes likewise (a prober records the two echoes of a pair back to back).
+
+Drop reasons are counted in ``drops``, never silent.
 """
 
 from __future__ import annotations
@@ -13,9 +22,10 @@ import numpy as np
 
 from analytics.clock.key_index import KeyIndex
 
-# Above this many table slots per row we use the sorting join instead (a collector
-# restart inside a window makes its seq jump: a dense table would be huge).
+# Above this many slots per row the join sorts instead (a collector restart
+# inside a window makes its seq jump; a dense table would be mostly empty).
 _MAX_SLOTS_PER_ROW = 8
+_NONE = np.iinfo(np.int64).min
 
 
 def host_index_of(index: KeyIndex, ids: np.ndarray) -> np.ndarray:
@@ -43,82 +53,120 @@ def hosts_in(*id_columns: np.ndarray) -> np.ndarray:
     return np.unique(np.concatenate(heads))
 
 
-class SeqTable:
-    """Row of each (host, seq) of one record table, addressed without sorting."""
+def _per_host_extremes(host_i: np.ndarray, seq: np.ndarray, n_hosts: int):
+    """Min and max seq per host, from runs of equal host (one reduceat per run)."""
+    lo = np.full(n_hosts, np.iinfo(np.int64).max, np.int64)
+    hi = np.full(n_hosts, -1, np.int64)
+    valid = host_i >= 0
+    if not valid.all():
+        host_i, seq = host_i[valid], seq[valid]
+    if len(host_i) == 0:
+        return lo, hi
+    starts = np.concatenate(([0], np.flatnonzero(host_i[1:] != host_i[:-1]) + 1))
+    np.minimum.at(lo, host_i[starts], np.minimum.reduceat(seq, starts))
+    np.maximum.at(hi, host_i[starts], np.maximum.reduceat(seq, starts))
+    return lo, hi
+
+
+class SeqLayout:
+    """Slots for (host, seq): ``offset[host] + seq - base[host]``."""
 
     def __init__(self, host_i: np.ndarray, seq: np.ndarray, n_hosts: int) -> None:
-        self.n_hosts = n_hosts
-        valid = host_i >= 0
-        big = np.iinfo(np.int64).max
-        lo = np.full(n_hosts, big, np.int64)
-        hi = np.full(n_hosts, -1, np.int64)
-        if valid.any():
-            np.minimum.at(lo, host_i[valid], seq[valid])
-            np.maximum.at(hi, host_i[valid], seq[valid])
+        lo, hi = _per_host_extremes(host_i, seq, n_hosts)
         has = hi >= 0
         self.base = np.where(has, lo, 0)
         self.span = np.where(has, hi - lo + 1, 0)
-        total = int(self.span.sum())
-        self.dense = total <= _MAX_SLOTS_PER_ROW * max(len(seq), 1) + 1024
+        self.total = int(self.span.sum())
+        self.dense = self.total <= _MAX_SLOTS_PER_ROW * max(len(seq), 1) + 4096
         self.offset = np.concatenate(([0], np.cumsum(self.span)[:-1])).astype(np.int64)
-        pos = self.position(host_i, seq)
-        rows = np.flatnonzero(pos >= 0)
+
+    def position(self, host_i: np.ndarray, seq: np.ndarray) -> np.ndarray:
+        """Slot of each (host, seq); -1 where it cannot be in this layout."""
+        h = np.maximum(host_i, 0)
+        rel = seq - np.take(self.base, h)
+        ok = (host_i >= 0) & (rel >= 0) & (rel < np.take(self.span, h))
+        return np.where(ok, np.take(self.offset, h) + rel, -1)
+
+
+class SlotValues:
+    """int64 values stored by slot; the last write to a slot wins; ``_NONE`` = empty."""
+
+    def __init__(self, layout: SeqLayout, pos: np.ndarray, values: np.ndarray) -> None:
+        self.dense = layout.dense
+        ok = pos >= 0
+        if not ok.all():
+            pos, values = pos[ok], values[ok]
         if self.dense:
-            self.at = np.full(total + 1, -1, np.intp)
-            self.at[pos[rows]] = rows
-            winner = self.at[pos[rows]] == rows
+            self.table = np.full(layout.total + 1, _NONE, np.int64)
+            self.table[pos] = values
+            self.stored = int(np.count_nonzero(self.table != _NONE))
         else:
-            order = np.argsort(pos[rows], kind="stable")
-            self.sorted_pos = pos[rows][order]
-            self.sorted_rows = rows[order]
-            # keep the last of equal positions, like the dense table does
-            last = np.ones(len(order), bool)
-            last[:-1] = self.sorted_pos[1:] != self.sorted_pos[:-1]
-            self.sorted_pos = self.sorted_pos[last]
-            self.sorted_rows = self.sorted_rows[last]
-            winner = np.zeros(len(rows), bool)
-            winner[order[last]] = True
-        self.duplicates = int(len(rows) - winner.sum())
-        self.is_kept = np.zeros(len(seq), bool)
-        self.is_kept[rows[winner]] = True
+            order = np.argsort(pos, kind="stable")
+            p, v = pos[order], values[order]
+            last = np.ones(len(p), bool)
+            last[:-1] = p[1:] != p[:-1]
+            self.keys, self.table = p[last], v[last]
+            self.stored = len(self.keys)
+        self.written = len(pos)
 
-    def position(self, host_i: np.ndarray, seq: np.ndarray, plus: int = 0) -> np.ndarray:
-        """Slot of (host, seq + plus); -1 where it cannot be in this table."""
-        h = np.where(host_i >= 0, host_i, 0)
-        rel = seq - self.base[h] + plus
-        ok = (host_i >= 0) & (rel >= 0) & (rel < self.span[h])
-        return np.where(ok, self.offset[h] + rel, -1)
-
-    def row_at(self, pos: np.ndarray) -> np.ndarray:
-        """Row stored at each slot, -1 for none (or for pos == -1)."""
+    def get(self, pos: np.ndarray) -> np.ndarray:
         if self.dense:
-            return np.where(pos >= 0, self.at[np.maximum(pos, 0)], -1)
-        i = np.searchsorted(self.sorted_pos, pos).clip(0, max(len(self.sorted_pos) - 1, 0))
-        if len(self.sorted_pos) == 0:
-            return np.full(len(pos), -1, np.intp)
-        hit = (pos >= 0) & (self.sorted_pos[i] == pos)
-        return np.where(hit, self.sorted_rows[i], -1)
+            out = np.take(self.table, np.maximum(pos, 0))
+        elif len(self.keys) == 0:
+            return np.full(len(pos), _NONE, np.int64)
+        else:
+            i = np.searchsorted(self.keys, pos).clip(0, len(self.keys) - 1)
+            out = np.where(np.take(self.keys, i) == pos, np.take(self.table, i), _NONE)
+        out[pos < 0] = _NONE
+        return out
+
+
+def _pair_partners(
+    src: np.ndarray,
+    seq: np.ndarray,
+    first: np.ndarray,
+    usable: np.ndarray,
+    host_i: np.ndarray,
+    n_hosts: int,
+) -> np.ndarray:
+    """Row of the second probe (seq + 1, same sender) of each ``first`` row, -1 if none.
+
+    Looks at the next row first; the rest through a slot table of usable odd rows."""
+    n = len(seq)
+    partner = np.full(len(first), -1, np.intp)
+    if len(first) == 0:
+        return partner
+    nxt = np.minimum(first + 1, n - 1)
+    hit = (first + 1 < n) & (src[nxt] == src[first]) & (seq[nxt] == seq[first] + 1) & usable[nxt]
+    partner[hit] = nxt[hit]
+    miss = np.flatnonzero(~hit)
+    if len(miss):
+        claimed = np.zeros(n, bool)
+        claimed[partner[hit]] = True
+        odd = np.flatnonzero(usable & ((seq & 1) == 1) & ~claimed)
+        if len(odd):
+            layout = SeqLayout(host_i[odd], seq[odd], n_hosts)
+            slots = SlotValues(layout, layout.position(host_i[odd], seq[odd]), odd)
+            f = first[miss]
+            found = slots.get(layout.position(host_i[f], seq[f] + 1))
+            partner[miss] = np.where(found != _NONE, found, -1)
+    return partner
 
 
 @dataclass
 class ProbeSamples:
-    """Matched probes (for one-way delays) and pure samples (for the clock fit)."""
+    """Per RX row: the TX time and host indices; pure pair firsts; pure echo returns."""
 
-    # every matched probe: indices into the rx array and host indices
-    rx_row: np.ndarray
-    tx_row: np.ndarray
-    src_i: np.ndarray
-    dst_i: np.ndarray
-    pure: np.ndarray  # bool per matched probe: first probe of a pure coded pair
-    # echo return legs that passed the coded filter: sender (echoer) -> receiver
-    echo_row: np.ndarray
+    rx_src_i: np.ndarray  # sender index per RX row (-1 unknown)
+    rx_dst_i: np.ndarray  # receiver index per RX row
+    tx_ns: np.ndarray  # per RX row: matching TX time, or _NONE
+    matched: np.ndarray  # bool per RX row
+    rx_ns: np.ndarray  # contiguous copy of rx["rx_ns"]
+    pure_rows: np.ndarray  # RX rows: first probe of a pure coded pair
+    echo_rows: np.ndarray  # ECHO rows: first echo of a pure pair of return legs
     echo_src_i: np.ndarray  # the echoing host (sent the return leg at t3)
     echo_dst_i: np.ndarray  # the prober (received it at t4)
     drops: dict[str, int] = field(default_factory=dict)
-
-
-def _seq(a: np.ndarray) -> np.ndarray:
-    return a["seq"].astype(np.int64)
 
 
 def prepare(
@@ -128,83 +176,74 @@ def prepare(
     n_hosts = len(hosts)
     drops: dict[str, int] = {}
 
-    tx_src = host_index_of(hosts, tx["src"])
-    tx_seq = _seq(tx)
-    table = SeqTable(tx_src, tx_seq, n_hosts)
-    drops["tx_duplicate"] = table.duplicates
+    # ---- TX: sender index, slot, TX time per slot --------------------------------
+    tx_src_i = host_index_of(hosts, tx["src"])
+    tx_seq = tx["seq"].astype(np.int64)
+    layout = SeqLayout(tx_src_i, tx_seq, n_hosts)
+    tx_time = SlotValues(layout, layout.position(tx_src_i, tx_seq), tx["tx_ns"])
+    drops["tx_duplicate"] = tx_time.written - tx_time.stored
 
-    rx_dst = host_index_of(hosts, rx["dst"])
-    rx_src = hosts.lookup(rx["src"])
-    rx_seq = _seq(rx)
-    pos = table.position(rx_src, rx_seq)
-    tx_row = table.row_at(pos)
-    matched = tx_row >= 0
-    drops["rx_without_tx"] = int((~matched).sum())
-    # the TX row must describe the same probe
-    same = np.zeros(len(rx), bool)
-    same[matched] = (tx["dst"][tx_row[matched]] == rx["dst"][matched]) & (rx_dst[matched] >= 0)
-    drops["rx_mismatch"] = int((matched & ~same).sum())
-    matched &= same
-    # duplicates of RX (a replayed batch): keep one
-    rx_table = SeqTable(np.where(matched, rx_src, -1), rx_seq, n_hosts)
-    drops["rx_duplicate"] = rx_table.duplicates
-    matched &= rx_table.is_kept
-    drops["tx_without_rx"] = int(table.is_kept.sum() - matched.sum())
+    # ---- RX: join ------------------------------------------------------------------
+    rx_src = np.ascontiguousarray(rx["src"])
+    rx_seq = rx["seq"].astype(np.int64)
+    rx_ns = np.ascontiguousarray(rx["rx_ns"])
+    rx_dst_i = host_index_of(hosts, rx["dst"])
+    rx_src_i = hosts.lookup(rx_src)
+    rx_pos = layout.position(rx_src_i, rx_seq)
+    t_tx = tx_time.get(rx_pos)
+    matched = (t_tx != _NONE) & (rx_dst_i >= 0)
+    n_matched = int(np.count_nonzero(matched))
+    drops["rx_without_tx"] = len(rx) - n_matched
+    drops["tx_without_rx"] = max(tx_time.stored - n_matched, 0)
 
-    m_rows = np.flatnonzero(matched)
-    m_tx = tx_row[m_rows]
-    # Coded pairs: the first probe (even seq, pair 0) and its partner (seq + 1).
-    first = (rx_seq[m_rows] & 1) == 0
-    first &= rx["pair"][m_rows] == 0
-    f_rows = m_rows[first]
-    f_tx = m_tx[first]
-    p_pos = rx_table.position(rx_src[f_rows], rx_seq[f_rows], plus=1)
-    p_rx = rx_table.row_at(p_pos)
-    p_tx = np.where(p_rx >= 0, tx_row[np.maximum(p_rx, 0)], -1)
-    complete = (p_rx >= 0) & (p_tx >= 0)
-    drops["pair_incomplete"] = int((~complete).sum())
-    tx_ns = tx["tx_ns"]
-    rx_ns = rx["rx_ns"]
-    c_rows, c_tx, c_prx, c_ptx = f_rows[complete], f_tx[complete], p_rx[complete], p_tx[complete]
-    tx_gap = tx_ns[c_ptx] - tx_ns[c_tx]
-    rx_gap = rx_ns[c_prx] - rx_ns[c_rows]
+    # ---- coded pairs ---------------------------------------------------------------
+    first = np.flatnonzero(matched & ((rx_seq & 1) == 0) & (rx["pair"] == 0))
+    partner = _pair_partners(rx_src, rx_seq, first, matched, rx_src_i, n_hosts)
+    complete = partner >= 0
+    drops["pair_incomplete"] = int(np.count_nonzero(~complete))
+    f, p = first[complete], partner[complete]
+    tx_gap = t_tx[p] - t_tx[f]
+    rx_gap = rx_ns[p] - rx_ns[f]
     ok = (tx_gap > 0) & (np.abs(rx_gap - tx_gap) <= spacing_tol_ns)
-    drops["pair_impure"] = int((~ok).sum())
-    drops["pair_pure"] = int(ok.sum())
-    pure_rx = np.zeros(len(rx), bool)
-    pure_rx[c_rows[ok]] = True
+    drops["pair_impure"] = int(np.count_nonzero(~ok))
+    drops["pair_pure"] = int(np.count_nonzero(ok))
+    pure_rows = f[ok]
 
-    # Echo return legs (echoer -> prober): t3 on the echoer's clock, t4 on the prober's.
-    e_src = host_index_of(hosts, echoes["src"])  # the prober (recorded the echo)
-    e_dst = hosts.lookup(echoes["dst"])
-    e_seq = _seq(echoes)
-    t1, t2, t3, t4 = (echoes[k] for k in ("t1_ns", "t2_ns", "t3_ns", "t4_ns"))
-    sane = (e_src >= 0) & (e_dst >= 0) & (t4 >= t1) & (t3 >= t2) & (e_src != e_dst)
-    drops["echo_bad"] = int((~sane).sum())
-    etable = SeqTable(np.where(sane, e_src, -1), e_seq, n_hosts)
-    drops["echo_duplicate"] = etable.duplicates
-    keep = sane & etable.is_kept
-    e_first = np.flatnonzero(keep & ((e_seq & 1) == 0))
-    e_pos = etable.position(e_src[e_first], e_seq[e_first], plus=1)
-    e_part = etable.row_at(e_pos)
+    # ---- echo return legs (echoer -> prober): t3 on the echoer's clock, t4 on the prober's
+    e_src = np.ascontiguousarray(echoes["src"])
+    e_dst = np.ascontiguousarray(echoes["dst"])
+    e_seq = echoes["seq"].astype(np.int64)
+    t3 = np.ascontiguousarray(echoes["t3_ns"])
+    t4 = np.ascontiguousarray(echoes["t4_ns"])
+    sane = (t4 >= echoes["t1_ns"]) & (t3 >= echoes["t2_ns"]) & (e_src != e_dst)
+    drops["echo_bad"] = int(np.count_nonzero(~sane))
+    e_src_i = host_index_of(hosts, e_src)
+    sane &= e_src_i >= 0
+    e_first = np.flatnonzero(sane & ((e_seq & 1) == 0))
+    e_part = _pair_partners(e_src, e_seq, e_first, sane, e_src_i, n_hosts)
     e_complete = e_part >= 0
-    drops["echo_pair_incomplete"] = int((~e_complete).sum())
+    drops["echo_pair_incomplete"] = int(np.count_nonzero(~e_complete))
     a, b = e_first[e_complete], e_part[e_complete]
     gap3 = t3[b] - t3[a]
     gap4 = t4[b] - t4[a]
     e_ok = (gap3 > 0) & (np.abs(gap4 - gap3) <= spacing_tol_ns) & (e_dst[a] == e_dst[b])
-    drops["echo_pair_impure"] = int((~e_ok).sum())
-    drops["echo_pair_pure"] = int(e_ok.sum())
-    echo_row = a[e_ok]
+    echo_rows = a[e_ok]
+    echoer = hosts.lookup(e_dst[echo_rows])
+    known = echoer >= 0
+    drops["echo_unknown_host"] = int(np.count_nonzero(~known))
+    echo_rows, echoer = echo_rows[known], echoer[known]
+    drops["echo_pair_impure"] = int(np.count_nonzero(~e_ok))
+    drops["echo_pair_pure"] = len(echo_rows)
 
     return ProbeSamples(
-        rx_row=m_rows,
-        tx_row=m_tx,
-        src_i=rx_src[m_rows],
-        dst_i=rx_dst[m_rows],
-        pure=pure_rx[m_rows],
-        echo_row=echo_row,
-        echo_src_i=e_dst[echo_row],
-        echo_dst_i=e_src[echo_row],
+        rx_src_i=rx_src_i,
+        rx_dst_i=rx_dst_i,
+        tx_ns=t_tx,
+        matched=matched,
+        rx_ns=rx_ns,
+        pure_rows=pure_rows,
+        echo_rows=echo_rows,
+        echo_src_i=echoer,
+        echo_dst_i=e_src_i[echo_rows],
         drops=drops,
     )

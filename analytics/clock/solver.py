@@ -5,6 +5,7 @@ See docs/clock.md for the method, the gauge, the uncertainty model and the flags
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -13,8 +14,8 @@ from analytics.clock import network
 from analytics.clock.clock_state import ClockState
 from analytics.clock.key_index import KeyIndex, dense_ids
 from analytics.clock.pair_fit import PairFit, fit_pairs
-from analytics.clock.probe_samples import hosts_in, prepare
-from analytics.clock.tables import CLOCK_ROW, OWD_ROW, PAIR_ROW, HostStatus, PairFlag
+from analytics.clock.probe_samples import ProbeSamples, hosts_in, prepare
+from analytics.clock.tables import CLOCK_ROW, PAIR_ROW, HostStatus, PairFlag
 from collector.records import ECHO, PROBE_RX, PROBE_TX
 
 DEFAULT_WINDOW_NS = 2_000_000_000
@@ -51,7 +52,7 @@ class WindowSolution:
     ref_ns: int
     clock: np.ndarray  # CLOCK_ROW per host seen in the window
     pairs: np.ndarray  # PAIR_ROW per probed pair
-    owd: np.ndarray  # OWD_ROW per matched probe
+    owd: dict[str, np.ndarray]  # columns of OWD_ROW (minus window_start_ns) per RX row
     drops: dict[str, int]
     state: ClockState  # pass as ``prior`` to the next window
     noise_ns: float
@@ -63,6 +64,17 @@ class WindowSolution:
         return dict(
             zip(self.clock["host"][ok].tolist(), self.clock["offset_ns"][ok].tolist(), strict=True)
         )
+
+
+class _PhaseClock:
+    def __init__(self, stats: dict[str, float]) -> None:
+        self.stats = stats
+        self.t = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.stats[name] = now - self.t
+        self.t = now
 
 
 def _check(name: str, arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -97,11 +109,13 @@ def solve_window(
         raise ValueError("window_ns: expected an int > 0")
     ref = int(window_start_ns) + int(window_ns) // 2
     stats: dict[str, float] = {}
+    clock_t = _PhaseClock(stats)
 
     hosts = hosts_in(tx["src"], rx["dst"], echoes["src"])
     n = len(hosts)
     index = KeyIndex(hosts)
     ps = prepare(tx, rx, echoes, index, cfg.spacing_tol_ns)
+    clock_t.lap("t_prepare_s")
 
     # prior, per host index
     prior_i = np.full(n, -1, np.intp)
@@ -120,14 +134,13 @@ def solve_window(
         p_dsig[has_prior] = prior.drift_sigma[prior_i[has_prior]]
 
     # ---- samples for the pair fit --------------------------------------------------
-    pure_rx = ps.rx_row[ps.pure]
-    pure_tx = ps.tx_row[ps.pure]
-    u = np.concatenate((ps.src_i[ps.pure], ps.echo_src_i))
-    v = np.concatenate((ps.dst_i[ps.pure], ps.echo_dst_i))
-    t_send = np.concatenate((tx["tx_ns"][pure_tx], echoes["t3_ns"][ps.echo_row]))
-    t_recv = np.concatenate((rx["rx_ns"][pure_rx], echoes["t4_ns"][ps.echo_row]))
+    pr = ps.pure_rows
+    u = np.concatenate((ps.rx_src_i[pr], ps.echo_src_i))
+    v = np.concatenate((ps.rx_dst_i[pr], ps.echo_dst_i))
+    t_send = np.concatenate((ps.tx_ns[pr], echoes["t3_ns"][ps.echo_rows]))
+    t_recv = np.concatenate((ps.rx_ns[pr], echoes["t4_ns"][ps.echo_rows]))
     is_echo = np.zeros(len(u), bool)
-    is_echo[len(pure_rx) :] = True
+    is_echo[len(pr) :] = True
     rev = u > v
     lo = np.minimum(u, v)
     hi = np.maximum(u, v)
@@ -160,6 +173,7 @@ def solve_window(
         noise_ns=None, noise_floor_ns=cfg.noise_floor_ns, **fit_args,
     )  # fmt: skip
     noise = fit.noise_ns
+    clock_t.lap("t_pair_fit_s")
     stats["pairs"] = n_pairs
 
     # ---- network effect ------------------------------------------------------------
@@ -167,6 +181,7 @@ def solve_window(
         fit, pa, pb, n, cfg, noise, p_off
     )
     stats["chi2_scale_offset"], stats["chi2_scale_drift"] = scales
+    clock_t.lap("t_network_s")
 
     # ---- gauge -----------------------------------------------------------------------
     solved = np.isfinite(theta)
@@ -217,7 +232,8 @@ def solve_window(
     pairs["n_bins"] = fit.n_bins[e]
     pairs["flags"] = flags[e]
 
-    owd = _owd(tx, rx, ps, hosts, theta, drift, o_sig, ref, window_start_ns)
+    owd = _owd(rx, ps, theta, drift, o_sig, ref)
+    clock_t.lap("t_owd_s")
     state = _next_state(prior, hosts, theta, drift, o_sig, d_sig, status, ref, cfg)
     stats["hosts"] = n
     stats["hosts_solved"] = int(solved.sum())
@@ -341,42 +357,40 @@ def _shift(
 
 
 def _owd(
-    tx: np.ndarray,
     rx: np.ndarray,
-    ps,  # ProbeSamples
-    hosts: np.ndarray,
+    ps: ProbeSamples,
     theta: np.ndarray,
     drift: np.ndarray,
     o_sig: np.ndarray,
     ref: int,
-    window_start_ns: int,
-) -> np.ndarray:
-    """Corrected one-way delay of every matched probe."""
-    s, d = ps.src_i, ps.dst_i
-    tx_ns = tx["tx_ns"][ps.tx_row]
-    rx_ns = rx["rx_ns"][ps.rx_row]
-    th_s, th_d = theta[s], theta[d]
-    dr_s, dr_d = np.nan_to_num(drift[s]), np.nan_to_num(drift[d])
-    t_rel = (tx_ns - ref).astype(np.float64) - th_s  # send time in mesh time, relative to ref
-    t_rel = t_rel / (1.0 + dr_s)
-    off_s = th_s + dr_s * t_rel
-    off_d = th_d + dr_d * t_rel
-    raw = (rx_ns - tx_ns).astype(np.float64)
-    owd = raw - (off_d - off_s)
-    ok = np.isfinite(owd)
-    out = np.zeros(len(s), OWD_ROW)
-    out["window_start_ns"] = window_start_ns
-    out["src"] = hosts[s]
-    out["dst"] = hosts[d]
-    out["seq"] = rx["seq"][ps.rx_row]
-    out["sport"] = rx["sport"][ps.rx_row]
-    out["pure"] = ps.pure
-    out["ok"] = ok
-    out["tx_ns"] = tx_ns
-    out["tx_mesh_ns"] = np.where(ok, ref + np.rint(np.nan_to_num(t_rel)).astype(np.int64), 0)
-    out["owd_ns"] = owd
-    out["owd_sigma_ns"] = np.hypot(o_sig[s], o_sig[d])
-    return out
+) -> dict[str, np.ndarray]:
+    """Corrected one-way delay of every RX row, as columns (OWD_ROW names, no window)."""
+    s = np.maximum(ps.rx_src_i, 0)
+    d = np.maximum(ps.rx_dst_i, 0)
+    m = ps.matched
+    tx_ns = np.where(m, ps.tx_ns, 0)
+    th_s, th_d = np.take(theta, s), np.take(theta, d)
+    dr_s = np.take(np.nan_to_num(drift), s)
+    dr_d = np.take(np.nan_to_num(drift), d)
+    # send time in mesh time relative to ref: invert clock_s(t) = t + th_s + dr_s * t
+    t_rel = ((tx_ns - ref).astype(np.float64) - th_s) / (1.0 + dr_s)
+    owd = (ps.rx_ns - tx_ns).astype(np.float64) - ((th_d - th_s) + (dr_d - dr_s) * t_rel)
+    ok = m & np.isfinite(owd)
+    owd[~ok] = np.nan
+    pure = np.zeros(len(m), bool)
+    pure[ps.pure_rows] = True
+    return {
+        "src": np.ascontiguousarray(rx["src"]),
+        "dst": np.ascontiguousarray(rx["dst"]),
+        "seq": np.ascontiguousarray(rx["seq"]),
+        "sport": np.ascontiguousarray(rx["sport"]),
+        "pure": pure,
+        "ok": ok,
+        "tx_ns": tx_ns,
+        "tx_mesh_ns": np.where(ok, ref + np.rint(np.nan_to_num(t_rel)).astype(np.int64), 0),
+        "owd_ns": owd,
+        "owd_sigma_ns": np.hypot(np.take(o_sig, s), np.take(o_sig, d)),
+    }
 
 
 def _next_state(

@@ -143,9 +143,7 @@ class MeshSimulator:
         # links: [host up (h)] [host down (h)] [leaf->spine (L*S)] [spine->leaf (L*S)]
         n_ls = c.racks * c.spines
         self.n_links = 2 * h + 2 * n_ls
-        base = np.concatenate(
-            (np.full(2 * h, c.host_link_ns), np.full(2 * n_ls, c.fabric_link_ns))
-        )
+        base = np.concatenate((np.full(2 * h, c.host_link_ns), np.full(2 * n_ls, c.fabric_link_ns)))
         # A cable has the same length both ways: one random extra per cable,
         # applied to both directions (asymmetry comes from ECMP paths and queues).
         cable = self.rng.uniform(0, c.link_jitter_ns, h + n_ls)
@@ -181,9 +179,11 @@ class MeshSimulator:
         c = self.config
         h = c.hosts
         with np.errstate(over="ignore"):
-            mix = (src.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) ^ (
-                dst.astype(np.uint64) * np.uint64(0xC2B2AE3D27D4EB4F)
-            ) ^ (salt.astype(np.uint64) * np.uint64(0x165667B19E3779F9))
+            mix = (
+                (src.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15))
+                ^ (dst.astype(np.uint64) * np.uint64(0xC2B2AE3D27D4EB4F))
+                ^ (salt.astype(np.uint64) * np.uint64(0x165667B19E3779F9))
+            )
             mix ^= mix >> np.uint64(29)
             mix *= np.uint64(0xBF58476D1CE4E5B9)
             mix ^= mix >> np.uint64(32)
@@ -197,7 +197,9 @@ class MeshSimulator:
         p[:, 3] = h + dst
         return p
 
-    def _delays(self, paths: np.ndarray, reuse: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def _delays(
+        self, paths: np.ndarray, reuse: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Per packet: total delay and the per-link queue draws (for pair correlation)."""
         valid = paths >= 0
         lk = np.where(valid, paths, 0)
