@@ -190,7 +190,9 @@ class IngestMetrics:
             "clockmesh_hot_window_rows", "Probe rows held in the hot window.", registry=r
         )
         self.rollup_minutes = Counter(
-            "clockmesh_rollup_minutes", "Minutes rolled up into probe_minute.", registry=r
+            "clockmesh_rollups",
+            "One-minute rollups written to probe_minute/path_minute.",
+            registry=r,
         )
         self.compactions = Counter(
             "clockmesh_store_compacted_files", "Small files merged by compaction.", registry=r

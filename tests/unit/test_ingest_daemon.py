@@ -1,0 +1,399 @@
+"""The real ingest daemon as a separate process, over real HTTP on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pytest
+
+from analytics import ingest_load
+from collector import records, wire
+
+ROOT = Path(__file__).resolve().parents[2]
+KEY = b"test-fleet-key-0123456789abcdef"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Daemon:
+    def __init__(self, tmp: Path, **overrides: object) -> None:
+        self.tmp = tmp
+        self.store = tmp / "store"
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        (tmp / "fleet.key").write_bytes(KEY + b"\n")
+        self.log = tmp / "ingest.log"
+        self.proc: subprocess.Popen | None = None
+        self.write_config(**overrides)
+
+    def write_config(self, **overrides: object) -> None:
+        cfg = {
+            "listen": f"127.0.0.1:{self.port}",
+            "store_dir": str(self.store),
+            "fleet_key_file": str(self.tmp / "fleet.key"),
+            "log_level": "info",
+            "roll_s": 0.05,
+            "min_free_bytes": 0,
+            "live_refresh_s": 1,
+            "compact_s": 3600,
+        }
+        cfg.update(overrides)
+        (self.tmp / "ingest.yml").write_text(json.dumps(cfg))
+
+    def start(self) -> None:
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "clockmesh.cli", "ingest", "run", "--config",
+                 str(self.tmp / "ingest.yml")],
+                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"daemon exited: {self.log.read_text()[-2000:]}")
+            try:
+                urllib.request.urlopen(self.url + "/healthz", timeout=1).read()
+                return
+            except (OSError, urllib.error.HTTPError):
+                time.sleep(0.1)
+        raise AssertionError("daemon did not start")
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+    def post(self, body: bytes, auth: str | None = None) -> tuple[int, dict]:
+        req = urllib.request.Request(
+            self.url + "/v1/batch",
+            data=body,
+            headers={"Authorization": auth if auth is not None else wire.sign(KEY, body)},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as err:
+            return err.code, json.loads(err.read() or b"{}")
+
+    def get(self, path: str) -> bytes:
+        with urllib.request.urlopen(self.url + path, timeout=10) as resp:
+            return resp.read()
+
+    def count(self, sql: str) -> int:
+        """Query the store the way an analyst does: catalog opened read-only."""
+        con = duckdb.connect(str(self.store / "catalog.duckdb"), read_only=True)
+        try:
+            return con.execute(sql).fetchone()[0]
+        finally:
+            con.close()
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[Daemon]:
+    d = Daemon(tmp_path)
+    d.start()
+    try:
+        yield d
+    finally:
+        d.stop()
+
+
+IDS = ingest_load.host_ids(12)
+T0 = (time.time_ns() // 10**9 - 30) * 10**9
+
+
+def seg(i: int, second: int, **kw: object) -> bytes:
+    return ingest_load.fleet_segment(i, IDS, second, t0_ns=T0, **kw)
+
+
+def test_contract_stored_duplicate_and_rejections(daemon: Daemon) -> None:
+    body = seg(0, 1)
+    rows = wire.decode(body).rows()
+    assert daemon.post(body) == (200, {"status": "stored", "segment": 1, "rows": rows})
+    assert daemon.post(body) == (200, {"status": "duplicate", "segment": 1, "rows": rows})
+
+    other = seg(1, 1)
+    status, answer = daemon.post(other, wire.sign(b"wrong-key-wrong-key", other))
+    assert (status, answer["status"]) == (401, "rejected")
+    assert daemon.post(other + b"x", wire.sign(KEY, other))[0] == 401  # altered after signing
+    assert daemon.post(other, "")[0] == 401
+    assert daemon.post(other[:-7])[0] == 400  # truncated
+    flipped = bytearray(other)
+    flipped[-5] ^= 0x10
+    status, answer = daemon.post(bytes(flipped))
+    assert status == 400 and "CRC" in answer["error"]
+    assert daemon.post(b"not a segment at all")[0] == 400
+    # a newer record schema: well-formed, not storable here
+    header = json.dumps(
+        {"host": "gpu00001", "host_id": int(IDS[1]), "segment": 9, "schema": 99, "created_ns": 1}
+    ).encode()
+    newer = struct.pack("<6sHI", wire.MAGIC, 1, len(header)) + header
+    status, answer = daemon.post(newer)
+    assert status == 422 and "schema 99" in answer["error"]
+    # a header whose host_id is not the host's id
+    lying = wire.encode_header("gpu00001", 12345, 5, 1) + wire.encode_chunk(
+        "probe_tx", np.zeros(1, records.PROBE_TX)
+    )
+    assert daemon.post(lying)[0] == 422
+
+    # exactly the one good batch is stored, nothing of the rejected ones
+    tx = wire.decode(body).rows("probe_tx")
+    assert daemon.count("SELECT count(*) FROM probe_tx") == tx
+    assert daemon.count("SELECT count(*) FROM batches") == 1
+    metrics = daemon.get("/metrics").decode()
+    assert 'clockmesh_ingest_rejected_batches_total{reason="auth"} 3.0' in metrics
+    assert 'clockmesh_ingest_rejected_batches_total{reason="malformed"} 3.0' in metrics
+    assert 'clockmesh_ingest_rejected_batches_total{reason="schema"} 2.0' in metrics
+    assert 'clockmesh_ingest_batches_total{status="duplicate"} 1.0' in metrics
+    log = daemon.log.read_text()
+    assert "event=batch_rejected status=401" in log and "Traceback" not in log
+
+
+def test_too_large_body_gets_413(tmp_path: Path) -> None:
+    d = Daemon(tmp_path, max_body_bytes=4096)
+    d.start()
+    try:
+        body = seg(0, 1)
+        assert len(body) > 4096
+        status, answer = d.post(body)
+        assert status == 413 and "max_body_bytes" in answer["error"]
+        small = ingest_load.counter_segment("gpu00000", 7, [(T0, "eth0", "rx_bytes", 1, 0)])
+        assert d.post(small)[0] == 200
+    finally:
+        d.stop()
+
+
+def _stream(daemon: Daemon, hosts: range, seconds: int, acked: dict, stop: threading.Event) -> None:
+    """A collector-like client: each segment is retried until it is acknowledged."""
+    for second in range(seconds):
+        for i in hosts:
+            body = seg(i, second)
+            while not stop.is_set():
+                try:
+                    status, answer = daemon.post(body)
+                except OSError:
+                    status, answer = 0, {}
+                if status == 200:
+                    acked[(i, second)] = answer["status"]
+                    break
+                assert status >= 500 or status == 0, (status, answer)
+                time.sleep(0.05)
+
+
+def test_kill_9_loses_no_acknowledged_row_and_stores_each_once(daemon: Daemon) -> None:
+    seconds = 30
+    acked: dict = {}
+    stop = threading.Event()
+    clients = [
+        threading.Thread(target=_stream, args=(daemon, range(k, 12, 4), seconds, acked, stop))
+        for k in range(4)
+    ]
+    for c in clients:
+        c.start()
+    try:
+        for _ in range(2):  # two crashes mid-stream
+            deadline = time.monotonic() + 20
+            target = len(acked) + 60
+            while len(acked) < target and time.monotonic() < deadline:
+                time.sleep(0.02)
+            daemon.kill9()
+            acked_at_crash = dict(acked)
+            time.sleep(0.3)
+            daemon.start()
+            assert len(acked_at_crash) > 0
+        for c in clients:
+            c.join(120)
+    finally:
+        stop.set()
+    assert len(acked) == 12 * seconds
+    per_s = ingest_load.DEFAULT_BUDDIES * ingest_load.DEFAULT_PORTS
+    assert daemon.count("SELECT count(*) FROM probe_tx") == 12 * seconds * per_s
+    assert daemon.count("SELECT count(*) FROM (SELECT src, seq FROM probe_tx GROUP BY ALL)") == (
+        12 * seconds * per_s
+    )
+    assert daemon.count("SELECT count(*) FROM probe_rx") == 12 * seconds * per_s
+    assert daemon.count("SELECT count(*) FROM batches") == 12 * seconds
+    # no orphaned files of a partial commit survive a restart
+    log = daemon.log.read_text()
+    assert log.count("event=listening") == 3
+
+
+def test_readonly_reader_answers_while_daemon_writes(daemon: Daemon) -> None:
+    acked: dict = {}
+    stop = threading.Event()
+    writer = threading.Thread(target=_stream, args=(daemon, range(12), 15, acked, stop))
+    writer.start()
+    reader = (
+        "import duckdb, sys, time\n"
+        "counts = []\n"
+        "for _ in range(15):\n"
+        "    con = duckdb.connect(sys.argv[1], read_only=True)\n"
+        "    counts.append(con.execute('SELECT count(*) FROM probe_rx').fetchone()[0])\n"
+        "    con.close()\n"
+        "    time.sleep(0.1)\n"
+        "print(counts)\n"
+    )
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", reader, str(daemon.store / "catalog.duckdb")],
+            capture_output=True, text=True, timeout=120, check=True,
+        ).stdout  # fmt: skip
+    finally:
+        stop.set()
+        writer.join(60)
+    counts = json.loads(out)
+    assert counts == sorted(counts) and counts[-1] > counts[0]
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
+def test_metrics_pass_promtool_and_show_links(daemon: Daemon) -> None:
+    for second in range(3):
+        for i in range(12):
+            lossy = {"loss": 0.5} if i == 3 else {}
+            assert daemon.post(seg(i, second, **lossy))[0] == 200
+    deadline = time.monotonic() + 20
+    live: dict = {}
+    while time.monotonic() < deadline:
+        live = json.loads(daemon.get("/v1/live"))
+        if sum(p["sent"] for p in live["pairs"]) == 3 * 12 * 80:
+            break
+        time.sleep(0.5)
+    assert {h["host"] for h in live["hosts"]} == {ingest_load.host_name(i) for i in range(12)}
+    lossy = [p for p in live["pairs"] if p["dst"] == ingest_load.host_name(3)]
+    clean = [p for p in live["pairs"] if p["dst"] == ingest_load.host_name(5)]
+    assert len(lossy) == 10  # every buddy of host 3 loses about half of its probes to it
+    sent, received = sum(p["sent"] for p in lossy), sum(p["received"] for p in lossy)
+    assert 0.4 < 1 - received / sent < 0.6
+    assert clean and all(p["loss"] == 0 for p in clean)
+    assert all(5 <= p["owd_raw_p50_us"] <= 7 for p in clean)
+    text = daemon.get("/metrics")
+    assert b"clockmesh_link_probe_loss_ratio{" in text
+    assert b"clockmesh_host_last_batch_age_seconds{" in text
+    check = subprocess.run(
+        ["promtool", "check", "metrics"], input=text, capture_output=True, timeout=30
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_below_min_free_bytes_refuses_with_503_and_keeps_acknowledged(tmp_path: Path) -> None:
+    d = Daemon(tmp_path)
+    d.start()
+    try:
+        assert d.post(seg(0, 1))[0] == 200
+        d.stop()
+        d.write_config(min_free_bytes=2**62)
+        d.start()
+        status, answer = d.post(seg(0, 2))
+        assert status == 503 and "below min_free_bytes" in answer["error"]
+        metrics = d.get("/metrics").decode()
+        assert "clockmesh_ingest_unavailable{reason=" in metrics
+        assert 'reason="unavailable"} 1.0' in metrics
+        assert "event=store_full" in d.log.read_text()
+        assert d.post(seg(0, 1))[0] == 503  # even a duplicate is not answered as stored
+        assert d.count("SELECT count(*) FROM batches") == 1
+        d.stop()
+        d.write_config()
+        d.start()
+        assert d.post(seg(0, 2))[0] == 200  # the collector's retry succeeds
+        assert d.post(seg(0, 1))[1]["status"] == "duplicate"
+        assert d.count("SELECT count(*) FROM batches") == 2
+    finally:
+        d.stop()
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a tmpfs")
+def test_real_full_disk_gives_503_and_loses_nothing_acknowledged(tmp_path: Path) -> None:
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "cmtest-tmpfs", str(mnt)], check=True)
+    d = Daemon(tmp_path)
+    d.store = mnt / "store"
+    d.write_config(store_dir=str(d.store), compression="none")
+    try:
+        d.start()
+        acked, refused = [], 0
+        for second in range(400):
+            status, answer = d.post(seg(second % 12, second))
+            if status == 200:
+                acked.append(second)
+            else:
+                assert status == 503, answer
+                refused += 1
+                if refused >= 3:
+                    break
+        assert refused >= 3, "the tmpfs never filled up"
+        assert "event=commit_failed" in d.log.read_text() or "event=store_full" in d.log.read_text()
+        assert b"clockmesh_ingest_commit_failures_total" in d.get("/metrics")
+        assert json.loads(d.get("/v1/live"))["store"]["accepting"] is False  # still serving
+        d.stop()
+        # read the acknowledged rows back (the catalog may not fit: read files directly)
+        con = duckdb.connect()
+        n = con.execute(
+            f"SELECT count(*) FROM read_parquet('{d.store}/batches/*/*/*.parquet')"
+        ).fetchone()[0]
+        segs = con.execute(
+            f"SELECT count(DISTINCT (host_id, segment)) FROM read_parquet('{d.store}/batches/*/*/*.parquet')"
+        ).fetchone()[0]
+        assert n == segs == len(acked)
+    finally:
+        d.stop()
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_sql_and_export_commands_on_a_live_store(daemon: Daemon, tmp_path: Path) -> None:
+    for i in range(12):
+        assert daemon.post(seg(i, 0))[0] == 200
+    cli = [sys.executable, "-m", "clockmesh.cli"]
+    out = subprocess.run(
+        [*cli, "sql", "--store", str(daemon.store), "--format", "json",
+         "SELECT host, host_id FROM hosts ORDER BY host"],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    hosts = json.loads(out)
+    assert [h["host"] for h in hosts] == [ingest_load.host_name(i) for i in range(12)]
+    bad = subprocess.run(
+        [*cli, "sql", "--store", str(daemon.store), "SELECT * FROM no_such_view"],
+        cwd=ROOT, capture_output=True, text=True,
+    )  # fmt: skip
+    assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "no_such_view" in bad.stderr
+    target = tmp_path / "export"
+    subprocess.run(
+        [*cli, "export", "--store", str(daemon.store), "--since", "2h", "--to", str(target)],
+        cwd=ROOT, check=True, capture_output=True,
+    )  # fmt: skip
+    daemon.stop()
+    shutil.rmtree(daemon.store)  # the export must not depend on the original
+    out = subprocess.run(
+        [*cli, "sql", "--store", str(target), "--format", "csv", "SELECT count(*) FROM probe_tx"],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert out.splitlines()[1] == str(12 * 80)
