@@ -503,6 +503,20 @@ class Lab:
         return DownReport(removed_ns, sorted(removed_links), sorted(set(killed)))
 
     @staticmethod
+    def discover() -> set[str]:
+        """Names of every lab with a namespace or root link on this machine."""
+        # Lab names have no dashes, so a lab namespace's name starts with "<lab>-".
+        names = {
+            ns.split("-")[0] for ns in _existing_namespaces() if plan.ANY_LAB_NAMESPACE.match(ns)
+        }
+        with IPRoute() as root:
+            for link in root.get_links():
+                alias = link.get_attr("IFLA_IFALIAS") or ""
+                if alias.startswith(ALIAS_PREFIX):
+                    names.add(alias[len(ALIAS_PREFIX) :])
+        return names
+
+    @staticmethod
     def down_all(base: Path | None = None) -> list[tuple[str, DownReport]]:
         """Tear down every lab: state dirs under ``base`` plus any lab namespace/link found."""
         require_root()
@@ -513,15 +527,7 @@ class Lab:
                 name = state_file.parent.name
                 with contextlib.suppress(plan.PlanError):
                     reports.append((name, Lab(name, state_file.parent).down()))
-        # Lab names have no dashes, so a lab namespace's name starts with "<lab>-".
-        names = {
-            ns.split("-")[0] for ns in _existing_namespaces() if plan.ANY_LAB_NAMESPACE.match(ns)
-        }
-        with IPRoute() as root:
-            for link in root.get_links():
-                alias = link.get_attr("IFLA_IFALIAS") or ""
-                if alias.startswith(ALIAS_PREFIX):
-                    names.add(alias[len(ALIAS_PREFIX) :])
+        names = Lab.discover()
         for name in sorted(names):
             with contextlib.suppress(plan.PlanError):
                 lab = Lab(name, Path("/nonexistent-clockmesh-lab") / name)

@@ -74,7 +74,7 @@ def terminate(pids: Iterable[int], timeout: float = 3.0) -> list[int]:
             os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        _reap()
+        _reap(targets)
         if all(start_time(pid) != st for pid, st in targets.items()):
             break
         time.sleep(0.05)
@@ -82,7 +82,8 @@ def terminate(pids: Iterable[int], timeout: float = 3.0) -> list[int]:
         if start_time(pid) == st:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-    _reap()
+    time.sleep(0.01)
+    _reap(targets)
     return sorted(targets)
 
 
@@ -91,12 +92,9 @@ def terminate_records(records: Iterable[dict[str, Any]], timeout: float = 3.0) -
     return terminate([int(r["pid"]) for r in records if alive(r)], timeout)
 
 
-def _reap() -> None:
-    # Our own children (sshd started by this process) must not linger as zombies.
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
+def _reap(pids: Iterable[int]) -> None:
+    # Reap only the processes we just signalled, if they are our children (sshd started
+    # by this process): never waitpid(-1), which would steal other code's children.
+    for pid in pids:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)

@@ -95,3 +95,14 @@ def test_up_refuses_a_running_lab(lab_factory: Callable[..., Lab]) -> None:
     with pytest.raises(LabError, match="already up"):
         lab.up(spines=1, leaves=1, hosts_per_leaf=1)
     lab.down()
+
+
+def test_discover_finds_every_lab_for_down_all(lab_factory: Callable[..., Lab]) -> None:
+    one = lab_factory("a", spines=1, leaves=1, hosts_per_leaf=1)
+    two = lab_factory("b", spines=1, leaves=1, hosts_per_leaf=1)
+    found = Lab.discover()
+    assert {one.name, two.name} <= found
+    # what `down --all` does for a lab whose state dir it does not know
+    Lab(two.name, two.dir.parent / "elsewhere").down(keep_files=True)
+    assert two.name not in Lab.discover() and one.name in Lab.discover()
+    one.down()
