@@ -7,6 +7,7 @@ Public API (used by the ingest daemon every window)::
 See docs/clock.md.
 """
 
+from analytics.clock.baseline import rtt2_baseline, rtt2_host_offsets
 from analytics.clock.clock_state import ClockState
 from analytics.clock.solver import DEFAULT_WINDOW_NS, SolverConfig, WindowSolution, solve_window
 from analytics.clock.tables import (
@@ -31,5 +32,7 @@ __all__ = [
     "SolverConfig",
     "WindowSolution",
     "as_columns",
+    "rtt2_baseline",
+    "rtt2_host_offsets",
     "solve_window",
 ]

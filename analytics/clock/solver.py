@@ -177,7 +177,7 @@ def solve_window(
     stats["pairs"] = n_pairs
 
     # ---- network effect ------------------------------------------------------------
-    theta, drift, flags, residual, comp, o_wsum, d_wsum, scales = _network(
+    theta, drift, flags, _residual, comp, o_wsum, d_wsum, scales = _network(
         fit, pa, pb, n, cfg, noise, p_off
     )
     stats["chi2_scale_offset"], stats["chi2_scale_drift"] = scales
@@ -280,14 +280,24 @@ def _network(
     m = fit.alpha + fit.slope * theta_a
     g = network.solve(pa, pb, m, w, n, x0=g.value)
     floor = cfg.disagree_floor_ns if cfg.disagree_floor_ns is not None else 10.0 * noise
-    sigma_e = sig * np.sqrt(g.chi2_scale)
-    bad = est & (np.abs(g.residual) > np.maximum(cfg.disagree_sigmas * sigma_e, floor))
-    if bad.any():
-        w2 = np.where(bad, w * 1e-6, w)
-        g = network.solve(pa, pb, m, w2, n, x0=g.value)
-        flags[bad] |= np.uint8(PairFlag.EXCLUDED)
-        sigma_e = sig * np.sqrt(g.chi2_scale)
-        bad = est & (np.abs(g.residual) > np.maximum(cfg.disagree_sigmas * sigma_e, floor))
+    # Exclude disagreeing pairs one "layer" at a time: in each round, a pair over
+    # the threshold is excluded only if it is the worst pair at both its hosts
+    # (one broken pair also bends its neighbours' residuals; they must not be
+    # blamed with it). Independent broken pairs go in the same round.
+    thr = np.maximum(cfg.disagree_sigmas * sig, floor)
+    excluded = np.zeros(len(pa), bool)
+    for _ in range(8):
+        z = np.where(est & ~excluded, np.abs(g.residual) / thr, 0.0)
+        over = z > 1.0
+        if not over.any():
+            break
+        worst = np.zeros(n)
+        np.maximum.at(worst, pa[over], z[over])
+        np.maximum.at(worst, pb[over], z[over])
+        excluded |= over & (z >= np.maximum(worst[pa], worst[pb]))
+        g = network.solve(pa, pb, m, np.where(excluded, w * 1e-6, w), n, x0=g.value)
+    flags[excluded] |= np.uint8(PairFlag.EXCLUDED)
+    bad = est & (np.abs(g.residual) > thr)
     flags[bad] |= np.uint8(PairFlag.DISAGREE)
     o_wsum = np.bincount(pa[~bad], w[~bad], minlength=n) + np.bincount(
         pb[~bad], w[~bad], minlength=n
