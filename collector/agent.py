@@ -222,6 +222,7 @@ class Collector:
                 values[name] = mesh.stats[name]
             values["tx_ts_kernel"] = mesh.stats["tx_ts_kernel"]
             values["tx_ts_user"] = mesh.stats["tx_ts_user"]
+            values["rx_kernel_drops"] = mesh.stats["rx_kernel_drops"]
             for reason, count in mesh.rejected.items():
                 values[f"probes_rejected_{reason}"] = count
             for name, count in mesh.stats.items():
@@ -289,6 +290,7 @@ class Collector:
             "buddies": [p.name for p in mesh.buddies] if mesh else [],
             "ports_per_buddy": self.cfg.probe.ports_per_buddy,
             "rejected": dict(mesh.rejected) if mesh else {},
+            "rx_kernel_drops": mesh.stats["rx_kernel_drops"] if mesh else 0,
             "tx_timestamps": {
                 "kernel": mesh.stats["tx_ts_kernel"] if mesh else 0,
                 "user": mesh.stats["tx_ts_user"] if mesh else 0,

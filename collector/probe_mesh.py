@@ -206,7 +206,9 @@ class ProbeMesh:
             except OSError:
                 self.stats["recv_errors"] += 1
                 continue
-            ts, kind, ttl = timestamping.rx_meta(anc)
+            ts, kind, ttl, drops = timestamping.rx_meta(anc)
+            if drops >= 0:
+                self.stats["rx_kernel_drops"] = drops
             if not ts:
                 ts, kind = time.time_ns(), int(TsKind.USER)
             if n != SIZE or flags & socket.MSG_TRUNC:
@@ -270,7 +272,7 @@ class ProbeMesh:
             except OSError:
                 self.stats["recv_errors"] += 1
                 continue
-            ts, kind, _ttl = timestamping.rx_meta(anc)
+            ts, kind, _ttl, _drops = timestamping.rx_meta(anc)
             if not ts:
                 ts, kind = time.time_ns(), int(TsKind.USER)
             if n != SIZE or flags & socket.MSG_TRUNC:

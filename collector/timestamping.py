@@ -27,6 +27,9 @@ SOF_TIMESTAMPING_SOFTWARE = 1 << 4
 SOF_TIMESTAMPING_RAW_HARDWARE = 1 << 6
 SOF_TIMESTAMPING_OPT_ID = 1 << 7
 SOF_TIMESTAMPING_OPT_TSONLY = 1 << 11
+SO_RXQ_OVFL = 40  # cmsg: datagrams the kernel dropped on this socket so far
+SO_RCVBUFFORCE = 33
+RCVBUF_BYTES = 4 * 1024 * 1024
 IP_RECVERR = 11
 IP_RECVTTL = 12
 IP_TTL = 2
@@ -44,7 +47,7 @@ TX_FLAGS = SOF_TIMESTAMPING_TX_SOFTWARE | SOF_TIMESTAMPING_OPT_ID | SOF_TIMESTAM
 _TS3 = struct.Struct("qqqqqq")  # three struct timespec
 _EE = struct.Struct("IBBBBII")  # struct sock_extended_err (without the trailing sockaddr)
 _INT = struct.Struct("i")
-ANC_SIZE = socket.CMSG_SPACE(_TS3.size) + socket.CMSG_SPACE(_INT.size) + 64
+ANC_SIZE = socket.CMSG_SPACE(_TS3.size) + 2 * socket.CMSG_SPACE(_INT.size) + 64
 ERR_ANC_SIZE = socket.CMSG_SPACE(_TS3.size) + socket.CMSG_SPACE(_EE.size + 16) + 64
 
 
@@ -57,6 +60,11 @@ def udp_socket(address: str, port: int, *, tx_timestamps: bool) -> socket.socket
         flags = RX_FLAGS | (TX_FLAGS if tx_timestamps else 0)
         sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING, flags)
         sock.setsockopt(socket.IPPROTO_IP, IP_RECVTTL, 1)
+        sock.setsockopt(socket.SOL_SOCKET, SO_RXQ_OVFL, 1)
+        try:  # a burst must not overflow the default ~200 KiB buffer (root may exceed rmem_max)
+            sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, RCVBUF_BYTES)
+        except PermissionError:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF_BYTES)
         if tx_timestamps:
             sock.setsockopt(socket.IPPROTO_IP, IP_RECVERR, 1)
         sock.setblocking(False)
@@ -66,9 +74,9 @@ def udp_socket(address: str, port: int, *, tx_timestamps: bool) -> socket.socket
     return sock
 
 
-def rx_meta(ancdata: list[tuple[int, int, bytes]]) -> tuple[int, int, int]:
-    """(timestamp ns or 0, TsKind, TTL or 0) from a received datagram's control data."""
-    ts, kind, ttl = 0, TsKind.USER, 0
+def rx_meta(ancdata: list[tuple[int, int, bytes]]) -> tuple[int, int, int, int]:
+    """(timestamp ns or 0, TsKind, TTL or 0, kernel drop count or -1) of a datagram."""
+    ts, kind, ttl, drops = 0, TsKind.USER, 0, -1
     for level, ctype, data in ancdata:
         if level == socket.SOL_SOCKET and ctype == SCM_TIMESTAMPING and len(data) >= _TS3.size:
             sw_s, sw_ns, _, _, hw_s, hw_ns = _TS3.unpack_from(data)
@@ -78,7 +86,9 @@ def rx_meta(ancdata: list[tuple[int, int, bytes]]) -> tuple[int, int, int]:
                 ts, kind = sw_s * 1_000_000_000 + sw_ns, TsKind.SW
         elif level == socket.IPPROTO_IP and ctype == IP_TTL and len(data) >= 1:
             ttl = data[0] if len(data) < _INT.size else _INT.unpack_from(data)[0]
-    return ts, int(kind), ttl
+        elif level == socket.SOL_SOCKET and ctype == SO_RXQ_OVFL and len(data) >= 4:
+            drops = struct.unpack_from("I", data)[0]
+    return ts, int(kind), ttl, drops
 
 
 def read_tx_timestamps(sock: socket.socket, limit: int = 4096) -> list[tuple[int, int, int]]:
