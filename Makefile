@@ -40,7 +40,7 @@ $(VENV)/.installed: pyproject.toml $(VENV)/.deps-apt
 demo: venv
 	$(BIN)/clockmesh lab up --name demo
 	$(BIN)/ansible-playbook -i .lab/demo/inventory.yml playbooks/deploy.yml
-	$(BIN)/clockmesh lab health --name demo
+	$(BIN)/clockmesh live --inventory .lab/demo/inventory.yml --wait-hosts 16 --timeout 90
 
 demo-down: venv
 	$(BIN)/clockmesh lab down --name demo

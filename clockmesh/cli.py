@@ -20,6 +20,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "ingest": ("analytics.ingest_cli:ingest", "Run the ops-box ingest daemon.", "opsbox"),
     "sql": ("analytics.sql_cli:sql", "Query the ops-box store with SQL (read-only).", "opsbox"),
     "export": ("analytics.export:export", "Export recent store data as a Parquet set.", "opsbox"),
+    "live": ("analytics.live_cli:live", "Show fleet health now, from the ops box.", "opsbox"),
     "lab": ("lab.cli:lab", "Build and break a leaf-spine lab fabric in namespaces.", "lab"),
 }
 
