@@ -111,16 +111,24 @@ class Shipper(threading.Thread):
             self._conn = None
 
     def post(self, body: bytes) -> tuple[int, bytes]:
-        conn = self._connection()
         headers = {
             "Authorization": wire.sign(self.key, body),
             "Content-Type": CONTENT_TYPE,
             "Content-Length": str(len(body)),
         }
+        reused = self._conn is not None
+        conn = self._connection()
         try:
             conn.request("POST", self._path, body=body, headers=headers)
             resp = conn.getresponse()
             data = resp.read()
+        except (BrokenPipeError, ConnectionResetError, http.client.RemoteDisconnected):
+            self._drop_connection()
+            if not reused:
+                raise
+            # The server closed an idle keep-alive connection: one fresh attempt.
+            # (Safe to repeat: ingest de-duplicates by (host, segment).)
+            return self.post(body)
         except BaseException:
             self._drop_connection()
             raise
