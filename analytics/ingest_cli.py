@@ -74,7 +74,12 @@ def run(config_path: str) -> None:
         await server.stop()
 
     try:
-        asyncio.run(main())
+        try:
+            import uvloop  # faster event loop when installed (opsbox extra)
+
+            uvloop.run(main())
+        except ImportError:
+            asyncio.run(main())
     except StoreError as exc:
         raise click.ClickException(str(exc)) from None
     except OSError as exc:
