@@ -185,7 +185,7 @@ class HotWindow:
                 WHERE t.tx_ns >= {lo} AND t.tx_ns < {final_end}
                 """
             )
-            pair = con.execute(
+            pair = con.sql(
                 """
                 SELECT minute_ns, src, dst, count(DISTINCT sport) AS paths,
                        count(*) AS sent, count(d) AS received, min(d) AS delay_min_ns,
@@ -196,7 +196,7 @@ class HotWindow:
                 FROM j GROUP BY ALL ORDER BY minute_ns, src, dst
                 """
             ).to_arrow_table()
-            path = con.execute(
+            path = con.sql(
                 """
                 SELECT minute_ns, src, dst, sport, count(*) AS sent, count(d) AS received,
                        min(d) AS delay_min_ns, quantile_cont(d, 0.5) AS delay_p50_ns,

@@ -1,0 +1,216 @@
+"""Store internals without HTTP: commits, crash recovery, compaction, retention, views."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from analytics import ingest_config, ingest_load
+from analytics.store import layout
+from analytics.store.catalog import VIEW_NAMES, write_catalog
+from analytics.store.compactor import Compactor
+from analytics.store.hot_window import HotWindow
+from analytics.store.segment_ledger import SegmentLedger
+from analytics.store.store_writer import StoreWriter
+from collector import wire
+from collector.configfile import ConfigError
+
+IDS = ingest_load.host_ids(6)
+T0 = (time.time_ns() // 10**9 - 600) * 10**9
+
+
+def _batches(number: int, host_ids: list[int], segs: list[int]) -> pa.Table:
+    n = len(segs)
+    return pa.table(
+        {
+            "commit": [number] * n,
+            "received_ns": [time.time_ns()] * n,
+            "host_id": host_ids,
+            "host": ["h"] * n,
+            "segment": segs,
+            "created_ns": [0] * n,
+            "rows": [1] * n,
+            "bytes": [1] * n,
+        },
+        schema=layout.TABLES["batches"].schema,
+    )
+
+
+def _probe_tables(second: int) -> dict[str, pa.Table]:
+    seg = wire.decode(ingest_load.fleet_segment(0, IDS, second, t0_ns=T0))
+    return {t: layout.records_to_arrow(t, seg.table(t)) for t in ("probe_tx", "probe_rx")}
+
+
+def _count(store: Path, table: str) -> int:
+    write_catalog(store)
+    con = duckdb.connect(str(store / "catalog.duckdb"), read_only=True)
+    try:
+        return con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+    finally:
+        con.close()
+
+
+def test_ledger_matches_a_plain_set() -> None:
+    rnd = random.Random(3)
+    ledger, truth = SegmentLedger(), set()
+    for _ in range(3000):
+        host, seg = rnd.randrange(3), rnd.randrange(400)
+        ledger.add(host, seg)
+        truth.add((host, seg))
+    bulk = SegmentLedger()
+    hosts = np.array([h for h, _ in truth])
+    segs = np.array([s for _, s in truth])
+    bulk.add_many(hosts, segs)
+    for host in range(4):
+        for seg in range(-2, 405):
+            assert ((host, seg) in ledger) == ((host, seg) in truth)
+            assert ((host, seg) in bulk) == ((host, seg) in truth)
+    assert ledger.intervals() == bulk.intervals() < len(truth)
+
+
+def test_partial_commit_is_removed_and_committed_ones_stay(tmp_path: Path) -> None:
+    w = StoreWriter(tmp_path)
+    w.open()
+    w.commit(0, _probe_tables(0), _batches(0, [int(IDS[0])], [0]))
+    # a crash after commit 1 wrote its data files but before its batches file
+    for table, data in _probe_tables(1).items():
+        w.write_partitioned(table, data, "c000000000001.parquet")
+    stray = next((tmp_path / "probe_tx").glob("date=2*/hour=*")) / "c000000000001.parquet.tmp"
+    stray.write_bytes(b"torn")
+    assert _count(tmp_path, "probe_tx") == 160
+    w2 = StoreWriter(tmp_path)
+    w2.open()
+    assert w2.committed == 0 and w2.recovered_orphans == 2 and not stray.exists()
+    assert _count(tmp_path, "probe_tx") == 80
+    assert (int(IDS[0]), 0) in w2.ledger and (int(IDS[0]), 1) not in w2.ledger
+    with pytest.raises(ValueError):
+        w2.commit(0, {}, _batches(0, [1], [1]))
+
+
+def test_compaction_merges_and_survives_a_crash_midway(tmp_path: Path) -> None:
+    w = StoreWriter(tmp_path)
+    w.open()
+    for n in range(6):
+        w.commit(n, _probe_tables(n), _batches(n, [int(IDS[0])], [n]))
+    c = Compactor(w, min_age_s=0)
+    part = next((tmp_path / "probe_tx").glob("date=2*/hour=*"))
+    assert len(list(part.glob("*.parquet"))) == 6
+    c.run()
+    assert [p.name for p in part.glob("*.parquet")] == ["m000000000000-000000000005.parquet"]
+    assert _count(tmp_path, "probe_tx") == 6 * 80
+    # crash between "output renamed into place" and "sources deleted"
+    for n in range(6, 9):
+        w.commit(n, _probe_tables(n), _batches(n, [int(IDS[0])], [n]))
+    sources = sorted(part.glob("*.parquet"))
+    merged = part / "m000000000000-000000000008.parquet"
+    con = duckdb.connect()
+    con.execute(
+        f"COPY (SELECT * FROM read_parquet({[str(s) for s in sources]})) TO '{merged}' (FORMAT parquet)"
+    )
+    intent = tmp_path / "_ingest" / "compact-1-1.json"
+    intent.write_text(
+        json.dumps(
+            {
+                "output": str(merged.relative_to(tmp_path)),
+                "sources": [str(s.relative_to(tmp_path)) for s in sources],
+            }
+        )
+    )
+    assert _count(tmp_path, "probe_tx") == 2 * 9 * 80  # a reader would see doubles now
+    StoreWriter(tmp_path).open()  # recovery finishes the compaction
+    assert [p.name for p in part.glob("*.parquet")] == [merged.name]
+    assert _count(tmp_path, "probe_tx") == 9 * 80 and not intent.exists()
+
+
+def test_retention_drops_old_hours_but_keeps_the_commit_mark(tmp_path: Path) -> None:
+    w = StoreWriter(tmp_path)
+    w.open()
+    old = _probe_tables(0)
+    old_ts = T0 - 10 * 86400 * 10**9
+    shifted = {
+        t: d.set_column(d.schema.get_field_index(col), col, pa.compute.add(d[col], old_ts - T0))
+        for (t, d), col in zip(old.items(), ("tx_ns", "rx_ns"), strict=True)
+    }
+    w.commit(0, shifted, _batches(0, [1], [0]))
+    w.commit(1, _probe_tables(1), _batches(1, [1], [1]))
+    dropped = Compactor(w).apply_retention(time.time())
+    assert dropped == 2  # the old probe_tx and probe_rx hours; batches are recent
+    assert _count(tmp_path, "probe_tx") == 80
+    c = Compactor(w, retention_s={"batches": 1.0})
+    c.apply_retention(time.time() + 7200)
+    assert list(w.partitions("batches"))  # the newest batches hour always stays
+
+
+def test_every_view_answers_on_an_empty_store(tmp_path: Path) -> None:
+    StoreWriter(tmp_path).open()
+    write_catalog(tmp_path)
+    con = duckdb.connect(str(tmp_path / "catalog.duckdb"), read_only=True)
+    for view in VIEW_NAMES:
+        rows = con.execute(f"SELECT count(*) FROM {view}").fetchone()[0]
+        assert rows == (1 if view == "store_info" else 0), view
+
+
+def test_newer_store_schema_is_refused_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "store.json").write_text(json.dumps({"store_schema": layout.STORE_SCHEMA + 1}))
+    with pytest.raises(layout.StoreError) as info:
+        StoreWriter(tmp_path).open()
+    assert "newer than this clockmesh understands" in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_hot_window_rolls_up_final_minutes_with_loss_and_delay() -> None:
+    start = (T0 // layout.NS_PER_MINUTE) * layout.NS_PER_MINUTE - 1
+    hot = HotWindow(grace_s=20, start_ns=start)
+    ids = ingest_load.host_ids(12)
+    t0 = start + 1
+    for second in range(60):
+        for i in range(12):
+            seg = wire.decode(
+                ingest_load.fleet_segment(i, ids, second, t0_ns=t0, loss=0.25 if i == 4 else 0)
+            )
+            hot.add(t0 + second * 10**9, {t: layout.records_to_arrow(t, seg.table(t)) for t in seg.tables})
+    assert hot.rollup(now_ns=t0 + 70 * 10**9) is None  # minute not final yet (grace)
+    first, pair, path = hot.rollup(now_ns=t0 + 81 * 10**9)
+    assert first == t0 // layout.NS_PER_MINUTE
+    assert pair.num_rows == 12 * 10 and path.num_rows == 12 * 10 * 8
+    rows = pair.to_pylist()
+    assert all(r["sent"] == 480 and r["paths"] == 8 for r in rows)
+    to4 = [r for r in rows if r["dst"] == ids[4]]
+    assert len(to4) == 10 and 0.15 < 1 - sum(r["received"] for r in to4) / 4800 < 0.35
+    clean = [r for r in rows if r["dst"] != ids[4]]
+    assert all(r["received"] == 480 and 5_000 <= r["delay_p50_ns"] <= 7_000 for r in clean)
+    assert hot.rollup(now_ns=t0 + 82 * 10**9) is None  # each minute once
+
+
+def test_config_errors_name_the_key(tmp_path: Path) -> None:
+    path = tmp_path / "ingest.yml"
+    cases = {
+        "listen: 'nohost'\n": "listen: expected host:port",
+        "retention: {probes: 7d}\n": "retention.probes: unknown table",
+        "retention: {probe_tx: 7 days}\n": "retention.probe_tx: expected a duration",
+        "roll_s: 0\n": "roll_s: expected a number > 0",
+        "tls_cert: /x.pem\n": "tls_key: tls_cert and tls_key go together",
+        "rol_s: 1\n": "rol_s: unknown key",
+    }
+    for text, expected in cases.items():
+        path.write_text(text)
+        with pytest.raises(ConfigError) as info:
+            ingest_config.load(path)
+        assert str(info.value).startswith(f"{path}: ") and expected in str(info.value), text
+    path.write_text("retention: {probe_tx: 3d, owd: 12h}\n")
+    _cfg, resolved = ingest_config.load(path)
+    assert resolved.retention_s["probe_tx"] == 3 * 86400
+    assert resolved.retention_s["probe_minute"] == 180 * 86400
+    key = tmp_path / "k"
+    key.write_bytes(b"short\n")
+    with pytest.raises(ConfigError, match="fleet_key_file: .* expected at least 16"):
+        ingest_config.read_fleet_key(key, path)
+    os.chmod(key, 0o600)
