@@ -176,7 +176,10 @@ def test_hot_window_rolls_up_final_minutes_with_loss_and_delay() -> None:
             seg = wire.decode(
                 ingest_load.fleet_segment(i, ids, second, t0_ns=t0, loss=0.25 if i == 4 else 0)
             )
-            hot.add(t0 + second * 10**9, {t: layout.records_to_arrow(t, seg.table(t)) for t in seg.tables})
+            hot.add(
+                t0 + second * 10**9,
+                {t: layout.records_to_arrow(t, seg.table(t)) for t in seg.tables},
+            )
     assert hot.rollup(now_ns=t0 + 70 * 10**9) is None  # minute not final yet (grace)
     first, pair, path = hot.rollup(now_ns=t0 + 81 * 10**9)
     assert first == t0 // layout.NS_PER_MINUTE
@@ -211,6 +214,6 @@ def test_config_errors_name_the_key(tmp_path: Path) -> None:
     assert resolved.retention_s["probe_minute"] == 180 * 86400
     key = tmp_path / "k"
     key.write_bytes(b"short\n")
-    with pytest.raises(ConfigError, match="fleet_key_file: .* expected at least 16"):
+    with pytest.raises(ConfigError, match=r"fleet_key_file: .* expected at least 16"):
         ingest_config.read_fleet_key(key, path)
     os.chmod(key, 0o600)
