@@ -44,6 +44,10 @@ FLUSH_S = 0.25
 RDMA_CONFIG_S = 10.0
 JOBS_S = 5.0
 STATUS_S = 1.0
+# The loop wakes once per tick (not once per datagram): it sends the pairs due in the
+# coming tick and drains every socket. Kernel timestamps make the batching invisible
+# in the data; it cuts wake-ups from thousands to 50 per second at 1,000 probes/s.
+TICK_S = 0.02
 SHUTDOWN_SHIP_S = 2.0
 
 
@@ -120,7 +124,8 @@ class Collector:
         self._jobs_fp = b""
         self._stop = False
         self._reload = False
-        self._sel = selectors.DefaultSelector()
+        self._sel = selectors.DefaultSelector()  # data sockets, polled once per tick
+        self._wake_sel = selectors.DefaultSelector()  # signals and stop requests
         self._last_status: tuple[float, int, int] = (time.monotonic(), 0, 0)
         self.rates = (0.0, 0.0)
         self.reloads = 0
@@ -402,7 +407,7 @@ class Collector:
                 (signal.SIGHUP, self.request_reload),
             ):
                 old_handlers[sig] = signal.signal(sig, fn)
-        self._sel.register(wake_r, selectors.EVENT_READ, lambda: _drain(wake_r))
+        self._wake_sel.register(wake_r, selectors.EVENT_READ, lambda: _drain(wake_r))
         self._wake_w = wake_w
         try:
             self._open_io()
@@ -431,7 +436,7 @@ class Collector:
                 signal.signal(sig, handler)
             if old_handlers:
                 signal.set_wakeup_fd(old_fd)
-            self._sel.unregister(wake_r)
+            self._wake_sel.unregister(wake_r)
             wake_r.close()
             wake_w.close()
         return 0
@@ -455,7 +460,9 @@ class Collector:
                 self.reload()
             now = time.monotonic()
             assert self.mesh is not None
-            next_send = self.mesh.send_due(now)
+            self.mesh.send_due(now, TICK_S)
+            for key, _events in self._sel.select(0):
+                key.data()
             if now >= next_flush:
                 self.flush()
                 next_flush = now + FLUSH_S
@@ -474,9 +481,9 @@ class Collector:
                 self._health()
                 self.write_status()
                 next_status = now + STATUS_S
-            deadline = min(next_send, next_flush, next_counters, next_rdma, next_jobs, next_status)
+            deadline = min(now + TICK_S, next_flush, next_counters, next_status)
             timeout = max(0.0, deadline - time.monotonic())
-            for key, _events in self._sel.select(timeout):
+            for key, _events in self._wake_sel.select(timeout):
                 key.data()
 
     def _shutdown(self) -> None:

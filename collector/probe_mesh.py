@@ -37,6 +37,8 @@ log = logging.getLogger("clockmesh.collector.probe")
 RING = 1 << 16
 _PENDING, _EMITTED, _FAILED = 1, 2, 3
 TX_WAIT_NS = 500_000_000  # a probe without a kernel TX timestamp after this gets a USER one
+_UDP = int(Transport.UDP)
+_MSG_TRUNC = int(socket.MSG_TRUNC)  # a plain int: IntFlag arithmetic is slow per datagram
 REJECT_REASONS = ("malformed", "auth", "stale", "replay", "misdirected", "unexpected_echo")
 
 
@@ -121,15 +123,20 @@ class ProbeMesh:
         self.tx_socks, self._tx_ids, self._tx_count = [], [], []
 
     # ---- sending --------------------------------------------------------------------
-    def send_due(self, now: float) -> float:
-        """Send every coded pair that is due; returns the monotonic time of the next."""
+    def send_due(self, now: float, ahead: float = 0.0) -> float:
+        """Send every coded pair due by ``now + ahead``; returns when the next is due.
+
+        The main loop wakes once per tick and sends the pairs of the coming tick in
+        one go (the average rate is unchanged; every probe carries its own kernel
+        timestamp, so sending a few ms early costs no accuracy).
+        """
         if not self.slots or not self.tx_socks:
             self.next_due = now + 1.0
             return self.next_due
         if self.next_due < now - 1.0:
             self.next_due = now  # far behind (stopped/suspended): do not burst a backlog
         sent = 0
-        while self.next_due <= now and sent < 256:
+        while self.next_due <= now + ahead and sent < 256:
             b, p = self.slots[self._slot]
             self._slot = (self._slot + 1) % len(self.slots)
             self._send_pair(b, p)
@@ -211,7 +218,7 @@ class ProbeMesh:
                 self.stats["rx_kernel_drops"] = drops
             if not ts:
                 ts, kind = time.time_ns(), int(TsKind.USER)
-            if n != SIZE or flags & socket.MSG_TRUNC:
+            if n != SIZE or flags & _MSG_TRUNC:
                 self._reject("malformed")
                 continue
             try:
@@ -233,8 +240,8 @@ class ProbeMesh:
                 self._reject("replay")
                 continue
             self.buffers["probe_rx"].append(
-                (pr.seq, pr.src, pr.dst, addr[1], self.port, pr.pair, kind, Transport.UDP,
-                 ttl, rx_ns, pr.spacing_ns)
+                pr.seq, pr.src, pr.dst, addr[1], self.port, pr.pair, kind, _UDP, ttl, rx_ns,
+                pr.spacing_ns,
             )  # fmt: skip
             self.stats["probes_received"] += 1
             if pr.flags & FLAG_ECHO and self.echo_enabled:
@@ -275,7 +282,7 @@ class ProbeMesh:
             ts, kind, _ttl, _drops = timestamping.rx_meta(anc)
             if not ts:
                 ts, kind = time.time_ns(), int(TsKind.USER)
-            if n != SIZE or flags & socket.MSG_TRUNC:
+            if n != SIZE or flags & _MSG_TRUNC:
                 self._reject("malformed")
                 continue
             try:
@@ -307,9 +314,8 @@ class ProbeMesh:
             self.r_echoed[i] = True
             weakest = min(kind, int(self.r_kind[i]), pr.ts_kind)
             self.buffers["echo"].append(
-                (pr.seq, self.me, pr.dst, int(self.r_sport[i]), weakest, 0, t1, pr.t2_ns,
-                 pr.t3_ns, t4)
-            )  # fmt: skip
+                pr.seq, self.me, pr.dst, int(self.r_sport[i]), weakest, t1, pr.t2_ns, pr.t3_ns, t4
+            )
             self.stats["echoes_received"] += 1
 
     # ---- records --------------------------------------------------------------------

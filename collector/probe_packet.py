@@ -32,8 +32,6 @@ import hmac
 import struct
 from dataclasses import dataclass
 
-import numpy as np
-
 MAGIC = b"CMPR"
 VERSION = 1
 KIND_PROBE = 0
@@ -74,12 +72,19 @@ class PacketCodec:
     def __init__(self, key: bytes) -> None:
         if not key:
             raise ValueError("fleet key is empty")
-        self._mac = hmac.new(key, digestmod=hashlib.sha256)
+        # HMAC-SHA256 (RFC 2104) with the padded-key states precomputed: per datagram
+        # only two SHA-256 state copies, as hmac.HMAC.copy() does but cheaper.
+        block = hashlib.sha256(key).digest() if len(key) > 64 else key
+        block = block.ljust(64, b"\0")
+        self._inner = hashlib.sha256(bytes(b ^ 0x36 for b in block))
+        self._outer = hashlib.sha256(bytes(b ^ 0x5C for b in block))
 
     def _tag(self, body: bytes | memoryview) -> bytes:
-        mac = self._mac.copy()
-        mac.update(body)
-        return mac.digest()[:MAC_LEN]
+        inner = self._inner.copy()
+        inner.update(body)
+        outer = self._outer.copy()
+        outer.update(inner.digest())
+        return outer.digest()[:MAC_LEN]
 
     def pack(
         self,
@@ -136,47 +141,31 @@ class ReplayWindow:
 
     Like IPsec's window: a seq above the highest seen advances it; one inside the
     window is accepted once; one below the window (or seen before) is a replay.
-    State lives in two numpy arrays per sender slot, not per-probe objects.
+    State is two integers per sender (highest seq, bitmap), not per-probe objects.
     """
 
     def __init__(self, size: int = 4096) -> None:
         self.size = size
-        self._slots: dict[int, int] = {}
-        self._top = np.zeros(16, dtype=np.uint64)
-        self._bits = np.zeros((16, size), dtype=bool)
+        self._full = (1 << size) - 1
+        self._state: dict[int, list[int]] = {}  # src -> [highest seq, bitmap]
 
     def check_and_set(self, src: int, seq: int) -> bool:
         """True if ``seq`` from ``src`` is new (and remember it); False for a replay."""
-        slot = self._slots.get(src)
-        if slot is None:
-            slot = len(self._slots)
-            if slot >= len(self._top):
-                self._top = np.resize(self._top, slot * 2)
-                self._top[slot:] = 0
-                bits = np.zeros((slot * 2, self.size), dtype=bool)
-                bits[:slot] = self._bits
-                self._bits = bits
-            self._slots[src] = slot
-            self._top[slot] = seq
-            self._bits[slot, :] = False
-            self._bits[slot, seq % self.size] = True
+        st = self._state.get(src)
+        if st is None:
+            self._state[src] = [seq, 1]
             return True
-        top = int(self._top[slot])
-        row = self._bits[slot]
+        top, bits = st
         if seq > top:
-            gap = seq - top
-            if gap >= self.size:
-                row[:] = False
-            else:
-                idx = (np.arange(top + 1, seq + 1, dtype=np.uint64) % self.size).astype(np.intp)
-                row[idx] = False
-            self._top[slot] = seq
-            row[seq % self.size] = True
+            # bit i of the bitmap stands for seq (top - i)
+            st[0] = seq
+            st[1] = ((bits << (seq - top)) | 1) & self._full if seq - top < self.size else 1
             return True
-        if top - seq >= self.size:
+        back = top - seq
+        if back >= self.size:
             return False
-        pos = seq % self.size
-        if row[pos]:
+        mask = 1 << back
+        if bits & mask:
             return False
-        row[pos] = True
+        st[1] = bits | mask
         return True

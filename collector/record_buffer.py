@@ -1,17 +1,39 @@
-"""Growable columnar buffers: rows of a records dtype, appended in place.
+"""Record buffers: rows of a records dtype, packed into one growing byte buffer.
 
-Rows live in one preallocated numpy structured array per table; ``take()``
-hands the filled part to the spool and starts over. Nothing per row stays
-alive as a Python object.
+A row is packed with a ``struct`` whose layout is exactly the dtype's (fields in
+order, little-endian, ``_pad*`` fields as zero padding), appended to a
+``bytearray``, and ``take()`` hands the rows to the spool as a numpy structured
+array (``np.frombuffer``) — no per-row Python objects stay alive, and appending
+costs one ``struct.pack_into``.
 """
 
 from __future__ import annotations
 
+import struct
 from typing import Any
 
 import numpy as np
 
 from collector import records
+
+_CODES = {"<u8": "Q", "<i8": "q", "<u4": "I", "<i4": "i", "<u2": "H", "<i2": "h", "|u1": "B"}
+
+
+def row_struct(dtype: np.dtype) -> struct.Struct:
+    """A struct packing one row of ``dtype`` from its non-padding fields, in order."""
+    fmt = "<"
+    for name in dtype.names or ():
+        field = dtype.fields[name][0]  # type: ignore[index]
+        if name.startswith("_pad"):
+            fmt += f"{field.itemsize}x"
+        elif field.kind == "S":
+            fmt += f"{field.itemsize}s"
+        else:
+            fmt += _CODES[field.str]
+    packer = struct.Struct(fmt)
+    if packer.size != dtype.itemsize:
+        raise TypeError(f"cannot mirror dtype {dtype} with struct {fmt!r}")
+    return packer
 
 
 class RecordBuffer:
@@ -20,34 +42,36 @@ class RecordBuffer:
     def __init__(self, table: str, capacity: int = 1024) -> None:
         self.table = table
         self.dtype = records.TABLES[table]
-        self._rows = np.zeros(capacity, dtype=self.dtype)
+        self._row = row_struct(self.dtype)
+        self._size = self.dtype.itemsize
+        self._buf = bytearray(capacity * self._size)
         self._n = 0
 
     def __len__(self) -> int:
         return self._n
 
     def _reserve(self, extra: int) -> None:
-        need = self._n + extra
-        if need > len(self._rows):
-            grown = np.zeros(max(need, 2 * len(self._rows)), dtype=self.dtype)
-            grown[: self._n] = self._rows[: self._n]
-            self._rows = grown
+        need = (self._n + extra) * self._size
+        if need > len(self._buf):
+            self._buf.extend(bytes(max(need, 2 * len(self._buf)) - len(self._buf)))
 
-    def append(self, row: tuple[Any, ...]) -> None:
-        """One row as a tuple in dtype field order (padding fields included)."""
+    def append(self, *values: Any) -> None:
+        """One row: the dtype's fields in order, *without* the ``_pad`` fields."""
         self._reserve(1)
-        self._rows[self._n] = row
+        self._row.pack_into(self._buf, self._n * self._size, *values)
         self._n += 1
 
     def extend(self, rows: np.ndarray) -> None:
         if rows.dtype != self.dtype:
             raise TypeError(f"{self.table}: expected dtype {self.dtype}, got {rows.dtype}")
         self._reserve(len(rows))
-        self._rows[self._n : self._n + len(rows)] = rows
+        start = self._n * self._size
+        data = np.ascontiguousarray(rows).tobytes()
+        self._buf[start : start + len(data)] = data
         self._n += len(rows)
 
     def take(self) -> np.ndarray:
         """The buffered rows (a copy), leaving the buffer empty."""
-        out = self._rows[: self._n].copy()
+        out = np.frombuffer(self._buf, dtype=self.dtype, count=self._n).copy()
         self._n = 0
         return out

@@ -45,6 +45,15 @@ def test_round_trip_carries_every_field() -> None:
     assert (p.ts_kind, p.t2_ns, p.t3_ns, p.sport, p.flags) == (1, 5, 6, 40001, FLAG_ECHO)
 
 
+def test_mac_is_standard_truncated_hmac_sha256() -> None:
+    import hashlib
+    import hmac
+
+    for key in (KEY, b"short-key-16byte", b"L" * 100):
+        pkt = PacketCodec(key).pack(KIND_PROBE, 1, 2, 3, 4, 5, 6)
+        assert pkt[72:] == hmac.new(key, pkt[:72], hashlib.sha256).digest()[:16]
+
+
 def test_forged_tampered_and_malformed_are_told_apart() -> None:
     good = PacketCodec(KEY).pack(KIND_PROBE, 0, 1, 2, 3, 4, 5)
     forged = PacketCodec(b"x" * 32).pack(KIND_PROBE, 0, 1, 2, 3, 4, 5)
