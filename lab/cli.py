@@ -292,3 +292,69 @@ def heal(name: str, state_dir: Path | None) -> None:
         f"lab {name}: stopped {res['stopped']} fault process(es), {res['links_up']} link(s) "
         f"brought up, {res['qdiscs_removed']} qdisc(s) removed"
     )
+
+
+# ---- lab jobs (lab/jobgen.py; added by the collector work) ----------------------------
+@lab.group()
+def job() -> None:
+    """All-to-all job traffic between lab hosts, reported through the collector's hook."""
+
+
+@job.command("start")
+@_lab_options
+@click.argument("job_name", metavar="NAME")
+@click.option("--hosts", required=True, help="Comma-separated lab hosts, e.g. h1-1,h2-1,h3-1.")
+@click.option("--gid-index", type=int, default=None, help="NCCL_IB_GID_INDEX in the job's env.")
+@click.option("--rate", type=float, default=20.0, show_default=True, help="Messages/s per peer.")
+@click.option("--size", type=int, default=1024, show_default=True, help="Message bytes.")
+@_user_errors
+def job_start(
+    name: str,
+    state_dir: Path | None,
+    job_name: str,
+    hosts: str,
+    gid_index: int | None,
+    rate: float,
+    size: int,
+) -> None:
+    """Start job NAME: one traffic generator per host, holding the fake RDMA device."""
+    from lab import jobgen
+
+    try:
+        recs = jobgen.start_job(
+            _make_lab(name, state_dir),
+            job_name,
+            [h.strip() for h in hosts.split(",") if h.strip()],
+            gid_index,
+            rate,
+            size,
+        )
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    for rec in recs:
+        click.echo(f"job {job_name}: {rec['node']} pid {rec['pid']} gid_index {rec['gid_index']}")
+
+
+@job.command("stop")
+@_lab_options
+@click.argument("job_name", metavar="NAME")
+@_user_errors
+def job_stop(name: str, state_dir: Path | None, job_name: str) -> None:
+    """Stop every generator of job NAME."""
+    from lab import jobgen
+
+    click.echo(f"job {job_name}: stopped {jobgen.stop_job(_make_lab(name, state_dir), job_name)}")
+
+
+@job.command("list")
+@_lab_options
+@_user_errors
+def job_list(name: str, state_dir: Path | None) -> None:
+    """List the lab's jobs and whether their generators are alive."""
+    from lab import jobgen
+
+    for rec in jobgen.list_jobs(_make_lab(name, state_dir)):
+        state = "running" if rec["alive"] else "dead"
+        click.echo(
+            f"{rec['job']} {rec['node']} pid {rec['pid']} gid_index {rec['gid_index']} {state}"
+        )

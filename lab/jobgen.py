@@ -1,0 +1,258 @@
+"""Lab job generator: all-to-all style UDP traffic between lab hosts, reported in-band.
+
+One process per host of a job (``clockmesh lab job start NAME --hosts ...``), run
+inside the host's network and mount namespaces. Each process
+
+* holds the host's fake RDMA device open (``/var/lib/clockmesh/lab/sysfs/dev/infiniband/uverbs0``,
+  see lab/fake_rdma.py) with ``NCCL_IB_GID_INDEX`` and ``CLOCKMESH_JOB_ID`` in its
+  environment — what the collector looks for in /proc, as with a real NCCL job;
+* sends ``--rate`` messages per second of ``--size`` bytes to every other host of the
+  job over the backend fabric (UDP port ``--port``), one flow per (src, dst) pair;
+* reports every send and every receive (kernel RX timestamp) to the collector's
+  in-band hook (``/run/clockmesh/inband.sock``, format in collector/inband.py), and
+  announces its GID index once (event 2).
+
+    python -m lab.jobgen --job NAME --host h1-1 --bind 198.18.1.1 \\
+        --peers h2-1=198.18.2.1,h3-1=198.18.3.1 [--rate 20] [--size 1024]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from collector import records
+from collector.inband import EVENT_GID, EVENT_RECV, EVENT_SEND, pack_report
+
+PORT = 7471
+MAGIC = b"CMJOB\0\0\0"
+HEADER = struct.Struct("<8sQQqq")  # magic, flow_id, seq, src host_id, send_ns
+SO_TIMESTAMPNS = 35
+UVERBS = "/var/lib/clockmesh/lab/sysfs/dev/infiniband/uverbs0"
+INBAND = "/run/clockmesh/inband.sock"
+REPORT_EVERY_S = 0.05
+
+
+def flow_id(job: str, src: str, dst: str) -> int:
+    digest = hashlib.blake2b(f"{job}|{src}|{dst}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & 0x7FFF_FFFF_FFFF_FFFF
+
+
+class _Stop(Exception):
+    pass
+
+
+def _raise_stop(signum: int, frame: FrameType | None) -> None:
+    raise _Stop
+
+
+def run(
+    job: str,
+    host: str,
+    bind: str,
+    peers: dict[str, str],
+    *,
+    port: int = PORT,
+    rate: float = 20.0,
+    size: int = 1024,
+    inband: str = INBAND,
+    uverbs: str = UVERBS,
+    gid_index: int = -1,
+    duration: float = 0.0,
+) -> dict[str, int]:
+    """Send/receive until SIGTERM (or ``duration`` s); returns counts."""
+    holder = open(uverbs, "rb") if uverbs else None  # noqa: SIM115 (held for the whole run)
+    me = records.host_id(host)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((bind, port))
+    sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    sock.setblocking(False)
+    hook = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    hook.setblocking(False)  # a stalled collector must not stall the job: drop and count
+    targets = [
+        (name, addr, records.host_id(name), flow_id(job, host, name))
+        for name, addr in sorted(peers.items())
+    ]
+    payload_pad = b"\0" * max(0, size - HEADER.size)
+    pending: list[bytes] = []
+    counts = {"sent": 0, "received": 0, "reports": 0, "report_errors": 0}
+    seq = 0
+    interval = 1.0 / rate if rate > 0 else 1.0
+    next_send = time.monotonic()
+    next_report = time.monotonic()
+    end = time.monotonic() + duration if duration else float("inf")
+    if gid_index >= 0:
+        pending.append(pack_report(EVENT_GID, job, 0, 0, 0, gid_index, time.time_ns()))
+    buf = bytearray(65536)
+
+    def flush() -> None:
+        nonlocal pending
+        # 64 reports per datagram at most (the hook's limit).
+        for i in range(0, len(pending), 64):
+            try:
+                hook.sendto(b"".join(pending[i : i + 64]), inband)
+                counts["reports"] += len(pending[i : i + 64])
+            except OSError:
+                counts["report_errors"] += len(pending[i : i + 64])
+        pending = []
+
+    try:
+        while time.monotonic() < end:
+            now = time.monotonic()
+            if now >= next_send:
+                seq += 1
+                for _name, addr, pid, fid in targets:
+                    t = time.time_ns()
+                    with contextlib.suppress(OSError):
+                        sock.sendto(HEADER.pack(MAGIC, fid, seq, me, t) + payload_pad, (addr, port))
+                        counts["sent"] += 1
+                        pending.append(pack_report(EVENT_SEND, job, fid, seq, pid, size, t))
+                next_send += interval
+                if next_send < now - 1.0:
+                    next_send = now
+            while True:
+                try:
+                    n, anc, _flags, _addr = sock.recvmsg_into([buf], 64)
+                except (BlockingIOError, InterruptedError):
+                    break
+                if n < HEADER.size:
+                    continue
+                magic, fid, mseq, src, _sent = HEADER.unpack_from(buf)
+                if magic != MAGIC:
+                    continue
+                rx = time.time_ns()
+                for level, ctype, data in anc:
+                    if level == socket.SOL_SOCKET and ctype == SO_TIMESTAMPNS:
+                        sec, nsec = struct.unpack_from("qq", data)
+                        rx = sec * 1_000_000_000 + nsec
+                counts["received"] += 1
+                pending.append(pack_report(EVENT_RECV, job, fid, mseq, src, n, rx))
+            if now >= next_report:
+                flush()
+                next_report = now + REPORT_EVERY_S
+            time.sleep(min(0.005, max(0.0, next_send - time.monotonic())))
+    except _Stop:
+        pass
+    finally:
+        flush()
+        sock.close()
+        hook.close()
+        if holder is not None:
+            holder.close()
+    return counts
+
+
+# ---- lab side: start/stop jobs on lab hosts ---------------------------------------------
+def start_job(
+    lab: Any, job: str, hosts: list[str], gid_index: int | None, rate: float, size: int
+) -> list[dict[str, Any]]:
+    """Start one generator per host (in its namespaces); records go to the lab state."""
+    from lab import fake_rdma, processes
+
+    topo = lab.topology
+    by_name = {h.name: h for h in topo.hosts}
+    unknown = [h for h in hosts if h not in by_name]
+    if unknown:
+        raise ValueError(
+            f"--hosts: no such lab host(s) {', '.join(unknown)} (have {', '.join(by_name)})"
+        )
+    if len(hosts) < 2:
+        raise ValueError("--hosts: a job needs at least two hosts")
+    if any(j.get("job") == job for j in lab.state.read().get("jobs", []) if processes.alive(j)):
+        raise ValueError(f"job {job!r} is already running (clockmesh lab job stop {job})")
+    root = Path(__file__).resolve().parents[1]
+    recs = []
+    for name in hosts:
+        h = by_name[name]
+        fake_rdma.write_tree(
+            fake_rdma.tree_root(lab.node_dir(name)), name, h.backend_interface, h.backend_address
+        )
+        peers = ",".join(f"{p}={by_name[p].backend_address}" for p in hosts if p != name)
+        argv = [sys.executable, "-m", "lab.jobgen", "--job", job, "--host", name]
+        argv += [
+            "--bind",
+            h.backend_address,
+            "--peers",
+            peers,
+            "--rate",
+            str(rate),
+            "--size",
+            str(size),
+        ]
+        env = dict(os.environ, CLOCKMESH_JOB_ID=job, PYTHONPATH=str(root))
+        if gid_index is not None:
+            env["NCCL_IB_GID_INDEX"] = str(gid_index)
+        proc = subprocess.Popen(
+            lab.command(name, argv),
+            cwd=str(root),
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        recs.append(processes.record(proc.pid, kind="job", job=job, node=name, gid_index=gid_index))
+    lab.state.add("jobs", *recs)
+    return recs
+
+
+def stop_job(lab: Any, job: str) -> int:
+    from lab import processes
+
+    jobs = lab.state.read().get("jobs", [])
+    mine = [j for j in jobs if j.get("job") == job]
+    stopped = processes.terminate_records(mine)
+    with lab.state.update() as st:
+        st["jobs"] = [j for j in st.get("jobs", []) if j.get("job") != job]
+    return len(stopped)
+
+
+def list_jobs(lab: Any) -> list[dict[str, Any]]:
+    from lab import processes
+
+    return [dict(j, alive=processes.alive(j)) for j in lab.state.read().get("jobs", [])]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m lab.jobgen", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("--job", required=True)
+    parser.add_argument("--host", required=True, help="this lab host's name")
+    parser.add_argument("--bind", required=True, help="this host's backend address")
+    parser.add_argument("--peers", required=True, help="name=address,... of the other hosts")
+    parser.add_argument("--port", type=int, default=PORT)
+    parser.add_argument("--rate", type=float, default=20.0, help="messages/s to each peer")
+    parser.add_argument("--size", type=int, default=1024, help="message bytes")
+    parser.add_argument("--inband", default=INBAND, help="collector in-band hook socket")
+    parser.add_argument(
+        "--uverbs", default=UVERBS, help="RDMA device file to hold open ('' = none)"
+    )
+    parser.add_argument("--duration", type=float, default=0.0, help="seconds (0 = until SIGTERM)")
+    args = parser.parse_args(argv)
+    try:
+        peers = dict(p.split("=", 1) for p in args.peers.split(",") if p)
+    except ValueError:
+        parser.error("--peers: expected name=address,name=address")
+    gid = int(os.environ.get("NCCL_IB_GID_INDEX", "-1") or -1)
+    signal.signal(signal.SIGTERM, _raise_stop)
+    counts = run(
+        args.job, args.host, args.bind, peers, port=args.port, rate=args.rate, size=args.size,
+        inband=args.inband, uverbs=args.uverbs, gid_index=gid, duration=args.duration,
+    )  # fmt: skip
+    print(" ".join(f"{k}={v}" for k, v in counts.items()))
+
+
+if __name__ == "__main__":
+    main()
