@@ -28,7 +28,8 @@ _MULTIPLIERS = (
 def _slots(keys: np.ndarray, mult: int, bits: int) -> np.ndarray:
     with np.errstate(over="ignore"):
         h = keys.view(np.uint64) * np.uint64(mult)
-    return (h >> np.uint64(64 - bits)).astype(np.intp)
+    h >>= np.uint64(64 - bits)
+    return h.view(np.int64)  # < 2**bits: same values, no copy
 
 
 def _bits_for(n: int) -> int:
@@ -69,9 +70,9 @@ class KeyIndex:
             sub = q if pending is None else q[pending]
             if len(sub) == 0:
                 return out
-            cand = table[_slots(sub, mult, bits)]
-            ok = cand >= 0
-            ok[ok] = self.keys[cand[ok]] == sub[ok]
+            cand = np.take(table, _slots(sub, mult, bits))
+            ok = np.take(self.keys, cand) == sub  # cand -1 reads the last key: checked next
+            ok &= cand >= 0
             if pending is None:
                 out[ok] = cand[ok]
                 pending = np.flatnonzero(~ok)

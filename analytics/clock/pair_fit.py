@@ -71,13 +71,15 @@ def fit_pairs(
     b = np.floor((x + window_ns / 2) * (n_bins / window_ns)).astype(np.intp)
     np.clip(b, 0, n_bins - 1, out=b)
     sign = np.where(rev, 1.0, -1.0)
-    z = y + sign * slope_guess[pid] * x
+    z = sign * np.take(slope_guess, pid)
+    z *= x
+    z += y
     cell = (pid * 2 + rev) * n_bins + b
     zmin = np.full(n_pairs * 2 * n_bins, np.inf)
     np.minimum.at(zmin, cell, z)
-    at_min = z == zmin[cell]
+    at_min = np.flatnonzero(z == np.take(zmin, cell))
     xsel = np.zeros(n_pairs * 2 * n_bins)
-    xsel[cell[at_min]] = x[at_min]
+    xsel[np.take(cell, at_min)] = np.take(x, at_min)
     zmin = zmin.reshape(n_pairs, 2, n_bins)
     xsel = xsel.reshape(n_pairs, 2, n_bins)
     zf, zr = zmin[:, 0, :], zmin[:, 1, :]
@@ -98,9 +100,9 @@ def fit_pairs(
         # with enough bins (robust to congested bins by the median).
         rows = nvalid >= 3
         if rows.any():
-            e = np.where(valid[rows], excess[rows], np.nan)
-            per_pair = np.nanmedian(e, axis=1)
-            noise_ns = float(0.5 * 1.4826 * np.nanmedian(per_pair))
+            e = np.sort(np.where(valid[rows], excess[rows], np.inf), axis=1)
+            per_pair = np.take_along_axis(e, (nvalid[rows] // 2)[:, None], axis=1)[:, 0]
+            noise_ns = float(0.5 * 1.4826 * np.median(per_pair))
         else:
             noise_ns = noise_floor_ns
         noise_ns = max(noise_ns, noise_floor_ns)

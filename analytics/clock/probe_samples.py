@@ -136,9 +136,11 @@ def _pair_partners(
     partner = np.full(len(first), -1, np.intp)
     if len(first) == 0:
         return partner
-    nxt = np.minimum(first + 1, n - 1)
-    hit = (first + 1 < n) & (src[nxt] == src[first]) & (seq[nxt] == seq[first] + 1) & usable[nxt]
-    partner[hit] = nxt[hit]
+    # next row is the partner: same sender, seq + 1, usable (shifted compares, no gather)
+    nxt_ok = np.zeros(n, bool)
+    nxt_ok[:-1] = (src[1:] == src[:-1]) & (seq[1:] == seq[:-1] + 1) & usable[1:]
+    hit = np.take(nxt_ok, first)
+    partner[hit] = first[hit] + 1
     miss = np.flatnonzero(~hit)
     if len(miss):
         claimed = np.zeros(n, bool)
