@@ -18,6 +18,7 @@ from analytics.clock.tables import (
     HostStatus,
     PairFlag,
     as_columns,
+    store_columns,
 )
 
 __all__ = [
@@ -35,4 +36,5 @@ __all__ = [
     "rtt2_baseline",
     "rtt2_host_offsets",
     "solve_window",
+    "store_columns",
 ]

@@ -57,6 +57,7 @@ class WindowSolution:
     state: ClockState  # pass as ``prior`` to the next window
     noise_ns: float
     stats: dict[str, float] = field(default_factory=dict)
+    gauge_host: int | None = None
 
     def offsets(self) -> dict[int, float]:
         """host id -> offset_ns (solved or predicted hosts only)."""
@@ -255,6 +256,7 @@ def solve_window(
         state=state,
         noise_ns=noise,
         stats=stats,
+        gauge_host=cfg.gauge_host,
     )
 
 

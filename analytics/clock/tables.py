@@ -94,3 +94,55 @@ def as_columns(rows: np.ndarray) -> dict[str, np.ndarray]:
     """Contiguous column arrays of a structured array (for Arrow / DuckDB)."""
     names = rows.dtype.names or ()
     return {name: np.ascontiguousarray(rows[name]) for name in names}
+
+
+def store_columns(solution: object, *, method: str = "huygens") -> dict[str, dict[str, np.ndarray]]:
+    """Columns for the store's ``clock`` and ``owd`` tables (docs/schema.md) of one
+    :class:`~analytics.clock.solver.WindowSolution`.
+
+    ``clock``: solved and predicted hosts; ``reference`` is the gauge host id, or 0
+    for the mean-zero / continuous mesh time. ``owd``: probes whose clocks were
+    solved; ``ts_ns`` is the send time in mesh time."""
+    clock = solution.clock  # type: ignore[attr-defined]
+    owd = solution.owd  # type: ignore[attr-defined]
+    keep = clock["status"] != HostStatus.UNSOLVED
+    c = clock[keep]
+    n = len(c)
+    gauge = getattr(solution, "gauge_host", None) or 0
+    ok = owd["ok"]
+    return {
+        "clock": {
+            "window_start_ns": np.full(n, solution.window_start_ns, np.int64),  # type: ignore[attr-defined]
+            "window_end_ns": np.full(
+                n,
+                solution.window_start_ns + solution.window_ns,  # type: ignore[attr-defined]
+                np.int64,
+            ),
+            "host": np.ascontiguousarray(c["host"]),
+            "offset_ns": np.ascontiguousarray(c["offset_ns"]),
+            "drift_ppm": np.ascontiguousarray(c["drift_ppm"]),
+            "uncertainty_ns": np.ascontiguousarray(c["offset_sigma_ns"]),
+            "reference": np.full(n, gauge, np.int64),
+            "method": np.full(n, method, dtype=object),
+        },
+        "owd": {
+            "ts_ns": owd["tx_mesh_ns"][ok],
+            "src": owd["src"][ok],
+            "dst": owd["dst"][ok],
+            "sport": owd["sport"][ok],
+            "seq": owd["seq"][ok],
+            "owd_ns": owd["owd_ns"][ok],
+            "uncertainty_ns": _owd_sigma(clock, owd["src"][ok], owd["dst"][ok]),
+        },
+    }
+
+
+def _owd_sigma(clock: np.ndarray, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """sqrt(sigma_src^2 + sigma_dst^2) from the clock rows (hosts are sorted ids)."""
+    hosts = clock["host"]
+    sig = clock["offset_sigma_ns"]
+    if len(hosts) == 0:
+        return np.zeros(len(src))
+    i = np.searchsorted(hosts, src).clip(0, len(hosts) - 1)
+    j = np.searchsorted(hosts, dst).clip(0, len(hosts) - 1)
+    return np.hypot(sig[i], sig[j])

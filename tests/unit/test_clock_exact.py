@@ -11,6 +11,7 @@ from analytics.clock import (
     SolverConfig,
     rtt2_baseline,
     solve_window,
+    store_columns,
 )
 from collector.records import ECHO, PROBE_RX, PROBE_TX, host_id
 
@@ -43,7 +44,9 @@ class Mesh:
             ts = t + k * SPACING
             tx_ns, rx_ns = self.clock(s, ts), self.clock(d, ts + dl)
             self.tx.append((q + k, host_id(s), host_id(d), sport, 7470, k, 1, 0, 0, tx_ns))
-            self.rx.append((q + k, host_id(s), host_id(d), sport, 7470, k, 1, 0, 61, rx_ns, SPACING))
+            self.rx.append(
+                (q + k, host_id(s), host_id(d), sport, 7470, k, 1, 0, 61, rx_ns, SPACING)
+            )
             if echo_delay is not None:
                 t3 = ts + dl + 3000
                 self.echo.append((q + k, host_id(s), host_id(d), sport, 1, (0,) * 5, tx_ns, rx_ns,
@@ -238,3 +241,23 @@ def test_empty_window() -> None:
         np.zeros(0, PROBE_TX), np.zeros(0, PROBE_RX), np.zeros(0, ECHO), window_start_ns=START
     )
     assert len(sol.clock) == 0 and len(sol.pairs) == 0 and len(sol.owd["owd_ns"]) == 0
+
+
+def test_store_columns_match_the_store_schema() -> None:
+    m = Mesh({"a": 0.0, "b": 1_000.0, "c": -2_500.0})
+    m.both_ways("a", "b", 5_000, 5_000)
+    m.both_ways("b", "c", 7_000, 7_000)
+    sol = solve(m, config=SolverConfig(gauge_host=host_id("a")))
+    cols = store_columns(sol)
+    clock, owd = cols["clock"], cols["owd"]
+    assert list(clock) == [
+        "window_start_ns", "window_end_ns", "host", "offset_ns", "drift_ppm",
+        "uncertainty_ns", "reference", "method",
+    ]  # fmt: skip
+    assert list(owd) == ["ts_ns", "src", "dst", "sport", "seq", "owd_ns", "uncertainty_ns"]
+    assert (clock["reference"] == host_id("a")).all()
+    a = clock["offset_ns"][clock["host"] == host_id("a")][0]
+    c = clock["offset_ns"][clock["host"] == host_id("c")][0]
+    assert a == pytest.approx(0.0, abs=1e-6) and c == pytest.approx(-2_500.0, abs=1.0)
+    assert len({len(v) for v in owd.values()}) == 1 and len(owd["owd_ns"]) == 4 * 16 * 2
+    assert (np.abs(owd["ts_ns"] - START) < WIN + 10_000).all()
