@@ -397,7 +397,7 @@ class Collector:
         wake_r, wake_w = socket.socketpair()
         wake_r.setblocking(False)
         wake_w.setblocking(False)
-        old_handlers: dict[int, Any] = {}
+        old_handlers: dict[signal.Signals, Any] = {}
         old_fd = -1
         if install_signals and threading.current_thread() is threading.main_thread():
             old_fd = signal.set_wakeup_fd(wake_w.fileno(), warn_on_full_buffer=False)
