@@ -125,10 +125,13 @@ def test_every_host_ships_within_5s_and_probes_every_buddy_on_every_path(
 ) -> None:
     lab, receiver = fleet["lab"], fleet["receiver"]
     hosts = [h.name for h in lab.topology.hosts]
-    _wait(lambda: {h for h, _ in receiver.order} >= set(hosts), 5 + 10, "records from every host")
-    first = {h: min(i for i, (hh, _) in enumerate(receiver.order) if hh == h) for h in hosts}
-    assert len(first) == len(hosts)
-    # Note: the 5 s budget is from collector start; python start-up on a loaded 2-core box is included.
+    _wait(lambda: {h for h, _ in receiver.order} >= set(hosts), 15, "records from every host")
+    # Acceptance: records from every host within 5 s of starting the collectors
+    # (process start-up on a loaded 2-core machine included).
+    first = {h: min(t for (hh, _), t in receiver.arrived.items() if hh == h) for h in hosts}
+    latest = max(first.values()) - fleet["started"]
+    print(f"first records from all {len(hosts)} hosts {latest:.2f} s after start")
+    assert latest < 5.0, first
     for name in hosts:
         _wait(
             lambda n=name: _status(fleet, n).get("probes_received", 0) >= 100,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from collector import wire
@@ -21,6 +22,7 @@ class Receiver:
         self.key = key
         self.segments: dict[tuple[str, int], wire.Segment] = {}
         self.order: list[tuple[str, int]] = []
+        self.arrived: dict[tuple[str, int], float] = {}  # time.monotonic() when stored
         self.posts = 0
         self.duplicates = 0
         self.bad = 0
@@ -69,6 +71,7 @@ class Receiver:
             if status == "stored":
                 self.segments[ident] = seg
                 self.order.append(ident)
+                self.arrived[ident] = time.monotonic()
             else:
                 self.duplicates += 1
             if self.mode == "drop_after_store" and ident not in self._dropped:
