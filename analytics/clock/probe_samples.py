@@ -16,6 +16,7 @@ Drop reasons are counted in ``drops``, never silent.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -82,6 +83,16 @@ class SeqLayout:
 
     def position(self, host_i: np.ndarray, seq: np.ndarray) -> np.ndarray:
         """Slot of each (host, seq); -1 where it cannot be in this layout."""
+        n = len(host_i)
+        if n and (host_i >= 0).all():
+            starts = np.flatnonzero(host_i[1:] != host_i[:-1]) + 1
+            if len(starts) < n // 8:  # rows in runs of one host: per-run constants
+                starts = np.concatenate(([0], starts))
+                h = host_i[starts]
+                shift = np.repeat(self.offset[h] - self.base[h], np.diff(np.append(starts, n)))
+                rel = seq - np.repeat(self.base[h], np.diff(np.append(starts, n)))
+                ok = (rel >= 0) & (rel < np.repeat(self.span[h], np.diff(np.append(starts, n))))
+                return np.where(ok, seq + shift, -1)
         h = np.maximum(host_i, 0)
         rel = seq - np.take(self.base, h)
         ok = (host_i >= 0) & (rel >= 0) & (rel < np.take(self.span, h))
@@ -174,10 +185,35 @@ class ProbeSamples:
 def prepare(
     tx: np.ndarray, rx: np.ndarray, echoes: np.ndarray, hosts: KeyIndex, spacing_tol_ns: int
 ) -> ProbeSamples:
-    """Join, filter and count. ``hosts`` indexes every host id of the window."""
-    n_hosts = len(hosts)
-    drops: dict[str, int] = {}
+    """Join, filter and count. ``hosts`` indexes every host id of the window.
 
+    The echo half runs in a second thread (numpy releases the GIL in these loops),
+    so a 2-core ops box does both at once."""
+    n_hosts = len(hosts)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        echo_job = pool.submit(_echo_samples, echoes, hosts, n_hosts, spacing_tol_ns)
+        probe = _probe_samples(tx, rx, hosts, n_hosts, spacing_tol_ns)
+        echo_rows, echoer, prober, echo_drops = echo_job.result()
+    rx_src_i, rx_dst_i, t_tx, matched, rx_ns, pure_rows, drops = probe
+    drops.update(echo_drops)
+    return ProbeSamples(
+        rx_src_i=rx_src_i,
+        rx_dst_i=rx_dst_i,
+        tx_ns=t_tx,
+        matched=matched,
+        rx_ns=rx_ns,
+        pure_rows=pure_rows,
+        echo_rows=echo_rows,
+        echo_src_i=echoer,
+        echo_dst_i=prober,
+        drops=drops,
+    )
+
+
+def _probe_samples(
+    tx: np.ndarray, rx: np.ndarray, hosts: KeyIndex, n_hosts: int, spacing_tol_ns: int
+) -> tuple:
+    drops: dict[str, int] = {}
     # ---- TX: sender index, slot, TX time per slot --------------------------------
     tx_src_i = host_index_of(hosts, tx["src"])
     tx_seq = tx["seq"].astype(np.int64)
@@ -209,9 +245,14 @@ def prepare(
     ok = (tx_gap > 0) & (np.abs(rx_gap - tx_gap) <= spacing_tol_ns)
     drops["pair_impure"] = int(np.count_nonzero(~ok))
     drops["pair_pure"] = int(np.count_nonzero(ok))
-    pure_rows = f[ok]
+    return rx_src_i, rx_dst_i, t_tx, matched, rx_ns, f[ok], drops
 
-    # ---- echo return legs (echoer -> prober): t3 on the echoer's clock, t4 on the prober's
+
+def _echo_samples(
+    echoes: np.ndarray, hosts: KeyIndex, n_hosts: int, spacing_tol_ns: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, int]]:
+    """Echo return legs (echoer -> prober): t3 on the echoer's clock, t4 on the prober's."""
+    drops: dict[str, int] = {}
     e_src = np.ascontiguousarray(echoes["src"])
     e_dst = np.ascontiguousarray(echoes["dst"])
     e_seq = echoes["seq"].astype(np.int64)
@@ -236,16 +277,4 @@ def prepare(
     echo_rows, echoer = echo_rows[known], echoer[known]
     drops["echo_pair_impure"] = int(np.count_nonzero(~e_ok))
     drops["echo_pair_pure"] = len(echo_rows)
-
-    return ProbeSamples(
-        rx_src_i=rx_src_i,
-        rx_dst_i=rx_dst_i,
-        tx_ns=t_tx,
-        matched=matched,
-        rx_ns=rx_ns,
-        pure_rows=pure_rows,
-        echo_rows=echo_rows,
-        echo_src_i=echoer,
-        echo_dst_i=e_src_i[echo_rows],
-        drops=drops,
-    )
+    return echo_rows, echoer, e_src_i[echo_rows], drops
