@@ -130,6 +130,7 @@ class Collector:
         self.rates = (0.0, 0.0)
         self.reloads = 0
         self.reload_errors = 0
+        self.state = "running"
 
     # ---- set-up / tear-down ---------------------------------------------------------
     def _open_io(self) -> None:
@@ -283,6 +284,7 @@ class Collector:
             "host": self.cfg.host,
             "host_id": self.host_id,
             "pid": os.getpid(),
+            "state": self.state,
             "updated_unix": time.time(),
             "started_unix": self.started_unix,
             "config": str(self.config_path or ""),
@@ -501,6 +503,7 @@ class Collector:
                 # Ship what the final roll closed, if the ops box answers quickly;
                 # whatever is left is durable and ships after the next start.
                 self.shipper.drain(SHUTDOWN_SHIP_S)
+            self.state = "stopped"
             self.write_status()
         log.info("event=stopped segments_waiting=%d", self.spool.depth()[0])
 

@@ -8,6 +8,7 @@ by the collector work.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -82,6 +83,18 @@ def _default_status_file() -> str:
     raise AssertionError("CollectorConfig has no status_file")
 
 
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _age(unix: float) -> str:
     if not unix:
         return "never"
@@ -121,7 +134,14 @@ def status(config_path: str | None, status_file: str | None, as_json: bool) -> N
         click.echo(json.dumps(data, indent=1))
         return
     age = time.time() - float(data.get("updated_unix", 0))
-    state = "running" if age < STALE_S else f"STALE (last update {age:.0f}s ago; not running?)"
+    if data.get("state") == "stopped":
+        state = f"stopped {age:.0f}s ago"
+    elif not _pid_alive(int(data.get("pid", 0))):
+        state = f"NOT RUNNING (pid gone; last update {age:.0f}s ago)"
+    elif age >= STALE_S:
+        state = f"STALE (last update {age:.0f}s ago)"
+    else:
+        state = "running"
     rej = data.get("rejected", {})
     sp = data.get("spool", {})
     sh = data.get("shipping", {})
