@@ -27,6 +27,7 @@ class SolverConfig:
 
     spacing_tol_ns: int = 2_000  # coded pair: |RX spacing - TX spacing| allowed
     n_bins: int = 8  # sub-windows per window for the envelope fit
+    envelope_band: float = 2.0  # average samples within this many noise units of a bin's min
     echo_reverse: str = "fallback"  # echo return legs as reverse samples: fallback|always|never
     noise_floor_ns: float = 1.0  # lower bound of the estimated midpoint noise
     disagree_sigmas: float = 5.0  # flag a pair beyond this many sigmas from the loops ...
@@ -176,7 +177,7 @@ def solve_window(
     s1 = np.where(np.isfinite(coarse.sigma_slope), coarse.slope, s_guess)
     fit = fit_pairs(
         pid, rev, x, y, n_pairs, slope_guess=s1,
-        noise_ns=None, noise_floor_ns=cfg.noise_floor_ns, **fit_args,
+        noise_ns=None, noise_floor_ns=cfg.noise_floor_ns, band=cfg.envelope_band, **fit_args,
     )  # fmt: skip
     noise = fit.noise_ns
     clock_t.lap("t_pair_fit_s")
