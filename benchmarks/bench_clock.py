@@ -32,6 +32,7 @@ from analytics.clock import (
     rtt2_baseline,
     rtt2_host_offsets,
     solve_window,
+    tune_allocator,
 )
 from analytics.sim import MeshSimulator, SimConfig
 from analytics.sim.mesh_simulator import Congestion
@@ -119,8 +120,13 @@ def main() -> None:
     ap.add_argument("--max-hosts", type=int, default=10_000)
     ap.add_argument("--windows", type=int, default=3, help="windows per size (first is warm-up)")
     ap.add_argument("--spacing-tol-ns", type=int, default=100)
+    ap.add_argument(
+        "--no-tune-allocator", action="store_true", help="leave glibc malloc thresholds alone"
+    )
     args = ap.parse_args()
+    tuned = False if args.no_tune_allocator else tune_allocator()
     print(machine())
+    print(f"glibc malloc thresholds raised (analytics.clock.tune_allocator): {tuned}")
     solver = SolverConfig(spacing_tol_ns=args.spacing_tol_ns)
     print(
         "\nidle fabric, 10 buddies (3 own rack + 7 random) x 8 source ports, 1 coded pair/s per "

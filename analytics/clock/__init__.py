@@ -7,6 +7,7 @@ Public API (used by the ingest daemon every window)::
 See docs/clock.md.
 """
 
+from analytics.clock.allocator import tune_allocator
 from analytics.clock.baseline import rtt2_baseline, rtt2_host_offsets
 from analytics.clock.clock_state import ClockState
 from analytics.clock.solver import DEFAULT_WINDOW_NS, SolverConfig, WindowSolution, solve_window
@@ -37,4 +38,5 @@ __all__ = [
     "rtt2_host_offsets",
     "solve_window",
     "store_columns",
+    "tune_allocator",
 ]
