@@ -122,6 +122,7 @@ class Collector:
         self.verbs_note = ""
         self._rdma_fp = b""
         self._jobs_fp = b""
+        self._jobs: rdma_config.JobScanner | None = None
         self._stop = False
         self._reload = False
         self._sel = selectors.DefaultSelector()  # data sockets, polled once per tick
@@ -211,8 +212,11 @@ class Collector:
             log.info("event=rdma_config gids=%d", len(rows))
 
     def _scan_jobs(self) -> None:
+        if self._jobs is None or self._jobs.same_netns != self.cfg.lab:
+            self._jobs = rdma_config.JobScanner(same_netns=self.cfg.lab)
+        found = self._jobs.scan(time.monotonic())
         rows = rdma_config.job_rows(
-            self.cfg.rdma.nccl_conf, self.clock.now(), self.host_id, same_netns=self.cfg.lab
+            self.cfg.rdma.nccl_conf, self.clock.now(), self.host_id, found=found
         )
         fp = rdma_config.fingerprint(rows)
         if fp != self._jobs_fp:

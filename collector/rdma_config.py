@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -112,40 +113,88 @@ def _gid_from_env(env: dict[str, str]) -> int:
     return -1
 
 
-def rdma_processes(proc: str | Path = "/proc", same_netns: bool = False) -> list[tuple[int, str]]:
-    """(pid, uverbs device path) of processes holding an RDMA device open."""
-    proc = Path(proc)
-    own_ns = None
-    if same_netns:
+def _holds_uverbs(proc: str, pid: str) -> str | None:
+    """The uverbs path ``pid`` holds open, or None."""
+    fd_dir = f"{proc}/{pid}/fd"
+    try:
+        fds = os.listdir(fd_dir)
+    except OSError:
+        return None
+    for fd in fds:
         try:
-            own_ns = os.readlink(proc / "self/ns/net")
+            target = os.readlink(f"{fd_dir}/{fd}")
         except OSError:
-            own_ns = None
+            continue
+        if "infiniband/uverbs" in target and _UVERBS.search(target):
+            return target
+    return None
+
+
+def _netns(proc: str, pid: str) -> str | None:
+    try:
+        return os.readlink(f"{proc}/{pid}/ns/net")
+    except OSError:
+        return None
+
+
+def rdma_processes(
+    proc: str | Path = "/proc", same_netns: bool = False, pids: Iterable[str] | None = None
+) -> list[tuple[int, str]]:
+    """(pid, uverbs device path) of processes holding an RDMA device open.
+
+    ``pids`` limits the scan (default: every process); with ``same_netns`` only
+    processes in the caller's network namespace are looked at (checked first: it
+    is one readlink, listing a process's fds is many).
+    """
+    proc = str(proc)
+    own_ns = _netns(proc, "self") if same_netns else None
+    self_pid = str(os.getpid())
+    candidates = pids if pids is not None else (p for p in os.listdir(proc) if p.isdigit())
     found: list[tuple[int, str]] = []
-    self_pid = os.getpid()
-    for pid in os.listdir(proc):
-        if not pid.isdigit() or int(pid) == self_pid:
+    for pid in candidates:
+        if pid == self_pid:
             continue
-        fd_dir = proc / pid / "fd"
-        try:
-            fds = os.listdir(fd_dir)
-        except OSError:
+        if own_ns is not None and _netns(proc, pid) != own_ns:
             continue
-        for fd in fds:
-            try:
-                target = os.readlink(fd_dir / fd)
-            except OSError:
-                continue
-            if _UVERBS.search(target):
-                if own_ns is not None:
-                    try:
-                        if os.readlink(proc / pid / "ns/net") != own_ns:
-                            break
-                    except OSError:
-                        break
-                found.append((int(pid), target))
-                break
+        target = _holds_uverbs(proc, pid)
+        if target is not None:
+            found.append((int(pid), target))
     return found
+
+
+class JobScanner:
+    """Finds RDMA processes cheaply: new pids and known holders every scan, all every ``full_s``.
+
+    A full /proc scan reads every fd link of every process (tens of ms on a busy
+    host); most scans only look at processes that appeared since the last one and
+    at the ones already holding a device. A process that opens the device after it
+    was first seen is found by the next full scan.
+    """
+
+    def __init__(
+        self, proc: str | Path = "/proc", same_netns: bool = False, full_s: float = 30.0
+    ) -> None:
+        self.proc = str(proc)
+        self.same_netns = same_netns
+        self.full_s = full_s
+        self._seen: set[str] = set()
+        self._holders: set[str] = set()
+        self._last_full = -1e18
+
+    def scan(self, now: float) -> list[tuple[int, str]]:
+        try:
+            pids = {p for p in os.listdir(self.proc) if p.isdigit()}
+        except OSError:
+            return []
+        if now - self._last_full >= self.full_s:
+            check: set[str] = pids
+            self._last_full = now
+        else:
+            check = (pids - self._seen) | (self._holders & pids)
+        self._seen = pids
+        found = rdma_processes(self.proc, self.same_netns, sorted(check, key=int))
+        self._holders = {str(pid) for pid, _ in found}  # every holder was in ``check``
+        return found
 
 
 def job_rows(
@@ -156,6 +205,7 @@ def job_rows(
     proc: str | Path = "/proc",
     same_netns: bool = False,
     device: str = "",
+    found: list[tuple[int, str]] | None = None,
 ) -> np.ndarray:
     """JOB_RDMA rows: one from nccl.conf (if it sets the index), one per RDMA process."""
     rows: list[tuple[object, ...]] = []
@@ -164,7 +214,9 @@ def job_rows(
         gid = parse_nccl_conf(text)
         if gid is not None:
             rows.append((ts_ns, host, b"", 0, gid, b"nccl.conf", device.encode()[:16]))
-    for pid, target in rdma_processes(proc, same_netns):
+    if found is None:
+        found = rdma_processes(proc, same_netns)
+    for pid, target in found:
         env = _environ(str(pid), Path(proc))
         job = env.get("CLOCKMESH_JOB_ID") or env.get("SLURM_JOB_ID") or f"pid-{pid}"
         uverbs = target.rsplit("/", 1)[-1]

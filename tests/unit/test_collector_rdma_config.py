@@ -75,3 +75,24 @@ def test_job_from_a_real_process_holding_uverbs(tmp_path: Path) -> None:
     time.sleep(0.05)
     rows = rdma_config.job_rows("/nonexistent", 9, HOST)
     assert not any(r["pid"] == proc.pid for r in rows)
+
+
+def test_scanner_finds_new_holders_between_full_scans(tmp_path: Path) -> None:
+    dev = tmp_path / "dev/infiniband"
+    dev.mkdir(parents=True)
+    (dev / "uverbs0").write_bytes(b"")
+    scanner = rdma_config.JobScanner(full_s=3600)
+    assert not any(pid for pid, _ in scanner.scan(0.0) if pid == os.getpid())  # full scan
+    code = "import sys, time; f = open(sys.argv[1]); print('ready', flush=True); time.sleep(60)"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(dev / "uverbs0")], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        found = dict(scanner.scan(1.0))  # incremental: the new pid is looked at
+        assert found.get(proc.pid, "").endswith("dev/infiniband/uverbs0")
+        assert proc.pid in dict(scanner.scan(2.0))  # a known holder is rechecked
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.pid not in dict(scanner.scan(3.0))
