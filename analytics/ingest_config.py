@@ -88,13 +88,13 @@ def resolve(config: IngestConfig, path: str | Path) -> ResolvedIngest:
         name: float(layout.DEFAULT_RETENTION_S[spec.retention_class])
         for name, spec in layout.TABLES.items()
     }
-    for table, value in config.retention.items():
+    for table, spec_value in config.retention.items():
         if table not in layout.TABLES:
             fail(
                 f"retention.{table}", f"unknown table (expected one of {', '.join(layout.TABLES)})"
             )
         try:
-            retention[table] = layout.parse_duration(value)
+            retention[table] = layout.parse_duration(spec_value)
         except ValueError as exc:
             fail(f"retention.{table}", str(exc))
     try:

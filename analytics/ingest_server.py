@@ -46,7 +46,9 @@ from analytics.store.store_writer import StoreWriteError, StoreWriter
 from collector import records, wire
 
 log = logging.getLogger("clockmesh.ingest")
-_TEXT_TABLES = {n for n, d in records.TABLES.items() if any(d[f].kind == "S" for f in d.names)}
+_TEXT_TABLES = {
+    n for n, d in records.TABLES.items() if any(d[f].kind == "S" for f in d.names or ())
+}
 
 
 @dataclass

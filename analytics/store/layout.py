@@ -55,7 +55,7 @@ def _record_schema(dtype: np.dtype) -> pa.Schema:
     for name in dtype.names or ():
         if name.startswith("_"):
             continue
-        fields.append(pa.field(name, _arrow_type(dtype.fields[name][0]), nullable=False))
+        fields.append(pa.field(name, _arrow_type(dtype[name]), nullable=False))
     return pa.schema(fields)
 
 

@@ -113,7 +113,7 @@ class StoreWriter:
                     yield bucket, base / date / hour
 
     def data_files(self, table: str, since_bucket: int | None = None) -> list[Path]:
-        out = []
+        out: list[Path] = []
         for bucket, part in self.partitions(table):
             if since_bucket is not None and bucket < since_bucket:
                 continue
