@@ -235,7 +235,7 @@ def _probe_samples(
     drops["tx_without_rx"] = max(tx_time.stored - n_matched, 0)
 
     # ---- coded pairs ---------------------------------------------------------------
-    first = np.flatnonzero(matched & ((rx_seq & 1) == 0) & (rx["pair"] == 0))
+    first = np.flatnonzero(matched & ((rx_seq & 1) == 0))  # pair 0 <=> even seq
     partner = _pair_partners(rx_src, rx_seq, first, matched, rx_src_i, n_hosts)
     complete = partner >= 0
     drops["pair_incomplete"] = int(np.count_nonzero(~complete))
@@ -251,30 +251,33 @@ def _probe_samples(
 def _echo_samples(
     echoes: np.ndarray, hosts: KeyIndex, n_hosts: int, spacing_tol_ns: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, int]]:
-    """Echo return legs (echoer -> prober): t3 on the echoer's clock, t4 on the prober's."""
+    """Echo return legs (echoer -> prober): t3 on the echoer's clock, t4 on the prober's.
+
+    Reading one field of a structured array reads every cache line of it, so only
+    ``src`` and ``seq`` are read in full; the times are gathered for pair rows only."""
     drops: dict[str, int] = {}
     e_src = np.ascontiguousarray(echoes["src"])
-    e_dst = np.ascontiguousarray(echoes["dst"])
     e_seq = echoes["seq"].astype(np.int64)
-    t3 = np.ascontiguousarray(echoes["t3_ns"])
-    t4 = np.ascontiguousarray(echoes["t4_ns"])
-    sane = (t4 >= echoes["t1_ns"]) & (t3 >= echoes["t2_ns"]) & (e_src != e_dst)
-    drops["echo_bad"] = int(np.count_nonzero(~sane))
     e_src_i = host_index_of(hosts, e_src)
-    sane &= e_src_i >= 0
-    e_first = np.flatnonzero(sane & ((e_seq & 1) == 0))
-    e_part = _pair_partners(e_src, e_seq, e_first, sane, e_src_i, n_hosts)
+    usable = e_src_i >= 0
+    e_first = np.flatnonzero(usable & ((e_seq & 1) == 0))
+    e_part = _pair_partners(e_src, e_seq, e_first, usable, e_src_i, n_hosts)
     e_complete = e_part >= 0
     drops["echo_pair_incomplete"] = int(np.count_nonzero(~e_complete))
     a, b = e_first[e_complete], e_part[e_complete]
-    gap3 = t3[b] - t3[a]
-    gap4 = t4[b] - t4[a]
-    e_ok = (gap3 > 0) & (np.abs(gap4 - gap3) <= spacing_tol_ns) & (e_dst[a] == e_dst[b])
+    ea, eb = echoes[a], echoes[b]  # two row gathers, all fields at once
+    sane = (ea["t4_ns"] >= ea["t1_ns"]) & (ea["t3_ns"] >= ea["t2_ns"])
+    sane &= (eb["t4_ns"] >= eb["t1_ns"]) & (eb["t3_ns"] >= eb["t2_ns"])
+    sane &= (ea["dst"] == eb["dst"]) & (ea["dst"] != ea["src"])
+    drops["echo_bad"] = int(np.count_nonzero(~sane))
+    gap3 = eb["t3_ns"] - ea["t3_ns"]
+    gap4 = eb["t4_ns"] - ea["t4_ns"]
+    e_ok = sane & (gap3 > 0) & (np.abs(gap4 - gap3) <= spacing_tol_ns)
+    drops["echo_pair_impure"] = int(np.count_nonzero(sane & ~e_ok))
     echo_rows = a[e_ok]
-    echoer = hosts.lookup(e_dst[echo_rows])
+    echoer = hosts.lookup(ea["dst"][e_ok])
     known = echoer >= 0
     drops["echo_unknown_host"] = int(np.count_nonzero(~known))
     echo_rows, echoer = echo_rows[known], echoer[known]
-    drops["echo_pair_impure"] = int(np.count_nonzero(~e_ok))
     drops["echo_pair_pure"] = len(echo_rows)
     return echo_rows, echoer, e_src_i[echo_rows], drops
