@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import logging
 import socket
+import struct
 import time
 from collections import Counter
 
@@ -25,6 +26,7 @@ from collector.probe_packet import (
     FLAG_ECHO,
     KIND_ECHO,
     KIND_PROBE,
+    MAGIC,
     SIZE,
     PacketCodec,
     PacketError,
@@ -38,6 +40,8 @@ RING = 1 << 16
 _PENDING, _EMITTED, _FAILED = 1, 2, 3
 TX_WAIT_NS = 500_000_000  # a probe without a kernel TX timestamp after this gets a USER one
 _UDP = int(Transport.UDP)
+_SEQ = struct.Struct("<Q")
+_ICMP_ERRNOS = {errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN}
 _MSG_TRUNC = int(socket.MSG_TRUNC)  # a plain int: IntFlag arithmetic is slow per datagram
 REJECT_REASONS = ("malformed", "auth", "stale", "replay", "misdirected", "unexpected_echo")
 
@@ -175,10 +179,13 @@ class ProbeMesh:
             try:
                 try:
                     sock.sendto(pkt, (addr, self.port))
-                except ConnectionRefusedError:
-                    # With IP_RECVERR the kernel reports an earlier probe's ICMP port
-                    # unreachable on this send (and does not send it): count, retry once.
-                    self.stats["icmp_unreachable"] += 1
+                except OSError as first:
+                    if first.errno not in _ICMP_ERRNOS:
+                        raise
+                    # With IP_RECVERR the kernel reports an earlier probe's ICMP error
+                    # (port/host/net unreachable) on this send instead of sending it:
+                    # count it and retry once (a lasting failure raises again).
+                    self.stats["icmp_errors"] += 1
                     sock.sendto(pkt, (addr, self.port))
             except OSError as exc:
                 self.r_state[i] = _FAILED
@@ -259,13 +266,17 @@ class ProbeMesh:
         """Error queue (TX timestamps) first, then echoes of our probes."""
         sock = self.tx_socks[p]
         ids = self._tx_ids[p]
-        for ident, ts, kind in timestamping.read_tx_timestamps(sock):
-            seq = ids[ident % RING]
-            i = int(seq % RING)
+        for ident, ts, kind, packet in timestamping.read_tx_timestamps(sock, SIZE):
+            if packet[:4] == MAGIC:
+                seq = _SEQ.unpack_from(packet, 8)[0]  # the probe itself says which it was
+                if seq != ids[ident % RING]:
+                    self.stats["tx_counter_resync"] += 1
+            else:
+                seq = int(ids[ident % RING])  # no looped packet: trust the send counter
+            i = seq % RING
             if self.r_seq[i] != seq or self.r_state[i] == _FAILED:
                 continue
             if ts < self.r_user[i] - 1_000_000:
-                # Counter out of step (a send failed after the kernel counted it).
                 self.stats["tx_timestamp_mismatch"] += 1
                 continue
             self.r_tx[i] = ts

@@ -42,7 +42,11 @@ RX_FLAGS = (
     | SOF_TIMESTAMPING_RX_HARDWARE
     | SOF_TIMESTAMPING_RAW_HARDWARE
 )
-TX_FLAGS = SOF_TIMESTAMPING_TX_SOFTWARE | SOF_TIMESTAMPING_OPT_ID | SOF_TIMESTAMPING_OPT_TSONLY
+# No OPT_TSONLY: the kernel loops the sent packet back with its timestamp, so the
+# probe's own seq identifies it even if the OPT_ID counter and ours ever disagree
+# (a send the kernel counted but failed). With net.core.tstamp_allow_data=0 the
+# packet is left out and the OPT_ID counter is all there is.
+TX_FLAGS = SOF_TIMESTAMPING_TX_SOFTWARE | SOF_TIMESTAMPING_OPT_ID
 
 _TS3 = struct.Struct("qqqqqq")  # three struct timespec
 _EE = struct.Struct("IBBBBII")  # struct sock_extended_err (without the trailing sockaddr)
@@ -91,26 +95,33 @@ def rx_meta(ancdata: list[tuple[int, int, bytes]]) -> tuple[int, int, int, int]:
     return ts, int(kind), ttl, drops
 
 
-def read_tx_timestamps(sock: socket.socket, limit: int = 4096) -> list[tuple[int, int, int]]:
-    """Drain the error queue: [(send counter, timestamp ns, TsKind), ...]."""
-    out: list[tuple[int, int, int]] = []
+def read_tx_timestamps(
+    sock: socket.socket, tail: int = 0, limit: int = 4096
+) -> list[tuple[int, int, int, bytes]]:
+    """Drain the error queue: [(send counter, timestamp ns, TsKind, last ``tail`` bytes), ...].
+
+    The bytes are the end of the looped-back packet (headers come first), i.e. the
+    datagram's payload when ``tail`` is its size; empty if the kernel sent none.
+    """
+    out: list[tuple[int, int, int, bytes]] = []
+    bufsize = tail + 128 if tail else 0
     for _ in range(limit):
         try:
-            _data, ancdata, _flags, _addr = sock.recvmsg(0, ERR_ANC_SIZE, MSG_ERRQUEUE)
+            data, ancdata, _flags, _addr = sock.recvmsg(bufsize, ERR_ANC_SIZE, MSG_ERRQUEUE)
         except (BlockingIOError, InterruptedError):
             break
         ts, kind, ident = 0, TsKind.USER, -1
-        for level, ctype, data in ancdata:
+        for level, ctype, cdata in ancdata:
             if level == socket.SOL_SOCKET and ctype == SCM_TIMESTAMPING:
-                sw_s, sw_ns, _, _, hw_s, hw_ns = _TS3.unpack_from(data)
+                sw_s, sw_ns, _, _, hw_s, hw_ns = _TS3.unpack_from(cdata)
                 if hw_s or hw_ns:
                     ts, kind = hw_s * 1_000_000_000 + hw_ns, TsKind.HW
                 else:
                     ts, kind = sw_s * 1_000_000_000 + sw_ns, TsKind.SW
-            elif len(data) >= _EE.size:
-                _errno, origin, _t, _c, _p, _info, ee_data = _EE.unpack_from(data)
+            elif len(cdata) >= _EE.size:
+                _errno, origin, _t, _c, _p, _info, ee_data = _EE.unpack_from(cdata)
                 if origin == SO_EE_ORIGIN_TIMESTAMPING:
                     ident = ee_data
         if ident >= 0 and ts:
-            out.append((ident, ts, int(kind)))
+            out.append((ident, ts, int(kind), data[-tail:] if tail and len(data) >= tail else b""))
     return out
