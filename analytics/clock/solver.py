@@ -165,7 +165,6 @@ def solve_window(
     # ---- per-pair fit (two passes: the second detrends with the first's slope) ------
     s_guess = np.where(has_prior[pa] & has_prior[pb], p_drift[pb] - p_drift[pa], 0.0)
     prior_pairs = bool((has_prior[pa] & has_prior[pb]).any())
-    fit_args = {"window_ns": float(window_ns), "n_bins": cfg.n_bins}
     # Pass 1 only needs a slope good enough to pick envelope points inside a bin:
     # a decimated sample (<= 400k rows) and 4 bins do.
     step = max(1, len(pid) // 400_000)
@@ -177,7 +176,8 @@ def solve_window(
     s1 = np.where(np.isfinite(coarse.sigma_slope), coarse.slope, s_guess)
     fit = fit_pairs(
         pid, rev, x, y, n_pairs, slope_guess=s1,
-        noise_ns=None, noise_floor_ns=cfg.noise_floor_ns, band=cfg.envelope_band, **fit_args,
+        noise_ns=None, noise_floor_ns=cfg.noise_floor_ns, band=cfg.envelope_band,
+        window_ns=float(window_ns), n_bins=cfg.n_bins,
     )  # fmt: skip
     noise = fit.noise_ns
     clock_t.lap("t_pair_fit_s")
