@@ -92,8 +92,12 @@ def _atomic_write(path: Path, data: str) -> None:
 class Collector:
     """Everything one host's collector does; :meth:`run` blocks until stopped."""
 
-    def __init__(self, cfg: CollectorConfig, config_path: str | Path | None = None) -> None:
+    def __init__(
+        self, cfg: CollectorConfig, config_path: str | Path | None = None, pyverbs: Any = None
+    ) -> None:
         self.cfg = cfg
+        self._pyverbs = pyverbs  # tests pass a fake pyverbs here
+        self.rdma: Any = None
         self.config_path = config_path
         self.key = read_key(cfg.fleet_key_file)
         self.host_id = records.host_id(cfg.host)
@@ -138,6 +142,7 @@ class Collector:
         cfg = self.cfg
         chosen = buddies_mod.choose(cfg.host, cfg.rack, cfg.peers, cfg.probe.buddies_random)
         self.mesh = ProbeMesh(cfg, chosen, PacketCodec(self.key), self.clock, self.buffers)
+        self.mesh.rdma = self.rdma
         socks = self.mesh.open()
         mesh = self.mesh
         self._sel.register(socks[0], selectors.EVENT_READ, mesh.on_probe_socket)
@@ -174,18 +179,40 @@ class Collector:
             self.inband = None
 
     def _probe_verbs(self) -> None:
+        """RDMA UD probes when pyverbs imports and a port has our RoCE v2 GID."""
         if not self.cfg.rdma.pyverbs:
             self.verbs_note = "disabled"
             return
-        from collector import verbs
+        from collector import verbs, verbs_probe
 
-        devices = verbs.enumerate_devices()
-        if devices is None:
+        pv = self._pyverbs if self._pyverbs is not None else verbs_probe.import_pyverbs()
+        if pv is None:
             self.verbs_note = "pyverbs not importable; UDP probes only"
             log.info("event=pyverbs_unavailable action=udp_only")
-        else:
-            self.verbs_note = f"{len(devices)} device(s)"
-            log.info("event=pyverbs devices=%s", ",".join(d.name for d in devices) or "-")
+            return
+        try:
+            devices = verbs.enumerate_devices(pv.device) or []
+            gid = verbs_probe.ipv4_mapped_gid(self.cfg.backend.address)
+            choice = verbs_probe.choose_port(devices, gid)
+            if choice is None:
+                self.verbs_note = f"no RoCE v2 GID {gid} on any RDMA port; UDP probes only"
+                log.info("event=rdma_probes_off reason=%r", self.verbs_note)
+                return
+            dev, port, index = choice
+            self.rdma = verbs_probe.UdProber(
+                pv, dev, port, index, PacketCodec(self.key), self.clock, self.host_id,
+                self.buffers, int(self.cfg.probe.max_age_s * 1e9),
+                int(self.cfg.probe.pair_spacing_us * 1000),
+            )  # fmt: skip
+        except Exception as exc:  # any pyverbs failure: carry on with UDP
+            self.verbs_note = f"RDMA probes unavailable: {exc}; UDP probes only"
+            log.warning("event=rdma_probes_off reason=%r", str(exc))
+            return
+        self.verbs_note = (
+            f"RDMA UD probes on {dev} port {port} GID index {index} QPN {self.rdma.qpn}"
+        )
+        log.info("event=rdma_probes_on device=%s port=%d gid_index=%d qpn=%d", dev, port, index,
+                 self.rdma.qpn)  # fmt: skip
 
     # ---- periodic work --------------------------------------------------------------
     def _on_inband(self) -> None:
@@ -238,6 +265,11 @@ class Collector:
             for name, count in mesh.stats.items():
                 if name.startswith("send_error_"):
                     values[name] = count
+        if self.rdma is not None:
+            for name, count in self.rdma.stats.items():
+                values[name] = count
+            for reason, count in self.rdma.rejected.items():
+                values[f"rdma_rejected_{reason}"] = count
         if self.inband is not None:
             values["inband_received"] = self.inband.received
             values["inband_rejected"] = self.inband.rejected
@@ -342,6 +374,15 @@ class Collector:
                 else None
             ),
             "pyverbs": self.verbs_note,
+            "rdma": (
+                {
+                    **dict(self.rdma.stats),
+                    "rejected": dict(self.rdma.rejected),
+                    "qpn": self.rdma.qpn,
+                }
+                if self.rdma is not None
+                else None
+            ),
             "reloads": self.reloads,
             "reload_errors": self.reload_errors,
         }
@@ -374,6 +415,8 @@ class Collector:
         self.cfg, self.key = new, key
         self.shipper.key = key
         self.clock = RecordingClock(new.lab_clock, self.clock.t0_ns)
+        if self.rdma is not None:
+            self.rdma.codec, self.rdma.clock = PacketCodec(key), self.clock
         self.spool.max_bytes = new.spool.max_bytes
         self.spool.roll_s = new.spool.roll_s
         self.spool.roll_bytes = new.spool.roll_bytes
@@ -416,8 +459,8 @@ class Collector:
         self._wake_sel.register(wake_r, selectors.EVENT_READ, lambda: _drain(wake_r))
         self._wake_w = wake_w
         try:
-            self._open_io()
             self._probe_verbs()
+            self._open_io()
             self.shipper.start()
             self._scan_rdma_config()
             self._scan_jobs()
@@ -469,6 +512,8 @@ class Collector:
             self.mesh.send_due(now, TICK_S)
             for key, _events in self._sel.select(0):
                 key.data()
+            if self.rdma is not None:
+                self.rdma.poll()
             if now >= next_flush:
                 self.flush()
                 next_flush = now + FLUSH_S
@@ -497,6 +542,9 @@ class Collector:
         try:
             self._health()
             self._close_io()
+            if self.rdma is not None:
+                self.rdma.poll()
+                self.rdma.close()
             self.flush()
             self.spool.close()
         finally:

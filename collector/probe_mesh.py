@@ -16,6 +16,7 @@ import socket
 import struct
 import time
 from collections import Counter
+from typing import Any
 
 import numpy as np
 
@@ -34,6 +35,7 @@ from collector.probe_packet import (
 )
 from collector.record_buffer import RecordBuffer
 from collector.records import Transport, TsKind
+from collector.verbs_probe import ipv4_mapped_gid
 
 log = logging.getLogger("clockmesh.collector.probe")
 RING = 1 << 16
@@ -85,6 +87,8 @@ class ProbeMesh:
         # one probe per microsecond).
         self.next_seq = (time.time_ns() // 1000) & ~1
         self.emit_seq = self.next_seq
+        self.rdma: Any = None  # verbs_probe.UdProber when RDMA probing is on
+        self.peer_qpn: dict[int, int] = {}  # host_id -> its UD QPN (from its probes/echoes)
         self.rx_sock: socket.socket | None = None
         self.tx_socks: list[socket.socket] = []
         self._tx_ids: list[np.ndarray] = []  # per socket: send counter % RING -> seq
@@ -96,6 +100,7 @@ class ProbeMesh:
     def set_buddies(self, buddies: list[Peer]) -> None:
         self.buddies = buddies
         self._dst = [(records.host_id(p.name), p.address) for p in buddies]
+        self._gid = [ipv4_mapped_gid(p.address) for p in buddies]
         ports = self.cfg.probe.ports_per_buddy
         # Port-major order: consecutive pairs go to different buddies.
         self.slots = [(b, p) for p in range(ports) for b in range(len(buddies))]
@@ -165,7 +170,7 @@ class ProbeMesh:
             t_user = time.time_ns()
             pkt = self.codec.pack(
                 KIND_PROBE, pair, seq, self.me, dst_id, self.spacing_ns,
-                self.clock.skew(t_user), flags=self.flags,
+                self.clock.skew(t_user), flags=self.flags, qpn=self.rdma.qpn if self.rdma else 0,
             )  # fmt: skip
             if pair == 0:
                 start = time.perf_counter_ns()
@@ -201,6 +206,13 @@ class ProbeMesh:
             self._tx_ids[p][k % RING] = seq
             self._tx_count[p] = k + 1
             self.stats["probes_sent"] += 1
+        if self.rdma is not None and dst_id in self.peer_qpn:
+            rseq = self.next_seq
+            self.next_seq += 2
+            for q in (rseq, rseq + 1):
+                self.r_seq[q % RING] = q
+                self.r_state[q % RING] = _EMITTED  # rows come from the RDMA completions
+            self.rdma.send_pair(rseq, dst_id, self._gid[b], self.peer_qpn[dst_id], p)
 
     # ---- receiving ------------------------------------------------------------------
     def _reject(self, reason: str) -> None:
@@ -246,6 +258,8 @@ class ProbeMesh:
             if not self.replay.check_and_set(pr.src, pr.seq):
                 self._reject("replay")
                 continue
+            if pr.qpn:
+                self.peer_qpn[pr.src] = pr.qpn
             self.buffers["probe_rx"].append(
                 pr.seq, pr.src, pr.dst, addr[1], self.port, pr.pair, kind, _UDP, ttl, rx_ns,
                 pr.spacing_ns,
@@ -255,6 +269,7 @@ class ProbeMesh:
                 echo = self.codec.pack(
                     KIND_ECHO, pr.pair, pr.seq, pr.src, pr.dst, pr.spacing_ns, pr.send_ns,
                     ts_kind=kind, t2_ns=rx_ns, t3_ns=self.clock.now(), sport=addr[1],
+                    qpn=self.rdma.qpn if self.rdma else 0,
                 )  # fmt: skip
                 try:
                     sock.sendto(echo, addr)
@@ -323,6 +338,8 @@ class ProbeMesh:
                 self._reject("stale")
                 continue
             self.r_echoed[i] = True
+            if pr.qpn:
+                self.peer_qpn[pr.dst] = pr.qpn
             weakest = min(kind, int(self.r_kind[i]), pr.ts_kind)
             self.buffers["echo"].append(
                 pr.seq, self.me, pr.dst, int(self.r_sport[i]), weakest, t1, pr.t2_ns, pr.t3_ns, t4

@@ -16,8 +16,10 @@ Layout (little-endian, 88 bytes; see docs/collector.md)::
      48    8 t2_ns        i64 echo only: probe RX time on the echoer's clock
      56    8 t3_ns        i64 echo only: echo TX time on the echoer's clock
      64    2 sport        u16 echo only: UDP source port the probe came from
-     66    1 flags        bit 0: the sender asks for an echo
-     67    5 reserved     zero
+     66    1 flags        bit 0: the sender asks for an echo; bit 1: sent over RDMA UD
+     67    1 reserved     zero
+     68    4 qpn          u32, the sender's RDMA UD QP number (0: none), so buddies
+                          learn where to send RDMA probes
      72   16 mac          HMAC-SHA256(fleet_key, bytes 0..71), first 16 bytes
 
 A datagram of any other size, magic, version or kind is *malformed*; a wrong
@@ -37,8 +39,9 @@ VERSION = 1
 KIND_PROBE = 0
 KIND_ECHO = 1
 MAC_LEN = 16
-_BODY = struct.Struct("<4sBBBBQqqqqqqHB5x")
+_BODY = struct.Struct("<4sBBBBQqqqqqqHBxI")
 FLAG_ECHO = 1
+FLAG_RDMA = 2
 SIZE = _BODY.size + MAC_LEN  # 88
 
 
@@ -64,6 +67,7 @@ class Probe:
     t3_ns: int = 0
     sport: int = 0
     flags: int = 0
+    qpn: int = 0
 
 
 class PacketCodec:
@@ -101,10 +105,11 @@ class PacketCodec:
         t3_ns: int = 0,
         sport: int = 0,
         flags: int = 0,
+        qpn: int = 0,
     ) -> bytes:
         body = _BODY.pack(
             MAGIC, VERSION, kind, pair, ts_kind, seq, src, dst, spacing_ns, send_ns, t2_ns,
-            t3_ns, sport, flags,
+            t3_ns, sport, flags, qpn,
         )  # fmt: skip
         return body + self._tag(body)
 
@@ -133,6 +138,7 @@ class PacketCodec:
             t3_ns=fields[11],
             sport=fields[12],
             flags=fields[13],
+            qpn=fields[14],
         )
 
 
