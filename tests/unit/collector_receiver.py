@@ -22,7 +22,7 @@ class Receiver:
         self.key = key
         self.segments: dict[tuple[str, int], wire.Segment] = {}
         self.order: list[tuple[str, int]] = []
-        self.arrived: dict[tuple[str, int], float] = {}  # time.monotonic() when stored
+        self.arrived: dict[tuple[str, int], float] = {}  # time.time() when stored
         self.posts = 0
         self.duplicates = 0
         self.bad = 0
@@ -71,7 +71,7 @@ class Receiver:
             if status == "stored":
                 self.segments[ident] = seg
                 self.order.append(ident)
-                self.arrived[ident] = time.monotonic()
+                self.arrived[ident] = time.time()
             else:
                 self.duplicates += 1
             if self.mode == "drop_after_store" and ident not in self._dropped:
