@@ -26,7 +26,9 @@ class Receiver:
         self.posts = 0
         self.duplicates = 0
         self.bad = 0
-        self.mode = "ok"  # "ok" | "fail" (503) | "drop_after_store" (once per segment)
+        # "ok" | "fail" (503) | "drop_after_store" (once per segment) |
+        # "close_idle" (answer, then close the keep-alive connection without saying so)
+        self.mode = "ok"
         self._dropped: set[tuple[str, int]] = set()
         self.lock = threading.Lock()
         receiver = self
@@ -79,9 +81,10 @@ class Receiver:
                 req.close_connection = True
                 req.connection.close()  # stored, but the ack never arrives
                 return None
-            return self._answer(
-                req, 200, {"status": status, "segment": seg.segment, "rows": seg.rows()}
-            )
+            self._answer(req, 200, {"status": status, "segment": seg.segment, "rows": seg.rows()})
+            if self.mode == "close_idle":
+                req.close_connection = True
+            return None
 
     @staticmethod
     def _answer(req: BaseHTTPRequestHandler, code: int, doc: dict[str, object]) -> None:

@@ -108,3 +108,13 @@ def test_thread_ships_what_is_closed_and_stops(tmp_path: Path, receiver: Receive
         sh.join(5)
     assert not sh.is_alive()
     assert len(receiver.segments) == 3
+
+
+def test_idle_keepalive_closed_by_server_is_not_a_failure(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    sp = _fill(tmp_path, 3)
+    sh = Shipper(sp, receiver.url, KEY)
+    receiver.mode = "close_idle"
+    assert [sh.ship_one() for _ in range(3)] == [True, True, True]
+    assert sh.stats.failures == 0 and sh.stats.segments_acked == 3
