@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from analytics.clock.key_index import KeyIndex
+from collector.records import TsKind
 
 # Above this many slots per row the join sorts instead (a collector restart
 # inside a window makes its seq jump; a dense table would be mostly empty).
@@ -166,6 +167,12 @@ def _pair_partners(
     return partner
 
 
+def _tolerance(kind_a: np.ndarray, kind_b: np.ndarray, spacing_tol: tuple[int, int]) -> np.ndarray:
+    """Per coded pair: the hardware tolerance when all its timestamps are NIC/RDMA ones."""
+    hw = (kind_a >= TsKind.HW) & (kind_b >= TsKind.HW)
+    return np.where(hw, spacing_tol[1], spacing_tol[0])
+
+
 @dataclass
 class ProbeSamples:
     """Per RX row: the TX time and host indices; pure pair firsts; pure echo returns."""
@@ -183,7 +190,11 @@ class ProbeSamples:
 
 
 def prepare(
-    tx: np.ndarray, rx: np.ndarray, echoes: np.ndarray, hosts: KeyIndex, spacing_tol_ns: int
+    tx: np.ndarray,
+    rx: np.ndarray,
+    echoes: np.ndarray,
+    hosts: KeyIndex,
+    spacing_tol: tuple[int, int],
 ) -> ProbeSamples:
     """Join, filter and count. ``hosts`` indexes every host id of the window.
 
@@ -191,8 +202,8 @@ def prepare(
     so a 2-core ops box does both at once."""
     n_hosts = len(hosts)
     with ThreadPoolExecutor(max_workers=1) as pool:
-        echo_job = pool.submit(_echo_samples, echoes, hosts, n_hosts, spacing_tol_ns)
-        probe = _probe_samples(tx, rx, hosts, n_hosts, spacing_tol_ns)
+        echo_job = pool.submit(_echo_samples, echoes, hosts, n_hosts, spacing_tol)
+        probe = _probe_samples(tx, rx, hosts, n_hosts, spacing_tol)
         echo_rows, echoer, prober, echo_drops = echo_job.result()
     rx_src_i, rx_dst_i, t_tx, matched, rx_ns, pure_rows, drops = probe
     drops.update(echo_drops)
@@ -211,7 +222,7 @@ def prepare(
 
 
 def _probe_samples(
-    tx: np.ndarray, rx: np.ndarray, hosts: KeyIndex, n_hosts: int, spacing_tol_ns: int
+    tx: np.ndarray, rx: np.ndarray, hosts: KeyIndex, n_hosts: int, spacing_tol: tuple[int, int]
 ) -> tuple:
     drops: dict[str, int] = {}
     # ---- TX: sender index, slot, TX time per slot --------------------------------
@@ -242,14 +253,15 @@ def _probe_samples(
     f, p = first[complete], partner[complete]
     tx_gap = t_tx[p] - t_tx[f]
     rx_gap = rx_ns[p] - rx_ns[f]
-    ok = (tx_gap > 0) & (np.abs(rx_gap - tx_gap) <= spacing_tol_ns)
+    tol = _tolerance(rx["ts_kind"][f], rx["ts_kind"][p], spacing_tol)
+    ok = (tx_gap > 0) & (np.abs(rx_gap - tx_gap) <= tol)
     drops["pair_impure"] = int(np.count_nonzero(~ok))
     drops["pair_pure"] = int(np.count_nonzero(ok))
     return rx_src_i, rx_dst_i, t_tx, matched, rx_ns, f[ok], drops
 
 
 def _echo_samples(
-    echoes: np.ndarray, hosts: KeyIndex, n_hosts: int, spacing_tol_ns: int
+    echoes: np.ndarray, hosts: KeyIndex, n_hosts: int, spacing_tol: tuple[int, int]
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, int]]:
     """Echo return legs (echoer -> prober): t3 on the echoer's clock, t4 on the prober's.
 
@@ -272,7 +284,8 @@ def _echo_samples(
     drops["echo_bad"] = int(np.count_nonzero(~sane))
     gap3 = eb["t3_ns"] - ea["t3_ns"]
     gap4 = eb["t4_ns"] - ea["t4_ns"]
-    e_ok = sane & (gap3 > 0) & (np.abs(gap4 - gap3) <= spacing_tol_ns)
+    tol = _tolerance(ea["ts_kind"], eb["ts_kind"], spacing_tol)
+    e_ok = sane & (gap3 > 0) & (np.abs(gap4 - gap3) <= tol)
     drops["echo_pair_impure"] = int(np.count_nonzero(sane & ~e_ok))
     echo_rows = a[e_ok]
     echoer = hosts.lookup(ea["dst"][e_ok])

@@ -25,7 +25,8 @@ DEFAULT_WINDOW_NS = 2_000_000_000
 class SolverConfig:
     """Knobs of the solver; the defaults suit kernel software timestamps."""
 
-    spacing_tol_ns: int = 2_000  # coded pair: |RX spacing - TX spacing| allowed
+    spacing_tol_ns: int = 10_000  # coded pair: |RX spacing - TX spacing| allowed (software ts)
+    spacing_tol_hw_ns: int = 200  # ... when all its timestamps are NIC / RDMA timestamps
     n_bins: int = 8  # sub-windows per window for the envelope fit
     envelope_band: float = 2.0  # average samples within this many noise units of a bin's min
     echo_reverse: str = "fallback"  # echo return legs as reverse samples: fallback|always|never
@@ -40,8 +41,8 @@ class SolverConfig:
             raise ValueError("echo_reverse: expected one of fallback, always, never")
         if self.n_bins < 1:
             raise ValueError("n_bins: expected an int >= 1")
-        if self.spacing_tol_ns < 0:
-            raise ValueError("spacing_tol_ns: expected an int >= 0")
+        if self.spacing_tol_ns < 0 or self.spacing_tol_hw_ns < 0:
+            raise ValueError("spacing_tol_ns, spacing_tol_hw_ns: expected ints >= 0")
 
 
 @dataclass
@@ -116,7 +117,7 @@ def solve_window(
     hosts = hosts_in(tx["src"], rx["dst"], echoes["src"])
     n = len(hosts)
     index = KeyIndex(hosts)
-    ps = prepare(tx, rx, echoes, index, cfg.spacing_tol_ns)
+    ps = prepare(tx, rx, echoes, index, (cfg.spacing_tol_ns, cfg.spacing_tol_hw_ns))
     clock_t.lap("t_prepare_s")
 
     # prior, per host index
@@ -146,7 +147,7 @@ def solve_window(
     rev = u > v
     lo = np.minimum(u, v)
     hi = np.maximum(u, v)
-    pid, pair_keys = dense_ids(lo.astype(np.int64) * n + hi, size_hint=64 * max(n, 1))
+    pid, pair_keys = dense_ids(lo.astype(np.int64) * n + hi, size_hint=16 * max(n, 1))
     n_pairs = len(pair_keys)
     if cfg.echo_reverse != "always" and len(u):
         if cfg.echo_reverse == "never":

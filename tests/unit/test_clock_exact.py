@@ -261,3 +261,15 @@ def test_store_columns_match_the_store_schema() -> None:
     assert a == pytest.approx(0.0, abs=1e-6) and c == pytest.approx(-2_500.0, abs=1.0)
     assert len({len(v) for v in owd.values()}) == 1 and len(owd["owd_ns"]) == 4 * 16 * 2
     assert (np.abs(owd["ts_ns"] - START) < WIN + 10_000).all()
+
+
+def test_hardware_timestamps_get_the_tight_spacing_tolerance() -> None:
+    m = Mesh({"a": 0.0, "b": 500.0})
+    m.both_ways("a", "b", 5_000, 5_000, n=4)
+    m.pair("a", "b", 1.5e9, 5_000, delay2=6_000)  # spacing off by 1 us
+    tx, rx, ec = m.arrays()
+    sw = solve_window(tx, rx, ec, window_start_ns=START, window_ns=WIN)
+    assert sw.drops["pair_impure"] == 0  # within the software tolerance (10 us)
+    rx["ts_kind"] = 2  # TsKind.HW
+    hw = solve_window(tx, rx, ec, window_start_ns=START, window_ns=WIN)
+    assert hw.drops["pair_impure"] == 1  # beyond the hardware tolerance (200 ns)
