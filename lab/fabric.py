@@ -32,7 +32,7 @@ from typing import Any
 
 from pyroute2 import IPRoute, NetlinkError, netns
 
-from lab import inventory, plan, processes, sshd
+from lab import fake_rdma, inventory, plan, processes, sshd
 from lab.state import MARKER_FILE, LabState
 from lab.topology import Topology, dumps, load
 
@@ -305,6 +305,15 @@ class Lab:
         t_net = time.monotonic() - t0
         self._start_sshd(topo)
         t_ssh = time.monotonic() - t0 - t_net
+        # Every host gets its fake RDMA sysfs tree (mlx5, RoCE v1 and v2 GIDs) at once, so a
+        # collector deployed into a fresh lab reports RDMA config before any job runs.
+        for h in topo.hosts:
+            fake_rdma.write_tree(
+                fake_rdma.tree_root(self.node_dir(h.name)),
+                h.name,
+                h.backend_interface,
+                h.backend_address,
+            )
         fleet_key = secrets.token_hex(32)
         inventory.write(
             self.inventory_path,

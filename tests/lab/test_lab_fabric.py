@@ -106,3 +106,21 @@ def test_cli_status_inventory_exec(small_lab: Lab) -> None:
     )
     assert bad.returncode != 0 and "no node named 'h9-9'" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_every_host_has_its_own_fake_rdma_tree(small_lab: Lab) -> None:
+    """Right after `up`, each host sees an mlx5 GID table with RoCE v1 and v2 entries whose
+    IPv4-mapped GIDs carry its own backend address (what the collector reports)."""
+    port = "/var/lib/clockmesh/lab/sysfs/sys/class/infiniband/mlx5_0/ports/1"
+    for host in small_lab.topology.hosts:
+        res = small_lab.exec(
+            host.name,
+            ["sh", "-c", f"cat {port}/gid_attrs/types/2 {port}/gid_attrs/types/3 {port}/gids/3"],
+            capture_output=True,
+            text=True,
+        )
+        assert res.returncode == 0, res.stderr
+        v1, v2, gid = res.stdout.split("\n")[:3]
+        assert (v1, v2) == ("IB/RoCE v1", "RoCE v2")
+        octets = [int(x) for x in host.backend_address.split(".")]
+        assert gid.endswith(f"ffff:{octets[0]:02x}{octets[1]:02x}:{octets[2]:02x}{octets[3]:02x}")
