@@ -11,7 +11,7 @@ from pathlib import Path
 import msgspec
 
 from analytics.store import layout
-from collector import configfile
+from collector import configfile, fleet_key
 
 DEFAULT_PATH = Path("/etc/clockmesh/ingest.yml")
 
@@ -107,15 +107,5 @@ def resolve(config: IngestConfig, path: str | Path) -> ResolvedIngest:
 
 
 def read_fleet_key(path: str | Path, config_path: str | Path) -> bytes:
-    """The fleet key: the file's bytes with surrounding whitespace removed."""
-    try:
-        key = Path(path).read_bytes().strip()
-    except OSError as exc:
-        raise configfile.ConfigError(
-            config_path, "fleet_key_file", f"cannot read {path}: {exc.strerror or exc}"
-        ) from None
-    if len(key) < 16:
-        raise configfile.ConfigError(
-            config_path, "fleet_key_file", f"{path} holds {len(key)} bytes, expected at least 16"
-        )
-    return key
+    """The fleet key named by ingest.yml (see :mod:`collector.fleet_key`)."""
+    return fleet_key.read(path, config_path)

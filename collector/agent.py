@@ -27,7 +27,7 @@ import numpy as np
 
 from collector import buddies as buddies_mod
 from collector import config as config_mod
-from collector import rdma_config, records
+from collector import fleet_key, rdma_config, records
 from collector.config import CollectorConfig
 from collector.configfile import ConfigError
 from collector.inband import InbandHook
@@ -72,17 +72,6 @@ def setup_logging(level: str) -> None:
     root.setLevel(level.upper())
 
 
-def read_key(path: str) -> bytes:
-    """The fleet key (file content, trailing whitespace stripped). Never logged."""
-    try:
-        key = Path(path).read_bytes().strip()
-    except OSError as exc:
-        raise ConfigError(path, None, f"fleet key unreadable: {exc.strerror}") from None
-    if len(key) < 16:
-        raise ConfigError(path, None, "fleet key is shorter than 16 bytes")
-    return key
-
-
 def _atomic_write(path: Path, data: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(data)
@@ -99,7 +88,7 @@ class Collector:
         self._pyverbs = pyverbs  # tests pass a fake pyverbs here
         self.rdma: Any = None
         self.config_path = config_path
-        self.key = read_key(cfg.fleet_key_file)
+        self.key = fleet_key.read(cfg.fleet_key_file, config_path or "collector.yml")
         self.host_id = records.host_id(cfg.host)
         self.clock = RecordingClock(cfg.lab_clock)
         self.started_unix = time.time()
@@ -401,7 +390,7 @@ class Collector:
             return
         try:
             new = config_mod.load(self.config_path)
-            key = read_key(new.fleet_key_file)
+            key = fleet_key.read(new.fleet_key_file, self.config_path)
         except ConfigError as exc:
             self.reload_errors += 1
             log.error("event=reload_failed error=%r action=keep_old_config", str(exc))
