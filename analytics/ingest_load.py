@@ -101,3 +101,124 @@ def counter_segment(
     return wire.encode_header(host, hid, segment, samples[0][0]) + wire.encode_chunk(
         "counter", rows
     )
+
+
+# ---- whole-fleet traffic for the benchmark ---------------------------------------------
+# What a collector at default settings puts in one 1-s segment besides its probes: the
+# echoes of its own probes (probe.echo = true), one sample of the backend netdev's
+# statistics/ (counter rows) and its health values.
+NETDEV_COUNTERS = (
+    "collisions", "multicast", "rx_bytes", "rx_compressed", "rx_crc_errors", "rx_dropped",
+    "rx_errors", "rx_fifo_errors", "rx_frame_errors", "rx_length_errors", "rx_missed_errors",
+    "rx_nohandler", "rx_over_errors", "rx_packets", "tx_aborted_errors", "tx_bytes",
+    "tx_carrier_errors", "tx_compressed", "tx_dropped", "tx_errors", "tx_fifo_errors",
+    "tx_heartbeat_errors", "tx_packets", "tx_window_errors",
+)  # fmt: skip
+HEALTH_NAMES = (
+    "probes_sent", "probes_received", "echoes_sent", "echoes_received", "tx_ts_kernel",
+    "tx_ts_user", "rx_kernel_drops", "probes_rejected_auth", "probes_rejected_stale",
+    "spool_dropped_rows", "spool_dropped_segments", "spool_rows_written", "batches_rejected",
+    "counter_files_unreadable", "inband_received", "inband_rejected",
+)  # fmt: skip
+
+
+def host_seconds(
+    i: int,
+    ids: np.ndarray,
+    seconds: int,
+    *,
+    t0_ns: int,
+    buddies: int = DEFAULT_BUDDIES,
+    ports: int = DEFAULT_PORTS,
+    delay_ns: int = 5_000,
+    jitter_ns: int = 2_000,
+    echo: bool = True,
+    extras: bool = True,
+    rng: np.random.Generator | None = None,
+) -> list[bytes]:
+    """Host ``i``'s 1-s segments for seconds ``0 .. seconds-1`` (segment id = second).
+
+    The same traffic :func:`fleet_segment` describes (probe_tx of host ``i``, the probe_rx
+    of what its ``buddies`` predecessors sent it), built for all seconds at once, plus
+    what a default collector also ships each second: an ``echo`` row per probe sent, the
+    netdev counters and the health values (``extras``).
+    """
+    rng = rng or np.random.default_rng(i)
+    n = len(ids)
+    per_s = buddies * ports
+    sec = np.repeat(np.arange(seconds), per_s)
+    k = np.tile(np.arange(per_s), seconds)
+    offset = (k // 2) * (NS // (per_s // 2)) + (k % 2) * 20_000
+
+    tx = np.zeros(seconds * per_s, records.PROBE_TX)
+    tx["seq"] = sec * per_s + k
+    tx["src"] = ids[i]
+    tx["dst"] = ids[(i + 1 + k // ports) % n]
+    tx["sport"] = 40000 + k % ports
+    tx["dport"] = 7470
+    tx["pair"] = k % 2
+    tx["ts_kind"] = records.TsKind.SW
+    tx["tx_ns"] = t0_ns + sec * NS + offset
+
+    # sender i-d sent this host its probes k = (d-1)*ports .. d*ports-1 of every second
+    d = np.arange(1, buddies + 1)
+    kin = ((d - 1)[:, None] * ports + np.arange(ports)[None, :]).ravel()
+    sender = np.repeat((i - d) % n, ports)
+    rx_sec = np.repeat(np.arange(seconds), len(kin))
+    kin_all = np.tile(kin, seconds)
+    rx = np.zeros(len(rx_sec), records.PROBE_RX)
+    rx["seq"] = rx_sec * per_s + kin_all
+    rx["src"] = ids[np.tile(sender, seconds)]
+    rx["dst"] = ids[i]
+    rx["sport"] = 40000 + kin_all % ports
+    rx["dport"] = 7470
+    rx["pair"] = kin_all % 2
+    rx["ts_kind"] = records.TsKind.SW
+    rx["ttl"] = 61
+    rx["spacing_ns"] = 20_000
+    rx_off = (kin_all // 2) * (NS // (per_s // 2)) + (kin_all % 2) * 20_000
+    rx["rx_ns"] = t0_ns + rx_sec * NS + rx_off + delay_ns + rng.integers(0, jitter_ns + 1, len(rx))
+    rx = rx[np.lexsort((rx["rx_ns"], rx_sec))]  # arrival order within each second
+
+    if echo:
+        ec = np.zeros(len(tx), records.ECHO)
+        for name in ("seq", "src", "dst", "sport", "ts_kind"):
+            ec[name] = tx[name]
+        ec["t1_ns"] = tx["tx_ns"]
+        ec["t2_ns"] = tx["tx_ns"] + delay_ns + rng.integers(0, jitter_ns + 1, len(tx))
+        ec["t3_ns"] = ec["t2_ns"] + 15_000
+        ec["t4_ns"] = ec["t3_ns"] + delay_ns + rng.integers(0, jitter_ns + 1, len(tx))
+
+    if extras:
+        nc, nh = len(NETDEV_COUNTERS), len(HEALTH_NAMES)
+        ctr = np.zeros(seconds * nc, records.COUNTER)
+        ctr["ts_ns"] = t0_ns + np.repeat(np.arange(seconds), nc) * NS + 500_000_000
+        ctr["host"] = ids[i]
+        ctr["device"] = b"eth0"
+        ctr["name"] = np.tile(np.array([c.encode() for c in NETDEV_COUNTERS], "S40"), seconds)
+        ctr["delta"] = rng.integers(0, 1_000_000, len(ctr))
+        ctr["value"] = np.cumsum(ctr["delta"].reshape(seconds, nc), axis=0).ravel()
+        hl = np.zeros(seconds * nh, records.HEALTH)
+        hl["ts_ns"] = t0_ns + np.repeat(np.arange(seconds), nh) * NS + 999_000_000
+        hl["host"] = ids[i]
+        hl["name"] = np.tile(np.array([h.encode() for h in HEALTH_NAMES], "S40"), seconds)
+        hl["value"] = np.repeat(np.arange(1, seconds + 1), nh) * per_s
+
+    name = host_name(i)
+    hid = int(ids[i])
+    out = []
+    rx_per_s = len(kin)
+    for s in range(seconds):
+        a, z = s * per_s, (s + 1) * per_s
+        parts = [
+            wire.encode_header(name, hid, s, t0_ns + (s + 1) * NS),
+            wire.encode_chunk("probe_tx", tx[a:z]),
+            wire.encode_chunk("probe_rx", rx[s * rx_per_s : (s + 1) * rx_per_s]),
+        ]
+        if echo:
+            parts.append(wire.encode_chunk("echo", ec[a:z]))
+        if extras:
+            parts.append(wire.encode_chunk("counter", ctr[s * nc : (s + 1) * nc]))
+            parts.append(wire.encode_chunk("health", hl[s * nh : (s + 1) * nh]))
+        out.append(b"".join(parts))
+    return out

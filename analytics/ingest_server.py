@@ -2,12 +2,15 @@
 
 HTTP contract (docs/store.md, "Batch contract"):
 
-``POST /v1/batch``, body = one segment (:mod:`collector.wire`), header
+``POST /v1/batch``, body = one segment (:mod:`collector.wire`) or several closed segments
+back to back (:mod:`analytics.ingest_body`), header
 ``Authorization: CLOCKMESH-HMAC-SHA256 <hex>`` = ``wire.sign(fleet_key, body)``.
 
 =====  ==============================================================================
 200    ``{"status": "stored"|"duplicate", "segment": N, "rows": R}`` - the rows are
-       durable (fsynced Parquet + commit record); the collector may delete the segment
+       durable (fsynced Parquet + commit record); the collector may delete the segment.
+       A body of several segments also gets ``"segments": [{"segment", "status",
+       "rows"}, ...]``; 200 means every one of them is durable.
 400    malformed body: bad magic, bad header, truncated chunk, CRC mismatch
 401    missing or wrong HMAC (wrong fleet key, altered body)
 413    body larger than ``max_body_bytes``
@@ -26,6 +29,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import hashlib
+import hmac
 import json
 import logging
 import ssl
@@ -37,6 +42,7 @@ import numpy as np
 import pyarrow as pa
 from aiohttp import web
 
+from analytics import ingest_body
 from analytics.ingest_config import IngestConfig, ResolvedIngest
 from analytics.ingest_metrics import FleetView, HostState, IngestMetrics
 from analytics.store import catalog, layout
@@ -46,17 +52,16 @@ from analytics.store.store_writer import StoreWriteError, StoreWriter
 from collector import records, wire
 
 log = logging.getLogger("clockmesh.ingest")
-_TEXT_TABLES = {
-    n for n, d in records.TABLES.items() if any(d[f].kind == "S" for f in d.names or ())
-}
 
 
-@dataclass
+@dataclass(eq=False)
 class PendingBatch:
-    seg: wire.Segment
-    nbytes: int
+    """One request's new segments, waiting for their group commit."""
+
+    segs: list[wire.Segment]
+    nbytes: list[int]
+    rows: int
     received_ns: int
-    arrow: dict[str, pa.Table]  # tables already converted (those with text columns)
     future: asyncio.Future
 
 
@@ -103,6 +108,8 @@ class IngestServer:
         self._broken = ""
         self._commit_pool = concurrent.futures.ThreadPoolExecutor(1, "commit")
         self._side_pool = concurrent.futures.ThreadPoolExecutor(1, "live")
+        self._rejected: set[PendingBatch] = set()  # commit thread: batches answered 422
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task] = []
         self._runner: web.AppRunner | None = None
         self._prev_rates: tuple[float, dict[int, dict[str, int]]] = (time.monotonic(), {})
@@ -142,6 +149,7 @@ class IngestServer:
         )
         await site.start()
         loop = asyncio.get_running_loop()
+        self._loop = loop
         self._tasks = [
             loop.create_task(self._committer(), name="committer"),
             loop.create_task(self._periodic(), name="periodic"),
@@ -199,53 +207,88 @@ class IngestServer:
                 f"batch exceeds max_body_bytes ({self.config.max_body_bytes})",
                 request,
             )
-        if not wire.verify(self.key, body, request.headers.get("Authorization")):
+        if not self._authentic(body, request.headers.get("Authorization")):
             return self._reject(401, "auth", "missing or invalid HMAC for this body", request)
+        segs: list[wire.Segment] = []
+        sizes: list[int] = []
         try:
-            seg = wire.decode(body)
+            for part in ingest_body.split(body):
+                segs.append(wire.decode(part))
+                sizes.append(len(part))
         except wire.WireError as exc:
-            text = str(exc)
+            text = str(exc) if not segs else f"segment {len(segs) + 1} of the body: {exc}"
             if "not supported" in text:
                 return self._reject(422, "schema", text, request)
             return self._reject(400, "malformed", text, request)
-        if seg.host_id != records.host_id(seg.host):
-            return self._reject(
-                422,
-                "schema",
-                f"header host_id {seg.host_id} is not the id of {seg.host!r}",
-                request,
-            )
-        rows = seg.rows()
-        key = (seg.host_id, seg.segment)
-        if key in self.writer.ledger:
-            self.metrics.batches.labels("duplicate").inc()
-            return _reply(200, {"status": "duplicate", "segment": seg.segment, "rows": rows})
-        arrow: dict[str, pa.Table] = {}
-        for table in _TEXT_TABLES & seg.tables.keys():
-            try:
-                arrow[table] = layout.records_to_arrow(table, seg.table(table))
-            except (pa.ArrowInvalid, UnicodeDecodeError) as exc:
-                return self._reject(422, "schema", f"{table}: text is not UTF-8 ({exc})", request)
-        loop = asyncio.get_running_loop()
-        existing = self._inflight.get(key)
-        if existing is not None:
-            status, _payload = await asyncio.shield(existing)
-            if status == 200:
-                self.metrics.batches.labels("duplicate").inc()
-                return _reply(200, {"status": "duplicate", "segment": seg.segment, "rows": rows})
-            return _reply(status, _payload)
-        future: asyncio.Future = loop.create_future()
-        self._inflight[key] = future
-        self._pending.append(PendingBatch(seg, len(body), time.time_ns(), arrow, future))
-        self._pending_rows += rows
-        self.metrics.pending_rows.set(self._pending_rows)
-        self._wake.set()
-        status, payload = await asyncio.shield(future)
-        if status == 200:
+        for seg in segs:
+            if seg.host_id != records.host_id(seg.host):
+                return self._reject(
+                    422,
+                    "schema",
+                    f"header host_id {seg.host_id} is not the id of {seg.host!r}",
+                    request,
+                )
+        # per segment: already stored, in flight in another request, or new
+        status_of: list[str] = []
+        waits: list[asyncio.Future] = []
+        new: list[wire.Segment] = []
+        new_sizes: list[int] = []
+        seen: set[tuple[int, int]] = set()
+        ledger = self.writer.ledger
+        for seg, size in zip(segs, sizes, strict=True):
+            key = (seg.host_id, seg.segment)
+            existing = self._inflight.get(key)
+            if key in ledger or key in seen:
+                status_of.append("duplicate")
+            elif existing is not None:
+                status_of.append("duplicate")
+                waits.append(existing)
+            else:
+                status_of.append("stored")
+                new.append(seg)
+                new_sizes.append(size)
+            seen.add(key)
+        if new:
+            future: asyncio.Future = asyncio.get_running_loop().create_future()
+            rows = sum(seg.rows() for seg in new)
+            for seg in new:
+                self._inflight[(seg.host_id, seg.segment)] = future
+            self._pending.append(PendingBatch(new, new_sizes, rows, time.time_ns(), future))
+            self._pending_rows += rows
+            self.metrics.pending_rows.set(self._pending_rows)
+            self._wake.set()
+            waits.append(future)
+        for fut in waits:
+            status, payload = await asyncio.shield(fut)
+            if status != 200:
+                if fut is waits[-1] and new:
+                    self.metrics.rejected.labels("schema" if status == 422 else "unavailable").inc()
+                return _reply(status, payload)
+        for st in status_of:
+            self.metrics.batches.labels(st).inc()
+        if new:
             self.metrics.ack_seconds.observe(time.monotonic() - received)
-        else:
-            self.metrics.rejected.labels("unavailable").inc()
-        return _reply(status, payload)
+        return _reply(200, self._ack(segs, status_of))
+
+    def _authentic(self, body: bytes, authorization: str | None) -> bool:
+        """``wire.verify`` with the one-shot C HMAC (same scheme, same answer)."""
+        prefix = wire.AUTH_SCHEME + " "
+        if not authorization or not authorization.startswith(prefix):
+            return False
+        expected = hmac.digest(self.key, body, hashlib.sha256).hex()
+        return hmac.compare_digest(expected, authorization[len(prefix) :].strip())
+
+    @staticmethod
+    def _ack(segs: list[wire.Segment], status_of: list[str]) -> dict:
+        if len(segs) == 1:
+            return {"status": status_of[0], "segment": segs[0].segment, "rows": segs[0].rows()}
+        per = [
+            {"segment": seg.segment, "status": st, "rows": seg.rows()}
+            for seg, st in zip(segs, status_of, strict=True)
+        ]
+        overall = "stored" if "stored" in status_of else "duplicate"
+        rows = sum(p["rows"] for p in per)
+        return {"status": overall, "segment": segs[0].segment, "rows": rows, "segments": per}
 
     async def get_metrics(self, request: web.Request) -> web.Response:
         self.view.unavailable_reason = self.unavailable_reason()
@@ -349,7 +392,10 @@ class IngestServer:
             self._next_commit = number + 1
             self.metrics.commits.inc()
             for b in group:
-                self.writer.ledger.add(b.seg.host_id, b.seg.segment)
+                if b.future.done():  # answered already (rejected inside the commit)
+                    continue
+                for seg in b.segs:
+                    self.writer.ledger.add(seg.host_id, seg.segment)
             self._finish(group, 200, "stored")
             log.debug("event=committed commit=%d batches=%d rows=%d bytes=%d",
                       number, len(group), rows, nbytes)  # fmt: skip
@@ -359,7 +405,7 @@ class IngestServer:
     def _take_group(self) -> tuple[list[PendingBatch], int]:
         rows = cut = 0
         for cut, b in enumerate(self._pending, 1):  # noqa: B007
-            rows += b.seg.rows()
+            rows += b.rows
             if rows >= self.config.max_commit_rows:
                 break
         group, self._pending = self._pending[:cut], self._pending[cut:]
@@ -368,34 +414,81 @@ class IngestServer:
         return group, rows
 
     def _finish(self, group: list[PendingBatch], status: int, text: str) -> None:
+        payload = (
+            {"status": "stored"} if status == 200 else {"status": "unavailable", "error": text}
+        )
         for b in group:
-            self._inflight.pop((b.seg.host_id, b.seg.segment), None)
-            if status == 200:
-                self.metrics.batches.labels("stored").inc()
-                payload = {"status": "stored", "segment": b.seg.segment, "rows": b.seg.rows()}
-            else:
-                payload = {"status": "unavailable", "error": text}
+            for seg in b.segs:
+                self._inflight.pop((seg.host_id, seg.segment), None)
             if not b.future.done():
                 b.future.set_result((status, payload))
+
+    def _reject_in_commit(self, b: PendingBatch, error: str) -> None:
+        """Answer one batch 422 from the commit thread (its text is not storable)."""
+        host = b.segs[0].host
+        log.warning("event=batch_rejected status=422 reason=schema host=%s error=%r", host, error)
+        payload = {"status": "rejected", "error": error}
+        loop = self._loop
+        assert loop is not None
+
+        def answer() -> None:
+            for seg in b.segs:
+                self._inflight.pop((seg.host_id, seg.segment), None)
+            if not b.future.done():
+                b.future.set_result((422, payload))
+
+        loop.call_soon_threadsafe(answer)
+
+    def _group_tables(self, group: list[PendingBatch]) -> dict[str, pa.Table]:
+        """Every record table of the group as one Arrow table: one concatenation and one
+        conversion per table and commit, not per request. A batch whose text is not
+        UTF-8 is answered 422 and left out (found only when the group's conversion fails).
+        """
+        while True:
+            live = [b for b in group if not b.future.done() and b not in self._rejected]
+            tables: dict[str, pa.Table] = {}
+            bad: PendingBatch | None = None
+            for name in records.TABLES:
+                arrays = [a for b in live for seg in b.segs for a in seg.tables.get(name, ())]
+                if not arrays:
+                    continue
+                rows = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+                try:
+                    tables[name] = layout.records_to_arrow(name, rows)
+                except (pa.ArrowInvalid, UnicodeDecodeError):
+                    bad = self._find_bad_text(live, name)
+                    break
+            if bad is None:
+                return tables
+            self._rejected.add(bad)
+
+    def _find_bad_text(self, live: list[PendingBatch], name: str) -> PendingBatch:
+        for b in live:
+            for seg in b.segs:
+                if name not in seg.tables:
+                    continue
+                try:
+                    layout.records_to_arrow(name, seg.table(name))
+                except (pa.ArrowInvalid, UnicodeDecodeError) as exc:
+                    self._reject_in_commit(
+                        b, f"segment {seg.segment}: {name}: text is not UTF-8 ({exc})"
+                    )
+                    return b
+        raise AssertionError(f"{name}: conversion failed but no batch is at fault")
 
     def _commit_group(self, number: int, group: list[PendingBatch]) -> int:
         """Runs in the commit thread: build columns, write, fsync; then feed the hot window."""
         started = time.monotonic()
-        tables: dict[str, pa.Table] = {}
-        for name in records.TABLES:
-            if name in _TEXT_TABLES:
-                parts = [b.arrow[name] for b in group if name in b.arrow]
-                if parts:
-                    tables[name] = pa.concat_tables(parts).combine_chunks()
-                continue
-            arrays = [a for b in group for a in b.seg.tables.get(name, ())]
-            if arrays:
-                rows = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
-                tables[name] = layout.records_to_arrow(name, rows)
+        self._rejected: set[PendingBatch] = set()
+        tables = self._group_tables(group)
+        group = [b for b in group if b not in self._rejected]
+        if not group:
+            return 0
+        segs = [(b, seg, size) for b in group for seg, size in zip(b.segs, b.nbytes, strict=True)]
         new_names = [
-            (b.received_ns, b.seg.host_id, b.seg.host)
-            for b in group
-            if self._known_names.get(b.seg.host_id) != b.seg.host
+            (b.received_ns, seg.host_id, seg.host)
+            for b, seg, _ in segs
+            if self._known_names.get(seg.host_id) != seg.host
         ]
         if new_names:
             seen = {}
@@ -409,17 +502,18 @@ class IngestServer:
                 },
                 schema=layout.TABLES["host_names"].schema,
             )
-        n = len(group)
+        n = len(segs)
+        seg_rows = [seg.rows() for _, seg, _ in segs]
         batches = pa.table(
             {
                 "commit": pa.array(np.full(n, number, np.int64)),
-                "received_ns": pa.array([b.received_ns for b in group], pa.int64()),
-                "host_id": pa.array([b.seg.host_id for b in group], pa.int64()),
-                "host": pa.array([b.seg.host for b in group], pa.string()),
-                "segment": pa.array([b.seg.segment for b in group], pa.int64()),
-                "created_ns": pa.array([b.seg.created_ns for b in group], pa.int64()),
-                "rows": pa.array([b.seg.rows() for b in group], pa.int64()),
-                "bytes": pa.array([b.nbytes for b in group], pa.int64()),
+                "received_ns": pa.array([b.received_ns for b, _, _ in segs], pa.int64()),
+                "host_id": pa.array([seg.host_id for _, seg, _ in segs], pa.int64()),
+                "host": pa.array([seg.host for _, seg, _ in segs], pa.string()),
+                "segment": pa.array([seg.segment for _, seg, _ in segs], pa.int64()),
+                "created_ns": pa.array([seg.created_ns for _, seg, _ in segs], pa.int64()),
+                "rows": pa.array(seg_rows, pa.int64()),
+                "bytes": pa.array([size for _, _, size in segs], pa.int64()),
             },
             schema=layout.TABLES["batches"].schema,
         )
@@ -432,24 +526,24 @@ class IngestServer:
         now_ns = time.time_ns()
         # copy-on-write: the event loop and the live thread read these without a lock
         hosts = dict(self.view.hosts)
-        for b in group:
-            h = hosts.get(b.seg.host_id)
+        for b, seg, _ in segs:
+            h = hosts.get(seg.host_id)
             if h is None:
-                h = hosts[b.seg.host_id] = HostState(
-                    b.seg.host, b.seg.host_id, b.received_ns, b.received_ns
+                h = hosts[seg.host_id] = HostState(
+                    seg.host, seg.host_id, b.received_ns, b.received_ns
                 )
-            h.host = b.seg.host
+            h.host = seg.host
             h.last_ns = max(h.last_ns, b.received_ns)
             h.batches += 1
             counts = dict(h.rows)
-            for name, parts in b.seg.tables.items():
+            for name, parts in seg.tables.items():
                 counts[name] = counts.get(name, 0) + sum(len(p) for p in parts)
             h.rows = counts
         self.view.hosts = hosts
         for name, data in tables.items():
             if name in records.TABLES:
                 self.metrics.rows.labels(name).inc(data.num_rows)
-        self.metrics.bytes.inc(sum(b.nbytes for b in group))
+        self.metrics.bytes.inc(sum(size for _, _, size in segs))
         self.hot.add(now_ns, tables)
         self.metrics.hot_rows.set(self.hot.rows)
         log.debug("commit %d took %.3fs", number, time.monotonic() - started)

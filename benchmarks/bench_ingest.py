@@ -1,24 +1,32 @@
-"""End-to-end ingest throughput: real segments over HTTP into a real daemon, durable in Parquet.
+"""End-to-end ingest throughput: real collector batches over HTTP into a real daemon.
 
-    .venv/bin/python benchmarks/bench_ingest.py [--hosts 2000] [--seconds 10] [--procs 2]
-        [--concurrency 64] [--span 1]
+    .venv/bin/python benchmarks/bench_ingest.py [--hosts 5000] [--seconds 20]
+        [--per-request 1] [--procs 1] [--connections 64] [--roll-s 0.2] [--profile FILE]
 
-Generator processes (separate from the daemon process) pre-build each host's segments
-(``--span`` seconds of probe_tx + probe_rx per batch; 1 s = what a collector ships per
-spool roll at the default 80 probes/s), sign them with the fleet key, then POST them with
-``--concurrency`` requests in flight per process. A record counts only once its batch got
-200 (= fsynced Parquet + commit record). At the end the store is read back through the
-catalog and must hold exactly the acknowledged rows. Prints figures and the machine.
+What is sent: each host's real 1-s segments (:func:`analytics.ingest_load.host_seconds`:
+80 probe_tx + 80 probe_rx + 80 echo + 24 netdev counter + 16 health rows, what a collector
+at default settings closes per ``spool.roll_s``), ``--per-request`` closed segments of one
+host concatenated per HTTP request (1 = today's shipper: one segment per request), in
+fleet order (second by second, all hosts). Bodies are built and HMAC-signed before the
+clock starts, as complete HTTP/1.1 requests; the client is a lean non-blocking socket loop
+(``--connections`` keep-alive connections, one request in flight each, as collectors
+do), so the figure is about the daemon, and the client's own CPU is measured and printed.
+
+A record counts once its request got 200 ``stored`` (= fsynced Parquet + commit record).
+At the end the store is read back through the catalog and must hold exactly the
+acknowledged rows. Prints the machine, the load average, throughput, and the CPU seconds
+the daemon and the client used per million probe records.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import multiprocessing as mp
 import os
 import platform
+import resource
+import selectors
 import shutil
 import signal
 import socket
@@ -29,8 +37,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -38,6 +44,7 @@ from analytics import ingest_load  # noqa: E402
 from collector import wire  # noqa: E402
 
 KEY = b"bench-fleet-key-0123456789abcdef"
+PROBE_TABLES = ("probe_tx", "probe_rx")
 
 
 def machine() -> str:
@@ -60,74 +67,152 @@ def machine() -> str:
     )
 
 
-def build_bodies(hosts: list[int], n_hosts: int, seconds: int, span: int, t0: int) -> list[bytes]:
-    ids = ingest_load.host_ids(n_hosts)
-    bodies = []
-    for start in range(0, seconds, span):
+def loadavg() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def proc_cpu_s(pid: int) -> float:
+    """user + system CPU seconds of a process (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def build_requests(args: argparse.Namespace, idx: int, t0: int) -> list[tuple[bytes, int, int]]:
+    """(complete HTTP request, probe records, all records) in fleet order."""
+    ids = ingest_load.host_ids(args.hosts)
+    hosts = range(idx, args.hosts, args.procs)
+    per_host = {i: ingest_load.host_seconds(i, ids, args.seconds, t0_ns=t0) for i in hosts}
+    probe_rows = {}
+    all_rows = {}
+    out = []
+    k = args.per_request
+    for start in range(0, args.seconds, k):
         for i in hosts:
-            if span == 1:
-                body = ingest_load.fleet_segment(i, ids, start, t0_ns=t0)
-            else:
-                segs = [
-                    wire.decode(ingest_load.fleet_segment(i, ids, s, t0_ns=t0))
-                    for s in range(start, min(start + span, seconds))
-                ]
-                body = wire.encode_header(segs[0].host, segs[0].host_id, start, t0)
-                for table in ("probe_tx", "probe_rx"):
-                    body += wire.encode_chunk(table, np.concatenate([s.table(table) for s in segs]))
-            bodies.append(body)
-    return bodies
+            segs = per_host[i][start : start + k]
+            body = b"".join(segs)
+            if i not in probe_rows:
+                seg = wire.decode(segs[0])
+                probe_rows[i] = sum(seg.rows(t) for t in PROBE_TABLES)
+                all_rows[i] = seg.rows()
+            head = (
+                f"POST /v1/batch HTTP/1.1\r\nHost: ingest\r\n"
+                f"Authorization: {wire.sign(KEY, body)}\r\n"
+                f"Content-Type: application/octet-stream\r\nContent-Length: {len(body)}\r\n\r\n"
+            ).encode()
+            out.append((head + body, probe_rows[i] * len(segs), all_rows[i] * len(segs)))
+    return out
 
 
-def generator(idx: int, args: argparse.Namespace, url: str, t0: int, ready, go, out) -> None:
-    import aiohttp
+class Conn:
+    __slots__ = ("buf", "out", "req", "sock")
 
-    hosts = list(range(idx, args.hosts, args.procs))
-    bodies = build_bodies(hosts, args.hosts, args.seconds, args.span, t0)
-    signed = [(b, wire.sign(KEY, b)) for b in bodies]
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.out = memoryview(b"")
+        self.buf = bytearray()
+        self.req: tuple[bytes, int, int] | None = None
+
+
+def client(args: argparse.Namespace, idx: int, port: int, t0: int, ready, go, out) -> None:
+    reqs = build_requests(args, idx, t0)
+    reqs.reverse()
     ready.put(idx)
     go.wait()
+    sel = selectors.DefaultSelector()
+    conns = []
+    for _ in range(args.connections):
+        s = socket.create_connection(("127.0.0.1", port))
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        s.setblocking(False)
+        conns.append(Conn(s))
+    ru0 = resource.getrusage(resource.RUSAGE_SELF)
+    first = time.time()
+    last = first
+    probe = rows = requests = 0
+    lat: list[float] = []
+    sent_at: dict[int, float] = {}
+    active = 0
 
-    async def run() -> tuple[int, int, float, float]:
-        queue = list(reversed(signed))
-        rows = batches = 0
-        first = time.time()
-        last = first
-        conn = aiohttp.TCPConnector(limit=args.concurrency)
-        async with aiohttp.ClientSession(connector=conn) as session:
+    def send_next(c: Conn) -> bool:
+        if not reqs:
+            return False
+        c.req = reqs.pop()
+        c.out = memoryview(c.req[0])
+        c.buf.clear()
+        sent_at[id(c)] = time.monotonic()
+        _flush(c)
+        return True
 
-            async def worker() -> None:
-                nonlocal rows, batches, last
-                while queue:
-                    body, auth = queue.pop()
-                    while True:
-                        async with session.post(
-                            url, data=body, headers={"Authorization": auth}
-                        ) as resp:
-                            data = await resp.read()
-                        if resp.status == 200:
-                            rows += json.loads(data)["rows"]
-                            batches += 1
-                            last = time.time()
-                            break
-                        if resp.status < 500:
-                            raise RuntimeError(f"HTTP {resp.status}: {data[:200]!r}")
-                        await asyncio.sleep(0.05)
+    def _flush(c: Conn) -> None:
+        try:
+            n = c.sock.send(c.out)
+        except BlockingIOError:
+            n = 0
+        c.out = c.out[n:]
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if c.out else 0)
+        try:
+            sel.modify(c.sock, events, c)
+        except KeyError:
+            sel.register(c.sock, events, c)
 
-            await asyncio.gather(*(worker() for _ in range(args.concurrency)))
-        return rows, batches, first, last
-
-    out.put(asyncio.run(run()))
+    for c in conns:
+        if send_next(c):
+            active += 1
+    while active:
+        for key, events in sel.select():
+            c = key.data
+            if events & selectors.EVENT_WRITE and c.out:
+                _flush(c)
+            if not events & selectors.EVENT_READ:
+                continue
+            data = c.sock.recv(65536)
+            if not data:
+                raise RuntimeError("daemon closed a connection")
+            c.buf += data
+            end = c.buf.find(b"\r\n\r\n")
+            if end < 0:
+                continue
+            head = bytes(c.buf[:end]).lower()
+            clen = int(head.split(b"content-length:", 1)[1].split(b"\r\n", 1)[0])
+            if len(c.buf) < end + 4 + clen:
+                continue
+            status = int(head[9:12])
+            body = bytes(c.buf[end + 4 : end + 4 + clen])
+            assert c.req is not None
+            if status == 200 and b'"status":"stored"' in body:
+                probe += c.req[1]
+                rows += c.req[2]
+                requests += 1
+                last = time.time()
+                lat.append(time.monotonic() - sent_at[id(c)])
+            elif status == 503:
+                reqs.append(c.req)  # retry later, as a collector does
+                time.sleep(0.01)
+            else:
+                raise RuntimeError(f"HTTP {status}: {body[:200]!r}")
+            if not send_next(c):
+                sel.unregister(c.sock)
+                active -= 1
+    ru1 = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
+    for c in conns:
+        c.sock.close()
+    lat.sort()
+    out.put(
+        (probe, rows, requests, first, last, cpu, lat[len(lat) // 2], lat[int(len(lat) * 0.99)])
+    )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--hosts", type=int, default=2000)
-    ap.add_argument("--seconds", type=int, default=10, help="seconds of fleet traffic to send")
-    ap.add_argument("--span", type=int, default=1, help="seconds of one host per batch")
-    ap.add_argument("--procs", type=int, default=2, help="generator processes")
-    ap.add_argument("--concurrency", type=int, default=64, help="requests in flight per process")
+    ap.add_argument("--hosts", type=int, default=5000, help="fleet size (distinct hosts)")
+    ap.add_argument("--seconds", type=int, default=20, help="seconds of fleet traffic to send")
+    ap.add_argument("--per-request", type=int, default=1, help="1-s segments per HTTP request")
+    ap.add_argument("--procs", type=int, default=1, help="client processes")
+    ap.add_argument("--connections", type=int, default=64, help="connections per client process")
     ap.add_argument("--roll-s", type=float, default=0.2, help="daemon group-commit interval")
+    ap.add_argument("--compression", default="", help="daemon Parquet codec (default: its own)")
+    ap.add_argument("--profile", default="", help="py-spy the daemon into this raw file")
     ap.add_argument("--keep", action="store_true", help="keep the store directory")
     args = ap.parse_args()
 
@@ -136,23 +221,23 @@ def main() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     (work / "fleet.key").write_bytes(KEY)
-    (work / "ingest.yml").write_text(
-        json.dumps(
-            {
-                "listen": f"127.0.0.1:{port}",
-                "store_dir": str(work / "store"),
-                "fleet_key_file": str(work / "fleet.key"),
-                "roll_s": args.roll_s,
-                "min_free_bytes": 0,
-                "log_level": "warning",
-            }
-        )
-    )
+    cfg = {
+        "listen": f"127.0.0.1:{port}",
+        "store_dir": str(work / "store"),
+        "fleet_key_file": str(work / "fleet.key"),
+        "roll_s": args.roll_s,
+        "min_free_bytes": 0,
+        "log_level": "warning",
+    }
+    if args.compression:
+        cfg["compression"] = args.compression
+    (work / "ingest.yml").write_text(json.dumps(cfg))
     log = open(work / "ingest.log", "wb")  # noqa: SIM115
     daemon = subprocess.Popen(
         [sys.executable, "-m", "clockmesh.cli", "ingest", "run", "--config", str(work / "ingest.yml")],
         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
+    spy = None
     try:
         url = f"http://127.0.0.1:{port}"
         for _ in range(300):
@@ -165,20 +250,36 @@ def main() -> None:
         ctx = mp.get_context("fork")
         ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
         procs = [
-            ctx.Process(target=generator, args=(i, args, url + "/v1/batch", t0, ready, go, out))
+            ctx.Process(target=client, args=(args, i, port, t0, ready, go, out))
             for i in range(args.procs)
         ]
         for p in procs:
             p.start()
         for _ in procs:
-            ready.get(timeout=600)
+            ready.get(timeout=1800)
+        load_before = loadavg()
+        if args.profile:
+            spy = subprocess.Popen(
+                [str(Path(sys.executable).parent / "py-spy"), "record", "-p", str(daemon.pid),
+                 "-r", "100", "-f", "raw", "-o", args.profile, "--nonblocking", "--threads"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+            time.sleep(1.0)
+        cpu0 = proc_cpu_s(daemon.pid)
         go.set()
         results = [out.get(timeout=3600) for _ in procs]
+        cpu1 = proc_cpu_s(daemon.pid)
+        load_after = loadavg()
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(60)
         for p in procs:
             p.join()
-        rows = sum(r[0] for r in results)
-        batches = sum(r[1] for r in results)
-        elapsed = max(r[3] for r in results) - min(r[2] for r in results)
+        probe = sum(r[0] for r in results)
+        rows = sum(r[1] for r in results)
+        requests = sum(r[2] for r in results)
+        elapsed = max(r[4] for r in results) - min(r[3] for r in results)
+        client_cpu = sum(r[5] for r in results)
         import duckdb
 
         con = duckdb.connect(str(work / "store" / "catalog.duckdb"), read_only=True)
@@ -186,20 +287,34 @@ def main() -> None:
             "SELECT (SELECT count(*) FROM probe_tx) + (SELECT count(*) FROM probe_rx)"
         ).fetchone()[0]
         con.close()
-        rate = rows / elapsed
+        rate = probe / elapsed
+        m = probe / 1e6
         print(f"machine: {machine()}")
+        print(f"load average before/after: {load_before} / {load_after}")
         print(
-            f"setup: {args.hosts} hosts x {args.seconds} s, {args.span} s per batch "
-            f"(~{rows // max(batches, 1)} records/batch), {args.procs} generator procs x "
-            f"{args.concurrency} in flight, roll_s={args.roll_s}"
+            f"setup: {args.hosts} hosts x {args.seconds} s, {args.per_request} x 1-s segment per "
+            f"request (~{rows // max(requests, 1)} rows, {probe // max(requests, 1)} probe records), "
+            f"{args.procs} client procs x {args.connections} connections, roll_s={args.roll_s}"
         )
-        print(f"acknowledged: {batches} batches, {rows} records in {elapsed:.2f} s")
-        print(f"stored (read back via catalog): {stored} records  exact={stored == rows}")
-        print(f"throughput: {rate:,.0f} records/s end to end ({batches / elapsed:,.0f} batches/s)")
-        print(f"hosts per ops box at 80 probes/s (tx + rx = 160 records/s/host): {rate / 160:,.0f}")
-        if stored != rows:
+        print(f"acknowledged: {requests} requests, {probe} probe records ({rows} rows) "
+              f"in {elapsed:.2f} s")  # fmt: skip
+        print(f"stored (read back via catalog): {stored} probe records  exact={stored == probe}")
+        print(
+            f"throughput: {rate:,.0f} probe records/s end to end ({rows / elapsed:,.0f} rows/s, "
+            f"{requests / elapsed:,.0f} requests/s, {requests * args.per_request / elapsed:,.0f} "
+            "segments/s)"
+        )
+        print(f"ack latency: p50 {results[0][6] * 1e3:.0f} ms, p99 {results[0][7] * 1e3:.0f} ms")
+        print(
+            f"cpu: daemon {cpu1 - cpu0:.1f} s ({(cpu1 - cpu0) / m:.2f} s per M probe records), "
+            f"client {client_cpu:.1f} s ({client_cpu / m:.2f} s per M)"
+        )
+        print(f"hosts per ops box at 80 probes/s (160 probe records/s/host): {rate / 160:,.0f}")
+        if stored != probe:
             sys.exit("store does not hold exactly the acknowledged records")
     finally:
+        if spy is not None and spy.poll() is None:
+            spy.kill()
         daemon.send_signal(signal.SIGTERM)
         try:
             daemon.wait(30)

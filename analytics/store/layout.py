@@ -171,6 +171,21 @@ for _spec in _DAEMON_TABLES:
     TABLES[_spec.name] = _spec
 
 DEFAULT_RETENTION_S = {"raw": 7 * 86400, "aggregate": 180 * 86400}
+
+# Parquet encoding (store_writer): dictionary pages only where a column has few distinct
+# values per file; min/max statistics where readers filter (time, host ids, commit).
+DICTIONARY_COLUMNS = frozenset(
+    {"src", "dst", "host", "host_id", "sport", "dport", "port", "pair", "ts_kind", "transport",
+     "ttl", "spacing_ns", "source", "device", "name", "gid_type", "ndev", "default_roce_mode",
+     "job_id", "event", "kind", "link", "a_node", "b_node", "a_port", "b_port", "method",
+     "reference", "paths", "commit", "rows", "bytes", "gid_index", "pid", "action", "target",
+     "status", "actor", "check_mode", "anomaly_id", "remediation_id", "hosts", "undo", "detail"}
+)  # fmt: skip
+STATISTICS_COLUMNS = frozenset(
+    {"tx_ns", "rx_ns", "t1_ns", "ts_ns", "received_ns", "minute_ns", "window_start_ns",
+     "window_end_ns", "opened_ns", "closed_ns", "created_ns", "commit", "segment", "src", "dst",
+     "host", "host_id", "seq"}
+)  # fmt: skip
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 _UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 

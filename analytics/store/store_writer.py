@@ -12,11 +12,12 @@ send them again and each acknowledged row ends up in the store exactly once.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import duckdb
@@ -51,6 +52,8 @@ class StoreWriter:
         self.ledger = SegmentLedger()
         self.committed = -1  # highest durable commit number
         self.recovered_orphans = 0
+        # fsyncs of one commit run concurrently: ext4 folds them into one journal commit
+        self._sync_pool = concurrent.futures.ThreadPoolExecutor(8, "fsync")
 
     # ---- opening -----------------------------------------------------------------
     def open(self) -> None:
@@ -181,44 +184,86 @@ class StoreWriter:
         st = os.statvfs(self.root)
         return st.f_bavail * st.f_frsize
 
+    def _encode_parquet(self, path: Path, table: pa.Table) -> None:
+        """Encode ``table`` to ``path`` (not yet durable).
+
+        Settings chosen by benchmarks/bench_ingest.py's profile (docs/store.md,
+        "Performance"): dictionary encoding only on low-cardinality columns (on ids,
+        sequence numbers and nanosecond times it costs time and saves nothing), min/max
+        statistics only where readers prune (time columns, host ids).
+        """
+        names = table.column_names
+        pq.write_table(
+            table,
+            path,
+            compression=self.compression,
+            use_dictionary=[c for c in names if c in layout.DICTIONARY_COLUMNS],
+            write_statistics=[c for c in names if c in layout.STATISTICS_COLUMNS],
+            row_group_size=1 << 22,
+        )
+
     def _write_parquet(self, path: Path, table: pa.Table) -> None:
         tmp = path.with_name(path.name + ".tmp")
         try:
-            pq.write_table(table, tmp, compression=self.compression)
+            self._encode_parquet(tmp, table)
             layout.fsync_file(tmp)
             os.replace(tmp, path)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
 
-    def write_partitioned(self, table: str, data: pa.Table, name: str) -> list[Path]:
-        """Write ``data`` as ``name`` into each hour partition its rows fall in (durably)."""
+    def _hour_groups(self, table: str, data: pa.Table) -> list[tuple[int, pa.Table]]:
         spec = TABLES[table]
         ts = data.column(spec.time_column).to_numpy()
         buckets = ts // layout.NS_PER_HOUR
         first = int(buckets[0])
         if (buckets == first).all():
-            groups = [(first, data)]
-        else:
-            groups = []
-            for bucket in np.unique(buckets).tolist():
-                idx = np.flatnonzero(buckets == bucket)
-                groups.append((int(bucket), data.take(pa.array(idx))))
+            return [(first, data)]
+        groups = []
+        for bucket in np.unique(buckets).tolist():
+            idx = np.flatnonzero(buckets == bucket)
+            groups.append((int(bucket), data.take(pa.array(idx))))
+        return groups
+
+    def write_partitioned(self, table: str, data: pa.Table, name: str) -> list[Path]:
+        """Write ``data`` as ``name`` into each hour partition its rows fall in (durably)."""
+        return self._write_many([(table, data)], name)
+
+    def _write_many(self, tables: list[tuple[str, pa.Table]], name: str) -> list[Path]:
+        """Durably write each table as ``name`` in the hour partitions its rows fall in.
+
+        Encode every file under a temporary name, fsync them all concurrently, rename,
+        fsync the directories concurrently. On error nothing of it remains.
+        """
+        staged: list[tuple[Path, Path]] = []
         written: list[Path] = []
         try:
-            for bucket, part_data in groups:
-                part = self.root / table / layout.partition_of(bucket)
-                layout.make_dirs_durable(part)
-                path = part / name
-                self._write_parquet(path, part_data)
+            for table, data in tables:
+                for bucket, part_data in self._hour_groups(table, data):
+                    part = self.root / table / layout.partition_of(bucket)
+                    layout.make_dirs_durable(part)
+                    path = part / name
+                    tmp = path.with_name(name + ".tmp")
+                    staged.append((tmp, path))
+                    self._encode_parquet(tmp, part_data)
+            self._parallel(layout.fsync_file, [tmp for tmp, _ in staged])
+            for tmp, path in staged:
+                os.replace(tmp, path)
                 written.append(path)
-            for directory in {p.parent for p in written}:
-                layout.fsync_dir(directory)
+            self._parallel(layout.fsync_dir, list({p.parent for p in written}))
         except BaseException:
-            for path in written:
+            for tmp, path in staged:
+                tmp.unlink(missing_ok=True)
                 path.unlink(missing_ok=True)
             raise
         return written
+
+    def _parallel(self, fn: Callable[[Path], None], paths: list[Path]) -> None:
+        if len(paths) == 1:
+            fn(paths[0])
+            return
+        for fut in [self._sync_pool.submit(fn, p) for p in paths]:
+            fut.result()
 
     def commit(self, number: int, tables: dict[str, pa.Table], batches: pa.Table) -> int:
         """Durably write one group commit; returns bytes written. All-or-nothing."""
@@ -227,10 +272,10 @@ class StoreWriter:
         name = f"c{number:012d}.parquet"
         written: list[Path] = []
         try:
-            for table, data in tables.items():
-                if data.num_rows:
-                    written += self.write_partitioned(table, data, name)
-            written += self.write_partitioned("batches", batches, name)
+            data = [(t, d) for t, d in tables.items() if d.num_rows]
+            written += self._write_many(data, name)
+            # the commit record goes last, once every data file is durable
+            written += self._write_many([("batches", batches)], name)
         except OSError as exc:
             leftovers = self._rollback(written)
             reason = f"writing commit {number} failed: {exc.strerror or exc}"
