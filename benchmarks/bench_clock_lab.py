@@ -137,6 +137,15 @@ def true_relative(truth: dict, t0: dict[int, int], hosts: np.ndarray, ref: int) 
     return o - o.mean()
 
 
+def _baseline(echoes: np.ndarray, ref: int, method: str, truth: dict, t0: dict) -> float:
+    hosts, off = rtt2_host_offsets(rtt2_baseline(echoes, ref_ns=ref, method=method))
+    ok = np.isin(hosts, list(truth))
+    hosts, off = hosts[ok], off[ok]
+    if len(hosts) < 2:
+        return float("nan")
+    return float(np.median(np.abs((off - off.mean()) - true_relative(truth, t0, hosts, ref))))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -171,7 +180,7 @@ def main() -> int:
     print(f"{len(truth)} lab hosts, {len(tx)} tx, {len(rx)} rx, {len(echoes)} echoes; "
           f"windows of {args.window_s} s over the last {args.seconds} s")  # fmt: skip
     print(f"{'window':>6} {'solved':>6} {'pure':>6} {'med ns':>8} {'p99 ns':>8} {'max ns':>8} "
-          f"{'RTT/2 med':>9} {'ratio':>6}")  # fmt: skip
+          f"{'RTT/2 med':>9} {'ratio':>6} {'minRTT/2':>9}")  # fmt: skip
     result = None
     for w0 in range(start, end - win + 1, win):
         sel_tx = tx[(tx["tx_ns"] >= w0) & (tx["tx_ns"] < w0 + win)]
@@ -187,21 +196,19 @@ def main() -> int:
             continue
         est = sol.clock["offset_ns"][ok]
         err = np.abs((est - est.mean()) - true_relative(truth, t0, hosts, sol.ref_ns))
-        b_hosts, b_off = rtt2_host_offsets(rtt2_baseline(sel_ec, ref_ns=sol.ref_ns, method="mean"))
-        b_ok = np.isin(b_hosts, list(truth))
-        b_hosts, b_off = b_hosts[b_ok], b_off[b_ok]
-        b_err = np.abs((b_off - b_off.mean()) - true_relative(truth, t0, b_hosts, sol.ref_ns))
-        med, bmed = float(np.median(err)), float(np.median(b_err)) if len(b_err) else float("nan")
+        bmed, bmin = (_baseline(sel_ec, sol.ref_ns, m, truth, t0) for m in ("mean", "min_rtt"))
+        med = float(np.median(err))
         print(f"{(w0 - start) / 1e9:>6.0f} {len(hosts):>6} {sol.drops['pair_pure']:>6} {med:>8.0f} "
               f"{np.percentile(err, 99):>8.0f} {err.max():>8.0f} {bmed:>9.0f} "
-              f"{bmed / max(med, 1e-9):>6.1f}")  # fmt: skip
-        result = (med, float(np.percentile(err, 99)), bmed, sol)
+              f"{bmed / max(med, 1e-9):>6.1f} {bmin:>9.0f}")  # fmt: skip
+        result = (med, float(np.percentile(err, 99)), bmed, bmin, sol)
     if result is None:
         print("bench_clock_lab: no window could be solved", file=sys.stderr)
         return 1
-    med, p99, bmed, sol = result
+    med, p99, bmed, bmin, sol = result
     print(f"\nlast window: solver median |offset error| {med:.0f} ns, p99 {p99:.0f} ns; "
-          f"RTT/2 median {bmed:.0f} ns ({bmed / max(med, 1e-9):.1f}x); noise {sol.noise_ns:.0f} ns; "
+          f"RTT/2 median {bmed:.0f} ns ({bmed / max(med, 1e-9):.1f}x), with NTP's min-RTT "
+          f"filter {bmin:.0f} ns ({bmin / max(med, 1e-9):.1f}x); noise {sol.noise_ns:.0f} ns; "
           f"pairs flagged {int(sol.stats['pairs_flagged'])}")  # fmt: skip
     print("drops:", sol.drops)
     return 0
