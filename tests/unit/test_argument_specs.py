@@ -78,12 +78,6 @@ def test_public_variables_are_role_prefixed_and_declared(role: str) -> None:
     assert undeclared == [], f"{role}: used but not in defaults/main.yml: {undeclared}"
 
 
-@pytest.mark.parametrize("role", ["clockmesh_collector", "clockmesh_opsbox"])
-def test_preflight_entry_point_checks_the_same_variables(role: str) -> None:
-    specs = _specs(role)
-    assert specs["preflight"]["options"] == specs["main"]["options"]
-
-
 @pytest.mark.parametrize("role", ROLES)
 def test_readme_documents_every_variable(role: str) -> None:
     readme = (ROLES_DIR / role / "README.md").read_text(encoding="utf-8")
