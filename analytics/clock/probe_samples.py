@@ -167,6 +167,18 @@ def _pair_partners(
     return partner
 
 
+def take_rows(records: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``records[rows]`` for a structured array, fast.
+
+    numpy copies structured rows with subarray fields item by item; gathering the
+    same bytes as rows of machine words is a plain memcpy per row."""
+    size = records.dtype.itemsize
+    if size % 8 or not records.flags.c_contiguous:
+        return records[rows]
+    words = records.view(np.uint64).reshape(len(records), size // 8)
+    return np.take(words, rows, axis=0).view(records.dtype).reshape(len(rows))
+
+
 def _tolerance(kind_a: np.ndarray, kind_b: np.ndarray, spacing_tol: tuple[int, int]) -> np.ndarray:
     """Per coded pair: the hardware tolerance when all its timestamps are NIC/RDMA ones."""
     hw = (kind_a >= TsKind.HW) & (kind_b >= TsKind.HW)
@@ -277,7 +289,7 @@ def _echo_samples(
     e_complete = e_part >= 0
     drops["echo_pair_incomplete"] = int(np.count_nonzero(~e_complete))
     a, b = e_first[e_complete], e_part[e_complete]
-    ea, eb = echoes[a], echoes[b]  # two row gathers, all fields at once
+    ea, eb = take_rows(echoes, a), take_rows(echoes, b)  # all fields at once
     sane = (ea["t4_ns"] >= ea["t1_ns"]) & (ea["t3_ns"] >= ea["t2_ns"])
     sane &= (eb["t4_ns"] >= eb["t1_ns"]) & (eb["t3_ns"] >= eb["t2_ns"])
     sane &= (ea["dst"] == eb["dst"]) & (ea["dst"] != ea["src"])
