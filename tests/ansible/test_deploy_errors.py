@@ -71,6 +71,7 @@ def test_malformed_variable_fails_everywhere_before_any_change(
         assert _absent(small_lab, host, "/etc/clockmesh/fleet.key"), host
 
 
+@pytest.mark.timeout(1800)
 def test_invalid_collector_yml_keeps_the_old_file_and_check_mode_is_clean(
     small_lab: Lab, deploy_args: list[str]
 ) -> None:

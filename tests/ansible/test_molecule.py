@@ -12,6 +12,7 @@ from tests.ansible.conftest import BIN, ROOT, needs_root, tool_env
 pytestmark = [pytest.mark.root, pytest.mark.lab, pytest.mark.molecule]
 
 
+@pytest.mark.timeout(1800)
 def test_molecule_scenario_converges_idempotently_and_verifies() -> None:
     needs_root()
     env = tool_env()
