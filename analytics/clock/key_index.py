@@ -115,7 +115,8 @@ def dense_ids(keys: np.ndarray, size_hint: int | None = None) -> tuple[np.ndarra
         uniques.append(table[occupied])
         next_id += len(occupied)
         if pending is None:
-            ids[won] = rank[slot[won]]
+            # all rows at once; the few that lost their slot are overwritten below
+            ids = np.take(rank, slot)
             pending = np.flatnonzero(~won)
         else:
             ids[pending[won]] = rank[slot[won]]
