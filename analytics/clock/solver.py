@@ -164,13 +164,18 @@ def solve_window(
     pb = pair_keys % max(n, 1)
 
     # ---- per-pair fit (two passes: the second detrends with the first's slope) ------
-    s_guess = np.where(has_prior[pa] & has_prior[pb], p_drift[pb] - p_drift[pa], 0.0)
-    prior_pairs = bool((has_prior[pa] & has_prior[pb]).any())
-    # Pass 1 only needs a slope good enough to pick envelope points inside a bin:
-    # a decimated sample (<= 400k rows) and 4 bins do.
-    step = max(1, len(pid) // 400_000)
+    known = has_prior[pa] & has_prior[pb]
+    s_guess = np.where(known, p_drift[pb] - p_drift[pa], 0.0)
+    prior_pairs = bool(known.any())
+    # Pass 1 only needs a slope good enough to pick envelope points inside a bin.
+    # Pairs whose drift the prior knows skip it; the rest use a decimated sample
+    # (<= 400k rows) and 4 bins.
+    rows = np.flatnonzero(~np.take(known, pid)) if prior_pairs else slice(None)
+    n_rows = len(pid) if isinstance(rows, slice) else len(rows)
+    if n_rows > 400_000:
+        rows = np.arange(len(pid))[rows][:: n_rows // 400_000]
     coarse = fit_pairs(
-        pid[::step], rev[::step], x[::step], y[::step], n_pairs, slope_guess=s_guess,
+        pid[rows], rev[rows], x[rows], y[rows], n_pairs, slope_guess=s_guess,
         noise_ns=None if prior_pairs else 1000.0, noise_floor_ns=cfg.noise_floor_ns,
         window_ns=float(window_ns), n_bins=min(cfg.n_bins, 4),
     )  # fmt: skip
