@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 import time
@@ -71,6 +72,11 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=5.0)
     ap.add_argument("--probes-per-s", type=float, default=1000.0, help="probes sent per collector")
     ap.add_argument("--no-echo", action="store_true", help="probe without echoes")
+    ap.add_argument(
+        "--py-spy",
+        metavar="FILE",
+        help="also sample the collector with py-spy over the window (collapsed stacks to FILE)",
+    )
     args = ap.parse_args()
     ports = 8
     rate_per_port = args.probes_per_s / 2 / ports  # coded pairs per (buddy, port) per second
@@ -120,10 +126,20 @@ def main() -> None:
             assert a.proc is not None
             time.sleep(args.warmup)
             pid = a.proc.pid
+            spy = None
+            if args.py_spy:
+                spy = subprocess.Popen(
+                    [str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(pid),
+                     "--duration", str(int(args.seconds)), "--rate", "250", "--format", "raw",
+                     "--nonblocking", "--output", args.py_spy],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                )  # fmt: skip
             st0, c0, t0 = a.status(), cpu_seconds(pid), time.monotonic()
             time.sleep(args.seconds)
             st1, c1, t1 = a.status(), cpu_seconds(pid), time.monotonic()
             mem = mem_kib(pid)
+            if spy is not None:
+                spy.wait(30)
         finally:
             a.stop()
             b.stop()
