@@ -247,7 +247,11 @@ def solve_window(
 
     owd = _owd(rx, ps, theta, drift, ref)
     clock_t.lap("t_owd_s")
-    state = _next_state(prior, hosts, theta, drift, o_sig, d_sig, status, ref, cfg)
+    # a host seen but not solved keeps the age of its last solution (so it expires)
+    seen = np.full(n, ref, np.int64)
+    if prior is not None and pred.any():
+        seen[pred] = prior.last_seen_ns[prior_i[pred]]
+    state = _next_state(prior, hosts, theta, drift, o_sig, d_sig, status, seen, ref, cfg)
     stats["hosts"] = n
     stats["hosts_solved"] = int(solved.sum())
     stats["components"] = int(comp.max()) + 1 if (comp >= 0).any() else 0
@@ -435,11 +439,11 @@ def _next_state(
     o_sig: np.ndarray,
     d_sig: np.ndarray,
     status: np.ndarray,
+    seen: np.ndarray,
     ref: int,
     cfg: SolverConfig,
 ) -> ClockState:
-    keep = status != HostStatus.UNSOLVED
-    seen = np.full(len(hosts), ref, np.int64)
+    keep = (status != HostStatus.UNSOLVED) & (ref - seen <= cfg.state_max_age_ns)
     ids = [hosts[keep]]
     off = [theta[keep]]
     dr = [np.nan_to_num(drift[keep])]

@@ -273,3 +273,28 @@ def test_hardware_timestamps_get_the_tight_spacing_tolerance() -> None:
     rx["ts_kind"] = 2  # TsKind.HW
     hw = solve_window(tx, rx, ec, window_start_ns=START, window_ns=WIN)
     assert hw.drops["pair_impure"] == 1  # beyond the hardware tolerance (200 ns)
+
+
+def test_state_forgets_hosts_not_solved_for_too_long() -> None:
+    offs = {"a": 0.0, "b": 1_000.0, "c": -700.0}
+    m1 = Mesh(offs)
+    for x, y in (("a", "b"), ("b", "c"), ("a", "c")):
+        m1.both_ways(x, y, 5_000, 5_000)
+    state = solve(m1).state
+    m2 = Mesh(offs)
+    m2.both_ways("a", "b", 5_000, 5_000)
+    for i in range(2):  # c keeps sending, but only impure pairs
+        m2.pair("c", "a", i * 4e8 + 1e6, 5_000, delay2=90_000)
+    cfg = SolverConfig(state_max_age_ns=5 * WIN)
+    statuses = []
+    for _ in range(8):  # the same data, window after window
+        tx, rx, ec = m2.arrays()
+        sol = solve_window(tx, rx, ec, window_start_ns=START, window_ns=WIN, prior=state,
+                           config=cfg)  # fmt: skip
+        # pretend time moves on: age the state by one window
+        state = sol.state
+        state.last_seen_ns = state.last_seen_ns - WIN
+        row = sol.clock[sol.clock["host"] == host_id("c")][0]
+        statuses.append(int(row["status"]))
+    assert statuses[0] == HostStatus.PREDICTED
+    assert statuses[-1] == HostStatus.UNSOLVED
