@@ -58,8 +58,7 @@ log = logging.getLogger("clockmesh.ingest")
 class PendingBatch:
     """One request's new segments, waiting for their group commit."""
 
-    segs: list[wire.Segment]
-    nbytes: list[int]
+    segs: list[ingest_body.SegmentView]
     rows: int
     received_ns: int
     future: asyncio.Future
@@ -209,14 +208,10 @@ class IngestServer:
             )
         if not self._authentic(body, request.headers.get("Authorization")):
             return self._reject(401, "auth", "missing or invalid HMAC for this body", request)
-        segs: list[wire.Segment] = []
-        sizes: list[int] = []
         try:
-            for part in ingest_body.split(body):
-                segs.append(wire.decode(part))
-                sizes.append(len(part))
+            segs = ingest_body.decode(body)
         except wire.WireError as exc:
-            text = str(exc) if not segs else f"segment {len(segs) + 1} of the body: {exc}"
+            text = str(exc)
             if "not supported" in text:
                 return self._reject(422, "schema", text, request)
             return self._reject(400, "malformed", text, request)
@@ -231,11 +226,10 @@ class IngestServer:
         # per segment: already stored, in flight in another request, or new
         status_of: list[str] = []
         waits: list[asyncio.Future] = []
-        new: list[wire.Segment] = []
-        new_sizes: list[int] = []
+        new: list[ingest_body.SegmentView] = []
         seen: set[tuple[int, int]] = set()
         ledger = self.writer.ledger
-        for seg, size in zip(segs, sizes, strict=True):
+        for seg in segs:
             key = (seg.host_id, seg.segment)
             existing = self._inflight.get(key)
             if key in ledger or key in seen:
@@ -246,14 +240,13 @@ class IngestServer:
             else:
                 status_of.append("stored")
                 new.append(seg)
-                new_sizes.append(size)
             seen.add(key)
         if new:
             future: asyncio.Future = asyncio.get_running_loop().create_future()
-            rows = sum(seg.rows() for seg in new)
+            rows = sum([seg.total_rows for seg in new])
             for seg in new:
                 self._inflight[(seg.host_id, seg.segment)] = future
-            self._pending.append(PendingBatch(new, new_sizes, rows, time.time_ns(), future))
+            self._pending.append(PendingBatch(new, rows, time.time_ns(), future))
             self._pending_rows += rows
             self.metrics.pending_rows.set(self._pending_rows)
             self._wake.set()
@@ -279,11 +272,11 @@ class IngestServer:
         return hmac.compare_digest(expected, authorization[len(prefix) :].strip())
 
     @staticmethod
-    def _ack(segs: list[wire.Segment], status_of: list[str]) -> dict:
+    def _ack(segs: list[ingest_body.SegmentView], status_of: list[str]) -> dict:
         if len(segs) == 1:
-            return {"status": status_of[0], "segment": segs[0].segment, "rows": segs[0].rows()}
+            return {"status": status_of[0], "segment": segs[0].segment, "rows": segs[0].total_rows}
         per = [
-            {"segment": seg.segment, "status": st, "rows": seg.rows()}
+            {"segment": seg.segment, "status": st, "rows": seg.total_rows}
             for seg, st in zip(segs, status_of, strict=True)
         ]
         overall = "stored" if "stored" in status_of else "duplicate"
@@ -449,10 +442,12 @@ class IngestServer:
             tables: dict[str, pa.Table] = {}
             bad: PendingBatch | None = None
             for name in records.TABLES:
-                arrays = [a for b in live for seg in b.segs for a in seg.tables.get(name, ())]
-                if not arrays:
+                chunks = [c for b in live for seg in b.segs for c in seg.chunks.get(name, ())]
+                if not chunks:
                     continue
-                rows = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+                # the chunks are views of the request bodies: one join of raw bytes and one
+                # frombuffer per table and commit
+                rows = np.frombuffer(b"".join(chunks), records.TABLES[name])
                 try:
                     tables[name] = layout.records_to_arrow(name, rows)
                 except (pa.ArrowInvalid, UnicodeDecodeError):
@@ -465,7 +460,7 @@ class IngestServer:
     def _find_bad_text(self, live: list[PendingBatch], name: str) -> PendingBatch:
         for b in live:
             for seg in b.segs:
-                if name not in seg.tables:
+                if name not in seg.chunks:
                     continue
                 try:
                     layout.records_to_arrow(name, seg.table(name))
@@ -484,10 +479,10 @@ class IngestServer:
         group = [b for b in group if b not in self._rejected]
         if not group:
             return 0
-        segs = [(b, seg, size) for b in group for seg, size in zip(b.segs, b.nbytes, strict=True)]
+        segs = [(b, seg, seg.nbytes, seg.total_rows) for b in group for seg in b.segs]
         new_names = [
             (b.received_ns, seg.host_id, seg.host)
-            for b, seg, _ in segs
+            for b, seg, _, _ in segs
             if self._known_names.get(seg.host_id) != seg.host
         ]
         if new_names:
@@ -503,17 +498,16 @@ class IngestServer:
                 schema=layout.TABLES["host_names"].schema,
             )
         n = len(segs)
-        seg_rows = [seg.rows() for _, seg, _ in segs]
         batches = pa.table(
             {
                 "commit": pa.array(np.full(n, number, np.int64)),
-                "received_ns": pa.array([b.received_ns for b, _, _ in segs], pa.int64()),
-                "host_id": pa.array([seg.host_id for _, seg, _ in segs], pa.int64()),
-                "host": pa.array([seg.host for _, seg, _ in segs], pa.string()),
-                "segment": pa.array([seg.segment for _, seg, _ in segs], pa.int64()),
-                "created_ns": pa.array([seg.created_ns for _, seg, _ in segs], pa.int64()),
-                "rows": pa.array(seg_rows, pa.int64()),
-                "bytes": pa.array([size for _, _, size in segs], pa.int64()),
+                "received_ns": pa.array([x[0].received_ns for x in segs], pa.int64()),
+                "host_id": pa.array([x[1].host_id for x in segs], pa.int64()),
+                "host": pa.array([x[1].host for x in segs], pa.string()),
+                "segment": pa.array([x[1].segment for x in segs], pa.int64()),
+                "created_ns": pa.array([x[1].created_ns for x in segs], pa.int64()),
+                "rows": pa.array([x[3] for x in segs], pa.int64()),
+                "bytes": pa.array([x[2] for x in segs], pa.int64()),
             },
             schema=layout.TABLES["batches"].schema,
         )
@@ -526,7 +520,7 @@ class IngestServer:
         now_ns = time.time_ns()
         # copy-on-write: the event loop and the live thread read these without a lock
         hosts = dict(self.view.hosts)
-        for b, seg, _ in segs:
+        for b, seg, _, _ in segs:
             h = hosts.get(seg.host_id)
             if h is None:
                 h = hosts[seg.host_id] = HostState(
@@ -536,14 +530,14 @@ class IngestServer:
             h.last_ns = max(h.last_ns, b.received_ns)
             h.batches += 1
             counts = dict(h.rows)
-            for name, parts in seg.tables.items():
-                counts[name] = counts.get(name, 0) + sum(len(p) for p in parts)
+            for name, n in seg.rows.items():
+                counts[name] = counts.get(name, 0) + n
             h.rows = counts
         self.view.hosts = hosts
         for name, data in tables.items():
             if name in records.TABLES:
                 self.metrics.rows.labels(name).inc(data.num_rows)
-        self.metrics.bytes.inc(sum(size for _, _, size in segs))
+        self.metrics.bytes.inc(sum(x[2] for x in segs))
         self.hot.add(now_ns, tables)
         self.metrics.hot_rows.set(self.hot.rows)
         log.debug("commit %d took %.3fs", number, time.monotonic() - started)

@@ -212,6 +212,7 @@ def main() -> None:
     ap.add_argument("--connections", type=int, default=64, help="connections per client process")
     ap.add_argument("--roll-s", type=float, default=0.2, help="daemon group-commit interval")
     ap.add_argument("--compression", default="", help="daemon Parquet codec (default: its own)")
+    ap.add_argument("--live-refresh-s", type=float, default=0, help="daemon live_refresh_s")
     ap.add_argument("--profile", default="", help="py-spy the daemon into this raw file")
     ap.add_argument("--keep", action="store_true", help="keep the store directory")
     args = ap.parse_args()
@@ -231,6 +232,8 @@ def main() -> None:
     }
     if args.compression:
         cfg["compression"] = args.compression
+    if args.live_refresh_s:
+        cfg["live_refresh_s"] = args.live_refresh_s
     (work / "ingest.yml").write_text(json.dumps(cfg))
     log = open(work / "ingest.log", "wb")  # noqa: SIM115
     daemon = subprocess.Popen(
