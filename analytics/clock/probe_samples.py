@@ -82,6 +82,20 @@ class SeqLayout:
         self.dense = self.total <= _MAX_SLOTS_PER_ROW * max(len(seq), 1) + 4096
         self.offset = np.concatenate(([0], np.cumsum(self.span)[:-1])).astype(np.int64)
 
+    def own_position(self, host_i: np.ndarray, seq: np.ndarray) -> np.ndarray:
+        """Slots of the rows the layout was built from (always in range; -1 for host -1)."""
+        n = len(host_i)
+        if n == 0:
+            return np.empty(0, np.int64)
+        starts = np.concatenate(([0], np.flatnonzero(host_i[1:] != host_i[:-1]) + 1))
+        h = host_i[starts]
+        hv = np.maximum(h, 0)
+        shift = np.where(h >= 0, self.offset[hv] - self.base[hv], np.iinfo(np.int64).min)
+        pos = seq + np.repeat(shift, np.diff(np.append(starts, n)))
+        if (h < 0).any():
+            pos[np.repeat(h < 0, np.diff(np.append(starts, n)))] = -1
+        return pos
+
     def position(self, host_i: np.ndarray, seq: np.ndarray) -> np.ndarray:
         """Slot of each (host, seq); -1 where it cannot be in this layout."""
         n = len(host_i)
@@ -241,7 +255,7 @@ def _probe_samples(
     tx_src_i = host_index_of(hosts, tx["src"])
     tx_seq = tx["seq"].astype(np.int64)
     layout = SeqLayout(tx_src_i, tx_seq, n_hosts)
-    tx_time = SlotValues(layout, layout.position(tx_src_i, tx_seq), tx["tx_ns"])
+    tx_time = SlotValues(layout, layout.own_position(tx_src_i, tx_seq), tx["tx_ns"])
     drops["tx_duplicate"] = tx_time.written - tx_time.stored
 
     # ---- RX: join ------------------------------------------------------------------
@@ -265,7 +279,10 @@ def _probe_samples(
     f, p = first[complete], partner[complete]
     tx_gap = t_tx[p] - t_tx[f]
     rx_gap = rx_ns[p] - rx_ns[f]
-    tol = _tolerance(rx["ts_kind"][f], rx["ts_kind"][p], spacing_tol)
+    if spacing_tol[0] == spacing_tol[1] or int(rx["ts_kind"].max(initial=0)) < TsKind.HW:
+        tol: np.ndarray | int = spacing_tol[0]  # no NIC timestamps: one sequential read
+    else:
+        tol = _tolerance(rx["ts_kind"][f], rx["ts_kind"][p], spacing_tol)
     ok = (tx_gap > 0) & (np.abs(rx_gap - tx_gap) <= tol)
     drops["pair_impure"] = int(np.count_nonzero(~ok))
     drops["pair_pure"] = int(np.count_nonzero(ok))
