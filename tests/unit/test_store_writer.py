@@ -217,3 +217,52 @@ def test_config_errors_name_the_key(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"fleet_key_file: .* expected at least 16"):
         ingest_config.read_fleet_key(key, path)
     os.chmod(key, 0o600)
+
+
+def test_hot_window_settles_incrementally_with_late_receivers_and_live_view() -> None:
+    """As the daemon drives it: a commit per second, live() + rollup() every 5 s. Host 7's
+    segments reach the ops box 8 s late (after lag_s, within grace_s): its probe_rx still
+    match in the rollups; host 4 loses 25 %, which live and rollups both show."""
+    start = (T0 // layout.NS_PER_MINUTE) * layout.NS_PER_MINUTE - 1
+    t0 = start + 1
+    hot = HotWindow(grace_s=20, lag_s=5, start_ns=start)
+    ids = ingest_load.host_ids(12)
+    late: dict[int, list] = {}
+    rolled = []
+    snap = None
+    for now_s in range(0, 100):
+        arrival = t0 + now_s * 10**9
+        if now_s < 60:
+            for i in range(12):
+                seg = wire.decode(
+                    ingest_load.fleet_segment(i, ids, now_s, t0_ns=t0, loss=0.25 if i == 4 else 0)
+                )
+                tables = {t: layout.records_to_arrow(t, seg.table(t)) for t in seg.tables}
+                if i == 7:
+                    late.setdefault(now_s + 8, []).append(tables)
+                else:
+                    hot.add(arrival, tables)
+        for tables in late.pop(now_s, []):
+            hot.add(arrival, tables)
+        if now_s % 5 == 4:
+            snap = hot.live(now_ns=arrival)
+            if now_s == 59:
+                by_dst = {}
+                for p in snap.pairs:
+                    by_dst.setdefault(p.dst, []).append(p)
+                assert 0.15 < sum(p.loss for p in by_dst[ids[4]]) / 10 < 0.35
+                assert all(p.loss == 0 for p in by_dst[ids[1]])
+                assert all(5_000 <= p.owd_raw_p50_ns <= 7_000 for p in by_dst[ids[1]])
+            got = hot.rollup(now_ns=arrival)
+            if got is not None:
+                rolled.append(got)
+    assert len(rolled) == 1
+    _first, pair, _path = rolled[0]
+    rows = pair.to_pylist()
+    assert len(rows) == 120 and all(r["sent"] == 480 for r in rows)
+    to7 = [r for r in rows if r["dst"] == ids[7]]
+    assert all(r["received"] == 480 for r in to7)  # late, but within grace
+    clean = [r for r in rows if r["dst"] not in (ids[4],)]
+    assert all(r["received"] == 480 for r in clean)
+    assert hot.rows < 12 * 160 * 40  # settled probes do not pile up
+    assert snap is not None
