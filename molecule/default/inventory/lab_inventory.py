@@ -15,6 +15,11 @@ from typing import Any
 
 import yaml
 
+OVERRIDES = {
+    "CLOCKMESH_WHEELHOUSE_SOURCE_DIR": "clockmesh_wheelhouse_source_dir",
+    "CLOCKMESH_WHEELHOUSE_DIR": "clockmesh_wheelhouse_dir",
+}
+
 
 def flatten(inventory: dict[str, Any]) -> dict[str, Any]:
     """YAML inventory (nested children) -> the script format (`_meta.hostvars`)."""
@@ -46,7 +51,13 @@ def main() -> int:
     lab = os.environ.get("CLOCKMESH_MOLECULE_LAB", "molecule")
     path = project / ".lab" / lab / "inventory.yml"
     data = yaml.safe_load(path.read_text(encoding="utf-8")) if path.is_file() else {}
-    print(json.dumps(flatten(data or {})))
+    inventory = flatten(data or {})
+    # tests/ansible/test_molecule.py builds from a frozen copy of the source into a
+    # private wheelhouse; by hand the role defaults (this repository) apply.
+    for env, var in OVERRIDES.items():
+        if os.environ.get(env) and "all" in inventory:
+            inventory["all"]["vars"][var] = os.environ[env]
+    print(json.dumps(inventory))
     return 0
 
 
