@@ -123,6 +123,7 @@ def main() -> None:
     ap.add_argument("--max-hosts", type=int, default=10_000)
     ap.add_argument("--windows", type=int, default=5, help="windows per size (first is warm-up)")
     ap.add_argument("--spacing-tol-ns", type=int, default=100)
+    ap.add_argument("--threads", type=int, default=1, help="SolverConfig.threads (1 or 2)")
     ap.add_argument(
         "--no-tune-allocator", action="store_true", help="leave glibc malloc thresholds alone"
     )
@@ -130,7 +131,7 @@ def main() -> None:
     tuned = False if args.no_tune_allocator else tune_allocator()
     print(machine())
     print(f"glibc malloc thresholds raised (analytics.clock.tune_allocator): {tuned}")
-    solver = SolverConfig(spacing_tol_ns=args.spacing_tol_ns)
+    solver = SolverConfig(spacing_tol_ns=args.spacing_tol_ns, threads=args.threads)
     print(
         "\nidle fabric, 10 buddies (3 own rack + 7 random) x 8 source ports, 1 coded pair/s per "
         "port, 2 s window,\noffsets +-5 ms, drifts +-50 ppm, timestamp noise 10 ns, "

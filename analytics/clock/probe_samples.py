@@ -221,16 +221,22 @@ def prepare(
     echoes: np.ndarray,
     hosts: KeyIndex,
     spacing_tol: tuple[int, int],
+    threads: int = 1,
 ) -> ProbeSamples:
     """Join, filter and count. ``hosts`` indexes every host id of the window.
 
-    The echo half runs in a second thread (numpy releases the GIL in these loops),
-    so a 2-core ops box does both at once."""
+    With ``threads=2`` the echo half runs in a second thread (numpy releases the GIL
+    in these loops). That helps only on an otherwise idle box: measured on the shared
+    development machine (load 5) it made the solve slower, so 1 is the default."""
     n_hosts = len(hosts)
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        echo_job = pool.submit(_echo_samples, echoes, hosts, n_hosts, spacing_tol)
+    if threads > 1 and len(echoes) > 100_000:
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            echo_job = pool.submit(_echo_samples, echoes, hosts, n_hosts, spacing_tol)
+            probe = _probe_samples(tx, rx, hosts, n_hosts, spacing_tol)
+            echo_rows, echoer, prober, echo_drops = echo_job.result()
+    else:
         probe = _probe_samples(tx, rx, hosts, n_hosts, spacing_tol)
-        echo_rows, echoer, prober, echo_drops = echo_job.result()
+        echo_rows, echoer, prober, echo_drops = _echo_samples(echoes, hosts, n_hosts, spacing_tol)
     rx_src_i, rx_dst_i, t_tx, matched, rx_ns, pure_rows, drops = probe
     drops.update(echo_drops)
     return ProbeSamples(

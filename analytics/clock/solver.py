@@ -35,6 +35,7 @@ class SolverConfig:
     disagree_floor_ns: float | None = None  # ... and beyond this (default 10 x noise)
     gauge_host: int | None = None  # host id pinned to offset 0; None: mean zero / continuity
     state_max_age_ns: int = 60_000_000_000  # forget hosts unseen for this long
+    threads: int = 1  # 2: the echo half of the join runs in a second thread (idle box only)
 
     def __post_init__(self) -> None:
         if self.echo_reverse not in ("fallback", "always", "never"):
@@ -117,7 +118,9 @@ def solve_window(
     hosts = hosts_in(tx["src"], rx["dst"], echoes["src"])
     n = len(hosts)
     index = KeyIndex(hosts)
-    ps = prepare(tx, rx, echoes, index, (cfg.spacing_tol_ns, cfg.spacing_tol_hw_ns))
+    ps = prepare(
+        tx, rx, echoes, index, (cfg.spacing_tol_ns, cfg.spacing_tol_hw_ns), threads=cfg.threads
+    )
     clock_t.lap("t_prepare_s")
 
     # prior, per host index
