@@ -229,7 +229,7 @@ def prepare(
     in these loops). That helps only on an otherwise idle box: measured on the shared
     development machine (load 5) it made the solve slower, so 1 is the default."""
     n_hosts = len(hosts)
-    if threads > 1 and len(echoes) > 100_000:
+    if threads > 1:
         with ThreadPoolExecutor(max_workers=1) as pool:
             echo_job = pool.submit(_echo_samples, echoes, hosts, n_hosts, spacing_tol)
             probe = _probe_samples(tx, rx, hosts, n_hosts, spacing_tol)

@@ -82,3 +82,16 @@ def test_dense_ids_match_unique(keys: list[int]) -> None:
         idx = KeyIndex(uniq)
         np.testing.assert_array_equal(idx.lookup(k), ids)
         assert (idx.lookup(np.array([max(keys) + 1], np.int64)) == -1).all()
+
+
+def test_threaded_join_gives_the_same_solution() -> None:
+    cfg = SimConfig(racks=3, hosts_per_rack=3, buddies_random=2, seed=4, loss=0.05)
+    sim = MeshSimulator(cfg).run()
+    sols = []
+    for threads in (1, 2):
+        config = SolverConfig(spacing_tol_ns=100, threads=threads)
+        sols.append(
+            solve_window(sim.tx, sim.rx, sim.echoes, window_start_ns=cfg.start_ns, config=config)
+        )
+    np.testing.assert_array_equal(sols[0].clock, sols[1].clock)
+    assert sols[0].drops == sols[1].drops
