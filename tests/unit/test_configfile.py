@@ -33,13 +33,18 @@ def test_minimal_config_gets_documented_defaults(tmp_path: Path) -> None:
         ("probe: {ports_per_buddy: eight}\n", "probe.ports_per_buddy: expected int, got str"),
         ("probe: {port_per_buddy: 8}\n", "probe.port_per_buddy: unknown key"),
         ("lab_clock: {offset_ns: 5}\n", "lab_clock: only allowed with lab: true"),
-        ("backend: {address: 198.18.1.2, probe_port: 70000}\n", "backend.probe_port: expected a port"),
+        (
+            "backend: {address: 198.18.1.2, probe_port: 70000}\n",
+            "backend.probe_port: expected a port",
+        ),
     ],
 )
 def test_bad_values_name_file_key_and_expectation(
     tmp_path: Path, extra: str, expected: str
 ) -> None:
-    text = MINIMAL.replace("backend: {address: 198.18.1.2}\n", "") if "backend" in extra else MINIMAL
+    text = (
+        MINIMAL.replace("backend: {address: 198.18.1.2}\n", "") if "backend" in extra else MINIMAL
+    )
     path = write(tmp_path, text + extra)
     with pytest.raises(ConfigError) as info:
         config.load(path)
