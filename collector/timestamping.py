@@ -12,8 +12,12 @@ hardware timestamping enabled); veths never do.
 
 from __future__ import annotations
 
+import functools
 import socket
 import struct
+from typing import Any
+
+import numpy as np
 
 from collector.records import TsKind
 
@@ -125,3 +129,124 @@ def read_tx_timestamps(
         if ident >= 0 and ts:
             out.append((ident, ts, int(kind), data[-tail:] if tail and len(data) >= tail else b""))
     return out
+
+
+# ---- whole batches (collector.datagram_batch) ---------------------------------------
+# The kernel writes a UDP datagram's control messages in a fixed order:
+# SCM_TIMESTAMPING (64 bytes), SO_RXQ_OVFL (24, only once drops happened), IP_TTL
+# (24); on the error queue SCM_TIMESTAMPING then IP_RECVERR. These dtypes read
+# that layout for a whole batch at once; rows in any other layout are parsed
+# one by one (rx_meta / _tx_meta_one), so an unexpected kernel costs speed only.
+_CMSG0 = [("c0_len", "=u8", 0), ("c0_level", "=i4", 8), ("c0_type", "=i4", 12),
+          ("sw_s", "=i8", 16), ("sw_ns", "=i8", 24), ("hw_s", "=i8", 48), ("hw_ns", "=i8", 56),
+          ("c1_len", "=u8", 64), ("c1_level", "=i4", 72), ("c1_type", "=i4", 76)]  # fmt: skip
+_RX_EXTRA = [("c1_val", "=i4", 80), ("c2_len", "=u8", 88), ("c2_level", "=i4", 96),
+             ("c2_type", "=i4", 100), ("c2_val", "=i4", 104)]  # fmt: skip
+_ERR_EXTRA = [("ee_origin", "u1", 84), ("ee_data", "=u4", 92)]
+_TS_SPACE = 64  # CMSG_SPACE(3 timespecs)
+_INT_SPACE = 24  # CMSG_SPACE(int)
+_INT_LEN = 20  # CMSG_LEN(int)
+_ERR_LEN = 16 + _EE.size + 16  # CMSG_LEN(sock_extended_err + sockaddr_in)
+
+
+def _control_dtype(fields: list[tuple[str, str, int]], itemsize: int) -> np.dtype:
+    return np.dtype(
+        {
+            "names": [f[0] for f in fields],
+            "formats": [f[1] for f in fields],
+            "offsets": [f[2] for f in fields],
+            "itemsize": itemsize,
+        }
+    )
+
+
+@functools.cache
+def _rx_dtype(itemsize: int) -> np.dtype:
+    return _control_dtype(_CMSG0 + _RX_EXTRA, itemsize)
+
+
+@functools.cache
+def _err_dtype(itemsize: int) -> np.dtype:
+    return _control_dtype(_CMSG0 + _ERR_EXTRA, itemsize)
+
+
+def _walk(control: bytes) -> list[tuple[int, int, bytes]]:
+    """Control bytes in the kernel's cmsg format -> [(level, type, data), ...]."""
+    out = []
+    off = 0
+    while off + 16 <= len(control):
+        length, level, ctype = struct.unpack_from("=Qii", control, off)
+        if length < 16 or off + length > len(control):
+            break
+        out.append((level, ctype, control[off + 16 : off + length]))
+        off += (length + 7) & ~7
+    return out
+
+
+def _timestamp(
+    sw_s: np.ndarray, sw_ns: np.ndarray, hw_s: np.ndarray, hw_ns: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    hw = (hw_s != 0) | (hw_ns != 0)
+    ts = np.where(hw, hw_s * 1_000_000_000 + hw_ns, sw_s * 1_000_000_000 + sw_ns)
+    kind = np.where(hw, int(TsKind.HW), np.where(ts != 0, int(TsKind.SW), int(TsKind.USER)))
+    return ts, kind.astype(np.uint8)
+
+
+def rx_meta_batch(batch: Any, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """:func:`rx_meta` for the first ``n`` datagrams of a received batch.
+
+    Returns (timestamp ns or 0, TsKind, TTL, highest kernel drop count or -1)."""
+    c = batch.control_view(_rx_dtype(batch.control.shape[1]))[:n]
+    clen = batch.controllen(n)
+    ok = (c["c0_level"] == socket.SOL_SOCKET) & (c["c0_type"] == SCM_TIMESTAMPING)
+    ok &= c["c0_len"] == 16 + _TS3.size
+    ts, kind = _timestamp(c["sw_s"], c["sw_ns"], c["hw_s"], c["hw_ns"])
+    ttl_first = (c["c1_level"] == socket.IPPROTO_IP) & (c["c1_type"] == IP_TTL)
+    ttl_first &= (c["c1_len"] == _INT_LEN) & (clen == _TS_SPACE + _INT_SPACE)
+    drops_first = (c["c1_level"] == socket.SOL_SOCKET) & (c["c1_type"] == SO_RXQ_OVFL)
+    drops_first &= (c["c1_len"] == _INT_LEN) & (clen == _TS_SPACE + 2 * _INT_SPACE)
+    drops_first &= (c["c2_level"] == socket.IPPROTO_IP) & (c["c2_type"] == IP_TTL)
+    ok &= ttl_first | drops_first
+    ttl = np.where(ttl_first, c["c1_val"], c["c2_val"]).astype(np.uint8)
+    drops = int(c["c1_val"][drops_first].max()) if drops_first.any() else -1
+    if not ok.all():
+        for i in np.flatnonzero(~ok):
+            raw = batch.control[i, : int(clen[i])].tobytes()
+            t, k, tl, d = rx_meta(_walk(raw))
+            ts[i], kind[i], ttl[i] = t, k, tl & 0xFF
+            drops = max(drops, d)
+    return ts, kind, ttl, drops
+
+
+def tx_meta_batch(batch: Any, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Error-queue messages of a batch: (send counter or -1, timestamp ns or 0, TsKind)."""
+    c = batch.control_view(_err_dtype(batch.control.shape[1]))[:n]
+    clen = batch.controllen(n)
+    ok = (c["c0_level"] == socket.SOL_SOCKET) & (c["c0_type"] == SCM_TIMESTAMPING)
+    ok &= (c["c0_len"] == 16 + _TS3.size) & (clen == _TS_SPACE + ((_ERR_LEN + 7) & ~7))
+    ok &= (c["c1_level"] == socket.IPPROTO_IP) & (c["c1_type"] == IP_RECVERR)
+    ok &= c["c1_len"] == _ERR_LEN
+    ts, kind = _timestamp(c["sw_s"], c["sw_ns"], c["hw_s"], c["hw_ns"])
+    ident = np.where(c["ee_origin"] == SO_EE_ORIGIN_TIMESTAMPING, c["ee_data"].astype(np.int64), -1)
+    if not ok.all():
+        for i in np.flatnonzero(~ok):
+            ident[i], ts[i], kind[i] = _tx_meta_one(
+                _walk(batch.control[i, : int(clen[i])].tobytes())
+            )
+    return ident, ts, kind
+
+
+def _tx_meta_one(ancdata: list[tuple[int, int, bytes]]) -> tuple[int, int, int]:
+    ts, kind, ident = 0, int(TsKind.USER), -1
+    for level, ctype, cdata in ancdata:
+        if level == socket.SOL_SOCKET and ctype == SCM_TIMESTAMPING and len(cdata) >= _TS3.size:
+            sw_s, sw_ns, _, _, hw_s, hw_ns = _TS3.unpack_from(cdata)
+            if hw_s or hw_ns:
+                ts, kind = hw_s * 1_000_000_000 + hw_ns, int(TsKind.HW)
+            else:
+                ts, kind = sw_s * 1_000_000_000 + sw_ns, int(TsKind.SW)
+        elif len(cdata) >= _EE.size:
+            _errno, origin, _t, _c, _p, _info, ee_data = _EE.unpack_from(cdata)
+            if origin == SO_EE_ORIGIN_TIMESTAMPING:
+                ident = ee_data
+    return ident, ts, kind

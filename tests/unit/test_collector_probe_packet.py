@@ -45,13 +45,27 @@ def test_round_trip_carries_every_field() -> None:
     assert (p.ts_kind, p.t2_ns, p.t3_ns, p.sport, p.flags) == (1, 5, 6, 40001, FLAG_ECHO)
 
 
-def test_mac_is_standard_truncated_hmac_sha256() -> None:
+def test_mac_is_standard_keyed_blake2b() -> None:
     import hashlib
-    import hmac
 
-    for key in (KEY, b"short-key-16byte", b"L" * 100):
+    for key in (KEY, b"short-key-16byte", b"L" * 64):
         pkt = PacketCodec(key).pack(KIND_PROBE, 1, 2, 3, 4, 5, 6)
-        assert pkt[72:] == hmac.new(key, pkt[:72], hashlib.sha256).digest()[:16]
+        want = hashlib.blake2b(pkt[:72], key=key, digest_size=16, person=b"clockmesh-probe")
+        assert pkt[72:] == want.digest()
+    long_key = b"L" * 100  # over BLAKE2b's 64-byte key limit: hashed to 64 bytes first
+    pkt = PacketCodec(long_key).pack(KIND_PROBE, 1, 2, 3, 4, 5, 6)
+    k64 = hashlib.blake2b(long_key, digest_size=64, person=b"clockmesh-probe").digest()
+    assert (
+        pkt[72:]
+        == hashlib.blake2b(pkt[:72], key=k64, digest_size=16, person=b"clockmesh-probe").digest()
+    )
+
+
+def test_version_1_packets_are_malformed() -> None:
+    pkt = bytearray(PacketCodec(KEY).pack(KIND_PROBE, 0, 1, 2, 3, 4, 5))
+    pkt[4] = 1  # the HMAC-SHA256 generation of the format
+    with pytest.raises(PacketError, match="malformed"):
+        PacketCodec(KEY).unpack(bytes(pkt))
 
 
 def test_forged_tampered_and_malformed_are_told_apart() -> None:
