@@ -27,7 +27,7 @@ class IngestConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_commit_rows: int = 4_000_000  # cap of one commit (the rest goes in the next one)
     max_body_bytes: int = 64 * 1024 * 1024  # larger batches get 413
     min_free_bytes: int = 256 * 1024 * 1024  # below this free space: 503, nothing written
-    compression: str = "zstd"  # Parquet codec: zstd, snappy, lz4, gzip, none
+    compression: str = "lz4"  # Parquet codec: lz4, zstd, snappy, gzip, none
     retention: dict[str, str | int] = msgspec.field(default_factory=dict)  # table -> duration
     compact_s: float = 600.0  # how often small files are compacted (and retention applied)
     compact_min_age_s: float = 60.0  # files younger than this are left alone

@@ -75,8 +75,7 @@ class FleetCollector(Collector):
         yield age
         yield rate
 
-        pairs = sorted(view.live.pairs, key=lambda p: (-p.loss, -(p.owd_raw_p99_ns or 0)))
-        pairs = pairs[: self._max_pairs]
+        pairs = view.live.worst(self._max_pairs)
         labels = ["src", "dst"]
         sent = GaugeMetricFamily(
             "clockmesh_link_probes_sent",
@@ -111,7 +110,7 @@ class FleetCollector(Collector):
         pairs_total = GaugeMetricFamily(
             "clockmesh_live_pairs",
             "Host pairs with probes in the live window (per-pair series are capped).",
-            value=len(view.live.pairs),
+            value=view.live.pair_count,
         )
         yield pairs_total
 

@@ -152,7 +152,9 @@ class Compactor:
         tmp = output.with_name(output.name + ".tmp")
         try:
             schema = pq.read_schema(sources[0])
-            with pq.ParquetWriter(tmp, schema, compression=self.writer.compression) as out:
+            with pq.ParquetWriter(
+                tmp, schema, compression=self.writer.compression, **layout.parquet_options(schema)
+            ) as out:
                 for src in sources:
                     out.write_table(pq.read_table(src, schema=schema))
             layout.fsync_file(tmp)

@@ -55,11 +55,57 @@ class PairLive:
 
 @dataclass
 class LiveSnapshot:
+    """The live per-pair picture. ``table`` holds it columnar (src, dst, sent, received,
+    dmin, p50, p99, loss); :attr:`pairs` builds Python objects only when asked (a large
+    fleet has hundreds of thousands of pairs)."""
+
     generated_ns: int = 0
     window_s: float = 0.0
-    pairs: list[PairLive] = field(default_factory=list)
+    table: pa.Table | None = None
     hot_rows: int = 0
     compute_s: float = 0.0
+    _pairs: list[PairLive] | None = field(default=None, repr=False)
+
+    @property
+    def pair_count(self) -> int:
+        return 0 if self.table is None else self.table.num_rows
+
+    @property
+    def pairs(self) -> list[PairLive]:
+        if self._pairs is None:
+            self._pairs = self._objects(self.table)
+        return self._pairs
+
+    def worst(self, n: int) -> list[PairLive]:
+        """The ``n`` pairs with the highest loss (then highest p99), worst first."""
+        if self.table is None or self.table.num_rows <= n:
+            return sorted(self.pairs, key=lambda p: (-p.loss, -(p.owd_raw_p99_ns or 0)))
+        loss = self.table.column("loss").to_numpy()
+        p99 = pc.fill_null(self.table.column("p99"), 0.0).to_numpy()
+        order = np.lexsort((-p99, -loss))[:n]
+        return self._objects(self.table.take(pa.array(order)))
+
+    @staticmethod
+    def _objects(table: pa.Table | None) -> list[PairLive]:
+        if table is None:
+            return []
+        cols = table.to_pydict()
+        return [
+            PairLive(
+                src=src,
+                dst=dst,
+                sent=sent,
+                received=recv,
+                loss=loss,
+                owd_raw_min_ns=dmin,
+                owd_raw_p50_ns=p50,
+                owd_raw_p99_ns=p99,
+            )
+            for src, dst, sent, recv, dmin, p50, p99, loss in zip(
+                cols["src"], cols["dst"], cols["sent"], cols["received"], cols["dmin"],
+                cols["p50"], cols["p99"], cols["loss"], strict=True,
+            )
+        ]  # fmt: skip
 
 
 _TX_COLS = ["src", "dst", "seq", "sport", "tx_ns"]
@@ -95,9 +141,7 @@ class HotWindow:
         self.next_minute_ns = -(-start // _MIN) * _MIN
         self._lock = threading.Lock()  # add() runs in the commit thread, the rest in one other
         self._tx: deque[tuple[int, pa.Table]] = deque()  # (arrival, rows) not yet settled
-        self._rx: deque[tuple[int, int, pa.Table]] = deque()  # (arrival, sequence, rows)
-        self._rx_seq = 0
-        self._rx_seen = 0  # probe_rx chunks up to this sequence were joined with _unmatched
+        self._rx: deque[pa.Table] = deque()  # probe_rx not matched yet (+ r_arrival_ns)
         self._unmatched: pa.Table | None = None  # settled probe_tx waiting for probe_rx
         self._joined: dict[int, list[pa.Table]] = {}  # minute -> (minute, src, dst, sport, d)
         self._slices: deque[tuple[int, pa.Table]] = deque()  # (settled at, per-pair stats)
@@ -113,8 +157,8 @@ class HotWindow:
                 self._tx.append((arrival_ns, tx.select(_TX_COLS)))
                 self._rows += tx.num_rows
             if rx is not None and rx.num_rows:
-                self._rx_seq += 1
-                self._rx.append((arrival_ns, self._rx_seq, rx.select(_RX_COLS)))
+                arrival = pa.array(np.full(rx.num_rows, arrival_ns, np.int64))
+                self._rx.append(rx.select(_RX_COLS).append_column("r_arrival_ns", arrival))
                 self._rows += rx.num_rows
             self._evict()
 
@@ -126,7 +170,7 @@ class HotWindow:
             self._rows -= dropped
             self.evicted_rows += dropped
         while self._rows > self.max_rows and len(self._rx) > 1:
-            _, _, data = self._rx.popleft()
+            data = self._rx.popleft()
             self._rows -= data.num_rows
             self.evicted_rows += data.num_rows
 
@@ -136,114 +180,108 @@ class HotWindow:
 
     # ---- settling ----------------------------------------------------------------------
     def settle(self, now_ns: int) -> None:
-        """Join the probe_tx that became due with the probe_rx in memory (see module doc)."""
+        """Join the probe_tx that became due with the probe_rx not matched yet.
+
+        One full outer join per call, then DuckDB splits its result: matched pairs leave
+        memory (to the minute they belong to), probe_tx still without probe_rx wait until
+        ``grace_s`` after their arrival, probe_rx without probe_tx (the sender's batch is
+        later) wait up to ``rx_keep_s``. Memory and work follow the arrival rate, not the
+        window length.
+        """
         cut = now_ns - int(self.lag_s * NS)
         final = now_ns - int(self.grace_s * NS)
+        rx_horizon = now_ns - int(self.rx_keep_s * NS)
         with self._lock:
             new = []
             while self._tx and self._tx[0][0] < cut:
                 new.append(self._tx.popleft())
-            rx_all = [(seq, data) for _, seq, data in self._rx]
-        fresh = [d for seq, d in rx_all if seq > self._rx_seen]
-        if rx_all:
-            self._rx_seen = rx_all[-1][0]
-        joined: list[pa.Table] = []
-        pending: list[pa.Table] = []
-        if self._unmatched is not None:
+            rx_chunks = list(self._rx)
+            self._rx.clear()
+            self._rows -= sum(d.num_rows for _, d in new) + sum(r.num_rows for r in rx_chunks)
             old, self._unmatched = self._unmatched, None
-            with self._lock:
+            if old is not None:
                 self._rows -= old.num_rows
-            if fresh:  # only probe_rx that arrived since the last settle can match them
-                old = self._join(old, pa.concat_tables(fresh))
-            else:
-                old = old.append_column("rx_ns", pa.nulls(old.num_rows, pa.int64()))
-            got, wait = self._split(old, final)
-            joined.append(got)
-            pending.append(wait)
-        if new:
-            tx = pa.concat_tables(
-                [d.append_column("arrival_ns", pa.array(np.full(d.num_rows, a, np.int64)))
-                 for a, d in new]
-            )  # fmt: skip
-            with self._lock:
-                self._rows -= tx.num_rows
-            rx = pa.concat_tables([d for _, d in rx_all]) if rx_all else _EMPTY_RX_SLIM
-            first = self._join(tx, rx)
-            self._slice_stats(now_ns, first)
-            got, wait = self._split(first, final)
-            joined.append(got)
-            pending.append(wait)
-        with self._lock:  # every probe_tx that could match these has been joined now
-            horizon = now_ns - int(self.rx_keep_s * NS)
-            while self._rx and self._rx[0][0] < horizon:
-                self._rows -= self._rx.popleft()[2].num_rows
-        pending = [p for p in pending if p.num_rows]
-        if pending:
-            self._unmatched = pa.concat_tables(pending).drop_columns(["rx_ns"])
-            with self._lock:
-                self._rows += self._unmatched.num_rows
-        self._keep_joined(joined)
-
-    def _join(self, tx: pa.Table, rx: pa.Table) -> pa.Table:
+        parts = []
+        if old is not None:
+            parts.append(old.append_column("new", pa.array(np.zeros(old.num_rows, np.bool_))))
+        for a, d in new:
+            n = d.num_rows
+            parts.append(
+                d.append_column("arrival_ns", pa.array(np.full(n, a, np.int64))).append_column(
+                    "new", pa.array(np.ones(n, np.bool_))
+                )
+            )
+        rx = _concat(rx_chunks) if rx_chunks else _EMPTY_RX_SLIM
+        if not parts:
+            keep = pc.greater_equal(rx.column("r_arrival_ns"), rx_horizon)
+            self._put_back(rx.filter(keep), None)
+            return
         con = self._con
-        con.register("t_", tx)
+        con.register("t_", _concat(parts))
         con.register("r_", rx)
         try:
-            return con.sql(
-                "SELECT t.*, r.rx_ns FROM t_ t LEFT JOIN r_ r ON r.src = t.src AND r.seq = t.seq"
-            ).to_arrow_table()
+            con.execute(
+                """
+                CREATE OR REPLACE TEMP TABLE o AS
+                SELECT t.src, t.dst, t.sport, t.tx_ns, t.seq, t.arrival_ns, t.new, r.rx_ns,
+                       r.src AS r_src, r.seq AS r_seq, r.r_arrival_ns
+                FROM t_ t FULL OUTER JOIN r_ r ON r.src = t.src AND r.seq = t.seq
+                """
+            )
         finally:
             con.unregister("t_")
             con.unregister("r_")
-
-    @staticmethod
-    def _split(rows: pa.Table, final_ns: int) -> tuple[pa.Table, pa.Table]:
-        """(matched or finally lost, still waiting for its probe_rx)."""
-        has_rx = pc.is_valid(rows.column("rx_ns"))
-        done = pc.or_(has_rx, pc.less(rows.column("arrival_ns"), final_ns))
-        return rows.filter(done), rows.filter(pc.invert(done))
-
-    def _keep_joined(self, parts: list[pa.Table]) -> None:
-        parts = [p for p in parts if p.num_rows]
-        if not parts:
-            return
-        rows = pa.concat_tables(parts)
-        tx_ns = rows.column("tx_ns").to_numpy()
-        rx_ns = rows.column("rx_ns")
-        minute = (tx_ns // _MIN) * _MIN
-        delay = pc.subtract(rx_ns, rows.column("tx_ns"))
-        j = pa.table(
-            {
-                "minute_ns": minute,
-                "src": rows.column("src"),
-                "dst": rows.column("dst"),
-                "sport": rows.column("sport"),
-                "d": delay,
-            }
-        )
-        with self._lock:
-            for m in np.unique(minute).tolist():
-                if m < self.next_minute_ns:
-                    continue  # began before this process, or rolled up already: late rows
-                part = j.filter(pc.equal(j.column("minute_ns"), m))
+        if new:
+            stats = con.sql(
+                _PAIR_STATS.replace(
+                    "FROM s", "FROM (SELECT src, dst, rx_ns - tx_ns AS d FROM o WHERE new)"
+                )
+            ).to_arrow_table()
+            self._slices.append((now_ns, stats))
+            horizon = now_ns - int(self.live_s * NS)
+            while self._slices and self._slices[0][0] <= horizon:
+                self._slices.popleft()
+        # matched, or lost for good: to their minute's rollup
+        done = f"tx_ns IS NOT NULL AND (rx_ns IS NOT NULL OR arrival_ns < {final})"
+        minutes = con.execute(
+            f"SELECT DISTINCT (tx_ns // {_MIN}) * {_MIN} FROM o WHERE {done}"
+        ).fetchall()  # fmt: skip
+        for (m,) in minutes:
+            if m < self.next_minute_ns:
+                continue  # began before this process, or rolled up already: late rows
+            part = con.sql(
+                f"""
+                SELECT {m}::BIGINT AS minute_ns, src, dst, sport, rx_ns - tx_ns AS d FROM o
+                WHERE {done} AND tx_ns >= {m} AND tx_ns < {m + _MIN}
+                """
+            ).to_arrow_table()
+            with self._lock:
                 self._joined.setdefault(m, []).append(part)
                 self._rows += part.num_rows
-            self._evict()
+        wait = con.sql(
+            f"""
+            SELECT src, dst, seq, sport, tx_ns, arrival_ns FROM o
+            WHERE tx_ns IS NOT NULL AND rx_ns IS NULL AND arrival_ns >= {final}
+            """
+        ).to_arrow_table()
+        rx_left = con.sql(
+            f"""
+            SELECT r_src AS src, r_seq AS seq, rx_ns, r_arrival_ns FROM o
+            WHERE tx_ns IS NULL AND r_arrival_ns >= {rx_horizon}
+            """
+        ).to_arrow_table()
+        con.execute("DROP TABLE o")
+        self._put_back(rx_left, wait if wait.num_rows else None)
 
-    def _slice_stats(self, now_ns: int, first: pa.Table) -> None:
-        con = self._con
-        s = first.select(["src", "dst", "tx_ns", "rx_ns"])
-        con.register("s0", s)
-        try:
-            stats = con.sql(
-                _PAIR_STATS.replace("FROM s", "FROM (SELECT src, dst, rx_ns - tx_ns AS d FROM s0)")
-            ).to_arrow_table()
-        finally:
-            con.unregister("s0")
-        self._slices.append((now_ns, stats))
-        horizon = now_ns - int(self.live_s * NS)
-        while self._slices and self._slices[0][0] <= horizon:
-            self._slices.popleft()
+    def _put_back(self, rx_left: pa.Table, wait: pa.Table | None) -> None:
+        with self._lock:
+            if rx_left.num_rows:
+                self._rx.appendleft(rx_left)
+                self._rows += rx_left.num_rows
+            if wait is not None:
+                self._unmatched = wait
+                self._rows += wait.num_rows
+            self._evict()
 
     # ---- queries -----------------------------------------------------------------------
     def live(self, now_ns: int | None = None) -> LiveSnapshot:
@@ -251,37 +289,26 @@ class HotWindow:
         started = time.monotonic()
         now_ns = time.time_ns() if now_ns is None else now_ns
         self.settle(now_ns)
-        pairs: list[PairLive] = []
+        table = None
         if self._slices:
             con = self._con
             con.register("sl", pa.concat_tables([t for _, t in self._slices]))
             try:
-                rows = con.execute(
+                table = con.sql(
                     """
-                    SELECT src, dst, sum(sent)::BIGINT, sum(received)::BIGINT, min(dmin),
-                           median(p50), max(p99)
+                    SELECT src, dst, sum(sent)::BIGINT AS sent, sum(received)::BIGINT AS received,
+                           min(dmin)::DOUBLE AS dmin, median(p50)::DOUBLE AS p50,
+                           max(p99)::DOUBLE AS p99,
+                           greatest(0.0, 1.0 - sum(received) / sum(sent))::DOUBLE AS loss
                     FROM sl GROUP BY src, dst ORDER BY src, dst
                     """
-                ).fetchall()
+                ).to_arrow_table()
             finally:
                 con.unregister("sl")
-            pairs = [
-                PairLive(
-                    src=src,
-                    dst=dst,
-                    sent=sent,
-                    received=recv,
-                    loss=max(0.0, 1.0 - recv / sent) if sent else 0.0,
-                    owd_raw_min_ns=dmin,
-                    owd_raw_p50_ns=p50,
-                    owd_raw_p99_ns=p99,
-                )
-                for src, dst, sent, recv, dmin, p50, p99 in rows
-            ]
         return LiveSnapshot(
             generated_ns=now_ns,
             window_s=self.live_s,
-            pairs=pairs,
+            table=table,
             hot_rows=self._rows,
             compute_s=time.monotonic() - started,
         )
@@ -297,26 +324,35 @@ class HotWindow:
         if final_end <= lo:
             return None
         self.settle(now_ns)
-        # probes of these minutes still waiting for their probe_rx are lost now
-        if self._unmatched is not None:
-            wait = self._unmatched
-            late = pc.less(wait.column("tx_ns"), final_end)
-            lost = wait.filter(late)
-            if lost.num_rows:
-                self._unmatched = wait.filter(pc.invert(late))
-                with self._lock:
-                    self._rows -= lost.num_rows
-                self._keep_joined(
-                    [lost.append_column("rx_ns", pa.nulls(lost.num_rows, pa.int64()))]
-                )
         with self._lock:
-            self.next_minute_ns = final_end
             parts = []
+            # probes of these minutes still waiting for their probe_rx are lost now
+            wait = self._unmatched
+            if wait is not None:
+                late = pc.less(wait.column("tx_ns"), final_end)
+                lost = wait.filter(late)
+                if lost.num_rows:
+                    rest = wait.filter(pc.invert(late))
+                    self._unmatched = rest if rest.num_rows else None
+                    self._rows -= lost.num_rows
+                    tx_ns = lost.column("tx_ns")
+                    parts.append(
+                        pa.table(
+                            {
+                                "minute_ns": pc.multiply(pc.divide(tx_ns, _MIN), _MIN),
+                                "src": lost.column("src"),
+                                "dst": lost.column("dst"),
+                                "sport": lost.column("sport"),
+                                "d": pa.nulls(lost.num_rows, pa.int64()),
+                            }
+                        ).filter(pc.greater_equal(tx_ns, lo))
+                    )
+            self.next_minute_ns = final_end
             for m in [m for m in self._joined if m < final_end]:
                 for t in self._joined.pop(m):
                     parts.append(t)
                     self._rows -= t.num_rows
-        j = pa.concat_tables(parts) if parts else _EMPTY_J
+        j = _concat(parts) if parts else _EMPTY_J
         con = self._con
         con.register("j", j)
         try:
@@ -347,7 +383,16 @@ class HotWindow:
         return lo // _MIN, pair, path
 
 
-_EMPTY_RX_SLIM = layout.empty_table("probe_rx").select(_RX_COLS)
+def _concat(tables: list[pa.Table]) -> pa.Table:
+    """Concatenate chunks whose columns differ only in nullability (store vs query output)."""
+    return pa.concat_tables(tables, promote_options="permissive")
+
+
+_EMPTY_RX_SLIM = (
+    layout.empty_table("probe_rx")
+    .select(_RX_COLS)
+    .append_column("r_arrival_ns", pa.array([], pa.int64()))
+)
 _EMPTY_J = pa.table(
     {
         "minute_ns": pa.array([], pa.int64()),

@@ -188,18 +188,16 @@ class StoreWriter:
         """Encode ``table`` to ``path`` (not yet durable).
 
         Settings chosen by benchmarks/bench_ingest.py's profile (docs/store.md,
-        "Performance"): dictionary encoding only on low-cardinality columns (on ids,
-        sequence numbers and nanosecond times it costs time and saves nothing), min/max
-        statistics only where readers prune (time columns, host ids).
+        "Performance"): dictionary pages only on low-cardinality columns (on ids,
+        sequence numbers and nanosecond times they cost time and save nothing), delta
+        encoding on monotonic integers, min/max statistics only where readers prune.
         """
-        names = table.column_names
         pq.write_table(
             table,
             path,
             compression=self.compression,
-            use_dictionary=[c for c in names if c in layout.DICTIONARY_COLUMNS],
-            write_statistics=[c for c in names if c in layout.STATISTICS_COLUMNS],
             row_group_size=1 << 22,
+            **layout.parquet_options(table.schema),
         )
 
     def _write_parquet(self, path: Path, table: pa.Table) -> None:
