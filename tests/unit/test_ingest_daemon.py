@@ -397,3 +397,39 @@ def test_sql_and_export_commands_on_a_live_store(daemon: Daemon, tmp_path: Path)
         cwd=ROOT, capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     assert out.splitlines()[1] == str(12 * 80)
+
+
+def test_several_segments_in_one_body_each_stored_once(daemon: Daemon) -> None:
+    """A shipper with a backlog concatenates closed segments into one request (one HMAC)."""
+    segs = ingest_load.host_seconds(3, IDS, 4, t0_ns=T0)
+    rows = [wire.decode(s).rows() for s in segs]
+    assert daemon.post(segs[0])[1]["status"] == "stored"
+    status, answer = daemon.post(b"".join(segs))
+    assert status == 200 and answer["status"] == "stored" and answer["rows"] == sum(rows)
+    assert [(s["segment"], s["status"]) for s in answer["segments"]] == [
+        (0, "duplicate"), (1, "stored"), (2, "stored"), (3, "stored"),
+    ]  # fmt: skip
+    status, answer = daemon.post(b"".join(segs[1:]))
+    assert status == 200 and answer["status"] == "duplicate"
+    assert daemon.count(f"SELECT count(*) FROM probe_tx WHERE src = {int(IDS[3])}") == 4 * 80
+    assert daemon.count(f"SELECT count(*) FROM echo WHERE src = {int(IDS[3])}") == 4 * 80
+    assert daemon.count(f"SELECT count(*) FROM batches WHERE host_id = {int(IDS[3])}") == 4
+
+    # one bad segment rejects the whole body, naming it; nothing of the body is stored
+    more = ingest_load.host_seconds(5, IDS, 3, t0_ns=T0)
+    bad = more[2][:-1] + bytes([more[2][-1] ^ 1])
+    status, answer = daemon.post(more[0] + more[1] + bad)
+    assert status == 400 and answer["error"].startswith("segment 3 of the body: ")
+    # text that is not UTF-8 is found when the group is converted: that batch gets 422
+    ctr = np.zeros(1, records.COUNTER)
+    ctr["ts_ns"], ctr["host"], ctr["name"] = T0, IDS[6], b"rx_\xff\xfe"
+    not_utf8 = wire.encode_header("gpu00006", int(IDS[6]), 1, T0) + wire.encode_chunk(
+        "counter", ctr
+    )
+    status, answer = daemon.post(not_utf8)
+    assert status == 422 and "not UTF-8" in answer["error"]
+    assert daemon.count(f"SELECT count(*) FROM probe_tx WHERE src = {int(IDS[5])}") == 0
+    assert daemon.count(f"SELECT count(*) FROM batches WHERE host_id = {int(IDS[6])}") == 0
+    assert daemon.post(more[0] + more[1])[1]["status"] == "stored"
+    assert daemon.count(f"SELECT count(*) FROM probe_tx WHERE src = {int(IDS[5])}") == 2 * 80
+    assert "Traceback" not in daemon.log.read_text()
