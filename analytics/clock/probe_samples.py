@@ -110,8 +110,13 @@ class SeqLayout:
                 return np.where(ok, seq + shift, -1)
         h = np.maximum(host_i, 0)
         rel = seq - np.take(self.base, h)
-        ok = (host_i >= 0) & (rel >= 0) & (rel < np.take(self.span, h))
-        return np.where(ok, np.take(self.offset, h) + rel, -1)
+        # one unsigned compare checks 0 <= rel < span; unknown hosts have span 0 at
+        # index 0 only if host 0 has no rows, so they are masked explicitly
+        ok = rel.view(np.uint64) < np.take(self.span, h).view(np.uint64)
+        ok &= host_i >= 0
+        rel += np.take(self.offset, h)
+        rel[~ok] = -1
+        return rel
 
 
 class SlotValues:

@@ -298,3 +298,21 @@ def test_state_forgets_hosts_not_solved_for_too_long() -> None:
         statuses.append(int(row["status"]))
     assert statuses[0] == HostStatus.PREDICTED
     assert statuses[-1] == HostStatus.UNSOLVED
+
+
+def test_collector_restart_inside_the_window_uses_the_sorting_join() -> None:
+    m = Mesh({"a": 0.0, "b": 1_000.0, "c": -2_500.0})
+    m.both_ways("a", "b", 5_000, 5_000, n=8)
+    m.seq["a"] += 10**12  # a restarted: its seq jumps (time-based start)
+    m.both_ways("a", "c", 6_000, 6_000, n=8)
+    m.both_ways("b", "c", 7_000, 7_000, n=8)
+    sol = solve(m)
+    est = sol.clock["offset_ns"]
+    np.testing.assert_allclose(est - est.mean(), m.relative(sol.clock["host"]), atol=1.0)
+    assert sol.drops["pair_pure"] == 6 * 8 and sol.drops["rx_without_tx"] == 0
+    from analytics.clock.probe_samples import SeqLayout
+
+    tx = m.arrays()[0]
+    ids = np.unique(tx["src"])
+    layout = SeqLayout(np.searchsorted(ids, tx["src"]), tx["seq"].astype(np.int64), len(ids))
+    assert not layout.dense
