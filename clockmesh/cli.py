@@ -7,7 +7,6 @@ fleet host never imports the ops-box packages (which are not installed there).
 from __future__ import annotations
 
 import importlib
-import sys
 
 import click
 
@@ -77,4 +76,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    main()
