@@ -37,6 +37,8 @@ class IngestConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     live_refresh_s: float = 5.0  # recompute the live picture this often
     rollup_grace_s: float = 20.0  # a minute is rolled up once it ended this long ago
     metrics_max_pairs: int = 2000  # per-pair series in /metrics: the worst N by loss
+    clock_window_s: float = 2.0  # clock solver window (analytics/clock_runner.py)
+    clock_lateness_s: float = 3.0  # a window is solved this long after it ended
 
 
 class ResolvedIngest(msgspec.Struct, kw_only=True):
@@ -77,11 +79,12 @@ def resolve(config: IngestConfig, path: str | Path) -> ResolvedIngest:
         "hot_max_rows": config.hot_max_rows,
         "live_refresh_s": config.live_refresh_s,
         "metrics_max_pairs": config.metrics_max_pairs,
+        "clock_window_s": config.clock_window_s,
     }
     for key, value in positive.items():
         if value <= 0:
             fail(key, "expected a number > 0")
-    for key in ("min_free_bytes", "compact_min_age_s", "rollup_grace_s"):
+    for key in ("min_free_bytes", "compact_min_age_s", "rollup_grace_s", "clock_lateness_s"):
         if getattr(config, key) < 0:
             fail(key, "expected a number >= 0")
     retention = {

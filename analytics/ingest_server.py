@@ -43,6 +43,7 @@ import pyarrow as pa
 from aiohttp import web
 
 from analytics import ingest_body
+from analytics.clock_runner import ClockRunner
 from analytics.ingest_config import IngestConfig, ResolvedIngest
 from analytics.ingest_metrics import FleetView, HostState, IngestMetrics
 from analytics.store import catalog, layout
@@ -98,6 +99,10 @@ class IngestServer:
         )
         self.view = FleetView()
         self.metrics = IngestMetrics(lambda: self.view, config.metrics_max_pairs)
+        self.clock = ClockRunner(
+            self.writer, window_s=config.clock_window_s, lateness_s=config.clock_lateness_s
+        )
+        self.metrics.registry.register(self.clock.collector(self._host_names))
         self._pending: list[PendingBatch] = []
         self._pending_rows = 0
         self._inflight: dict[tuple[int, int], asyncio.Future] = {}
@@ -136,6 +141,7 @@ class IngestServer:
 
     async def start(self) -> None:
         self.open_store()
+        self.clock.start()
         ssl_ctx = None
         if self.config.tls_cert:
             ssl_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -180,6 +186,7 @@ class IngestServer:
         self._commit_pool.shutdown(wait=True)
         self._side_pool.shutdown(wait=True)
         self._auth_pool.shutdown(wait=True)
+        self.clock.stop()
 
     # ---- HTTP handlers -----------------------------------------------------------
     def _reject(self, status: int, reason: str, error: str, request: web.Request) -> web.Response:
@@ -307,6 +314,9 @@ class IngestServer:
         rows = sum(p["rows"] for p in per)
         return {"status": overall, "segment": segs[0].segment, "rows": rows, "segments": per}
 
+    def _host_names(self) -> dict[int, str]:
+        return {h.host_id: h.host for h in self.view.hosts.values()}
+
     async def get_metrics(self, request: web.Request) -> web.Response:
         self.view.unavailable_reason = self.unavailable_reason()
         body = self.metrics.render()
@@ -353,6 +363,7 @@ class IngestServer:
                 }
                 for p in live.pairs
             ],
+            "clock": self.clock.live(names),
             "ingest": {
                 "commits": self.writer.committed + 1,
                 "pending_rows": self._pending_rows,
@@ -571,6 +582,7 @@ class IngestServer:
                 self.metrics.rows.labels(name).inc(data.num_rows)
         self.metrics.bytes.inc(sum(x[2] for x in segs))
         self.hot.add(now_ns, tables)
+        self.clock.feed(tables)  # solved per window in the clock thread
         self.metrics.hot_rows.set(self.hot.rows)
         log.debug("commit %d took %.3fs", number, time.monotonic() - started)
         return nbytes

@@ -1,0 +1,496 @@
+"""The ingest daemon's clock loop: buffer committed probes per window, solve, store.
+
+After every durable group commit the daemon hands the commit's Arrow tables to
+:meth:`ClockRunner.feed` (O(1): the tables are queued, nothing is converted on the
+commit path). One background thread drains that queue, converts the ``probe_tx``,
+``probe_rx`` and ``echo`` columns into the collector's numpy records (column-wise, no
+per-row Python) and buckets them into windows ``[k·W, (k+1)·W)`` by their own time
+column (``tx_ns``, ``rx_ns``, ``t1_ns``: the recording host's clock).
+
+A window is *complete* once the ops-box clock is past its end plus ``lateness_s``
+(collectors ship every ~1 s and are acknowledged within a commit, so 3 s covers a normal
+shipping delay with margin). The thread then solves it with
+:func:`analytics.clock.solve_window` (carrying :class:`~analytics.clock.ClockState` as
+the prior), computes the RTT/2 baseline on the same echoes, and writes the ``clock``
+(method ``huygens`` and ``rtt2``) and ``owd`` rows as Parquet into the store's
+``table/date=/hour=`` partitions with :meth:`StoreWriter.write_partitioned` (temporary
+name, fsync, rename, directory fsync): ``r<window start ms>.parquet``.
+
+Bounded: one solve at a time; when more than ``max_backlog`` complete windows wait, the
+oldest are skipped (counted); rows for a window already solved or skipped are dropped as
+late (counted); the buffered rows are capped at ``max_rows`` (oldest window dropped).
+docs/clock.md ("In the daemon") and docs/store.md describe it.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from analytics.clock import (
+    ClockState,
+    HostStatus,
+    PairFlag,
+    SolverConfig,
+    WindowSolution,
+    rtt2_baseline,
+    rtt2_host_offsets,
+    solve_window,
+    store_columns,
+    tune_allocator,
+)
+from analytics.store import layout
+from analytics.store.store_writer import StoreWriter
+from collector import records
+
+log = logging.getLogger("clockmesh.ingest.clock")
+
+# table -> (numpy record dtype, time column deciding the window)
+SOURCES: dict[str, tuple[np.dtype, str]] = {
+    "probe_tx": (records.PROBE_TX, "tx_ns"),
+    "probe_rx": (records.PROBE_RX, "rx_ns"),
+    "echo": (records.ECHO, "t1_ns"),
+}
+DEFAULT_LATENESS_S = 3.0
+DEFAULT_MAX_BACKLOG = 4
+DEFAULT_MAX_ROWS = 30_000_000
+FUTURE_S = 60.0  # rows stamped further ahead of the ops-box clock are dropped
+
+
+def arrow_to_records(table: str, data: pa.Table) -> np.ndarray:
+    """Store columns of ``table`` back into the collector's numpy records (padding zero)."""
+    dtype = SOURCES[table][0]
+    out = np.zeros(data.num_rows, dtype)
+    for name in dtype.names or ():
+        if not name.startswith("_"):
+            out[name] = data.column(name).to_numpy()
+    return out
+
+
+@dataclass
+class _Window:
+    parts: dict[str, list[np.ndarray]] = field(
+        default_factory=lambda: {name: [] for name in SOURCES}
+    )
+    rows: int = 0
+
+
+@dataclass(frozen=True)
+class ClockSnapshot:
+    """The latest solved window, read lock-free by /v1/live and /metrics."""
+
+    window_start_ns: int = 0
+    window_end_ns: int = 0
+    hosts: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    offset_ns: np.ndarray = field(default_factory=lambda: np.empty(0))
+    drift_ppm: np.ndarray = field(default_factory=lambda: np.empty(0))
+    uncertainty_ns: np.ndarray = field(default_factory=lambda: np.empty(0))
+    status: np.ndarray = field(default_factory=lambda: np.empty(0, np.uint8))
+    pairs: int = 0
+    disagreeing_pairs: int = 0
+    solve_s: float = 0.0
+    noise_ns: float = 0.0
+
+
+@dataclass
+class ClockCounters:
+    windows_solved: int = 0
+    windows_skipped: int = 0
+    windows_failed: int = 0
+    windows_existing: int = 0  # already in the store (daemon restarted inside a window)
+    late_rows: int = 0
+    future_rows: int = 0
+    dropped_rows: int = 0  # over max_rows
+    rows_written: dict[str, int] = field(default_factory=lambda: {"clock": 0, "owd": 0})
+
+
+class ClockRunner:
+    """Per-window clock solving inside the ingest daemon (see the module docstring)."""
+
+    def __init__(
+        self,
+        writer: StoreWriter,
+        *,
+        window_s: float = 2.0,
+        lateness_s: float = DEFAULT_LATENESS_S,
+        max_backlog: int = DEFAULT_MAX_BACKLOG,
+        max_rows: int = DEFAULT_MAX_ROWS,
+        config: SolverConfig | None = None,
+        now_ns: Callable[[], int] = time.time_ns,
+    ) -> None:
+        if window_s <= 0 or lateness_s < 0 or max_backlog < 1 or max_rows < 1:
+            raise ValueError("window_s > 0, lateness_s >= 0, max_backlog >= 1, max_rows >= 1")
+        self.writer = writer
+        self.window_ns = round(window_s * 1e9)
+        self.lateness_ns = round(lateness_s * 1e9)
+        self.max_backlog = max_backlog
+        self.max_rows = max_rows
+        self.config = config or SolverConfig()
+        self.now_ns = now_ns
+        self.state: ClockState | None = None
+        self.snapshot = ClockSnapshot()
+        self.counters = ClockCounters()
+        self._inbox: collections.deque[dict[str, pa.Table]] = collections.deque()
+        self._inbox_rows = 0
+        self._cond = threading.Condition()
+        self._windows: dict[int, _Window] = {}
+        self._buffered = 0
+        self._watermark = -(1 << 62)  # windows <= this were solved or skipped
+        self._stop = False
+        self._thread: threading.Thread | None = None
+
+    # ---- lifecycle -----------------------------------------------------------------
+    def start(self) -> None:
+        tune_allocator()
+        self._thread = threading.Thread(target=self._run, name="clock", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    # ---- commit thread ---------------------------------------------------------------
+    def feed(self, tables: dict[str, pa.Table]) -> None:
+        """Queue a durable commit's tables (called on the commit path: O(1))."""
+        mine = {t: d for t, d in tables.items() if t in SOURCES and d.num_rows}
+        if not mine:
+            return
+        rows = sum(d.num_rows for d in mine.values())
+        with self._cond:
+            if self._inbox_rows + rows > self.max_rows:
+                self.counters.dropped_rows += rows
+                return
+            self._inbox.append(mine)
+            self._inbox_rows += rows
+            self._cond.notify()
+
+    # ---- worker ------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                if not self._stop and not self._inbox:
+                    self._cond.wait(0.25)
+                if self._stop:
+                    return
+            try:
+                self.step()
+            except Exception:  # keep solving later windows; the daemon keeps serving
+                log.exception("event=clock_runner_failed")
+                time.sleep(1.0)
+
+    def step(self) -> int:
+        """Drain the queue, then solve every complete window (oldest first, bounded
+        backlog). Returns the number of windows solved. The worker thread calls this;
+        tests call it directly."""
+        self._drain()
+        solved = 0
+        while True:
+            w = self._next_complete()
+            if w is None:
+                return solved
+            self._solve(w, self._windows.pop(w))
+            solved += 1
+            self._drain()
+
+    def _drain(self) -> None:
+        while True:
+            with self._cond:
+                if not self._inbox:
+                    return
+                tables = self._inbox.popleft()
+                self._inbox_rows -= sum(d.num_rows for d in tables.values())
+            for name, data in tables.items():
+                self._bucket(name, arrow_to_records(name, data))
+
+    def _bucket(self, name: str, rows: np.ndarray) -> None:
+        ts = rows[SOURCES[name][1]]
+        widx = ts // self.window_ns
+        horizon = (self.now_ns() + int(FUTURE_S * 1e9)) // self.window_ns
+        late = widx <= self._watermark
+        future = widx > horizon
+        if late.any() or future.any():
+            self.counters.late_rows += int(late.sum())
+            self.counters.future_rows += int(future.sum())
+            keep = ~(late | future)
+            rows, widx = rows[keep], widx[keep]
+        if not len(rows):
+            return
+        lo, hi = int(widx.min()), int(widx.max())
+        groups = [(lo, rows)] if lo == hi else [(int(w), rows[widx == w]) for w in np.unique(widx)]
+        for w, part in groups:
+            buf = self._windows.get(w)
+            if buf is None:
+                buf = self._windows[w] = _Window()
+            buf.parts[name].append(part)
+            buf.rows += len(part)
+            self._buffered += len(part)
+        while self._buffered > self.max_rows and self._windows:
+            oldest = min(self._windows)
+            self._skip(oldest, "max_rows")
+
+    def _skip(self, w: int, reason: str) -> None:
+        buf = self._windows.pop(w)
+        self._buffered -= buf.rows
+        self._watermark = max(self._watermark, w)
+        self.counters.windows_skipped += 1
+        log.warning(
+            "event=clock_window_skipped window_start_ns=%d rows=%d reason=%s",
+            w * self.window_ns,
+            buf.rows,
+            reason,
+        )
+
+    def _next_complete(self) -> int | None:
+        now = self.now_ns()
+        done = sorted(
+            w for w in self._windows if (w + 1) * self.window_ns + self.lateness_ns <= now
+        )
+        for w in done[: max(0, len(done) - self.max_backlog)]:
+            self._skip(w, "behind")
+        done = done[max(0, len(done) - self.max_backlog) :]
+        return done[0] if done else None
+
+    # ---- one window --------------------------------------------------------------------
+    def _solve(self, w: int, buf: _Window) -> None:
+        self._buffered -= buf.rows
+        self._watermark = max(self._watermark, w)
+        start_ns = w * self.window_ns
+        arrays = {
+            name: np.concatenate(parts) if parts else np.zeros(0, SOURCES[name][0])
+            for name, parts in buf.parts.items()
+        }
+        started = time.monotonic()
+        try:
+            sol = solve_window(
+                arrays["probe_tx"],
+                arrays["probe_rx"],
+                arrays["echo"],
+                window_start_ns=start_ns,
+                window_ns=self.window_ns,
+                prior=self.state,
+                config=self.config,
+            )
+            tables = self.window_tables(sol, arrays["echo"])
+        except Exception:
+            self.counters.windows_failed += 1
+            log.exception("event=clock_solve_failed window_start_ns=%d", start_ns)
+            return
+        solve_s = time.monotonic() - started
+        self.state = sol.state
+        self._write(start_ns, tables)
+        self.counters.windows_solved += 1
+        self._publish(sol, solve_s)
+        log.info(
+            "event=clock_window_solved window_start_ns=%d hosts=%d pairs=%d disagree=%d "
+            "owd_rows=%d solve_s=%.3f",
+            start_ns,
+            len(sol.clock),
+            len(sol.pairs),
+            self.snapshot.disagreeing_pairs,
+            tables["owd"].num_rows,
+            solve_s,
+        )
+
+    def window_tables(self, sol: WindowSolution, echoes: np.ndarray) -> dict[str, pa.Table]:
+        """Arrow tables of one solution in the store schema: ``clock`` (huygens rows,
+        then rtt2 baseline rows) and ``owd``."""
+        cols = store_columns(sol)
+        clock = cols["clock"]
+        base = self._rtt2_columns(sol, echoes)
+        if base is not None:
+            clock = {k: np.concatenate((clock[k], base[k])) for k in clock}
+        return {
+            "clock": self._arrow("clock", clock),
+            "owd": self._arrow("owd", cols["owd"]),
+        }
+
+    @staticmethod
+    def _arrow(table: str, cols: dict[str, np.ndarray]) -> pa.Table:
+        schema = layout.TABLES[table].schema
+        arrays = [pa.array(cols[f.name], type=f.type) for f in schema]
+        return pa.Table.from_arrays(arrays, schema=schema)
+
+    @staticmethod
+    def _rtt2_columns(sol: WindowSolution, echoes: np.ndarray) -> dict[str, np.ndarray] | None:
+        """RTT/2 baseline per host (mean-zero, unweighted least squares over echo pairs);
+        uncertainty NaN: the baseline has no error model."""
+        if not len(echoes):
+            return None
+        pairs = rtt2_baseline(echoes, ref_ns=sol.ref_ns)
+        if not len(pairs):
+            return None
+        hosts, offsets = rtt2_host_offsets(pairs)
+        # drift per host: same least squares on the pair drifts
+        as_offsets = pairs.copy()
+        as_offsets["offset_ns"] = pairs["drift_ppm"]
+        _, drifts = rtt2_host_offsets(as_offsets)
+        n = len(hosts)
+        return {
+            "window_start_ns": np.full(n, sol.window_start_ns, np.int64),
+            "window_end_ns": np.full(n, sol.window_start_ns + sol.window_ns, np.int64),
+            "host": hosts.astype(np.int64),
+            "offset_ns": offsets.astype(np.float64),
+            "drift_ppm": drifts.astype(np.float64),
+            "uncertainty_ns": np.full(n, np.nan),
+            "reference": np.zeros(n, np.int64),
+            "method": np.full(n, "rtt2", dtype=object),
+        }
+
+    def _write(self, start_ns: int, tables: dict[str, pa.Table]) -> None:
+        """owd first, clock last: a ``clock`` file means the window is fully stored."""
+        name = f"r{start_ns // 1_000_000:015d}.parquet"
+        part = layout.partition_of(start_ns // layout.NS_PER_HOUR)
+        if (self.writer.root / "clock" / part / name).exists():
+            self.counters.windows_existing += 1
+            log.warning("event=clock_window_exists window_start_ns=%d (not rewritten)", start_ns)
+            return
+        for table in ("owd", "clock"):
+            data = tables[table]
+            if data.num_rows:
+                self.writer.write_partitioned(table, data, name)
+                self.counters.rows_written[table] += data.num_rows
+
+    def _publish(self, sol: WindowSolution, solve_s: float) -> None:
+        c = sol.clock
+        keep = c["status"] != HostStatus.UNSOLVED
+        c = c[keep]
+        flags = sol.pairs["flags"]
+        self.snapshot = ClockSnapshot(
+            window_start_ns=sol.window_start_ns,
+            window_end_ns=sol.window_start_ns + sol.window_ns,
+            hosts=c["host"].copy(),
+            offset_ns=c["offset_ns"].copy(),
+            drift_ppm=c["drift_ppm"].copy(),
+            uncertainty_ns=c["offset_sigma_ns"].copy(),
+            status=c["status"].copy(),
+            pairs=len(flags),
+            disagreeing_pairs=int(np.count_nonzero(flags & int(PairFlag.DISAGREE))),
+            solve_s=solve_s,
+            noise_ns=float(sol.noise_ns),
+        )
+
+    # ---- read side -----------------------------------------------------------------------
+    def live(self, names: dict[int, str]) -> dict:
+        """The ``clock`` section of /v1/live."""
+        s = self.snapshot
+        k = self.counters
+        status_names = {int(v): v.name.lower() for v in HostStatus}
+        return {
+            "window_s": self.window_ns / 1e9,
+            "lateness_s": self.lateness_ns / 1e9,
+            "window_start_ns": s.window_start_ns,
+            "window_end_ns": s.window_end_ns,
+            "windows_solved": k.windows_solved,
+            "windows_skipped": k.windows_skipped,
+            "windows_failed": k.windows_failed,
+            "late_rows": k.late_rows,
+            "pairs": s.pairs,
+            "disagreeing_pairs": s.disagreeing_pairs,
+            "solve_s": round(s.solve_s, 4),
+            "noise_ns": round(s.noise_ns, 2),
+            "hosts": [
+                {
+                    "host": names.get(h, str(h)),
+                    "host_id": h,
+                    "offset_ns": round(off, 1),
+                    "drift_ppm": round(drift, 4),
+                    "uncertainty_ns": round(sig, 1),
+                    "status": status_names.get(st, str(st)),
+                    "window_end_ns": s.window_end_ns,
+                }
+                for h, off, drift, sig, st in zip(
+                    s.hosts.tolist(),
+                    s.offset_ns.tolist(),
+                    s.drift_ppm.tolist(),
+                    s.uncertainty_ns.tolist(),
+                    s.status.tolist(),
+                    strict=True,
+                )
+            ],
+        }
+
+    def collector(self, names: Callable[[], dict[int, str]]) -> Collector:
+        """A prometheus collector of the runner's gauges and counters."""
+        return _ClockCollector(self, names)
+
+
+class _ClockCollector(Collector):
+    def __init__(self, runner: ClockRunner, names: Callable[[], dict[int, str]]) -> None:
+        self._runner = runner
+        self._names = names
+
+    def collect(self) -> Iterable[Metric]:
+        r = self._runner
+        s = r.snapshot
+        k = r.counters
+        names = self._names()
+        offset = GaugeMetricFamily(
+            "clockmesh_clock_offset_seconds",
+            "Host clock minus mesh time at the middle of the last solved window.",
+            labels=["host"],
+        )
+        sigma = GaugeMetricFamily(
+            "clockmesh_clock_uncertainty_seconds",
+            "One-sigma uncertainty of the host's clock offset (last solved window).",
+            labels=["host"],
+        )
+        drift = GaugeMetricFamily(
+            "clockmesh_clock_drift_ppm",
+            "Host clock drift relative to mesh time, parts per million (last solved window).",
+            labels=["host"],
+        )
+        for h, off, sig, d in zip(
+            s.hosts.tolist(),
+            s.offset_ns.tolist(),
+            s.uncertainty_ns.tolist(),
+            s.drift_ppm.tolist(),
+            strict=True,
+        ):
+            label = [names.get(h, str(h))]
+            offset.add_metric(label, off / 1e9)
+            sigma.add_metric(label, sig / 1e9)
+            drift.add_metric(label, d)
+        yield offset
+        yield sigma
+        yield drift
+        yield GaugeMetricFamily(
+            "clockmesh_clock_solve_seconds",
+            "Time to solve the last window.",
+            value=s.solve_s,
+        )
+        yield GaugeMetricFamily(
+            "clockmesh_clock_window_end_seconds",
+            "End of the last solved window (mesh time, Unix seconds).",
+            value=s.window_end_ns / 1e9,
+        )
+        yield GaugeMetricFamily(
+            "clockmesh_clock_disagreeing_pairs",
+            "Host pairs whose own estimate disagrees with the loop solution (last window).",
+            value=s.disagreeing_pairs,
+        )
+        windows = CounterMetricFamily(
+            "clockmesh_clock_windows",
+            "Clock windows by outcome (solved, skipped when the solver fell behind, failed).",
+            labels=["outcome"],
+        )
+        windows.add_metric(["solved"], k.windows_solved)
+        windows.add_metric(["skipped"], k.windows_skipped)
+        windows.add_metric(["failed"], k.windows_failed)
+        yield windows
+        yield CounterMetricFamily(
+            "clockmesh_clock_late_rows",
+            "Probe rows that arrived after their window was solved or skipped.",
+            value=k.late_rows,
+        )
