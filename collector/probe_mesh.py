@@ -32,6 +32,7 @@ from collector.probe_packet import (
     KIND_ECHO,
     KIND_PROBE,
     MAGIC_U32,
+    PACKET,
     SIZE,
     VERSION,
     PacketCodec,
@@ -122,6 +123,7 @@ class ProbeMesh:
         self.buddies = buddies
         self._dst = [(records.host_id(p.name), p.address) for p in buddies]
         self._dst_ids = np.array([d for d, _a in self._dst], np.int64)
+        self._templates_qpn = -1  # rebuilt on the next send
         self._dst_names = np.zeros((len(buddies), 16), np.uint8)
         for j, p in enumerate(buddies):
             self._txb.set_name(0, p.address, self.port)
@@ -205,28 +207,19 @@ class ProbeMesh:
         bud_rows = np.concatenate([buds, buds]) if spaced else np.repeat(buds, 2)
         port_rows = np.concatenate([ports, ports]) if spaced else np.repeat(ports, 2)
         n = 2 * k
+        qpn = self.rdma.qpn if self.rdma else 0
+        if self._templates_qpn != qpn:
+            self._build_templates(qpn)
+        self._txb.data[:n] = self._templates[bud_rows]  # the fields fixed per buddy
         pk = self._tx_pkts[:n]
-        pk["magic"] = MAGIC_U32
-        pk["version"] = VERSION
-        pk["kind"] = KIND_PROBE
         pk["pair"] = seqs % 2
-        pk["ts_kind"] = 0
         pk["seq"] = seqs
-        pk["src"] = self.me
-        pk["dst"] = self._dst_ids[bud_rows]
-        pk["spacing_ns"] = self.spacing_ns
         pk["send_ns"] = self.clock.skew(time.time_ns())
-        pk["t2_ns"] = 0
-        pk["t3_ns"] = 0
-        pk["sport"] = 0
-        pk["flags"] = self.flags
-        pk["reserved"] = 0
-        pk["qpn"] = self.rdma.qpn if self.rdma else 0
         self._sign(self._txb, n)
         self._txb.names[:n] = self._dst_names[bud_rows]
         ring = (seqs % RING).astype(np.intp)
         self.r_seq[ring] = seqs
-        self.r_dst[ring] = pk["dst"]
+        self.r_dst[ring] = self._dst_ids[bud_rows]
         self.r_sport[ring] = self.cfg.probe.base_sport + port_rows
         self.r_tx[ring] = 0
         self.r_kind[ring] = TsKind.USER
@@ -250,6 +243,20 @@ class ProbeMesh:
                 self._send_rows(int(ports[a]), range(2 * a, 2 * b), seqs, ring, sent)
         if self.rdma is not None:
             self._send_rdma([due[j] for j in order])
+
+    def _build_templates(self, qpn: int) -> None:
+        """One probe per buddy with every field that does not change per probe."""
+        t = np.zeros(len(self._dst_ids), PACKET)
+        t["magic"] = MAGIC_U32
+        t["version"] = VERSION
+        t["kind"] = KIND_PROBE
+        t["src"] = self.me
+        t["dst"] = self._dst_ids
+        t["spacing_ns"] = self.spacing_ns
+        t["flags"] = self.flags
+        t["qpn"] = qpn
+        self._templates = t.view(np.uint8).reshape(len(t), SIZE)
+        self._templates_qpn = qpn
 
     def _send_rdma(self, due: list[tuple[int, int]]) -> None:
         for b, p in due:
@@ -443,12 +450,11 @@ class ProbeMesh:
         if self.echo_enabled:
             want = (p["flags"] & FLAG_ECHO) != 0
             if want.any():
-                self._echo(rows[want], p[want], kind[rows][want], rx_ns[want], sports[want])
+                self._echo(rows[want], kind[rows][want], rx_ns[want], sports[want])
 
     def _echo(
         self,
         rows: np.ndarray,
-        p: np.ndarray,
         kind: np.ndarray,
         rx_ns: np.ndarray,
         sports: np.ndarray,
@@ -456,19 +462,11 @@ class ProbeMesh:
         """Send each echo right after stamping t3 (so t3 is its send time, as before)."""
         m = len(rows)
         eb = self._echob
+        eb.data[:m] = self._rxb.data[rows, :SIZE]  # magic .. send_ns as the probe had them
         e = self._echo_pkts[:m]
-        e["magic"] = MAGIC_U32
-        e["version"] = VERSION
         e["kind"] = KIND_ECHO
-        e["pair"] = p["pair"]
         e["ts_kind"] = kind
-        e["seq"] = p["seq"]
-        e["src"] = p["src"]
-        e["dst"] = p["dst"]
-        e["spacing_ns"] = p["spacing_ns"]
-        e["send_ns"] = p["send_ns"]
         e["t2_ns"] = rx_ns
-        e["t3_ns"] = 0
         e["sport"] = sports
         e["flags"] = 0
         e["reserved"] = 0
