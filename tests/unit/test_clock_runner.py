@@ -1,0 +1,252 @@
+"""ClockRunner: per-window solving inside the ingest daemon, with simulated probes.
+
+(a) the runner alone on a real store directory, time driven by the test;
+(b) the real daemon process fed simulated collector segments over HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from analytics import clock_runner
+from analytics.clock import ClockState
+from analytics.clock_runner import ClockRunner
+from analytics.sim.mesh_simulator import GroundTruth, MeshSimulator, SimConfig, SimResult
+from analytics.store import catalog, layout
+from analytics.store.store_writer import StoreWriter
+from collector import wire
+from tests.unit.test_ingest_daemon import ROOT, Daemon
+
+W = 2_000_000_000
+
+
+def arrow_tables(res: SimResult) -> dict[str, pa.Table]:
+    return {
+        "probe_tx": layout.records_to_arrow("probe_tx", res.tx),
+        "probe_rx": layout.records_to_arrow("probe_rx", res.rx),
+        "echo": layout.records_to_arrow("echo", res.echoes),
+    }
+
+
+def relative_error(
+    truth: GroundTruth, hosts: np.ndarray, offsets: np.ndarray, ref_ns: int
+) -> np.ndarray:
+    """|solution - truth| with both made mean-zero over the compared hosts (the gauge)."""
+    rel = truth.relative_offsets(ref_ns, hosts)
+    return np.abs((offsets - offsets.mean()) - rel)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> StoreWriter:
+    writer = StoreWriter(tmp_path / "store")
+    writer.open()
+    catalog.write_catalog(writer.root)
+    return writer
+
+
+def test_runner_solves_each_window_once_carries_prior_and_stores_parquet(
+    store: StoreWriter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sim = MeshSimulator(SimConfig(racks=4, hosts_per_rack=4, offset_max_ns=2e6, seed=11))
+    start = sim.config.start_ns
+    now = [start]
+    runner = ClockRunner(store, window_s=2.0, lateness_s=1.0, now_ns=lambda: now[0])
+    priors: list[tuple[int, ClockState | None]] = []
+    real_solve = clock_runner.solve_window
+
+    def spy(*args, **kw):  # records what the runner passes, then solves for real
+        priors.append((kw["window_start_ns"], kw["prior"]))
+        sol = real_solve(*args, **kw)
+        states.append(sol.state)
+        return sol
+
+    states: list[ClockState] = []
+    monkeypatch.setattr(clock_runner, "solve_window", spy)
+    truth = None
+    for k in range(4):
+        res = sim.run(start_offset_ns=k * W, duration_ns=W)
+        truth = res.truth
+        runner.feed(arrow_tables(res))
+        now[0] = start + (k + 1) * W + 500_000_000  # before end + lateness: not yet
+        runner.step()
+        assert runner.snapshot.window_start_ns != start + k * W
+        now[0] = start + (k + 1) * W + 1_000_000_000
+        runner.step()
+        snap = runner.snapshot
+        assert snap.window_start_ns == start + k * W
+        err = relative_error(res.truth, snap.hosts, snap.offset_ns, snap.window_start_ns + W // 2)
+        assert len(snap.hosts) == 16 and err.max() < 50, err
+    assert truth is not None
+    # each window solved once; the prior is the previous solve's state
+    starts = [s for s, _ in priors]
+    assert len(starts) == len(set(starts))
+    main = [i for i, s in enumerate(starts) if (s - start) % W == 0 and s >= start]
+    assert [starts[i] for i in main] == [start + k * W for k in range(4)]
+    for i in main[1:]:
+        assert priors[i][1] is states[i - 1]
+    assert runner.state is states[-1]
+    assert runner.counters.windows_solved == len(starts) and runner.counters.windows_skipped == 0
+
+    # durable Parquet, visible through the catalog (read-only, as an analyst opens it)
+    con = duckdb.connect(str(store.root / "catalog.duckdb"), read_only=True)
+    try:
+        rows = con.execute(
+            f"SELECT window_start_ns, host, offset_ns, uncertainty_ns, window_end_ns "
+            f"FROM clock WHERE method = 'huygens' AND window_start_ns >= {start} "
+            "ORDER BY window_start_ns, host"
+        ).fetchnumpy()
+        dup = con.execute(
+            "SELECT count(*) FROM (SELECT window_start_ns, host, method, count(*) AS n "
+            "FROM clock GROUP BY ALL HAVING n > 1)"
+        ).fetchone()
+        rtt2 = con.execute(
+            f"SELECT host, offset_ns FROM clock WHERE method = 'rtt2' "
+            f"AND window_start_ns = {start + 3 * W} ORDER BY host"
+        ).fetchnumpy()
+        true_owd = pa.table(  # noqa: F841 (read by DuckDB below)
+            {"src": res.rx["src"], "seq": res.rx["seq"], "d": res.truth.rx_true_owd_ns}
+        )
+        owd = con.execute(
+            "SELECT count(*), max(abs(o.owd_ns - t.d)), median(o.owd_ns) "
+            "FROM owd o JOIN true_owd t ON o.src = t.src AND o.seq = t.seq"
+        ).fetchone()
+    finally:
+        con.close()
+    assert dup == (0,)
+    assert len(rows["host"]) == 4 * 16
+    assert (rows["window_end_ns"] - rows["window_start_ns"] == W).all()
+    last = rows["window_start_ns"] == start + 3 * W
+    err = relative_error(truth, rows["host"][last], rows["offset_ns"][last], start + 3 * W + W // 2)
+    assert err.max() < 50
+    assert np.isfinite(rows["uncertainty_ns"]).all()
+    # the RTT/2 baseline is there too, coarser (no coded filter) but in the same microsecond
+    assert len(rtt2["host"]) == 16
+    err2 = relative_error(truth, rtt2["host"], rtt2["offset_ns"], start + 3 * W + W // 2)
+    assert err2.max() < 5_000
+    # corrected one-way delays of the last window agree with the simulated true delays
+    n, worst, med = owd
+    assert n > 0.95 * len(res.rx) and worst < 100 and 500 < med < 10_000, owd
+
+    # a row for a window already solved is late: counted, not solved again
+    late = sim.run(start_offset_ns=W, duration_ns=W // 4)
+    before = runner.counters.windows_solved
+    runner.feed(arrow_tables(late))
+    now[0] += 10 * W
+    runner.step()
+    assert runner.counters.late_rows > 0 and runner.counters.windows_solved == before
+
+
+def test_runner_skips_oldest_windows_when_behind(store: StoreWriter) -> None:
+    sim = MeshSimulator(SimConfig(racks=2, hosts_per_rack=3, offset_max_ns=1e5, seed=5))
+    start = sim.config.start_ns
+    now = [start]
+    runner = ClockRunner(store, window_s=2.0, lateness_s=0.5, max_backlog=2, now_ns=lambda: now[0])
+    runner.feed(arrow_tables(sim.run(0, 6 * W)))
+    now[0] = start + 7 * W
+    solved = runner.step()
+    k = runner.counters
+    # six complete windows (+ maybe one sliver before start from negative offsets):
+    # only the newest two are solved, the older ones are skipped and counted
+    assert solved == 2 and k.windows_skipped >= 4
+    assert runner.snapshot.window_start_ns == start + 5 * W
+    live = runner.live({})
+    assert live["windows_solved"] == 2 and live["windows_skipped"] == k.windows_skipped
+    assert len(live["hosts"]) == 6 and {h["status"] for h in live["hosts"]} == {"solved"}
+
+
+def _segments(res: SimResult, names: list[str], hosts: np.ndarray, n_seconds: int) -> list[bytes]:
+    """Per host and second, a collector segment: its probe_tx, probe_rx and echo rows."""
+    out = []
+    t0 = res.truth.start_ns
+    for s in range(n_seconds):
+        lo, hi = t0 + s * 10**9, t0 + (s + 1) * 10**9
+        for name, hid in zip(names, hosts.tolist(), strict=True):
+            tx = res.tx[(res.tx["src"] == hid) & (res.tx["tx_ns"] >= lo) & (res.tx["tx_ns"] < hi)]
+            rx = res.rx[(res.rx["dst"] == hid) & (res.rx["rx_ns"] >= lo) & (res.rx["rx_ns"] < hi)]
+            e = res.echoes
+            ec = e[(e["src"] == hid) & (e["t1_ns"] >= lo) & (e["t1_ns"] < hi)]
+            out.append(
+                wire.encode_header(name, hid, s, hi)
+                + wire.encode_chunk("probe_tx", tx)
+                + wire.encode_chunk("probe_rx", rx)
+                + wire.encode_chunk("echo", ec)
+            )
+    return out
+
+
+def test_daemon_solves_posted_windows_and_stores_clock_and_owd(tmp_path: Path) -> None:
+    # 3 windows of 2 s from (now - 4 s, now - 2 s]; each is solved 8 s after it ends
+    # (clock_lateness_s), so all of a window's segments are in before it is solved
+    start = (time.time_ns() // W - 1) * W
+    cfg = SimConfig(
+        racks=3, hosts_per_rack=4, offset_max_ns=3e6, start_ns=start, duration_ns=3 * W, seed=7
+    )
+    sim = MeshSimulator(cfg)
+    res = sim.run()
+    d = Daemon(tmp_path, clock_window_s=2.0, clock_lateness_s=8.0)
+    d.start()
+    try:
+        segs = _segments(res, sim.names, sim.host_ids, 6)
+        per_second = len(sim.names)
+        for i in range(0, len(segs), per_second):  # one body per second, as a backlog ships
+            status, reply = d.post(b"".join(segs[i : i + per_second]))
+            assert status == 200 and reply["status"] == "stored", reply
+        deadline = time.monotonic() + 30
+        live: dict = {}
+        while time.monotonic() < deadline:
+            live = json.loads(d.get("/v1/live"))["clock"]
+            if live["window_start_ns"] >= start + 2 * W:
+                break
+            time.sleep(0.5)
+        assert live["window_start_ns"] == start + 2 * W, live
+        assert live["windows_skipped"] == 0 and live["windows_solved"] >= 3
+        by_name = {h["host"]: h for h in live["hosts"]}
+        assert set(by_name) == set(sim.names)
+        assert all(h["status"] == "solved" and h["uncertainty_ns"] < 100 for h in by_name.values())
+        metrics = d.get("/metrics")
+        assert b'clockmesh_clock_offset_seconds{host="sim-h00000"}' in metrics
+        assert b'clockmesh_clock_windows_total{outcome="solved"}' in metrics
+        check = subprocess.run(
+            ["promtool", "check", "metrics"], input=metrics, capture_output=True, timeout=30
+        )
+        assert check.returncode == 0, check.stdout + check.stderr
+
+        out = subprocess.run(
+            [sys.executable, "-m", "clockmesh.cli", "sql", "--store", str(d.store), "--format",
+             "json", f"SELECT window_start_ns, host, offset_ns FROM clock WHERE method = "
+             f"'huygens' AND window_start_ns >= {start} ORDER BY window_start_ns, host"],
+            cwd=ROOT, capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        rows = json.loads(out)
+        for k in range(3):
+            got = [r for r in rows if r["window_start_ns"] == start + k * W]
+            assert len(got) == len(sim.names), (k, got)
+            hosts = np.array([r["host"] for r in got], np.int64)
+            offsets = np.array([r["offset_ns"] for r in got])
+            err = relative_error(res.truth, hosts, offsets, start + k * W + W // 2)
+            assert err.max() < 100, (k, err)
+        con = duckdb.connect(str(d.store / "catalog.duckdb"), read_only=True)
+        try:
+            true_owd = pa.table(  # noqa: F841 (read by DuckDB below)
+                {"src": res.rx["src"], "seq": res.rx["seq"], "d": res.truth.rx_true_owd_ns}
+            )
+            n, worst, med = con.execute(
+                "SELECT count(*), max(abs(o.owd_ns - t.d)), median(o.owd_ns) "
+                "FROM owd o JOIN true_owd t ON o.src = t.src AND o.seq = t.seq"
+            ).fetchone()
+            n_rx = con.execute("SELECT count(*) FROM probe_rx").fetchone()[0]
+        finally:
+            con.close()
+        # nearly every stored probe has a corrected delay, each within 200 ns of the truth
+        assert n > 0.9 * n_rx and worst < 200 and 500 < med < 10_000, (n, n_rx, worst, med)
+    finally:
+        d.stop()
