@@ -33,7 +33,9 @@ import hashlib
 import hmac
 import json
 import logging
+import os
 import ssl
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +57,7 @@ from collector import records, wire
 log = logging.getLogger("clockmesh.ingest")
 # bodies at least this large (several segments) are HMAC-checked off the event loop
 _HMAC_IN_THREAD = 64 * 1024
+_SWITCH_INTERVAL_S = float(os.environ.get("CLOCKMESH_INGEST_SWITCH_INTERVAL_S", "0.0005"))
 
 
 @dataclass(eq=False)
@@ -140,6 +143,10 @@ class IngestServer:
         return app
 
     async def start(self) -> None:
+        # The commit and live threads spend most of their time in C that drops the GIL
+        # (Parquet, fsync, DuckDB) and need it back between calls; with the default 5 ms
+        # switch interval each of those hand-overs waits for the busy event loop.
+        sys.setswitchinterval(_SWITCH_INTERVAL_S)
         self.open_store()
         self.clock.start()
         ssl_ctx = None

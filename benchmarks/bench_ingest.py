@@ -283,6 +283,16 @@ def main() -> None:
         requests = sum(r[2] for r in results)
         elapsed = max(r[4] for r in results) - min(r[3] for r in results)
         client_cpu = sum(r[5] for r in results)
+        metrics = urllib.request.urlopen(url + "/metrics", timeout=30).read().decode()
+
+        def metric(name: str) -> float:
+            for line in metrics.splitlines():
+                if line.startswith(name + " "):
+                    return float(line.split()[1])
+            return 0.0
+
+        commits = metric("clockmesh_ingest_commits_total")
+        commit_s = metric("clockmesh_ingest_commit_seconds_sum")
         import duckdb
 
         con = duckdb.connect(str(work / "store" / "catalog.duckdb"), read_only=True)
@@ -311,6 +321,11 @@ def main() -> None:
         print(
             f"cpu: daemon {cpu1 - cpu0:.1f} s ({(cpu1 - cpu0) / m:.2f} s per M probe records), "
             f"client {client_cpu:.1f} s ({client_cpu / m:.2f} s per M)"
+        )
+        print(
+            f"group commits: {commits:.0f} (mean {probe / max(commits, 1):,.0f} probe records, "
+            f"{commit_s / max(commits, 1) * 1e3:.0f} ms to write + fsync; commit thread busy "
+            f"{commit_s / elapsed:.0%} of the run)"
         )
         print(f"hosts per ops box at 80 probes/s (160 probe records/s/host): {rate / 160:,.0f}")
         if stored != probe:
