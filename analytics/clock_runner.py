@@ -404,9 +404,9 @@ class ClockRunner:
                 {
                     "host": names.get(h, str(h)),
                     "host_id": h,
-                    "offset_ns": round(off, 1),
-                    "drift_ppm": round(drift, 4),
-                    "uncertainty_ns": round(sig, 1),
+                    "offset_ns": _finite(off, 1),
+                    "drift_ppm": _finite(drift, 4),
+                    "uncertainty_ns": _finite(sig, 1),
                     "status": status_names.get(st, str(st)),
                     "window_end_ns": s.window_end_ns,
                 }
@@ -424,6 +424,11 @@ class ClockRunner:
     def collector(self, names: Callable[[], dict[int, str]]) -> Collector:
         """A prometheus collector of the runner's gauges and counters."""
         return _ClockCollector(self, names)
+
+
+def _finite(value: float, digits: int) -> float | None:
+    """Rounded, or None (JSON null) for NaN/inf."""
+    return round(value, digits) if np.isfinite(value) else None
 
 
 class _ClockCollector(Collector):
