@@ -114,7 +114,7 @@ class ProbeMesh:
         self.rx_sock: socket.socket | None = None
         self.tx_socks: list[socket.socket] = []
         self._tx_ids = np.zeros((0, RING), np.uint64)  # [socket, send counter % RING] -> seq
-        self._tx_count: list[int] = []
+        self._tx_count = np.zeros(0, np.int64)  # per socket: datagrams the kernel took
         self.set_buddies(buddies)
         self.next_due = time.monotonic()
 
@@ -145,8 +145,8 @@ class ProbeMesh:
                     addr, self.cfg.probe.base_sport + i, tx_timestamps=True
                 )
                 self.tx_socks.append(sock)
-                self._tx_count.append(0)
             self._tx_ids = np.zeros((len(self.tx_socks), RING), np.uint64)
+            self._tx_count = np.zeros(len(self.tx_socks), np.int64)
         except BaseException:
             self.close()
             raise
@@ -157,7 +157,8 @@ class ProbeMesh:
             if sock is not None:
                 sock.close()
         self.rx_sock = None
-        self.tx_socks, self._tx_count = [], []
+        self.tx_socks = []
+        self._tx_count = np.zeros(0, np.int64)
 
     # ---- sending --------------------------------------------------------------------
     def send_due(self, now: float, ahead: float = 0.0) -> float:
@@ -224,23 +225,38 @@ class ProbeMesh:
         self.r_tx[ring] = 0
         self.r_kind[ring] = TsKind.USER
         self.r_echoed[ring] = False
-        self.r_state[ring] = _FAILED  # until sent
-        self.r_user[ring] = 0
         bounds = np.flatnonzero(np.diff(ports)) + 1
         groups = list(zip([0, *bounds.tolist()], [*bounds.tolist(), k], strict=True))
-        sent = np.zeros(n, bool)
+        sock_of = ports.tolist()
+        sent = bytearray(n)  # 1 = the kernel took it; plain Python while sending
+        user = np.zeros(n, np.int64)
         if spaced:
             start = time.perf_counter_ns()
             for a, b in groups:
-                self._send_rows(int(ports[a]), range(a, b), seqs, ring, sent)
+                self._send_rows(sock_of[a], list(range(a, b)), sent, user, False)
             while time.perf_counter_ns() - start < self.spacing_ns:
                 pass  # known spacing: spin (tens of microseconds, once per batch)
             for a, b in groups:
                 rows = [k + j for j in range(a, b) if sent[j]]  # no second without its first
-                self._send_rows(int(ports[a]), rows, seqs, ring, sent)
+                self._send_rows(sock_of[a], rows, sent, user, False)
         else:
             for a, b in groups:
-                self._send_rows(int(ports[a]), range(2 * a, 2 * b), seqs, ring, sent)
+                self._send_rows(sock_of[a], list(range(2 * a, 2 * b)), sent, user, True)
+        # Bookkeeping for the whole batch at once.
+        ok = np.frombuffer(bytes(sent), bool)
+        self.r_user[ring] = user
+        self.r_state[ring] = np.where(ok, _PENDING, _FAILED)
+        done = np.flatnonzero(ok)
+        if len(done):
+            # Each socket's send counter (OPT_ID) -> seq, in send order (= row order).
+            sock = port_rows[done]
+            by_sock = np.argsort(sock, kind="stable")
+            sock, done = sock[by_sock], done[by_sock]
+            counts = np.bincount(sock, minlength=len(self._tx_count))
+            pos = np.arange(len(done)) - (np.cumsum(counts) - counts)[sock]
+            self._tx_ids[sock, (self._tx_count[sock] + pos) % RING] = seqs[done]
+            self._tx_count += counts
+            self.stats["probes_sent"] += len(done)
         if self.rdma is not None:
             self._send_rdma([due[j] for j in order])
 
@@ -271,21 +287,21 @@ class ProbeMesh:
             self.rdma.send_pair(rseq, dst_id, self._gid[b], self.peer_qpn[dst_id], p)
 
     def _send_rows(
-        self, p: int, rows: Any, seqs: np.ndarray, ring: np.ndarray, sent: np.ndarray
+        self, p: int, rows: list[int], sent: bytearray, user: np.ndarray, pairs_adjacent: bool
     ) -> None:
-        """Send batch rows (ascending) on socket ``p``: one sendmmsg per run of rows."""
-        rows = list(rows)
+        """Send batch rows (ascending) on socket ``p``: one sendmmsg per run of rows.
+
+        Marks ``sent`` and the raw realtime just before each call in ``user``."""
         sock = self.tx_socks[p]
-        batch = self._txb
+        send = self._txb.send
         i, retried = 0, -1
         while i < len(rows):
             r0, j = rows[i], i + 1
             while j < len(rows) and rows[j] == rows[j - 1] + 1:
                 j += 1
-            count = j - i
-            self.r_user[ring[r0 : r0 + count]] = time.time_ns()  # raw realtime before the send
+            t_user = time.time_ns()
             try:
-                got = batch.send(sock, r0, count)
+                got = send(sock, r0, j - i)
             except OSError as exc:
                 if exc.errno in _ICMP_ERRNOS and retried != r0:
                     # With IP_RECVERR the kernel reports an earlier probe's ICMP error
@@ -296,19 +312,12 @@ class ProbeMesh:
                     continue
                 name = errno.errorcode.get(exc.errno or 0, "EUNKNOWN")
                 self.stats[f"send_error_{name.lower()}"] += 1
-                self.r_state[ring[r0]] = _FAILED
-                if seqs[r0] % 2 == 0:  # the pair's second probe will not be sent either
-                    q = int(seqs[r0]) + 1
-                    self.r_seq[q % RING] = q
-                    self.r_state[q % RING] = _FAILED
                 i += 1
+                if pairs_adjacent and r0 % 2 == 0 and i < len(rows) and rows[i] == r0 + 1:
+                    i += 1  # no second probe without its first
                 continue
-            self.r_state[ring[r0 : r0 + got]] = _PENDING
-            sent[r0 : r0 + got] = True
-            k = self._tx_count[p]
-            self._tx_ids[p, (k + np.arange(got)) % RING] = seqs[r0 : r0 + got]
-            self._tx_count[p] = k + got
-            self.stats["probes_sent"] += got
+            user[r0 : r0 + got] = t_user
+            sent[r0 : r0 + got] = b"\1" * got
             i += got
 
     def _sign(self, batch: DatagramBatch, n: int) -> None:
