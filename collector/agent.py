@@ -121,8 +121,10 @@ class Collector:
         self._jobs: rdma_config.JobScanner | None = None
         self._stop = False
         self._reload = False
-        self._sel = selectors.DefaultSelector()  # data sockets, polled once per tick
-        self._wake_sel = selectors.DefaultSelector()  # signals and stop requests
+        # Signals, stop requests and the in-band hook wake the loop; probe sockets do
+        # not (they are drained every FLUSH_S). The hook must: a unix datagram queue
+        # holds only net.unix.max_dgram_qlen (default 10) datagrams.
+        self._wake_sel = selectors.DefaultSelector()
         self._last_status: tuple[float, int, int] = (time.monotonic(), 0, 0)
         self.rates = (0.0, 0.0)
         self.reloads = 0
@@ -138,7 +140,7 @@ class Collector:
         self.mesh.open()  # its sockets are drained every FLUSH_S, not selected
         mesh = self.mesh
         self.inband = InbandHook(cfg.inband.socket, self.host_id, self.clock)
-        self._sel.register(self.inband.sock, selectors.EVENT_READ, self._on_inband)
+        self._wake_sel.register(self.inband.sock, selectors.EVENT_READ, self._on_inband)
         interfaces = cfg.counters.interfaces or [cfg.backend.interface]
         self.counters = SysfsCounters(
             cfg.counters.sysfs_root, interfaces, cfg.counters.rdma_devices
@@ -161,7 +163,7 @@ class Collector:
             self.mesh.flush(time.time_ns() + 10**12)  # everything left, USER where needed
             self.mesh.close()
         if self.inband is not None:
-            self._sel.unregister(self.inband.sock)
+            self._wake_sel.unregister(self.inband.sock)
             self.inband.close()
             self.inband = None
 
@@ -498,8 +500,6 @@ class Collector:
             now = time.monotonic()
             assert self.mesh is not None
             self.mesh.send_due(now, TICK_S)
-            for key, _events in self._sel.select(0):
-                key.data()
             if self.rdma is not None:
                 self.rdma.poll()
             if now >= next_flush:

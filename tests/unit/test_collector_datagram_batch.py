@@ -26,6 +26,9 @@ def pair() -> Iterator[tuple[socket.socket, socket.socket, str]]:
     net = loopback_net()
     rx = timestamping.udp_socket(f"{net}.2", 0, tx_timestamps=False)
     tx = timestamping.udp_socket(f"{net}.1", 0, tx_timestamps=True)
+    # The kernel turns RX timestamping on for the system with a deferred work item when
+    # the first socket asks for it: datagrams right after that may carry none.
+    time.sleep(0.2)
     try:
         yield tx, rx, f"{net}.2"
     finally:
