@@ -31,6 +31,7 @@ except ImportError:  # pragma: no cover - the opsbox extra installs zlib-ng
 
 _PREAMBLE = struct.Struct("<6sHI")  # magic, format version, header length (collector.wire)
 _CHUNK = struct.Struct("<HHII")  # table id, flags, rows, crc32
+_MAGIC_AS_TABLE_ID = struct.unpack_from("<H", wire.MAGIC)[0]  # 0x4d43, no table's id
 _TABLES = {tid: (name, records.TABLES[name].itemsize) for tid, name in records.TABLE_NAMES.items()}
 
 
@@ -109,13 +110,14 @@ def _decode_one(view: memoryview, start: int, end: int) -> tuple[SegmentView, in
     seg = SegmentView(header.host, header.host_id, header.segment, header.created_ns, 0)
     chunks, counts = seg.chunks, seg.rows
     pos += hlen
-    magic_next = wire.MAGIC
     while pos < end:
-        if view[pos : pos + 6] == magic_next:
-            break  # the next segment of the body starts here
         if pos + _CHUNK.size > end:
+            if view[pos : pos + 6] == wire.MAGIC:
+                break  # a (too short) next segment: decoded and rejected as such
             raise wire.WireError(f"truncated chunk header at byte {pos - start}")
         table_id, _flags, rows, crc = _CHUNK.unpack_from(view, pos)
+        if table_id == _MAGIC_AS_TABLE_ID and view[pos : pos + 6] == wire.MAGIC:
+            break  # the next segment of the body starts here
         spec = _TABLES.get(table_id)
         if spec is None:
             raise wire.WireError(f"unknown table id {table_id} at byte {pos - start}")

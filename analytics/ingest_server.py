@@ -55,8 +55,6 @@ from analytics.store.store_writer import StoreWriteError, StoreWriter
 from collector import records, wire
 
 log = logging.getLogger("clockmesh.ingest")
-# bodies at least this large (several segments) are HMAC-checked off the event loop
-_HMAC_IN_THREAD = 64 * 1024
 _SWITCH_INTERVAL_S = float(os.environ.get("CLOCKMESH_INGEST_SWITCH_INTERVAL_S", "0.0005"))
 
 
@@ -117,7 +115,6 @@ class IngestServer:
         self._broken = ""
         self._commit_pool = concurrent.futures.ThreadPoolExecutor(1, "commit")
         self._side_pool = concurrent.futures.ThreadPoolExecutor(1, "live")
-        self._auth_pool = concurrent.futures.ThreadPoolExecutor(1, "hmac")
         self._host_ids: dict[str, int] = {}
         self._rejected: set[PendingBatch] = set()  # commit thread: batches answered 422
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -192,7 +189,6 @@ class IngestServer:
             await self._runner.cleanup()
         self._commit_pool.shutdown(wait=True)
         self._side_pool.shutdown(wait=True)
-        self._auth_pool.shutdown(wait=True)
         self.clock.stop()
 
     # ---- HTTP handlers -----------------------------------------------------------
@@ -225,14 +221,7 @@ class IngestServer:
                 f"batch exceeds max_body_bytes ({self.config.max_body_bytes})",
                 request,
             )
-        auth = request.headers.get("Authorization")
-        if len(body) >= _HMAC_IN_THREAD:  # hashlib releases the GIL: overlap with the loop
-            ok = await asyncio.get_running_loop().run_in_executor(
-                self._auth_pool, self._authentic, body, auth
-            )
-        else:
-            ok = self._authentic(body, auth)
-        if not ok:
+        if not self._authentic(body, request.headers.get("Authorization")):
             return self._reject(401, "auth", "missing or invalid HMAC for this body", request)
         try:
             segs = ingest_body.decode(body)
