@@ -302,12 +302,12 @@ class IngestServer:
     def _ack(segs: list[ingest_body.SegmentView], status_of: list[str]) -> dict:
         if len(segs) == 1:
             return {"status": status_of[0], "segment": segs[0].segment, "rows": segs[0].total_rows}
-        per = [
+        per: list[dict[str, int | str]] = [
             {"segment": seg.segment, "status": st, "rows": seg.total_rows}
             for seg, st in zip(segs, status_of, strict=True)
         ]
         overall = "stored" if "stored" in status_of else "duplicate"
-        rows = sum(p["rows"] for p in per)
+        rows = sum(seg.total_rows for seg in segs)
         return {"status": overall, "segment": segs[0].segment, "rows": rows, "segments": per}
 
     def _host_names(self) -> dict[int, str]:
@@ -505,7 +505,7 @@ class IngestServer:
     def _commit_group(self, number: int, group: list[PendingBatch]) -> int:
         """Runs in the commit thread: build columns, write, fsync; then feed the hot window."""
         started = time.monotonic()
-        self._rejected: set[PendingBatch] = set()
+        self._rejected = set()
         tables = self._group_tables(group)
         group = [b for b in group if b not in self._rejected]
         if not group:

@@ -296,9 +296,10 @@ def main() -> None:
         import duckdb
 
         con = duckdb.connect(str(work / "store" / "catalog.duckdb"), read_only=True)
-        stored = con.execute(
+        row = con.execute(
             "SELECT (SELECT count(*) FROM probe_tx) + (SELECT count(*) FROM probe_rx)"
-        ).fetchone()[0]
+        ).fetchone()
+        stored = row[0] if row else 0
         con.close()
         rate = probe / elapsed
         m = probe / 1e6
@@ -321,6 +322,11 @@ def main() -> None:
         print(
             f"cpu: daemon {cpu1 - cpu0:.1f} s ({(cpu1 - cpu0) / m:.2f} s per M probe records), "
             f"client {client_cpu:.1f} s ({client_cpu / m:.2f} s per M)"
+        )
+        cpu_per_m = (cpu1 - cpu0 + client_cpu) / m
+        print(
+            f"ceiling if daemon + client had both cores to themselves (2 / CPU per record; "
+            f"a projection, not a measurement): {2e6 / cpu_per_m:,.0f} probe records/s"
         )
         print(
             f"group commits: {commits:.0f} (mean {probe / max(commits, 1):,.0f} probe records, "
