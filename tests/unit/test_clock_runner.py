@@ -184,17 +184,17 @@ def _segments(res: SimResult, names: list[str], hosts: np.ndarray, n_seconds: in
 
 
 def test_daemon_solves_posted_windows_and_stores_clock_and_owd(tmp_path: Path) -> None:
-    # 3 windows of 2 s from (now - 4 s, now - 2 s]; each is solved 8 s after it ends
-    # (clock_lateness_s), so all of a window's segments are in before it is solved
-    start = (time.time_ns() // W - 1) * W
-    cfg = SimConfig(
-        racks=3, hosts_per_rack=4, offset_max_ns=3e6, start_ns=start, duration_ns=3 * W, seed=7
-    )
-    sim = MeshSimulator(cfg)
-    res = sim.run()
-    d = Daemon(tmp_path, clock_window_s=2.0, clock_lateness_s=8.0)
+    d = Daemon(tmp_path, clock_window_s=2.0, clock_lateness_s=10.0)
     d.start()
     try:
+        # 3 windows of 2 s from (now - 4 s, now - 2 s]; each is solved 10 s after it ends
+        # (clock_lateness_s), so all of a window's segments are in before it is solved
+        start = (time.time_ns() // W - 1) * W
+        cfg = SimConfig(
+            racks=3, hosts_per_rack=4, offset_max_ns=3e6, start_ns=start, duration_ns=3 * W, seed=7
+        )
+        sim = MeshSimulator(cfg)
+        res = sim.run()
         segs = _segments(res, sim.names, sim.host_ids, 6)
         per_second = len(sim.names)
         for i in range(0, len(segs), per_second):  # one body per second, as a backlog ships
@@ -209,6 +209,7 @@ def test_daemon_solves_posted_windows_and_stores_clock_and_owd(tmp_path: Path) -
             time.sleep(0.5)
         assert live["window_start_ns"] == start + 2 * W, live
         assert live["windows_skipped"] == 0 and live["windows_solved"] >= 3
+        assert live["late_rows"] == 0, "a window was solved before its segments were posted"
         by_name = {h["host"]: h for h in live["hosts"]}
         assert set(by_name) == set(sim.names)
         assert all(h["status"] == "solved" and h["uncertainty_ns"] < 100 for h in by_name.values())
