@@ -134,9 +134,11 @@ def host_seconds(
     jitter_ns: int = 2_000,
     echo: bool = True,
     extras: bool = True,
+    span: int = 1,
     rng: np.random.Generator | None = None,
 ) -> list[bytes]:
-    """Host ``i``'s 1-s segments for seconds ``0 .. seconds-1`` (segment id = second).
+    """Host ``i``'s segments for seconds ``0 .. seconds-1``, each covering ``span`` seconds
+    (a collector's ``spool.roll_s``; segment id = first second // span).
 
     The same traffic :func:`fleet_segment` describes (probe_tx of host ``i``, the probe_rx
     of what its ``buddies`` predecessors sent it), built for all seconds at once, plus
@@ -208,17 +210,18 @@ def host_seconds(
     hid = int(ids[i])
     out = []
     rx_per_s = len(kin)
-    for s in range(seconds):
-        a, z = s * per_s, (s + 1) * per_s
+    for s in range(0, seconds, span):
+        e = min(s + span, seconds)
+        a, z = s * per_s, e * per_s
         parts = [
-            wire.encode_header(name, hid, s, t0_ns + (s + 1) * NS),
+            wire.encode_header(name, hid, s // span, t0_ns + e * NS),
             wire.encode_chunk("probe_tx", tx[a:z]),
-            wire.encode_chunk("probe_rx", rx[s * rx_per_s : (s + 1) * rx_per_s]),
+            wire.encode_chunk("probe_rx", rx[s * rx_per_s : e * rx_per_s]),
         ]
         if echo:
             parts.append(wire.encode_chunk("echo", ec[a:z]))
         if extras:
-            parts.append(wire.encode_chunk("counter", ctr[s * nc : (s + 1) * nc]))
-            parts.append(wire.encode_chunk("health", hl[s * nh : (s + 1) * nh]))
+            parts.append(wire.encode_chunk("counter", ctr[s * nc : e * nc]))
+            parts.append(wire.encode_chunk("health", hl[s * nh : e * nh]))
         out.append(b"".join(parts))
     return out

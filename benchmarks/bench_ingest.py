@@ -40,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from analytics import ingest_load  # noqa: E402
+from analytics import ingest_body, ingest_load  # noqa: E402
 from collector import wire  # noqa: E402
 
 KEY = b"bench-fleet-key-0123456789abcdef"
@@ -81,25 +81,24 @@ def build_requests(args: argparse.Namespace, idx: int, t0: int) -> list[tuple[by
     """(complete HTTP request, probe records, all records) in fleet order."""
     ids = ingest_load.host_ids(args.hosts)
     hosts = range(idx, args.hosts, args.procs)
-    per_host = {i: ingest_load.host_seconds(i, ids, args.seconds, t0_ns=t0) for i in hosts}
-    probe_rows = {}
-    all_rows = {}
+    per_host = {
+        i: ingest_load.host_seconds(i, ids, args.seconds, t0_ns=t0, span=args.span) for i in hosts
+    }
     out = []
     k = args.per_request
-    for start in range(0, args.seconds, k):
+    for start in range(0, len(per_host[hosts[0]]), k):
         for i in hosts:
             segs = per_host[i][start : start + k]
             body = b"".join(segs)
-            if i not in probe_rows:
-                seg = wire.decode(segs[0])
-                probe_rows[i] = sum(seg.rows(t) for t in PROBE_TABLES)
-                all_rows[i] = seg.rows()
+            views = ingest_body.decode(body)
+            probe = sum(v.rows.get(t, 0) for v in views for t in PROBE_TABLES)
+            rows = sum(v.total_rows for v in views)
             head = (
                 f"POST /v1/batch HTTP/1.1\r\nHost: ingest\r\n"
                 f"Authorization: {wire.sign(KEY, body)}\r\n"
                 f"Content-Type: application/octet-stream\r\nContent-Length: {len(body)}\r\n\r\n"
             ).encode()
-            out.append((head + body, probe_rows[i] * len(segs), all_rows[i] * len(segs)))
+            out.append((head + body, probe, rows))
     return out
 
 
@@ -207,7 +206,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--hosts", type=int, default=5000, help="fleet size (distinct hosts)")
     ap.add_argument("--seconds", type=int, default=20, help="seconds of fleet traffic to send")
-    ap.add_argument("--per-request", type=int, default=1, help="1-s segments per HTTP request")
+    ap.add_argument("--per-request", type=int, default=1, help="segments per HTTP request")
+    ap.add_argument(
+        "--span", type=int, default=1, help="seconds per segment (the collector's spool.roll_s)"
+    )
     ap.add_argument("--procs", type=int, default=1, help="client processes")
     ap.add_argument("--connections", type=int, default=64, help="connections per client process")
     ap.add_argument("--roll-s", type=float, default=0.2, help="daemon group-commit interval")
@@ -306,7 +308,7 @@ def main() -> None:
         print(f"machine: {machine()}")
         print(f"load average before/after: {load_before} / {load_after}")
         print(
-            f"setup: {args.hosts} hosts x {args.seconds} s, {args.per_request} x 1-s segment per "
+            f"setup: {args.hosts} hosts x {args.seconds} s, {args.per_request} x {args.span}-s segment per "
             f"request (~{rows // max(requests, 1)} rows, {probe // max(requests, 1)} probe records), "
             f"{args.procs} client procs x {args.connections} connections, roll_s={args.roll_s}"
         )
@@ -315,8 +317,7 @@ def main() -> None:
         print(f"stored (read back via catalog): {stored} probe records  exact={stored == probe}")
         print(
             f"throughput: {rate:,.0f} probe records/s end to end ({rows / elapsed:,.0f} rows/s, "
-            f"{requests / elapsed:,.0f} requests/s, {requests * args.per_request / elapsed:,.0f} "
-            "segments/s)"
+            f"{requests / elapsed:,.0f} requests/s)"
         )
         print(f"ack latency: p50 {results[0][6] * 1e3:.0f} ms, p99 {results[0][7] * 1e3:.0f} ms")
         print(
