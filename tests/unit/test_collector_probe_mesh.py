@@ -1,0 +1,122 @@
+"""Two probe meshes in one process on loopback: batched sending, draining and records.
+
+Runs the recvmmsg/sendmmsg path and the per-datagram fallback (no libc functions)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from collector import config as config_mod
+from collector import datagram_batch, records
+from collector.config import Peer
+from collector.lab_clock import RecordingClock
+from collector.probe_mesh import ProbeMesh
+from collector.probe_packet import PacketCodec
+from collector.record_buffer import RecordBuffer
+from tests.unit.collector_procs import free_udp_port, loopback_net
+
+KEY = b"m" * 32
+
+
+def _mesh(tmp: Path, name: str, me: str, other: str, other_addr: str, port: int) -> ProbeMesh:
+    (tmp / "key").write_bytes(KEY)
+    doc = {
+        "host": name,
+        "fleet_key_file": str(tmp / "key"),
+        "backend": {"address": me, "probe_port": port},
+        "peers": [{"name": other, "address": other_addr}],
+        "probe": {"base_sport": port + 1, "rate_per_port": 10.0},
+        "ingest": {"url": "http://127.0.0.1:1"},
+        "spool": {"dir": str(tmp / name)},
+        "inband": {"socket": str(tmp / f"{name}.sock")},
+        "status_file": str(tmp / f"{name}.json"),
+    }
+    (tmp / f"{name}.yml").write_text(yaml.safe_dump(doc))
+    cfg = config_mod.load(tmp / f"{name}.yml")
+    buffers = {t: RecordBuffer(t) for t in records.TABLES}
+    mesh = ProbeMesh(
+        cfg, [Peer(name=other, address=other_addr)], PacketCodec(KEY), RecordingClock(None), buffers
+    )
+    mesh.open()
+    return mesh
+
+
+@pytest.fixture(params=[True, False], ids=["native", "emulated"])
+def meshes(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[ProbeMesh, ProbeMesh]]:
+    if not request.param:
+        monkeypatch.setattr(datagram_batch, "_LIBC", None)
+    net = loopback_net()
+    a_addr, b_addr = f"{net}.1", f"{net}.2"
+    port = free_udp_port(a_addr)
+    a = _mesh(tmp_path, "ma", a_addr, "mb", b_addr, port)
+    b = _mesh(tmp_path, "mb", b_addr, "ma", a_addr, port)
+    try:
+        assert a._txb.native == request.param
+        yield a, b
+    finally:
+        a.close()
+        b.close()
+
+
+def test_pairs_echoes_and_tx_timestamps_in_bulk(meshes: tuple[ProbeMesh, ProbeMesh]) -> None:
+    a, b = meshes
+    time.sleep(0.2)  # RX timestamping is switched on by deferred kernel work
+    pairs = [a.slots[i % len(a.slots)] for i in range(50)]
+    for _ in range(3):
+        a._send_pairs(pairs)
+    assert a.stats["probes_sent"] == 300
+    time.sleep(0.1)
+    b.drain()  # probes: recorded and echoed
+    time.sleep(0.1)
+    a.drain()  # TX timestamps, then echoes
+    a.flush()
+    tx = a.buffers["probe_tx"].take()
+    rx = b.buffers["probe_rx"].take()
+    echo = a.buffers["echo"].take()
+    assert len(tx) == len(rx) == len(echo) == 300
+    assert (tx["ts_kind"] == records.TsKind.SW).all()  # every probe got its kernel TX time
+    assert sorted(tx["seq"].tolist()) == sorted(rx["seq"].tolist())
+    assert set(tx["sport"].tolist()) == {a.cfg.probe.base_sport + p for p in range(8)}
+    by_seq = dict(zip(tx["seq"].tolist(), tx["tx_ns"].tolist(), strict=True))
+    sport_of = dict(zip(tx["seq"].tolist(), tx["sport"].tolist(), strict=True))
+    assert [sport_of[s] for s in rx["seq"].tolist()] == rx["sport"].tolist()
+    # Coded pairs: the second probe leaves after the first, about the spacing later.
+    gaps = np.array([by_seq[s + 1] - by_seq[s] for s in by_seq if s % 2 == 0])
+    assert len(gaps) == 150 and (gaps > 0).all()
+    assert np.median(gaps) >= a.spacing_ns
+    # Echo rows: t1 is the probe's kernel TX time, t2/t3 from the echoer, t4 on return.
+    assert [by_seq[s] for s in echo["seq"].tolist()] == echo["t1_ns"].tolist()
+    assert (echo["t3_ns"] >= echo["t2_ns"]).all() and (echo["t4_ns"] > echo["t1_ns"]).all()
+    assert (echo["t2_ns"] > echo["t1_ns"]).all()  # one clock here
+    assert (echo["ts_kind"] == records.TsKind.SW).all()
+    assert sum(a.rejected.values()) == sum(b.rejected.values()) == 0
+
+
+def test_replayed_and_forged_datagrams_in_a_batch_are_counted(
+    meshes: tuple[ProbeMesh, ProbeMesh],
+) -> None:
+    a, b = meshes
+    time.sleep(0.2)
+    a._send_pairs([a.slots[0]])
+    time.sleep(0.05)
+    b.drain()
+    assert b.stats["probes_received"] == 2
+    # The same two authentic datagrams again (replay), plus a forged one.
+    pkt = bytes(a._txb.data[0])
+    forged = bytearray(pkt)
+    forged[80] ^= 1
+    sock = a.tx_socks[0]
+    for data in (pkt, bytes(a._txb.data[1]), bytes(forged)):
+        sock.sendto(data, (b.cfg.backend.address, b.port))
+    time.sleep(0.05)
+    b.drain()
+    assert b.rejected["replay"] == 2 and b.rejected["auth"] == 1
+    assert b.stats["probes_received"] == 2
