@@ -131,7 +131,7 @@ class DatagramBatch:
         return (p[:, 0] << 8) | p[:, 1]
 
     def set_name(self, i: int, address: str, port: int) -> None:
-        self.names[i] = np.frombuffer(_sockaddr(address, port), np.uint8)
+        self.names[i] = np.frombuffer(sockaddr_in(address, port), np.uint8)
 
     # ---- receiving ------------------------------------------------------------------
     def recv(self, sock: socket.socket, flags: int = 0, start: int = 0) -> int:
@@ -185,7 +185,7 @@ class DatagramBatch:
             self.control[i, : len(ctrl)] = np.frombuffer(ctrl, np.uint8)
             h["controllen"] = len(ctrl)
             if isinstance(addr, tuple) and len(addr) == 2:
-                self.names[i] = np.frombuffer(_sockaddr(addr[0], addr[1]), np.uint8)
+                self.names[i] = np.frombuffer(sockaddr_in(addr[0], addr[1]), np.uint8)
             got += 1
         return got
 
@@ -231,7 +231,8 @@ def _cmsg(level: int, ctype: int, data: bytes) -> bytes:
     return _CMSG_HDR.pack(length, level, ctype) + data + b"\0" * pad
 
 
-def _sockaddr(address: str, port: int) -> bytes:
+def sockaddr_in(address: str, port: int) -> bytes:
+    """``struct sockaddr_in`` for an IPv4 address and port (family in host order)."""
     raw = bytearray(_SOCKADDR_IN.pack(0, port, socket.inet_aton(address)))
     struct.pack_into("=H", raw, 0, socket.AF_INET)
     return bytes(raw)
