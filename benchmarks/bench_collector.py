@@ -78,6 +78,9 @@ def main() -> None:
         help="also sample the collector with py-spy over the window (collapsed stacks to FILE)",
     )
     args = ap.parse_args()
+    spy_bin = Path(sys.executable).with_name("py-spy")
+    if args.py_spy and not spy_bin.exists():
+        ap.error(f"--py-spy: {spy_bin} not found (pip install py-spy)")
     ports = 8
     rate_per_port = args.probes_per_s / 2 / ports  # coded pairs per (buddy, port) per second
     receiver = Receiver(KEY)
@@ -129,7 +132,7 @@ def main() -> None:
             spy = None
             if args.py_spy:
                 spy = subprocess.Popen(
-                    [str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(pid),
+                    [str(spy_bin), "record", "--pid", str(pid),
                      "--duration", str(int(args.seconds)), "--rate", "250", "--format", "raw",
                      "--nonblocking", "--output", args.py_spy],
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
