@@ -266,3 +266,23 @@ def test_hot_window_settles_incrementally_with_late_receivers_and_live_view() ->
     assert all(r["received"] == 480 for r in clean)
     assert hot.rows < 12 * 160 * 40  # settled probes do not pile up
     assert snap is not None
+
+
+def test_live_snapshot_worst_pairs_match_a_full_sort() -> None:
+    from analytics.store.hot_window import LiveSnapshot
+
+    rng = np.random.default_rng(3)
+    n = 500
+    loss = rng.choice([0.0, 0.0, 0.1, 0.5], n)
+    p99 = rng.integers(1_000, 90_000, n).astype(float)
+    table = pa.table(
+        {
+            "src": np.arange(n), "dst": np.arange(n) + 1, "sent": np.full(n, 100),
+            "received": (100 * (1 - loss)).astype(np.int64), "dmin": p99 / 2, "p50": p99 / 2,
+            "p99": p99, "loss": loss,
+        }
+    )  # fmt: skip
+    snap = LiveSnapshot(table=table)
+    assert snap.pair_count == n and len(snap.pairs) == n
+    full = sorted(snap.pairs, key=lambda p: (-p.loss, -(p.owd_raw_p99_ns or 0)))
+    assert [(p.src, p.loss) for p in snap.worst(40)] == [(p.src, p.loss) for p in full[:40]]
