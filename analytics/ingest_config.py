@@ -32,8 +32,8 @@ class IngestConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     compact_s: float = 600.0  # how often small files are compacted (and retention applied)
     compact_min_age_s: float = 60.0  # files younger than this are left alone
     dedup_window: str | int = "24h"  # (host, segment) history loaded at start
-    hot_window_s: float = 150.0  # seconds of probes kept in memory (live view, rollups)
-    hot_max_rows: int = 20_000_000  # memory cap of the hot window (rows)
+    hot_window_s: float = 150.0  # cap of how long a probe_rx waits for its probe_tx
+    hot_max_rows: int = 20_000_000  # memory cap of the hot window (probe rows held)
     live_refresh_s: float = 5.0  # recompute the live picture this often
     rollup_grace_s: float = 20.0  # a minute is rolled up once it ended this long ago
     metrics_max_pairs: int = 2000  # per-pair series in /metrics: the worst N by loss
