@@ -24,7 +24,7 @@ from analytics.sim.mesh_simulator import GroundTruth, MeshSimulator, SimConfig, 
 from analytics.store import catalog, layout
 from analytics.store.store_writer import StoreWriter
 from collector import wire
-from tests.unit.test_ingest_daemon import ROOT, Daemon
+from tests.unit.ingest_daemon import ROOT, Daemon
 
 W = 2_000_000_000
 

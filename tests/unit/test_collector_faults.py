@@ -143,15 +143,6 @@ def _spooled_probe_tx(spool: Path) -> set[int]:
     return seqs
 
 
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    r = Receiver(KEY)
-    try:
-        yield r
-    finally:
-        r.close()
-
-
 def test_10000_hostile_datagrams_are_all_rejected_none_recorded(
     tmp_path: Path, receiver: Receiver
 ) -> None:

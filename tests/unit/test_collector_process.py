@@ -15,7 +15,6 @@ import pytest
 from collector import records
 from collector.inband import EVENT_SEND, pack_report
 from tests.unit.collector_procs import (
-    KEY,
     CollectorProcess,
     free_udp_port,
     loopback_net,
@@ -25,15 +24,6 @@ from tests.unit.collector_receiver import Receiver
 
 OFFSET_NS = 5_000_000
 DRIFT_PPM = 200.0
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    r = Receiver(KEY)
-    try:
-        yield r
-    finally:
-        r.close()
 
 
 @pytest.fixture

@@ -1,27 +1,15 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from collector import records
 from collector.shipper import Shipper
 from collector.spool import Spool
+from tests.unit.collector_procs import KEY
 from tests.unit.collector_receiver import Receiver
-
-KEY = b"fleet-key-for-tests-0123456789"
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    r = Receiver(KEY)
-    try:
-        yield r
-    finally:
-        r.close()
 
 
 def _fill(tmp_path: Path, n: int) -> Spool:

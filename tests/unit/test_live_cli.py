@@ -6,13 +6,10 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 from analytics import ingest_load
-from tests.unit.test_ingest_daemon import ROOT, Daemon
+from tests.unit.ingest_daemon import ROOT, Daemon
 
 HOSTS = 4
 
@@ -22,16 +19,6 @@ def live(*args: str) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-m", "clockmesh.cli", "live", *args],
         cwd=ROOT, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
-
-
-@pytest.fixture
-def fleet_daemon(tmp_path: Path) -> Iterator[Daemon]:
-    d = Daemon(tmp_path)
-    d.start()
-    try:
-        yield d
-    finally:
-        d.stop()
 
 
 def _post_fleet(daemon: Daemon, loss: float, first: int = 0) -> None:
@@ -44,9 +31,9 @@ def _post_fleet(daemon: Daemon, loss: float, first: int = 0) -> None:
             assert status == 200, reply
 
 
-def test_live_shows_every_host_healthy_and_waits(fleet_daemon: Daemon) -> None:
-    _post_fleet(fleet_daemon, loss=0.0)
-    ok = live("--url", fleet_daemon.url, "--wait-hosts", str(HOSTS), "--timeout", "20")
+def test_live_shows_every_host_healthy_and_waits(daemon: Daemon) -> None:
+    _post_fleet(daemon, loss=0.0)
+    ok = live("--url", daemon.url, "--wait-hosts", str(HOSTS), "--timeout", "20")
     assert ok.returncode == 0, ok.stderr
     lines = ok.stdout.splitlines()
     for i in range(HOSTS):
@@ -54,22 +41,22 @@ def test_live_shows_every_host_healthy_and_waits(fleet_daemon: Daemon) -> None:
         assert " ok " in row and " 3 " in row  # status ok, 3 buddies probed
     assert f"{HOSTS}/{HOSTS} hosts healthy" in ok.stdout
 
-    _post_fleet(fleet_daemon, loss=0.0, first=10)  # fresh batches, so none is stale yet
-    short = live("--url", fleet_daemon.url, "--wait-hosts", str(HOSTS + 1), "--timeout", "1")
+    _post_fleet(daemon, loss=0.0, first=10)  # fresh batches, so none is stale yet
+    short = live("--url", daemon.url, "--wait-hosts", str(HOSTS + 1), "--timeout", "1")
     assert short.returncode == 1
     assert f"only {HOSTS} of {HOSTS + 1} hosts healthy" in short.stderr
 
     time.sleep(6)  # no batch for longer than the 5 s staleness bound
-    stale = live("--url", fleet_daemon.url, "--json")
+    stale = live("--url", daemon.url, "--json")
     assert {r["status"] for r in json.loads(stale.stdout)} == {"stale"}
 
 
-def test_live_flags_lossy_hosts_as_json(fleet_daemon: Daemon) -> None:
-    _post_fleet(fleet_daemon, loss=0.5)
+def test_live_flags_lossy_hosts_as_json(daemon: Daemon) -> None:
+    _post_fleet(daemon, loss=0.5)
     deadline = time.monotonic() + 20
     rows: list[dict] = []
     while time.monotonic() < deadline:
-        out = live("--url", fleet_daemon.url, "--json")
+        out = live("--url", daemon.url, "--json")
         assert out.returncode == 0, out.stderr
         rows = json.loads(out.stdout)
         if len(rows) == HOSTS and all(r["sent"] for r in rows):
