@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 import time
 import tracemalloc
@@ -38,25 +37,9 @@ from analytics.clock import (
 )
 from analytics.sim import MeshSimulator, SimConfig
 from analytics.sim.mesh_simulator import Congestion
+from benchmarks.machine import describe
 
 WINDOW = 2_000_000_000
-
-
-def machine() -> str:
-    cpu = "?"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return (
-        f"machine: {cpu}, {os.cpu_count()} cores, {mem:.1f} GiB RAM, {platform.system()} "
-        f"{platform.release()}\npython {platform.python_version()}, numpy {np.__version__}, "
-        f"scipy {scipy.__version__}; load average at start {os.getloadavg()[0]:.2f}"
-    )
 
 
 def errors(sim, sol) -> tuple[np.ndarray, np.ndarray]:
@@ -129,7 +112,7 @@ def main() -> None:
     )
     args = ap.parse_args()
     tuned = False if args.no_tune_allocator else tune_allocator()
-    print(machine())
+    print("machine: " + describe(numpy=np.__version__, scipy=scipy.__version__))
     print(f"glibc malloc thresholds raised (analytics.clock.tune_allocator): {tuned}")
     solver = SolverConfig(spacing_tol_ns=args.spacing_tol_ns, threads=args.threads)
     print(

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy  # noqa: E402
 
+from benchmarks.machine import describe  # noqa: E402
 from tests.unit.collector_procs import (  # noqa: E402
     KEY,
     CollectorProcess,
@@ -50,18 +50,6 @@ def mem_kib(pid: int) -> dict[str, int]:
         if key in ("VmRSS", "VmHWM"):
             out[key] = int(val.split()[0])
     return out
-
-
-def machine() -> str:
-    model = "unknown"
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            model = line.split(":", 1)[1].strip()
-            break
-    return (
-        f"{model}, {os.cpu_count()} cores, Linux {platform.release()}, "
-        f"Python {platform.python_version()}, numpy {numpy.__version__}"
-    )
 
 
 def main() -> None:
@@ -154,7 +142,7 @@ def main() -> None:
     user = 100.0 * (c1[0] - c0[0]) / wall
     system = 100.0 * (c1[1] - c0[1]) / wall
     cpu = user + system
-    print(f"machine: {machine()}")
+    print(f"machine: {describe(numpy=numpy.__version__)}")
     print(f"window: {wall:.1f} s after {args.warmup:.0f} s warm-up; collector 'ba' (pid {pid})")
     print(f"probes sent/s: {sent:.0f}  received/s: {recv:.0f}  echoes received/s: {echo:.0f}")
     print(

@@ -24,7 +24,6 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import platform
 import resource
 import selectors
 import shutil
@@ -41,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from analytics import ingest_body, ingest_load  # noqa: E402
+from benchmarks.machine import describe  # noqa: E402
 from collector import wire  # noqa: E402
 
 KEY = b"bench-fleet-key-0123456789abcdef"
@@ -48,23 +48,10 @@ PROBE_TABLES = ("probe_tx", "probe_rx")
 
 
 def machine() -> str:
-    cpu = "?"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-        mem = int(Path("/proc/meminfo").read_text().split()[1]) // 1024
-    except OSError:
-        mem = 0
     import duckdb
     import pyarrow
 
-    return (
-        f"{os.cpu_count()} cpus ({cpu}), {mem} MiB RAM, {platform.system()} "
-        f"{platform.release()}, Python {platform.python_version()}, duckdb {duckdb.__version__}, "
-        f"pyarrow {pyarrow.__version__}"
-    )
+    return describe(duckdb=duckdb.__version__, pyarrow=pyarrow.__version__)
 
 
 def loadavg() -> str:
