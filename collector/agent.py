@@ -249,6 +249,7 @@ class Collector:
             values["tx_ts_kernel"] = mesh.stats["tx_ts_kernel"]
             values["tx_ts_user"] = mesh.stats["tx_ts_user"]
             values["rx_kernel_drops"] = mesh.stats["rx_kernel_drops"]
+            values["probe_echo_every"] = mesh.echo_every  # 1 coded pair in N is echoed
             for reason, count in mesh.rejected.items():
                 values[f"probes_rejected_{reason}"] = count
             for name, count in mesh.stats.items():

@@ -16,6 +16,7 @@ import msgspec
 from collector import configfile
 
 DEFAULT_PATH = Path("/etc/clockmesh/collector.yml")
+ECHO_EVERY_DEFAULT = 8  # probe.echo_every: 1 coded pair in 8 per (buddy, port) is echoed
 
 
 class _Strict(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -42,8 +43,20 @@ class Probe(_Strict, kw_only=True):
     base_sport: int = 40000  # first source port; the others follow
     rate_per_port: float = 1.0  # coded pairs per second per (buddy, port)
     pair_spacing_us: float = 20.0  # intended TX spacing inside a coded pair
-    echo: bool = True  # echo every probe back for the RTT/2 baseline
+    # Echo sampling for the RTT/2 baseline: both probes of every N-th coded pair per
+    # (buddy, source port) carry the echo flag; 0: no echoes, 1: every probe.
+    # Unset: ``echo`` if given, else ECHO_EVERY_DEFAULT (see echo_ratio()).
+    echo_every: int | None = None
+    echo: bool | None = None  # deprecated: false = echo_every 0, true = echo_every 1
     max_age_s: float = 5.0  # probes older than this (by their send time) are stale
+
+    def echo_ratio(self) -> int:
+        """N of "echo 1 coded pair in N" (0: none), from echo_every or the old echo flag."""
+        if self.echo_every is not None:
+            return self.echo_every
+        if self.echo is not None:
+            return 1 if self.echo else 0
+        return ECHO_EVERY_DEFAULT
 
 
 class Ingest(_Strict, kw_only=True):
@@ -121,6 +134,12 @@ def validate(config: CollectorConfig, path: str | Path) -> None:
     need(config.probe.ports_per_buddy >= 1, "probe.ports_per_buddy", "expected an int >= 1")
     need(config.probe.buddies_random >= 0, "probe.buddies_random", "expected an int >= 0")
     need(config.probe.rate_per_port > 0, "probe.rate_per_port", "expected a number > 0")
+    need(config.probe.echo_ratio() >= 0, "probe.echo_every", "expected an int >= 0 (0: off)")
+    need(
+        config.probe.echo is None or config.probe.echo_every is None,
+        "probe.echo",
+        "deprecated, and probe.echo_every is set too: keep only echo_every",
+    )
     need(
         1 <= config.probe.base_sport <= 65535 - config.probe.ports_per_buddy,
         "probe.base_sport",

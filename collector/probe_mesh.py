@@ -80,8 +80,10 @@ class ProbeMesh:
         self.port = cfg.backend.probe_port
         self.max_age_ns = int(cfg.probe.max_age_s * 1e9)
         self.spacing_ns = int(cfg.probe.pair_spacing_us * 1000)
-        self.flags = FLAG_ECHO if cfg.probe.echo else 0
-        self.echo_enabled = cfg.probe.echo
+        # Echo sampling: both probes of 1 coded pair in N per (buddy, port) carry the
+        # echo flag (see _echo_wanted); the echoer echoes exactly the flagged probes.
+        self.echo_every = cfg.probe.echo_ratio()
+        self.echo_enabled = self.echo_every > 0
         self.stats: Counter[str] = Counter()
         self.rejected: Counter[str] = Counter({r: 0 for r in REJECT_REASONS})
         self.replay = ReplayWindow()
@@ -133,6 +135,7 @@ class ProbeMesh:
         # Port-major order: consecutive pairs go to different buddies.
         self.slots = [(b, p) for p in range(ports) for b in range(len(buddies))]
         self._slot = 0
+        self._visits = np.zeros(len(buddies) * ports, np.int64)  # pairs sent per (buddy, port)
         per_s = len(self.slots) * self.cfg.probe.rate_per_port
         self.interval_s = 1.0 / per_s if per_s else 1.0
 
@@ -193,8 +196,9 @@ class ProbeMesh:
         k = len(due)
         ports = np.fromiter((p for _b, p in due), np.intp, k)
         buds = np.fromiter((b for b, _p in due), np.intp, k)
+        echo = self._echo_wanted(buds, ports)
         order = np.argsort(ports, kind="stable")
-        ports, buds = ports[order], buds[order]
+        ports, buds, echo = ports[order], buds[order], echo[order]
         seq0 = self.next_seq
         self.next_seq += 2 * k
         first = seq0 + 2 * np.arange(k, dtype=np.uint64)
@@ -215,6 +219,8 @@ class ProbeMesh:
         pk = self._tx_pkts[:n]
         pk["pair"] = seqs % 2
         pk["seq"] = seqs
+        pk["flags"] = np.where(np.concatenate([echo, echo]) if spaced else np.repeat(echo, 2),
+                               FLAG_ECHO, 0)  # fmt: skip
         pk["send_ns"] = self.clock.skew(time.time_ns())
         self._sign(self._txb, n)
         self._txb.names[:n] = self._dst_names[bud_rows]
@@ -260,6 +266,31 @@ class ProbeMesh:
         if self.rdma is not None:
             self._send_rdma([due[j] for j in order])
 
+    def _echo_wanted(self, buds: np.ndarray, ports: np.ndarray) -> np.ndarray:
+        """Which of these coded pairs (in send order) ask for an echo.
+
+        The v-th pair (v = 0, 1, ...) sent to buddy b on port p is echoed iff
+        ``(v + b + p) % echo_every == 0``: every buddy gets 1 pair in N on every
+        port, and the echoed ports rotate (with N = ports: one port per buddy and
+        round), so echoes are spread evenly over buddies, paths and time. The flag
+        is in the (authenticated) probe, so the echoer and the records need no rule.
+        """
+        n = self.echo_every
+        if n <= 1:
+            return np.full(len(buds), n == 1)
+        slot = buds * self.cfg.probe.ports_per_buddy + ports
+        # v of each pair: visits so far plus its occurrence among this batch's pairs
+        order = np.argsort(slot, kind="stable")
+        s = slot[order]
+        idx = np.arange(len(s))
+        first = np.ones(len(s), bool)
+        first[1:] = s[1:] != s[:-1]
+        occ = np.empty(len(s), np.int64)
+        occ[order] = idx - np.maximum.accumulate(np.where(first, idx, 0))
+        v = self._visits[slot] + occ
+        np.add.at(self._visits, slot, 1)
+        return (v + buds + ports) % n == 0
+
     def _build_templates(self, qpn: int) -> None:
         """One probe per buddy with every field that does not change per probe."""
         t = np.zeros(len(self._dst_ids), PACKET)
@@ -269,7 +300,7 @@ class ProbeMesh:
         t["src"] = self.me
         t["dst"] = self._dst_ids
         t["spacing_ns"] = self.spacing_ns
-        t["flags"] = self.flags
+        t["flags"] = 0  # per probe: FLAG_ECHO on the sampled pairs
         t["qpn"] = qpn
         self._templates = t.view(np.uint8).reshape(len(t), SIZE)
         self._templates_qpn = qpn

@@ -24,14 +24,16 @@ from tests.unit.collector_procs import free_udp_port, loopback_net
 KEY = b"m" * 32
 
 
-def _mesh(tmp: Path, name: str, me: str, other: str, other_addr: str, port: int) -> ProbeMesh:
+def _mesh(
+    tmp: Path, name: str, me: str, other: str, other_addr: str, port: int, **probe: object
+) -> ProbeMesh:
     (tmp / "key").write_bytes(KEY)
     doc = {
         "host": name,
         "fleet_key_file": str(tmp / "key"),
         "backend": {"address": me, "probe_port": port},
         "peers": [{"name": other, "address": other_addr}],
-        "probe": {"base_sport": port + 1, "rate_per_port": 10.0},
+        "probe": {"base_sport": port + 1, "rate_per_port": 10.0, **probe},
         "ingest": {"url": "http://127.0.0.1:1"},
         "spool": {"dir": str(tmp / name)},
         "inband": {"socket": str(tmp / f"{name}.sock")},
@@ -81,7 +83,22 @@ def test_pairs_echoes_and_tx_timestamps_in_bulk(meshes: tuple[ProbeMesh, ProbeMe
     tx = a.buffers["probe_tx"].take()
     rx = b.buffers["probe_rx"].take()
     echo = a.buffers["echo"].take()
-    assert len(tx) == len(rx) == len(echo) == 300
+    assert len(tx) == len(rx) == 300
+    # Default echo sampling: both probes of the v-th pair on port p echoed iff
+    # (v + p) % 8 == 0 (one buddy, index 0): 150 pairs over 8 ports -> 18 pairs.
+    firsts = np.sort(tx["seq"][tx["seq"] % 2 == 0])
+    sport_first = {int(q): int(sp) for q, sp in zip(tx["seq"], tx["sport"], strict=True)}
+    visits: dict[int, int] = {}
+    want = set()
+    for q in firsts.tolist():
+        p = sport_first[q] - a.cfg.probe.base_sport
+        v = visits.get(p, 0)
+        visits[p] = v + 1
+        if (v + p) % 8 == 0:
+            want |= {q, q + 1}
+    assert a.echo_every == 8 and len(want) == 36
+    assert sorted(echo["seq"].tolist()) == sorted(want)
+    assert b.stats["echoes_sent"] == 36
     assert (tx["ts_kind"] == records.TsKind.SW).all()  # every probe got its kernel TX time
     assert sorted(tx["seq"].tolist()) == sorted(rx["seq"].tolist())
     assert set(tx["sport"].tolist()) == {a.cfg.probe.base_sport + p for p in range(8)}
@@ -120,3 +137,84 @@ def test_replayed_and_forged_datagrams_in_a_batch_are_counted(
     b.drain()
     assert b.rejected["replay"] == 2 and b.rejected["auth"] == 1
     assert b.stats["probes_received"] == 2
+
+
+def test_echo_every_probe_and_none(tmp_path: Path) -> None:
+    net = loopback_net()
+    a_addr, b_addr = f"{net}.1", f"{net}.2"
+    for every, expect in ((1, 100), (0, 0)):
+        port = free_udp_port(a_addr)
+        a = _mesh(tmp_path, "ea", a_addr, "eb", b_addr, port, echo_every=every)
+        b = _mesh(tmp_path, "eb", b_addr, "ea", a_addr, port, echo_every=every)
+        try:
+            time.sleep(0.2)
+            a._send_pairs([a.slots[i % len(a.slots)] for i in range(50)])
+            time.sleep(0.1)
+            b.drain()
+            time.sleep(0.1)
+            a.drain()
+            assert b.stats["probes_received"] == 100
+            assert len(a.buffers["echo"].take()) == expect == b.stats["echoes_sent"]
+        finally:
+            a.close()
+            b.close()
+
+
+def test_echo_sampling_is_even_over_buddies_ports_and_time(tmp_path: Path) -> None:
+    """16 buddies x 8 ports, 1 pair/s each, 1 in 8 echoed: every buddy gets exactly
+    one echoed pair per second (a rotating port), every port of every buddy one in
+    8 seconds, and the ticks of one second share the echoes evenly."""
+    peers = [Peer(name=f"p{i}", address=f"198.18.0.{i + 1}") for i in range(16)]
+    (tmp_path / "key").write_bytes(KEY)
+    doc = {
+        "host": "me",
+        "fleet_key_file": str(tmp_path / "key"),
+        "backend": {"address": "127.0.0.1"},
+        "ingest": {"url": "http://127.0.0.1:1"},
+    }
+    (tmp_path / "c.yml").write_text(yaml.safe_dump(doc))
+    cfg = config_mod.load(tmp_path / "c.yml")
+    buffers = {t: RecordBuffer(t) for t in records.TABLES}
+    mesh = ProbeMesh(cfg, peers, PacketCodec(KEY), RecordingClock(None), buffers)
+    per_s = len(mesh.slots)  # 128 pairs per second, 10 ticks of 12-13 pairs
+    echoed = np.zeros((8, 16, 8), bool)  # [second, buddy, port]
+    per_tick = []
+    for sec in range(8):
+        for tick in range(10):
+            lo, hi = sec * per_s + tick * per_s // 10, sec * per_s + (tick + 1) * per_s // 10
+            due = [mesh.slots[i % per_s] for i in range(lo, hi)]
+            buds = np.array([b for b, _p in due])
+            ports = np.array([p for _b, p in due])
+            want = mesh._echo_wanted(buds, ports)
+            echoed[sec, buds[want], ports[want]] = True
+            per_tick.append(int(want.sum()))
+    assert (echoed.sum(axis=2) == 1).all()  # one pair per buddy and second
+    assert (echoed.sum(axis=0) == 1).all()  # each (buddy, port) once in 8 seconds
+    assert max(per_tick) - min(per_tick) <= 2 and sum(per_tick) == 8 * 16
+
+
+@pytest.mark.parametrize(
+    ("probe", "ratio"),
+    [({}, 8), ({"echo_every": 1}, 1), ({"echo_every": 0}, 0), ({"echo": True}, 1),
+     ({"echo": False}, 0), ({"echo_every": 3}, 3)],
+)  # fmt: skip
+def test_echo_setting(tmp_path: Path, probe: dict[str, object], ratio: int) -> None:
+    doc = {"host": "h", "backend": {"address": "127.0.0.1"}, "probe": probe,
+           "ingest": {"url": "http://127.0.0.1:1"}}  # fmt: skip
+    (tmp_path / "c.yml").write_text(yaml.safe_dump(doc))
+    assert config_mod.load(tmp_path / "c.yml").probe.echo_ratio() == ratio
+
+
+@pytest.mark.parametrize(
+    ("probe", "message"),
+    [({"echo_every": -1}, "probe.echo_every: expected an int >= 0"),
+     ({"echo": True, "echo_every": 4}, "probe.echo: deprecated"),
+     ({"echo_every": "often"}, "probe.echo_every: expected int | null, got str")],
+)  # fmt: skip
+def test_echo_setting_errors(tmp_path: Path, probe: dict[str, object], message: str) -> None:
+    doc = {"host": "h", "backend": {"address": "127.0.0.1"}, "probe": probe,
+           "ingest": {"url": "http://127.0.0.1:1"}}  # fmt: skip
+    (tmp_path / "c.yml").write_text(yaml.safe_dump(doc))
+    with pytest.raises(config_mod.configfile.ConfigError) as err:
+        config_mod.load(tmp_path / "c.yml")
+    assert message in str(err.value) and "\n" not in str(err.value)

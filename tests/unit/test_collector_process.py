@@ -35,7 +35,9 @@ def pair(tmp_path: Path, receiver: Receiver) -> Iterator[tuple[CollectorProcess,
         {"name": "ha", "address": a_addr, "rack": "r1"},
         {"name": "hb", "address": b_addr, "rack": "r1"},
     ]
-    common = {"port": port, "base_sport": 41000 + (port % 20000)}
+    # 1 coded pair in 2 echoed (default 1 in 8): 8 echoes/s, so the echo checks below
+    # do not wait long; the sampling rule itself: test_collector_probe_mesh.py.
+    common = {"port": port, "base_sport": 41000 + (port % 20000), "probe": {"echo_every": 2}}
     a = CollectorProcess(
         write_config(
             tmp_path,
@@ -118,6 +120,7 @@ def test_probe_mesh_end_to_end(
     assert (echo["t4_ns"] > echo["t1_ns"]).all() and (echo["t3_ns"] >= echo["t2_ns"]).all()
     rtt = (echo["t4_ns"] - echo["t1_ns"]) - (echo["t3_ns"] - echo["t2_ns"])
     assert 0 < np.median(rtt) < 2_000_000
+    assert (np.isin(echo["seq"] ^ 1, echo["seq"])).mean() > 0.9  # whole coded pairs
     counters = _table(receiver, "counter", "ha")
     assert {b"rx_bytes", b"port_xmit_data", b"np_cnp_sent", b"rate_mbps"} <= set(
         counters["name"].tolist()
