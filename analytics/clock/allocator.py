@@ -7,6 +7,15 @@ time on the development VM). Raising the mmap and trim thresholds keeps freed
 buffers in the heap for the next window. Long-running processes that call the
 solver (the ingest daemon, the benchmark) call :func:`tune_allocator` once at
 start; it is process-wide, so the solver never calls it by itself.
+
+That alone only helps the main thread. A thread other than the first gets its own
+glibc arena, made of 64 MiB heaps: a buffer larger than that is mmapped and
+unmapped whatever the thresholds, so a solver in a worker thread (the daemon's
+clock thread) still faulted in 2,000-4,000 pages a window. ``single_arena``
+limits glibc to one arena (``M_ARENA_MAX = 1``), so threads started after the
+call share the main heap and its kept buffers. numpy allocates while holding the
+GIL, so the shared arena's lock is not contended by Python threads; DuckDB and
+Arrow bring their own allocators.
 """
 
 from __future__ import annotations
@@ -17,12 +26,17 @@ import ctypes.util
 _M_TRIM_THRESHOLD = -1
 _M_TOP_PAD = -2
 _M_MMAP_THRESHOLD = -3
+_M_ARENA_MAX = -8
 
 
 def tune_allocator(
-    mmap_threshold: int = 1 << 30, trim_threshold: int = 4 << 30, top_pad: int = 256 << 20
+    mmap_threshold: int = 1 << 30,
+    trim_threshold: int = 4 << 30,
+    top_pad: int = 256 << 20,
+    single_arena: bool = True,
 ) -> bool:
-    """Raise glibc's mmap/trim thresholds; False where that is not glibc."""
+    """Raise glibc's mmap/trim thresholds (and use one arena); False where that is
+    not glibc. Call it before starting the threads that run the solver."""
     name = ctypes.util.find_library("c")
     if not name:
         return False
@@ -42,4 +56,6 @@ def tune_allocator(
             break
     ok &= mallopt(_M_TRIM_THRESHOLD, min(trim_threshold, 2**31 - 1)) == 1
     mallopt(_M_TOP_PAD, min(top_pad, 2**31 - 1))
+    if single_arena:
+        ok &= mallopt(_M_ARENA_MAX, 1) == 1
     return ok

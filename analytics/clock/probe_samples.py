@@ -55,6 +55,67 @@ def hosts_in(*id_columns: np.ndarray) -> np.ndarray:
     return np.unique(np.concatenate(heads))
 
 
+# Rows per chunk of :func:`columns`: a chunk of every record dtype (<= 64 B a row)
+# stays in the L2 cache while its fields are copied out.
+_CHUNK_ROWS = 16_384
+
+
+def columns(records: np.ndarray, names: tuple[str, ...]) -> list[np.ndarray]:
+    """Contiguous copies of several fields of a structured array, in one pass.
+
+    Reading one field reads every cache line of the records, so copying k fields
+    one after the other streams the whole array from memory k times; copying them
+    chunk by chunk (each chunk still in cache for the next field) streams it once.
+    ``seq`` (uint64) comes out as int64."""
+    views = [records[name] for name in names]
+    views = [v.view(np.int64) if v.dtype == np.uint64 else v for v in views]
+    n = len(records)
+    outs = [np.empty(n, v.dtype) for v in views]
+    for start in range(0, n, _CHUNK_ROWS):
+        end = start + _CHUNK_ROWS
+        for out, view in zip(outs, views, strict=True):
+            out[start:end] = view[start:end]
+    return outs
+
+
+@dataclass
+class RecordColumns:
+    """The fields of a window's records the solver reads, as contiguous columns."""
+
+    tx_src: np.ndarray
+    tx_seq: np.ndarray  # int64
+    tx_ns: np.ndarray
+    rx_src: np.ndarray
+    rx_seq: np.ndarray  # int64
+    rx_dst: np.ndarray
+    rx_ns: np.ndarray
+    rx_kind: np.ndarray
+    e_src: np.ndarray  # the prober
+    e_seq: np.ndarray  # int64
+    e_dst: np.ndarray  # the echoer
+    e_t1: np.ndarray
+    e_t2: np.ndarray
+    e_t3: np.ndarray
+    e_t4: np.ndarray
+    e_kind: np.ndarray
+
+
+_TX_FIELDS = ("src", "seq", "tx_ns")
+_RX_FIELDS = ("src", "seq", "dst", "rx_ns", "ts_kind")
+_ECHO_FIELDS = ("src", "seq", "dst", "t1_ns", "t2_ns", "t3_ns", "t4_ns", "ts_kind")
+
+
+def extract(
+    tx: np.ndarray, rx: np.ndarray, echoes: np.ndarray, pool: ThreadPoolExecutor | None = None
+) -> RecordColumns:
+    """:func:`columns` of the three record arrays (echoes in ``pool`` when given)."""
+    job = pool.submit(columns, echoes, _ECHO_FIELDS) if pool is not None else None
+    t = columns(tx, _TX_FIELDS)
+    r = columns(rx, _RX_FIELDS)
+    e = job.result() if job is not None else columns(echoes, _ECHO_FIELDS)
+    return RecordColumns(*t, *r, *e)
+
+
 def _per_host_extremes(host_i: np.ndarray, seq: np.ndarray, n_hosts: int):
     """Min and max seq per host, from runs of equal host (one reduceat per run)."""
     lo = np.full(n_hosts, np.iinfo(np.int64).max, np.int64)
@@ -186,21 +247,14 @@ def _pair_partners(
     return partner
 
 
-def take_rows(records: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """``records[rows]`` for a structured array, fast.
-
-    numpy copies structured rows with subarray fields item by item; gathering the
-    same bytes as rows of machine words is a plain memcpy per row."""
-    size = records.dtype.itemsize
-    if size % 8 or not records.flags.c_contiguous:
-        return records[rows]
-    words = records.view(np.uint64).reshape(len(records), size // 8)
-    return np.take(words, rows, axis=0).view(records.dtype).reshape(len(rows))
-
-
-def _tolerance(kind_a: np.ndarray, kind_b: np.ndarray, spacing_tol: tuple[int, int]) -> np.ndarray:
-    """Per coded pair: the hardware tolerance when all its timestamps are NIC/RDMA ones."""
-    hw = (kind_a >= TsKind.HW) & (kind_b >= TsKind.HW)
+def _tolerance(
+    kind: np.ndarray, a: np.ndarray, b: np.ndarray, spacing_tol: tuple[int, int]
+) -> np.ndarray | int:
+    """Per coded pair (rows ``a``, ``b``): the hardware tolerance when all its
+    timestamps are NIC/RDMA ones; one int when no row has a NIC timestamp."""
+    if spacing_tol[0] == spacing_tol[1] or int(kind.max(initial=0)) < TsKind.HW:
+        return spacing_tol[0]
+    hw = (np.take(kind, a) >= TsKind.HW) & (np.take(kind, b) >= TsKind.HW)
     return np.where(hw, spacing_tol[1], spacing_tol[0])
 
 
@@ -217,69 +271,68 @@ class ProbeSamples:
     echo_rows: np.ndarray  # ECHO rows: first echo of a pure pair of return legs
     echo_src_i: np.ndarray  # the echoing host (sent the return leg at t3)
     echo_dst_i: np.ndarray  # the prober (received it at t4)
+    echo_t3: np.ndarray  # per echo row: t3 (echoer's clock)
+    echo_t4: np.ndarray  # per echo row: t4 (prober's clock)
     drops: dict[str, int] = field(default_factory=dict)
 
 
 def prepare(
-    tx: np.ndarray,
-    rx: np.ndarray,
-    echoes: np.ndarray,
+    cols: RecordColumns,
     hosts: KeyIndex,
     spacing_tol: tuple[int, int],
-    threads: int = 1,
+    pool: ThreadPoolExecutor | None = None,
 ) -> ProbeSamples:
     """Join, filter and count. ``hosts`` indexes every host id of the window.
 
-    With ``threads=2`` the echo half runs in a second thread (numpy releases the GIL
-    in these loops). That helps only on an otherwise idle box: measured on the shared
-    development machine (load 5) it made the solve slower, so 1 is the default."""
+    With a ``pool`` the echo half runs in its thread (numpy releases the GIL in
+    these loops): faster on an otherwise idle box, see ``SolverConfig.threads``."""
     n_hosts = len(hosts)
-    if threads > 1:
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            echo_job = pool.submit(_echo_samples, echoes, hosts, n_hosts, spacing_tol)
-            probe = _probe_samples(tx, rx, hosts, n_hosts, spacing_tol)
-            echo_rows, echoer, prober, echo_drops = echo_job.result()
+    if pool is not None:
+        echo_job = pool.submit(_echo_samples, cols, hosts, n_hosts, spacing_tol)
+        probe = _probe_samples(cols, hosts, n_hosts, spacing_tol)
+        echo = echo_job.result()
     else:
-        probe = _probe_samples(tx, rx, hosts, n_hosts, spacing_tol)
-        echo_rows, echoer, prober, echo_drops = _echo_samples(echoes, hosts, n_hosts, spacing_tol)
-    rx_src_i, rx_dst_i, t_tx, matched, rx_ns, pure_rows, drops = probe
+        probe = _probe_samples(cols, hosts, n_hosts, spacing_tol)
+        echo = _echo_samples(cols, hosts, n_hosts, spacing_tol)
+    rx_src_i, rx_dst_i, t_tx, matched, pure_rows, drops = probe
+    echo_rows, echoer, prober, t3, t4, echo_drops = echo
     drops.update(echo_drops)
     return ProbeSamples(
         rx_src_i=rx_src_i,
         rx_dst_i=rx_dst_i,
         tx_ns=t_tx,
         matched=matched,
-        rx_ns=rx_ns,
+        rx_ns=cols.rx_ns,
         pure_rows=pure_rows,
         echo_rows=echo_rows,
         echo_src_i=echoer,
         echo_dst_i=prober,
+        echo_t3=t3,
+        echo_t4=t4,
         drops=drops,
     )
 
 
 def _probe_samples(
-    tx: np.ndarray, rx: np.ndarray, hosts: KeyIndex, n_hosts: int, spacing_tol: tuple[int, int]
+    cols: RecordColumns, hosts: KeyIndex, n_hosts: int, spacing_tol: tuple[int, int]
 ) -> tuple:
     drops: dict[str, int] = {}
     # ---- TX: sender index, slot, TX time per slot --------------------------------
-    tx_src_i = host_index_of(hosts, tx["src"])
-    tx_seq = tx["seq"].astype(np.int64)
+    tx_src_i = host_index_of(hosts, cols.tx_src)
+    tx_seq = cols.tx_seq
     layout = SeqLayout(tx_src_i, tx_seq, n_hosts)
-    tx_time = SlotValues(layout, layout.own_position(tx_src_i, tx_seq), tx["tx_ns"])
+    tx_time = SlotValues(layout, layout.own_position(tx_src_i, tx_seq), cols.tx_ns)
     drops["tx_duplicate"] = tx_time.written - tx_time.stored
 
     # ---- RX: join ------------------------------------------------------------------
-    rx_src = np.ascontiguousarray(rx["src"])
-    rx_seq = rx["seq"].astype(np.int64)
-    rx_ns = np.ascontiguousarray(rx["rx_ns"])
-    rx_dst_i = host_index_of(hosts, rx["dst"])
+    rx_src, rx_seq, rx_ns = cols.rx_src, cols.rx_seq, cols.rx_ns
+    rx_dst_i = host_index_of(hosts, cols.rx_dst)
     rx_src_i = hosts.lookup(rx_src)
     rx_pos = layout.position(rx_src_i, rx_seq)
     t_tx = tx_time.get(rx_pos)
     matched = (t_tx != _NONE) & (rx_dst_i >= 0)
     n_matched = int(np.count_nonzero(matched))
-    drops["rx_without_tx"] = len(rx) - n_matched
+    drops["rx_without_tx"] = len(rx_seq) - n_matched
     drops["tx_without_rx"] = max(tx_time.stored - n_matched, 0)
 
     # ---- coded pairs ---------------------------------------------------------------
@@ -288,28 +341,23 @@ def _probe_samples(
     complete = partner >= 0
     drops["pair_incomplete"] = int(np.count_nonzero(~complete))
     f, p = first[complete], partner[complete]
-    tx_gap = t_tx[p] - t_tx[f]
-    rx_gap = rx_ns[p] - rx_ns[f]
-    if spacing_tol[0] == spacing_tol[1] or int(rx["ts_kind"].max(initial=0)) < TsKind.HW:
-        tol: np.ndarray | int = spacing_tol[0]  # no NIC timestamps: one sequential read
-    else:
-        tol = _tolerance(rx["ts_kind"][f], rx["ts_kind"][p], spacing_tol)
-    ok = (tx_gap > 0) & (np.abs(rx_gap - tx_gap) <= tol)
+    tx_gap = np.take(t_tx, p) - np.take(t_tx, f)
+    rx_gap = np.take(rx_ns, p) - np.take(rx_ns, f)
+    tol = _tolerance(cols.rx_kind, f, p, spacing_tol)
+    rx_gap -= tx_gap
+    ok = np.abs(rx_gap, out=rx_gap) <= tol
+    ok &= tx_gap > 0
     drops["pair_impure"] = int(np.count_nonzero(~ok))
     drops["pair_pure"] = int(np.count_nonzero(ok))
-    return rx_src_i, rx_dst_i, t_tx, matched, rx_ns, f[ok], drops
+    return rx_src_i, rx_dst_i, t_tx, matched, f[ok], drops
 
 
 def _echo_samples(
-    echoes: np.ndarray, hosts: KeyIndex, n_hosts: int, spacing_tol: tuple[int, int]
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, int]]:
-    """Echo return legs (echoer -> prober): t3 on the echoer's clock, t4 on the prober's.
-
-    Reading one field of a structured array reads every cache line of it, so only
-    ``src`` and ``seq`` are read in full; the times are gathered for pair rows only."""
+    cols: RecordColumns, hosts: KeyIndex, n_hosts: int, spacing_tol: tuple[int, int]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, int]]:
+    """Echo return legs (echoer -> prober): t3 on the echoer's clock, t4 on the prober's."""
     drops: dict[str, int] = {}
-    e_src = np.ascontiguousarray(echoes["src"])
-    e_seq = echoes["seq"].astype(np.int64)
+    e_src, e_seq = cols.e_src, cols.e_seq
     e_src_i = host_index_of(hosts, e_src)
     usable = e_src_i >= 0
     e_first = np.flatnonzero(usable & ((e_seq & 1) == 0))
@@ -317,20 +365,29 @@ def _echo_samples(
     e_complete = e_part >= 0
     drops["echo_pair_incomplete"] = int(np.count_nonzero(~e_complete))
     a, b = e_first[e_complete], e_part[e_complete]
-    ea, eb = take_rows(echoes, a), take_rows(echoes, b)  # all fields at once
-    sane = (ea["t4_ns"] >= ea["t1_ns"]) & (ea["t3_ns"] >= ea["t2_ns"])
-    sane &= (eb["t4_ns"] >= eb["t1_ns"]) & (eb["t3_ns"] >= eb["t2_ns"])
-    sane &= (ea["dst"] == eb["dst"]) & (ea["dst"] != ea["src"])
+    # per row first (sequential), then per pair (two gathers)
+    row_ok = cols.e_t4 >= cols.e_t1
+    row_ok &= cols.e_t3 >= cols.e_t2
+    row_ok &= cols.e_dst != e_src
+    sane = np.take(row_ok, a) & np.take(row_ok, b)
+    dst_a = np.take(cols.e_dst, a)
+    sane &= dst_a == np.take(cols.e_dst, b)
     drops["echo_bad"] = int(np.count_nonzero(~sane))
-    gap3 = eb["t3_ns"] - ea["t3_ns"]
-    gap4 = eb["t4_ns"] - ea["t4_ns"]
-    tol = _tolerance(ea["ts_kind"], eb["ts_kind"], spacing_tol)
-    e_ok = sane & (gap3 > 0) & (np.abs(gap4 - gap3) <= tol)
+    t3a, t4a = np.take(cols.e_t3, a), np.take(cols.e_t4, a)
+    gap3 = np.take(cols.e_t3, b) - t3a
+    gap4 = np.take(cols.e_t4, b) - t4a
+    tol = _tolerance(cols.e_kind, a, b, spacing_tol)
+    gap4 -= gap3
+    e_ok = np.abs(gap4, out=gap4) <= tol
+    e_ok &= gap3 > 0
+    e_ok &= sane
     drops["echo_pair_impure"] = int(np.count_nonzero(sane & ~e_ok))
-    echo_rows = a[e_ok]
-    echoer = hosts.lookup(ea["dst"][e_ok])
+    sel = np.flatnonzero(e_ok)
+    echo_rows = a[sel]
+    echoer = hosts.lookup(dst_a[sel])
     known = echoer >= 0
     drops["echo_unknown_host"] = int(np.count_nonzero(~known))
-    echo_rows, echoer = echo_rows[known], echoer[known]
+    if not known.all():
+        sel, echo_rows, echoer = sel[known], echo_rows[known], echoer[known]
     drops["echo_pair_pure"] = len(echo_rows)
-    return echo_rows, echoer, e_src_i[echo_rows], drops
+    return echo_rows, echoer, e_src_i[echo_rows], t3a[sel], t4a[sel], drops

@@ -6,6 +6,7 @@ See docs/clock.md for the method, the gauge, the uncertainty model and the flags
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -14,7 +15,7 @@ from analytics.clock import network
 from analytics.clock.clock_state import ClockState
 from analytics.clock.key_index import KeyIndex, dense_ids
 from analytics.clock.pair_fit import PairFit, fit_pairs
-from analytics.clock.probe_samples import ProbeSamples, hosts_in, prepare
+from analytics.clock.probe_samples import ProbeSamples, extract, hosts_in, prepare
 from analytics.clock.tables import CLOCK_ROW, PAIR_ROW, HostStatus, PairFlag
 from collector.records import ECHO, PROBE_RX, PROBE_TX
 
@@ -112,15 +113,33 @@ def solve_window(
     if window_ns <= 0:
         raise ValueError("window_ns: expected an int > 0")
     ref = int(window_start_ns) + int(window_ns) // 2
+
+    pool = ThreadPoolExecutor(max_workers=1) if cfg.threads > 1 else None
+    try:
+        return _solve(tx, rx, echoes, window_start_ns, window_ns, ref, prior, cfg, pool)
+    finally:
+        if pool is not None:
+            pool.shutdown()
+
+
+def _solve(
+    tx: np.ndarray,
+    rx: np.ndarray,
+    echoes: np.ndarray,
+    window_start_ns: int,
+    window_ns: int,
+    ref: int,
+    prior: ClockState | None,
+    cfg: SolverConfig,
+    pool: ThreadPoolExecutor | None,
+) -> WindowSolution:
     stats: dict[str, float] = {}
     clock_t = _PhaseClock(stats)
-
-    hosts = hosts_in(tx["src"], rx["dst"], echoes["src"])
+    cols = extract(tx, rx, echoes, pool)
+    hosts = hosts_in(cols.tx_src, cols.rx_dst, cols.e_src)
     n = len(hosts)
     index = KeyIndex(hosts)
-    ps = prepare(
-        tx, rx, echoes, index, (cfg.spacing_tol_ns, cfg.spacing_tol_hw_ns), threads=cfg.threads
-    )
+    ps = prepare(cols, index, (cfg.spacing_tol_ns, cfg.spacing_tol_hw_ns), pool)
     clock_t.lap("t_prepare_s")
 
     # prior, per host index
@@ -141,30 +160,41 @@ def solve_window(
 
     # ---- samples for the pair fit --------------------------------------------------
     pr = ps.pure_rows
-    u = np.concatenate((ps.rx_src_i[pr], ps.echo_src_i))
-    v = np.concatenate((ps.rx_dst_i[pr], ps.echo_dst_i))
-    t_send = np.concatenate((ps.tx_ns[pr], echoes["t3_ns"][ps.echo_rows]))
-    t_recv = np.concatenate((ps.rx_ns[pr], echoes["t4_ns"][ps.echo_rows]))
-    is_echo = np.zeros(len(u), bool)
-    is_echo[len(pr) :] = True
+    n_probe = len(pr)
+    u = np.concatenate((np.take(ps.rx_src_i, pr), ps.echo_src_i))
+    v = np.concatenate((np.take(ps.rx_dst_i, pr), ps.echo_dst_i))
     rev = u > v
-    lo = np.minimum(u, v)
-    hi = np.maximum(u, v)
-    pid, pair_keys = dense_ids(lo.astype(np.int64) * n + hi, size_hint=16 * max(n, 1))
+    key = np.minimum(u, v).astype(np.int64)
+    key *= n
+    key += np.maximum(u, v)
+    pid, pair_keys = dense_ids(key, size_hint=16 * max(n, 1))
     n_pairs = len(pair_keys)
+    # Echo return legs as reverse samples: decide which to keep before gathering
+    # their times (the probe samples come first, the echo samples after them).
+    keep_echo: np.ndarray | slice = slice(None)
     if cfg.echo_reverse != "always" and len(u):
         if cfg.echo_reverse == "never":
-            keep = ~is_echo
+            keep_echo = np.empty(0, np.intp)
         else:
-            pd = pid * 2 + rev
-            has_probe = np.bincount(pd[~is_echo], minlength=2 * n_pairs) > 0
-            keep = ~is_echo | ~has_probe[pd]
-        ps.drops["echo_samples_unused"] = int((is_echo & ~keep).sum())
-        pid, rev, t_send, t_recv = pid[keep], rev[keep], t_send[keep], t_recv[keep]
-    x = (np.where(rev, t_recv, t_send) - ref).astype(np.float64)
-    y = (t_recv - t_send).astype(np.float64)
+            pd = pid * 2
+            pd += rev
+            has_probe = np.zeros(2 * n_pairs, bool)
+            has_probe[pd[:n_probe]] = True
+            keep_echo = np.flatnonzero(~np.take(has_probe, pd[n_probe:]))
+        ps.drops["echo_samples_unused"] = len(ps.echo_rows) - len(keep_echo)
+        if len(keep_echo) < len(ps.echo_rows):
+            sel = np.concatenate((np.arange(n_probe), keep_echo + n_probe))
+            pid, rev = np.take(pid, sel), np.take(rev, sel)
+    t_send = np.concatenate((np.take(ps.tx_ns, pr), ps.echo_t3[keep_echo]))
+    t_recv = np.concatenate((np.take(ps.rx_ns, pr), ps.echo_t4[keep_echo]))
+    x = np.where(rev, t_recv, t_send)
+    x -= ref
+    x = x.astype(np.float64)
+    t_recv -= t_send
+    y = t_recv.astype(np.float64)
     pa = pair_keys // max(n, 1)
     pb = pair_keys % max(n, 1)
+    clock_t.lap("t_samples_s")
 
     # ---- per-pair fit (two passes: the second detrends with the first's slope) ------
     known = has_prior[pa] & has_prior[pb]
@@ -173,16 +203,24 @@ def solve_window(
     # Pass 1 only needs a slope good enough to pick envelope points inside a bin.
     # Pairs whose drift the prior knows skip it; the rest use a decimated sample
     # (<= 400k rows) and 4 bins.
-    rows = np.flatnonzero(~np.take(known, pid)) if prior_pairs else slice(None)
-    n_rows = len(pid) if isinstance(rows, slice) else len(rows)
-    if n_rows > 400_000:
-        rows = np.arange(len(pid))[rows][:: n_rows // 400_000]
-    coarse = fit_pairs(
-        pid[rows], rev[rows], x[rows], y[rows], n_pairs, slope_guess=s_guess,
-        noise_ns=None if prior_pairs else 1000.0, noise_floor_ns=cfg.noise_floor_ns,
-        window_ns=float(window_ns), n_bins=min(cfg.n_bins, 4),
-    )  # fmt: skip
-    s1 = np.where(np.isfinite(coarse.sigma_slope), coarse.slope, s_guess)
+    s1 = s_guess
+    todo = np.flatnonzero(~known)  # pairs without a prior slope
+    if len(todo):
+        # fit only those pairs, renumbered 0..len(todo)-1
+        sub = np.full(n_pairs, -1, np.intp)
+        sub[todo] = np.arange(len(todo))
+        rows = np.flatnonzero(np.take(sub, pid) >= 0) if prior_pairs else np.arange(len(pid))
+        if len(rows) > 400_000:
+            rows = rows[:: len(rows) // 400_000]
+        coarse = fit_pairs(
+            np.take(sub, pid[rows]), rev[rows], x[rows], y[rows], len(todo),
+            slope_guess=s_guess[todo], noise_ns=None if prior_pairs else 1000.0,
+            noise_floor_ns=cfg.noise_floor_ns, window_ns=float(window_ns),
+            n_bins=min(cfg.n_bins, 4),
+        )  # fmt: skip
+        s1 = s_guess.copy()
+        s1[todo] = np.where(np.isfinite(coarse.sigma_slope), coarse.slope, s_guess[todo])
+    clock_t.lap("t_coarse_s")
     fit = fit_pairs(
         pid, rev, x, y, n_pairs, slope_guess=s1,
         noise_ns=None, noise_floor_ns=cfg.noise_floor_ns, band=cfg.envelope_band,
