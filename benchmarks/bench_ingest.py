@@ -203,6 +203,9 @@ def main() -> None:
     ap.add_argument("--compression", default="", help="daemon Parquet codec (default: its own)")
     ap.add_argument("--live-refresh-s", type=float, default=0, help="daemon live_refresh_s")
     ap.add_argument("--profile", default="", help="py-spy the daemon into this raw file")
+    ap.add_argument(
+        "--faults", action="store_true", help="count the daemon's page faults (perf stat)"
+    )
     ap.add_argument("--keep", action="store_true", help="keep the store directory")
     args = ap.parse_args()
 
@@ -229,7 +232,7 @@ def main() -> None:
         [sys.executable, "-m", "clockmesh.cli", "ingest", "run", "--config", str(work / "ingest.yml")],
         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
-    spy = None
+    spy = perf = None
     try:
         url = f"http://127.0.0.1:{port}"
         for _ in range(300):
@@ -257,11 +260,23 @@ def main() -> None:
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )  # fmt: skip
             time.sleep(1.0)
+        if args.faults:
+            perf = subprocess.Popen(
+                ["perf", "stat", "-x", ",", "-e", "page-faults", "-p", str(daemon.pid)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            )  # fmt: skip
         cpu0 = proc_cpu_s(daemon.pid)
         go.set()
         results = [out.get(timeout=3600) for _ in procs]
         cpu1 = proc_cpu_s(daemon.pid)
         load_after = loadavg()
+        faults = -1
+        if perf is not None:
+            perf.send_signal(signal.SIGINT)
+            err = perf.communicate(timeout=30)[1]
+            for line in err.splitlines():
+                if "page-faults" in line and line.split(",")[0].isdigit():
+                    faults = int(line.split(",")[0])
         if spy is not None:
             spy.send_signal(signal.SIGINT)
             spy.wait(60)
@@ -311,6 +326,11 @@ def main() -> None:
             f"cpu: daemon {cpu1 - cpu0:.1f} s ({(cpu1 - cpu0) / m:.2f} s per M probe records), "
             f"client {client_cpu:.1f} s ({client_cpu / m:.2f} s per M)"
         )
+        if faults >= 0:
+            print(
+                f"daemon page faults: {faults:,} ({faults / elapsed:,.0f}/s, "
+                f"{faults / m:,.0f} per M probe records)"
+            )
         cpu_per_m = (cpu1 - cpu0 + client_cpu) / m
         print(
             f"ceiling if daemon + client had both cores to themselves (2 / CPU per record; "
@@ -327,6 +347,8 @@ def main() -> None:
     finally:
         if spy is not None and spy.poll() is None:
             spy.kill()
+        if perf is not None and perf.poll() is None:
+            perf.kill()
         daemon.send_signal(signal.SIGTERM)
         try:
             daemon.wait(30)

@@ -149,6 +149,10 @@ class HotWindow:
         self.evicted_rows = 0
         self._con = duckdb.connect()  # used only by the thread that calls live()/rollup()
         self._con.execute("SET threads = 1")  # leave the other core to ingest
+        # keep freed blocks for the next settle instead of returning them to the kernel
+        # (every settle materialises a join; re-faulting its pages cost more than the join)
+        self._con.execute("SET allocator_flush_threshold = '4GB'")
+        self._con.execute("SET block_allocator_memory = '1GB'")
 
     def add(self, arrival_ns: int, tables: dict[str, pa.Table]) -> None:
         tx, rx = tables.get("probe_tx"), tables.get("probe_rx")
@@ -157,7 +161,7 @@ class HotWindow:
                 self._tx.append((arrival_ns, tx.select(_TX_COLS)))
                 self._rows += tx.num_rows
             if rx is not None and rx.num_rows:
-                arrival = pa.array(np.full(rx.num_rows, arrival_ns, np.int64))
+                arrival = _const(arrival_ns, pa.int64(), rx.num_rows)
                 self._rx.append(rx.select(_RX_COLS).append_column("r_arrival_ns", arrival))
                 self._rows += rx.num_rows
             self._evict()
@@ -203,12 +207,12 @@ class HotWindow:
                 self._rows -= old.num_rows
         parts = []
         if old is not None:
-            parts.append(old.append_column("new", pa.array(np.zeros(old.num_rows, np.bool_))))
+            parts.append(old.append_column("new", _const(False, pa.bool_(), old.num_rows)))
         for a, d in new:
             n = d.num_rows
             parts.append(
-                d.append_column("arrival_ns", pa.array(np.full(n, a, np.int64))).append_column(
-                    "new", pa.array(np.ones(n, np.bool_))
+                d.append_column("arrival_ns", _const(a, pa.int64(), n)).append_column(
+                    "new", _const(True, pa.bool_(), n)
                 )
             )
         rx = _concat(rx_chunks) if rx_chunks else _EMPTY_RX_SLIM
@@ -381,6 +385,12 @@ class HotWindow:
         pair = pair.cast(layout.TABLES["probe_minute"].schema)
         path = path.cast(layout.TABLES["path_minute"].schema)
         return lo // _MIN, pair, path
+
+
+def _const(value: object, type_: pa.DataType, n: int) -> pa.Array:
+    """``n`` times ``value`` in Arrow's pool (which keeps freed pages; numpy's large
+    temporaries come from fresh mmaps that fault in every page on every settle)."""
+    return pa.repeat(pa.scalar(value, type_), n)
 
 
 def _concat(tables: list[pa.Table]) -> pa.Table:

@@ -254,15 +254,26 @@ def strings_from_fixed(column: np.ndarray) -> pa.Array:
 
 
 def records_to_arrow(table: str, rows: np.ndarray) -> pa.Table:
-    """A structured array of ``records.TABLES[table]`` -> an Arrow table of its store schema."""
+    """A structured array of ``records.TABLES[table]`` -> an Arrow table of its store schema.
+
+    Every column is a copy in Arrow's memory pool (never a view of ``rows``), so the
+    caller may reuse the memory behind ``rows`` at once: the ingest daemon fills one
+    long-lived scratch buffer per table and commit (docs/store.md, "Performance").
+    """
     spec = TABLES[table]
     arrays = []
+    n = len(rows)
     for field in spec.schema:
         column = rows[field.name]
         if column.dtype.kind == "S":
             arrays.append(strings_from_fixed(column))
-        else:
-            arrays.append(pa.array(np.ascontiguousarray(column), type=field.type))
+            continue
+        if pa.types.is_boolean(field.type):  # Arrow packs bits: no byte-wise copy
+            arrays.append(pa.array(column, type=field.type))
+            continue
+        buf = pa.allocate_buffer(n * column.dtype.itemsize)
+        np.copyto(np.frombuffer(buf, column.dtype), column)
+        arrays.append(pa.Array.from_buffers(field.type, n, [None, buf]))
     return pa.Table.from_arrays(arrays, schema=spec.schema)
 
 
