@@ -69,19 +69,33 @@ def fit_pairs(
 ) -> PairFit:
     """Fit every pair. ``pid`` pair index, ``rev`` True for b -> a samples,
     ``x`` float ns on a's clock relative to the reference, ``y = rx - tx`` in ns."""
-    b = np.floor((x + window_ns / 2) * (n_bins / window_ns)).astype(np.intp)
+    # bin of each sample (truncation = floor here: negative values are clipped to 0)
+    b = x + window_ns / 2
+    b *= n_bins / window_ns
+    b = b.astype(np.intp)
     np.clip(b, 0, n_bins - 1, out=b)
-    sign = np.where(rev, 1.0, -1.0)
-    z = sign * np.take(slope_guess, pid)
+    # detrended delay: z = y - s0 * x forward, y + s0 * x reverse
+    z = np.take(slope_guess, pid)
     z *= x
+    np.negative(z, out=z, where=~rev)
     z += y
-    cell = (pid * 2 + rev) * n_bins + b
-    zmin = np.full(n_pairs * 2 * n_bins, np.inf)
+    cell = pid * 2
+    cell += rev
+    cell *= n_bins
+    cell += b
+    del b
+    size = n_pairs * 2 * n_bins
+    zmin = np.full(size, np.inf)
     np.minimum.at(zmin, cell, z)
-    at_min = np.flatnonzero(z == np.take(zmin, cell))
-    xsel = np.zeros(n_pairs * 2 * n_bins)
-    xsel[np.take(cell, at_min)] = np.take(x, at_min)
-    mid, xm, _, valid, nvalid, excess = _bin_points(zmin, xsel, n_pairs, n_bins)
+    z_floor = np.take(zmin, cell)  # per sample: its bin's minimum
+    if band > 0:
+        # the band's means replace the minima below: x of the minima is not needed
+        mid, xm, valid, nvalid, excess = _bin_points(zmin, None, n_pairs, n_bins)
+    else:
+        at_min = np.flatnonzero(z == z_floor)
+        xsel = np.zeros(size)
+        xsel[np.take(cell, at_min)] = np.take(x, at_min)
+        mid, xm, valid, nvalid, excess = _bin_points(zmin, xsel, n_pairs, n_bins)
 
     if noise_ns is None:
         # Typical midpoint noise: half the median |rtt - ref| over bins of pairs
@@ -101,15 +115,16 @@ def fit_pairs(
         # than the queueing, the minimum is mostly the most negative noise draw;
         # the band mean is as unbiased (same selection in both directions) and
         # far less noisy. Queued samples stay out of the band.
-        inband = np.flatnonzero(z <= np.take(zmin, cell) + band * noise_ns)
+        z_floor += band * noise_ns
+        inband = np.flatnonzero(z <= z_floor)
+        del z_floor
         c = np.take(cell, inband)
-        size = n_pairs * 2 * n_bins
         cnt = np.bincount(c, minlength=size)
         with np.errstate(invalid="ignore", divide="ignore"):
             zb = np.bincount(c, np.take(z, inband), size) / cnt
             xb = np.bincount(c, np.take(x, inband), size) / cnt
         zb[cnt == 0] = np.inf
-        mid, xm, _, valid, nvalid, excess = _bin_points(zb, xb, n_pairs, n_bins)
+        mid, xm, valid, nvalid, excess = _bin_points(zb, xb, n_pairs, n_bins)
 
     w = np.where(valid, 1.0 / (noise_ns**2 + excess**2), 0.0)
     alpha, slope, s0, sxxc, resid = _wls(w, xm, mid)
@@ -128,7 +143,7 @@ def fit_pairs(
         xbar = np.where(s0 > 0, (w * xm).sum(axis=1) / s0, 0.0)
         var_a = np.where(s0 > 0, 1.0 / s0, np.inf) + np.where(slope_ok, xbar**2 / sxxc, 0.0)
         var_s = np.where(slope_ok, 1.0 / sxxc, np.inf)
-    counts = np.bincount(pid * 2 + rev, minlength=2 * n_pairs).reshape(n_pairs, 2)
+    counts = np.bincount(cell, minlength=size).reshape(n_pairs, 2, n_bins).sum(axis=2)
     return PairFit(
         alpha=alpha,
         slope=slope_guess + np.where(slope_ok, slope, 0.0),
@@ -142,24 +157,28 @@ def fit_pairs(
 
 
 def _bin_points(
-    zmin: np.ndarray, xsel: np.ndarray, n_pairs: int, n_bins: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Per (pair, bin): midpoint, its x, round trip, validity, and excess round trip."""
+    zmin: np.ndarray, xsel: np.ndarray | None, n_pairs: int, n_bins: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per (pair, bin): midpoint, its x (zeros when ``xsel`` is None), validity,
+    valid bins per pair, and excess round trip."""
     zmin = zmin.reshape(n_pairs, 2, n_bins)
-    xsel = xsel.reshape(n_pairs, 2, n_bins)
     zf, zr = zmin[:, 0, :], zmin[:, 1, :]
     valid = np.isfinite(zf) & np.isfinite(zr)
     with np.errstate(invalid="ignore"):
         mid = np.where(valid, (zf - zr) / 2, 0.0)
         rtt = np.where(valid, zf + zr, np.inf)
-    xm = np.where(valid, (xsel[:, 0, :] + xsel[:, 1, :]) / 2, 0.0)
+    if xsel is None:
+        xm = np.zeros((n_pairs, n_bins))
+    else:
+        xsel = xsel.reshape(n_pairs, 2, n_bins)
+        xm = np.where(valid, (xsel[:, 0, :] + xsel[:, 1, :]) / 2, 0.0)
     nvalid = valid.sum(axis=1)
     k = np.where(nvalid >= 3, 1, 0)
     ref = _kth_smallest(rtt, k)
     excess = np.where(
         valid, np.abs(np.where(valid, rtt, 0.0) - np.where(nvalid > 0, ref, 0)[:, None]), 0.0
     )
-    return mid, xm, rtt, valid, nvalid, excess
+    return mid, xm, valid, nvalid, excess
 
 
 def _wls(

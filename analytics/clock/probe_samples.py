@@ -16,8 +16,10 @@ Drop reasons are counted in ``drops``, never silent.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
@@ -288,11 +290,15 @@ def prepare(
     these loops): faster on an otherwise idle box, see ``SolverConfig.threads``."""
     n_hosts = len(hosts)
     if pool is not None:
+        # the pool thread builds the TX slots while this one looks up the RX hosts,
+        # then does the echo half while this one joins and filters
+        tx_job = pool.submit(_tx_slots, cols, hosts, n_hosts)
         echo_job = pool.submit(_echo_samples, cols, hosts, n_hosts, spacing_tol)
-        probe = _probe_samples(cols, hosts, n_hosts, spacing_tol)
+        probe = _probe_samples(cols, hosts, n_hosts, spacing_tol, tx_job.result)
         echo = echo_job.result()
     else:
-        probe = _probe_samples(cols, hosts, n_hosts, spacing_tol)
+        tx_slots = partial(_tx_slots, cols, hosts, n_hosts)
+        probe = _probe_samples(cols, hosts, n_hosts, spacing_tol, tx_slots)
         echo = _echo_samples(cols, hosts, n_hosts, spacing_tol)
     rx_src_i, rx_dst_i, t_tx, matched, pure_rows, drops = probe
     echo_rows, echoer, prober, t3, t4, echo_drops = echo
@@ -313,21 +319,28 @@ def prepare(
     )
 
 
-def _probe_samples(
-    cols: RecordColumns, hosts: KeyIndex, n_hosts: int, spacing_tol: tuple[int, int]
-) -> tuple:
-    drops: dict[str, int] = {}
-    # ---- TX: sender index, slot, TX time per slot --------------------------------
+def _tx_slots(cols: RecordColumns, hosts: KeyIndex, n_hosts: int) -> tuple[SeqLayout, SlotValues]:
+    """TX side of the join: sender index, slot, TX time per slot."""
     tx_src_i = host_index_of(hosts, cols.tx_src)
-    tx_seq = cols.tx_seq
-    layout = SeqLayout(tx_src_i, tx_seq, n_hosts)
-    tx_time = SlotValues(layout, layout.own_position(tx_src_i, tx_seq), cols.tx_ns)
-    drops["tx_duplicate"] = tx_time.written - tx_time.stored
+    layout = SeqLayout(tx_src_i, cols.tx_seq, n_hosts)
+    return layout, SlotValues(layout, layout.own_position(tx_src_i, cols.tx_seq), cols.tx_ns)
 
-    # ---- RX: join ------------------------------------------------------------------
+
+def _probe_samples(
+    cols: RecordColumns,
+    hosts: KeyIndex,
+    n_hosts: int,
+    spacing_tol: tuple[int, int],
+    tx_slots: Callable[[], tuple[SeqLayout, SlotValues]],
+) -> tuple:
+    """RX side of the join and the coded filter; ``tx_slots()`` gives the TX side
+    (computed meanwhile in another thread when there is one)."""
+    drops: dict[str, int] = {}
     rx_src, rx_seq, rx_ns = cols.rx_src, cols.rx_seq, cols.rx_ns
     rx_dst_i = host_index_of(hosts, cols.rx_dst)
     rx_src_i = hosts.lookup(rx_src)
+    layout, tx_time = tx_slots()
+    drops["tx_duplicate"] = tx_time.written - tx_time.stored
     rx_pos = layout.position(rx_src_i, rx_seq)
     t_tx = tx_time.get(rx_pos)
     matched = (t_tx != _NONE) & (rx_dst_i >= 0)
