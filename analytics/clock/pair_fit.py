@@ -29,9 +29,15 @@ of envelope points no longer depends on the guess.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
+
+T = TypeVar("T")
+_MIN_SPLIT_ROWS = 200_000  # below this, a second thread costs more than it saves
 
 
 @dataclass
@@ -66,36 +72,47 @@ def fit_pairs(
     noise_ns: float | None,
     noise_floor_ns: float,
     band: float = 0.0,
+    pool: ThreadPoolExecutor | None = None,
 ) -> PairFit:
     """Fit every pair. ``pid`` pair index, ``rev`` True for b -> a samples,
-    ``x`` float ns on a's clock relative to the reference, ``y = rx - tx`` in ns."""
-    # bin of each sample (truncation = floor here: negative values are clipped to 0)
-    b = x + window_ns / 2
-    b *= n_bins / window_ns
-    b = b.astype(np.intp)
-    np.clip(b, 0, n_bins - 1, out=b)
-    # detrended delay: z = y - s0 * x forward, y + s0 * x reverse
-    z = np.take(slope_guess, pid)
-    z *= x
-    np.negative(z, out=z, where=~rev)
-    z += y
-    cell = pid * 2
-    cell += rev
-    cell *= n_bins
-    cell += b
-    del b
+    ``x`` float ns on a's clock relative to the reference, ``y = rx - tx`` in ns.
+    With a ``pool``, half of the per-sample passes run in its thread."""
+    n = len(pid)
     size = n_pairs * 2 * n_bins
-    zmin = np.full(size, np.inf)
-    np.minimum.at(zmin, cell, z)
-    z_floor = np.take(zmin, cell)  # per sample: its bin's minimum
+    z = np.empty(n)  # detrended delay: y - s0 * x forward, y + s0 * x reverse
+    cell = np.empty(n, np.intp)  # (pair, direction, bin)
+
+    def cells(sl: slice) -> np.ndarray:
+        # bin of each sample (truncation = floor here: negative values are clipped to 0)
+        b = x[sl] + window_ns / 2
+        b *= n_bins / window_ns
+        b = b.astype(np.intp)
+        np.clip(b, 0, n_bins - 1, out=b)
+        zs, cs = z[sl], cell[sl]
+        np.take(slope_guess, pid[sl], out=zs)
+        zs *= x[sl]
+        np.negative(zs, out=zs, where=~rev[sl])
+        zs += y[sl]
+        np.multiply(pid[sl], 2, out=cs)
+        cs += rev[sl]
+        cs *= n_bins
+        cs += b
+        part = np.full(size, np.inf)
+        np.minimum.at(part, cs, zs)
+        return part
+
+    parts = _row_halves(pool, n, cells)
+    zmin = parts[0] if len(parts) == 1 else np.minimum(parts[0], parts[1], out=parts[0])
     if band > 0:
         # the band's means replace the minima below: x of the minima is not needed
         mid, xm, valid, nvalid, excess = _bin_points(zmin, None, n_pairs, n_bins)
     else:
+        z_floor = np.take(zmin, cell)  # per sample: its bin's minimum
         at_min = np.flatnonzero(z == z_floor)
         xsel = np.zeros(size)
         xsel[np.take(cell, at_min)] = np.take(x, at_min)
         mid, xm, valid, nvalid, excess = _bin_points(zmin, xsel, n_pairs, n_bins)
+        counts = np.bincount(cell, minlength=size)
 
     if noise_ns is None:
         # Typical midpoint noise: half the median |rtt - ref| over bins of pairs
@@ -115,14 +132,28 @@ def fit_pairs(
         # than the queueing, the minimum is mostly the most negative noise draw;
         # the band mean is as unbiased (same selection in both directions) and
         # far less noisy. Queued samples stay out of the band.
-        z_floor += band * noise_ns
-        inband = np.flatnonzero(z <= z_floor)
-        del z_floor
-        c = np.take(cell, inband)
-        cnt = np.bincount(c, minlength=size)
+        thr = band * noise_ns
+
+        def band_sums(sl: slice) -> tuple[np.ndarray, ...]:
+            cs, zs = cell[sl], z[sl]
+            z_floor = np.take(zmin, cs)  # per sample: its bin's minimum
+            z_floor += thr
+            inband = np.flatnonzero(zs <= z_floor)
+            c = np.take(cs, inband)
+            return (
+                np.bincount(c, minlength=size),
+                np.bincount(c, np.take(zs, inband), size),
+                np.bincount(c, np.take(x[sl], inband), size),
+                np.bincount(cs, minlength=size),
+            )
+
+        sums = _row_halves(pool, n, band_sums)
+        cnt, zsum, xsum, counts = (
+            sums[0] if len(sums) == 1 else [a + b for a, b in zip(*sums, strict=True)]
+        )
         with np.errstate(invalid="ignore", divide="ignore"):
-            zb = np.bincount(c, np.take(z, inband), size) / cnt
-            xb = np.bincount(c, np.take(x, inband), size) / cnt
+            zb = zsum / cnt
+            xb = xsum / cnt
         zb[cnt == 0] = np.inf
         mid, xm, valid, nvalid, excess = _bin_points(zb, xb, n_pairs, n_bins)
 
@@ -143,7 +174,7 @@ def fit_pairs(
         xbar = np.where(s0 > 0, (w * xm).sum(axis=1) / s0, 0.0)
         var_a = np.where(s0 > 0, 1.0 / s0, np.inf) + np.where(slope_ok, xbar**2 / sxxc, 0.0)
         var_s = np.where(slope_ok, 1.0 / sxxc, np.inf)
-    counts = np.bincount(cell, minlength=size).reshape(n_pairs, 2, n_bins).sum(axis=2)
+    counts = counts.reshape(n_pairs, 2, n_bins).sum(axis=2)
     return PairFit(
         alpha=alpha,
         slope=slope_guess + np.where(slope_ok, slope, 0.0),
@@ -154,6 +185,16 @@ def fit_pairs(
         n_rev=counts[:, 1],
         noise_ns=float(noise_ns),
     )
+
+
+def _row_halves(pool: ThreadPoolExecutor | None, n: int, fn: Callable[[slice], T]) -> list[T]:
+    """``fn`` over all rows; with a pool, over two halves, the first in its thread."""
+    if pool is None or n < _MIN_SPLIT_ROWS:
+        return [fn(slice(0, n))]
+    half = n // 2
+    job = pool.submit(fn, slice(0, half))
+    second = fn(slice(half, n))
+    return [job.result(), second]
 
 
 def _bin_points(

@@ -14,7 +14,7 @@ import numpy as np
 from analytics.clock import network
 from analytics.clock.clock_state import ClockState
 from analytics.clock.key_index import KeyIndex, dense_ids
-from analytics.clock.pair_fit import PairFit, fit_pairs
+from analytics.clock.pair_fit import PairFit, _row_halves, fit_pairs
 from analytics.clock.probe_samples import ProbeSamples, extract, hosts_in, prepare
 from analytics.clock.tables import CLOCK_ROW, PAIR_ROW, HostStatus, PairFlag
 from collector.records import ECHO, PROBE_RX, PROBE_TX
@@ -216,7 +216,7 @@ def _solve(
             np.take(sub, pid[rows]), rev[rows], x[rows], y[rows], len(todo),
             slope_guess=s_guess[todo], noise_ns=None if prior_pairs else 1000.0,
             noise_floor_ns=cfg.noise_floor_ns, window_ns=float(window_ns),
-            n_bins=min(cfg.n_bins, 4),
+            n_bins=min(cfg.n_bins, 4), pool=pool,
         )  # fmt: skip
         s1 = s_guess.copy()
         s1[todo] = np.where(np.isfinite(coarse.sigma_slope), coarse.slope, s_guess[todo])
@@ -224,7 +224,7 @@ def _solve(
     fit = fit_pairs(
         pid, rev, x, y, n_pairs, slope_guess=s1,
         noise_ns=None, noise_floor_ns=cfg.noise_floor_ns, band=cfg.envelope_band,
-        window_ns=float(window_ns), n_bins=cfg.n_bins,
+        window_ns=float(window_ns), n_bins=cfg.n_bins, pool=pool,
     )  # fmt: skip
     noise = fit.noise_ns
     clock_t.lap("t_pair_fit_s")
@@ -286,7 +286,7 @@ def _solve(
     pairs["n_bins"] = fit.n_bins[e]
     pairs["flags"] = flags[e]
 
-    owd = _owd(rx, ps, theta, drift, ref)
+    owd = _owd(rx, ps, theta, drift, ref, pool)
     clock_t.lap("t_owd_s")
     # a host seen but not solved keeps the age of its last solution (so it expires)
     seen = np.full(n, ref, np.int64)
@@ -431,33 +431,53 @@ def _owd(
     theta: np.ndarray,
     drift: np.ndarray,
     ref: int,
+    pool: ThreadPoolExecutor | None = None,
 ) -> dict[str, np.ndarray]:
-    """Corrected one-way delay of every RX row, as columns (OWD_ROW names, no window)."""
-    s = np.maximum(ps.rx_src_i, 0)
-    d = np.maximum(ps.rx_dst_i, 0)
-    m = ps.matched
-    tx_ns = np.where(m, ps.tx_ns, 0)
-    th_s, th_d = np.take(theta, s), np.take(theta, d)
-    dr_s = np.take(np.nan_to_num(drift), s)
-    dr_d = np.take(np.nan_to_num(drift), d)
-    # send time in mesh time relative to ref: invert clock_s(t) = t + th_s + dr_s * t
-    t_rel = (tx_ns - ref).astype(np.float64)
-    t_rel -= th_s
-    t_rel /= 1.0 + dr_s
-    owd = (ps.rx_ns - tx_ns).astype(np.float64)
-    dr_d -= dr_s
-    dr_d *= t_rel
-    th_d -= th_s
-    th_d += dr_d
-    owd -= th_d
-    ok = m & np.isfinite(owd)
-    owd[~ok] = np.nan
-    pure = np.zeros(len(m), bool)
+    """Corrected one-way delay of every RX row, as columns (OWD_ROW names, no window).
+
+    With a ``pool``, the first half of the rows is computed in its thread."""
+    n = len(ps.matched)
+    tx_ns = np.empty(n, np.int64)
+    owd = np.empty(n)
+    ok = np.empty(n, bool)
+    mesh = np.empty(n, np.int64)
+    drift0 = np.nan_to_num(drift)
+
+    def rows(sl: slice) -> None:
+        s = np.maximum(ps.rx_src_i[sl], 0)
+        d = np.maximum(ps.rx_dst_i[sl], 0)
+        m = ps.matched[sl]
+        t = tx_ns[sl]
+        np.copyto(t, ps.tx_ns[sl])
+        t[~m] = 0
+        th_s, th_d = np.take(theta, s), np.take(theta, d)
+        dr_s, dr_d = np.take(drift0, s), np.take(drift0, d)
+        # send time in mesh time relative to ref: invert clock_s(t) = t + th_s + dr_s * t
+        t_rel = (t - ref).astype(np.float64)
+        t_rel -= th_s
+        t_rel /= dr_s + 1.0
+        o = owd[sl]
+        np.subtract(ps.rx_ns[sl], t, out=o, casting="unsafe")
+        dr_d -= dr_s
+        dr_d *= t_rel
+        th_d -= th_s
+        th_d += dr_d
+        o -= th_d
+        k = ok[sl]
+        np.isfinite(o, out=k)
+        k &= m
+        bad = ~k
+        o[bad] = np.nan
+        t_rel[bad] = 0.0
+        ms = mesh[sl]
+        np.rint(t_rel, out=t_rel)
+        ms[:] = t_rel
+        ms += ref
+        ms[bad] = 0
+
+    _row_halves(pool, n, rows)
+    pure = np.zeros(n, bool)
     pure[ps.pure_rows] = True
-    t_rel[~ok] = 0.0
-    mesh = np.rint(t_rel).astype(np.int64)
-    mesh += ref
-    mesh[~ok] = 0
     return {
         # views into rx (no copy); np.ascontiguousarray them for Arrow if needed
         "src": rx["src"],
