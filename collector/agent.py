@@ -40,7 +40,10 @@ from collector.spool import Spool
 from collector.sysfs_counters import SysfsCounters
 
 log = logging.getLogger("clockmesh.collector")
-FLUSH_S = 0.3  # a multiple of TICK_S: flushes fall on ticks
+# A multiple of TICK_S (flushes fall on ticks) that does not divide spool.roll_s (1 s;
+# 0.5 s in tests), so a roll is not a coin toss between two flushes: rolls happen
+# every 1.2 s at roll_s 1, every 0.6 s at 0.5.
+FLUSH_S = 0.6
 RDMA_CONFIG_S = 10.0
 JOBS_S = 5.0
 STATUS_S = 1.0
@@ -48,9 +51,11 @@ STATUS_S = 1.0
 # coming tick; every FLUSH_S it drains the probe sockets (TX timestamps, echoes,
 # probes, each kind in one bulk pass) and writes the records. Kernel timestamps make
 # the batching invisible in the data. A wake-up costs ~50-150 us of CPU on a VM, and
-# every tick has a fixed numpy cost, so 10 ticks per second (benchmark: 10/s used
-# ~0.7 % of a core less than 20/s at 1,000 probes/s), not one wake-up per datagram.
-TICK_S = 0.1
+# every tick and drain has a fixed numpy cost, so 5 ticks and 1.7 drains per second
+# (benchmark at 1,000 probes/s: 10 ticks/s used ~0.7 % of a core less than 20/s, and
+# 5 ticks + 1.7 drains less than 10 + 3.3, see docs/collector.md), not one wake-up
+# per datagram.
+TICK_S = 0.2
 SHUTDOWN_SHIP_S = 2.0
 
 
@@ -76,8 +81,12 @@ def setup_logging(level: str) -> None:
 
 
 def _atomic_write(path: Path, data: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(data)
+    tmp = f"{path}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, data.encode())
+    finally:
+        os.close(fd)
     os.replace(tmp, path)
 
 
@@ -166,6 +175,8 @@ class Collector:
             self._wake_sel.unregister(self.inband.sock)
             self.inband.close()
             self.inband = None
+        if self.counters is not None:
+            self.counters.close()
 
     def _probe_verbs(self) -> None:
         """RDMA UD probes when pyverbs imports and a port has our RoCE v2 GID."""
@@ -505,7 +516,7 @@ class Collector:
                 self.rdma.poll()
             if now >= next_flush:
                 self.flush()
-                next_flush = now + FLUSH_S
+                next_flush = now + FLUSH_S - TICK_S / 2  # due at the tick FLUSH_S later
             if now >= next_counters:
                 self._sample_counters()
                 next_counters += self.cfg.counters.interval_s

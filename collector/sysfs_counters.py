@@ -13,12 +13,20 @@ Text attributes become numbers: ``operstate`` -> RFC 2863 code (IF_OPER_*, up
 = 6), ``state`` "4: ACTIVE" -> 4, ``phys_state`` "5: LinkUp" -> 5, ``rate``
 "100 Gb/sec (4X EDR)" -> ``rate_mbps`` 100000, ``link_layer`` -> ``link_layer_ethernet``
 1/0. Unreadable files are skipped (and counted), never fatal.
+
+Files stay open between samples and are read with ``pread`` at offset 0, which
+makes sysfs (seq_file) regenerate the value: one system call per file and second
+instead of open + read + close. All are reopened every ``REOPEN_S`` and a file is
+reopened after a failed read, so a re-created device (sysfs answers ENODEV on
+the old file) or a replaced file (the lab's fake tree) is picked up. At most
+``MAX_OPEN`` stay open (fd limits); the rest are opened per sample.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +46,9 @@ OPERSTATE = {
 }
 _RATE = re.compile(r"^\s*([0-9.]+)\s*Gb/sec")
 _LEADING_INT = re.compile(r"^\s*(\d+)")
+REOPEN_S = 10.0
+MAX_OPEN = 256
+_O_FLAGS = os.O_RDONLY | os.O_CLOEXEC
 
 
 def parse_value(name: str, text: str) -> tuple[str, int] | None:
@@ -102,6 +113,8 @@ class SysfsCounters:
                 row["name"] = renamed.get(name, name).encode()[:40]
                 i += 1
         self._prev: tuple[np.ndarray, np.ndarray] | None = None
+        self._fds = [-1] * len(self._paths)  # open files (first MAX_OPEN), -1: closed
+        self._opened = time.monotonic()
 
     def _add_netdev(self, ifname: str) -> None:
         base = self.root / "sys/class/net" / ifname
@@ -150,8 +163,27 @@ class SysfsCounters:
         n = len(self._paths)
         ok = np.zeros(n, bool)
         values = np.zeros(n, np.uint64)
+        if time.monotonic() - self._opened > REOPEN_S:
+            self.close()
+            self._opened = time.monotonic()
+        fds, pread = self._fds, os.pread
         for i in range(n):
-            text = _read(self._paths[i])
+            fd = fds[i]
+            if fd < 0:
+                if i >= MAX_OPEN:
+                    text = _read(self._paths[i])
+                else:
+                    try:
+                        fd = fds[i] = os.open(self._paths[i], _O_FLAGS)
+                    except OSError:
+                        text = None
+            if fd >= 0:
+                try:
+                    text = pread(fd, 256, 0).decode("ascii", "replace")
+                except OSError:  # e.g. ENODEV: the device went away; reopen next time
+                    os.close(fd)
+                    fds[i] = -1
+                    text = None
             parsed = parse_value(self._attrs[i], text) if text is not None else None
             if parsed is None:
                 self.unreadable += 1
@@ -168,3 +200,10 @@ class SysfsCounters:
             )
         self._prev = (values, ok)
         return rows[ok]
+
+    def close(self) -> None:
+        """Close the files kept open between samples (the next sample reopens them)."""
+        for i, fd in enumerate(self._fds):
+            if fd >= 0:
+                os.close(fd)
+                self._fds[i] = -1

@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+import os
 import shutil
+import socket
 from pathlib import Path
 
 import pytest
 
-from collector import records
+from collector import records, sysfs_counters
 from collector.sysfs_counters import SysfsCounters, parse_value
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "sysfs"
@@ -78,3 +80,31 @@ def test_missing_interface_and_root_are_not_fatal(tmp_path: Path) -> None:
     reader = SysfsCounters(tmp_path, ["nope0"], [])
     assert len(reader) == 0
     assert len(reader.sample(1, HOST)) == 0
+
+
+def test_files_stay_open_and_are_reopened(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """pread on kept-open files; a replaced file is seen after REOPEN_S; the real
+    sysfs (a netdev of this machine) answers fresh values through a kept-open fd."""
+    root = tmp_path / "root"
+    shutil.copytree(DATA / "mlx5_roce", root)
+    fds_before = len(os.listdir("/proc/self/fd"))
+    reader = SysfsCounters(root, ["ens1f0np0"], [])
+    reader.sample(1, HOST)
+    assert len(os.listdir("/proc/self/fd")) == fds_before + len(reader)
+    rx = root / "sys/class/net/ens1f0np0/statistics/rx_bytes"
+    tmp = rx.with_name("rx_bytes.tmp")
+    tmp.write_text("918273645522\n")
+    os.replace(tmp, rx)  # a new inode: the open fd still reads the old one
+    assert _by_name(reader.sample(2, HOST))[("ens1f0np0", "rx_bytes")] == 918273645512
+    monkeypatch.setattr(sysfs_counters, "REOPEN_S", 0.0)
+    assert _by_name(reader.sample(3, HOST))[("ens1f0np0", "rx_bytes")] == 918273645522
+    reader.close()
+    assert len(os.listdir("/proc/self/fd")) == fds_before
+
+    live = SysfsCounters("/", ["lo"], [])
+    first = _by_name(live.sample(1, HOST))[("lo", "tx_packets")]
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _ in range(5):
+            s.sendto(b"x", ("127.0.0.1", 9))
+    assert _by_name(live.sample(2, HOST))[("lo", "tx_packets")] >= first + 5
+    live.close()
