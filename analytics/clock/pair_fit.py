@@ -84,11 +84,13 @@ def fit_pairs(
 
     def cells(sl: slice) -> np.ndarray:
         # bin of each sample (truncation = floor here: negative values are clipped to 0)
-        b = x[sl] + window_ns / 2
-        b *= n_bins / window_ns
-        b = b.astype(np.intp)
+        t = x[sl] + window_ns / 2
+        t *= n_bins / window_ns
+        b = t.astype(np.intp)
+        del t
         np.clip(b, 0, n_bins - 1, out=b)
-        zs, cs = z[sl], cell[sl]
+        zs = z[sl]
+        cs = cell[sl]
         np.take(slope_guess, pid[sl], out=zs)
         zs *= x[sl]
         np.negative(zs, out=zs, where=~rev[sl])
