@@ -10,7 +10,7 @@ negated reverse points below ``g - P'``; the separating line sits between the tw
 envelopes. We compute it on all pairs at once, without a Python loop per pair:
 
 1. Split the window into bins (default 8). Detrend with the current slope guess
-   ``s0`` and keep, per (pair, direction, bin), the point of least delay
+   ``s0`` and keep, per (direction, pair, bin), the point of least delay
    (``np.minimum.at`` over a flat cell index: one O(n) pass).
 2. Per bin with both directions, the midpoint of the two envelope points is
    ``g(x_mid) + (D_f - D_r) / 2``. Its error is bounded by half the bin's excess
@@ -80,7 +80,7 @@ def fit_pairs(
     n = len(pid)
     size = n_pairs * 2 * n_bins
     z = np.empty(n)  # detrended delay: y - s0 * x forward, y + s0 * x reverse
-    cell = np.empty(n, np.intp)  # (pair, direction, bin)
+    cell = np.empty(n, np.intp)  # (direction, pair, bin): each direction contiguous
 
     def cells(sl: slice) -> np.ndarray:
         # bin of each sample (truncation = floor here: negative values are clipped to 0)
@@ -95,8 +95,8 @@ def fit_pairs(
         zs *= x[sl]
         np.negative(zs, out=zs, where=~rev[sl])
         zs += y[sl]
-        np.multiply(pid[sl], 2, out=cs)
-        cs += rev[sl]
+        np.multiply(rev[sl], n_pairs, out=cs)
+        cs += pid[sl]
         cs *= n_bins
         cs += b
         part = np.full(size, np.inf)
@@ -176,15 +176,15 @@ def fit_pairs(
         xbar = np.where(s0 > 0, (w * xm).sum(axis=1) / s0, 0.0)
         var_a = np.where(s0 > 0, 1.0 / s0, np.inf) + np.where(slope_ok, xbar**2 / sxxc, 0.0)
         var_s = np.where(slope_ok, 1.0 / sxxc, np.inf)
-    counts = counts.reshape(n_pairs, 2, n_bins).sum(axis=2)
+    counts = counts.reshape(2, n_pairs, n_bins).sum(axis=2)
     return PairFit(
         alpha=alpha,
         slope=slope_guess + np.where(slope_ok, slope, 0.0),
         sigma_alpha=np.sqrt(var_a * scale),
         sigma_slope=np.sqrt(var_s * scale),
         n_bins=used,
-        n_fwd=counts[:, 0],
-        n_rev=counts[:, 1],
+        n_fwd=counts[0],
+        n_rev=counts[1],
         noise_ns=float(noise_ns),
     )
 
@@ -204,8 +204,8 @@ def _bin_points(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per (pair, bin): midpoint, its x (zeros when ``xsel`` is None), validity,
     valid bins per pair, and excess round trip."""
-    zmin = zmin.reshape(n_pairs, 2, n_bins)
-    zf, zr = zmin[:, 0, :], zmin[:, 1, :]
+    zmin = zmin.reshape(2, n_pairs, n_bins)
+    zf, zr = zmin[0], zmin[1]
     valid = np.isfinite(zf) & np.isfinite(zr)
     with np.errstate(invalid="ignore"):
         mid = np.where(valid, (zf - zr) / 2, 0.0)
@@ -213,8 +213,8 @@ def _bin_points(
     if xsel is None:
         xm = np.zeros((n_pairs, n_bins))
     else:
-        xsel = xsel.reshape(n_pairs, 2, n_bins)
-        xm = np.where(valid, (xsel[:, 0, :] + xsel[:, 1, :]) / 2, 0.0)
+        xsel = xsel.reshape(2, n_pairs, n_bins)
+        xm = np.where(valid, (xsel[0] + xsel[1]) / 2, 0.0)
     nvalid = valid.sum(axis=1)
     k = np.where(nvalid >= 3, 1, 0)
     ref = _kth_smallest(rtt, k)
