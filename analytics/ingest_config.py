@@ -39,6 +39,8 @@ class IngestConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     metrics_max_pairs: int = 2000  # per-pair series in /metrics: the worst N by loss
     clock_window_s: float = 2.0  # clock solver window (analytics/clock_runner.py)
     clock_lateness_s: float = 3.0  # a window is solved this long after it ended
+    max_requests_per_s: float = 1250.0  # request budget: acks advise longer segments past it
+    max_advised_roll_s: float = 30.0  # longest segment interval the acks advise
 
 
 class ResolvedIngest(msgspec.Struct, kw_only=True):
@@ -80,6 +82,7 @@ def resolve(config: IngestConfig, path: str | Path) -> ResolvedIngest:
         "live_refresh_s": config.live_refresh_s,
         "metrics_max_pairs": config.metrics_max_pairs,
         "clock_window_s": config.clock_window_s,
+        "max_requests_per_s": config.max_requests_per_s,
     }
     for key, value in positive.items():
         if value <= 0:
@@ -87,6 +90,8 @@ def resolve(config: IngestConfig, path: str | Path) -> ResolvedIngest:
     for key in ("min_free_bytes", "compact_min_age_s", "rollup_grace_s", "clock_lateness_s"):
         if getattr(config, key) < 0:
             fail(key, "expected a number >= 0")
+    if config.max_advised_roll_s < 1:
+        fail("max_advised_roll_s", "expected a number >= 1 (seconds)")
     retention = {
         name: float(layout.DEFAULT_RETENTION_S[spec.retention_class])
         for name, spec in layout.TABLES.items()

@@ -43,11 +43,13 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 from aiohttp import web
+from prometheus_client import Gauge
 
 from analytics import ingest_body
 from analytics.clock_runner import ClockRunner
 from analytics.ingest_config import IngestConfig, ResolvedIngest
 from analytics.ingest_metrics import FleetView, HostState, IngestMetrics
+from analytics.ingest_pace import Pacer
 from analytics.store import catalog, layout
 from analytics.store.compactor import Compactor
 from analytics.store.hot_window import HotWindow
@@ -68,11 +70,19 @@ class PendingBatch:
     future: asyncio.Future
 
 
-def _reply(status: int, payload: dict) -> web.Response:
+ROLL_HEADER = "X-Clockmesh-Roll-S"  # the advised segment interval, also "roll_s" in acks
+
+
+def _reply(status: int, payload: dict, roll_s: float | None = None) -> web.Response:
+    headers = None
+    if roll_s is not None:
+        payload["roll_s"] = roll_s
+        headers = {ROLL_HEADER: str(roll_s)}
     return web.Response(
         status=status,
         body=json.dumps(payload, separators=(",", ":")).encode(),
         content_type="application/json",
+        headers=headers,
     )
 
 
@@ -98,12 +108,24 @@ class IngestServer:
             max_rows=config.hot_max_rows,
             grace_s=config.rollup_grace_s,
         )
+        self.pacer = Pacer(config.max_requests_per_s, max_s=config.max_advised_roll_s)
         self.view = FleetView()
         self.metrics = IngestMetrics(lambda: self.view, config.metrics_max_pairs)
         self.clock = ClockRunner(
             self.writer, window_s=config.clock_window_s, lateness_s=config.clock_lateness_s
         )
         self.metrics.registry.register(self.clock.collector(self._host_names))
+        reg = self.metrics.registry
+        self._pace_gauges = (
+            Gauge("clockmesh_ingest_advised_roll_seconds",
+                  "Segment interval advised to collectors in every acknowledgement.",
+                  registry=reg),
+            Gauge("clockmesh_ingest_active_hosts",
+                  "Hosts that sent a batch within the pacing window.", registry=reg),
+            Gauge("clockmesh_ingest_requests_per_second",
+                  "Batch requests per second (last second).", registry=reg),
+        )  # fmt: skip
+        self._pace_gauges[0].set(self.pacer.roll_s)
         self._pending: list[PendingBatch] = []
         self._pending_rows = 0
         self._inflight: dict[tuple[int, int], asyncio.Future] = {}
@@ -203,7 +225,8 @@ class IngestServer:
             error,
         )
         kind = "unavailable" if status >= 500 else "rejected"
-        return _reply(status, {"status": kind, "error": error})
+        roll = self.pacer.roll_s if status == 503 else None
+        return _reply(status, {"status": kind, "error": error}, roll)
 
     def unavailable_reason(self) -> str:
         return self._broken or self._unavailable
@@ -231,6 +254,7 @@ class IngestServer:
             if "not supported" in text:
                 return self._reject(422, "schema", text, request)
             return self._reject(400, "malformed", text, request)
+        self.pacer.seen([seg.host_id for seg in segs], received)
         for seg in segs:
             if seg.host_id != self._host_id(seg.host):
                 return self._reject(
@@ -272,7 +296,7 @@ class IngestServer:
             if status != 200:
                 if fut is waits[-1] and new:
                     self.metrics.rejected.labels("schema" if status == 422 else "unavailable").inc()
-                return _reply(status, payload)
+                return _reply(status, dict(payload), self.pacer.roll_s if status == 503 else None)
         stored = status_of.count("stored")
         if stored:
             self.metrics.batches.labels("stored").inc(stored)
@@ -280,7 +304,7 @@ class IngestServer:
             self.metrics.batches.labels("duplicate").inc(len(status_of) - stored)
         if new:
             self.metrics.ack_seconds.observe(time.monotonic() - received)
-        return _reply(200, self._ack(segs, status_of))
+        return _reply(200, self._ack(segs, status_of), self.pacer.roll_s)
 
     def _host_id(self, host: str) -> int:
         """``records.host_id`` (a BLAKE2b per call), remembered per fleet host name."""
@@ -620,6 +644,7 @@ class IngestServer:
         while True:
             await asyncio.sleep(1.0)
             self._check_space()
+            self._pace()
             now = time.monotonic()
             if now >= next_live:
                 next_live = now + self.config.live_refresh_s
@@ -633,6 +658,23 @@ class IngestServer:
                     await loop.run_in_executor(self._side_pool, self._compact)
                 except Exception:
                     log.exception("event=compaction_failed")
+
+    def _pace(self) -> None:
+        before = self.pacer.roll_s
+        after = self.pacer.update()
+        self._pace_gauges[0].set(after)
+        self._pace_gauges[1].set(self.pacer.active_hosts)
+        self._pace_gauges[2].set(self.pacer.request_rate)
+        if after != before:
+            log.info(
+                "event=pace roll_s=%.1f previous=%.1f active_hosts=%d requests_per_s=%.0f "
+                "max_requests_per_s=%.0f",
+                after,
+                before,
+                self.pacer.active_hosts,
+                self.pacer.request_rate,
+                self.config.max_requests_per_s,
+            )
 
     def _refresh_live(self) -> None:
         self.view.live = self.hot.live()

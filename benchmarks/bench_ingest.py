@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import multiprocessing as mp
 import os
 import resource
@@ -189,13 +190,61 @@ def client(args: argparse.Namespace, idx: int, port: int, t0: int, ready, go, ou
     )
 
 
+def announce_fleet(port: int, hosts: int, t0: int) -> float:
+    """Every host sends one small segment (one health row) as a collector does when it
+    starts; returns the segment interval the daemon then advises (``roll_s`` of an ack).
+
+    Segment ids 10**9 + i never collide with the measured traffic's (0, 1, ...)."""
+    import concurrent.futures
+    import http.client
+
+    import numpy as np
+
+    from collector import records
+
+    def post(conn: http.client.HTTPConnection, i: int) -> float:
+        name = ingest_load.host_name(i)
+        hid = records.host_id(name)
+        row = np.zeros(1, records.HEALTH)
+        row["ts_ns"], row["host"], row["name"], row["value"] = t0, hid, b"probes_sent", 0
+        body = wire.encode_header(name, hid, 10**9 + i, t0) + wire.encode_chunk("health", row)
+        conn.request("POST", "/v1/batch", body, {"Authorization": wire.sign(KEY, body)})
+        resp = conn.getresponse()
+        answer = json.loads(resp.read())
+        if resp.status != 200:
+            raise RuntimeError(f"announce: HTTP {resp.status}: {answer}")
+        return float(answer["roll_s"])
+
+    def worker(k: int) -> float:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        try:
+            for i in range(k, hosts, 16):
+                post(conn, i)
+            return 0.0
+        finally:
+            conn.close()
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        list(pool.map(worker, range(16)))
+    time.sleep(2.5)  # the daemon recomputes its advice once a second
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        return post(conn, 0)
+    finally:
+        conn.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--hosts", type=int, default=5000, help="fleet size (distinct hosts)")
     ap.add_argument("--seconds", type=int, default=20, help="seconds of fleet traffic to send")
     ap.add_argument("--per-request", type=int, default=1, help="segments per HTTP request")
     ap.add_argument(
-        "--span", type=int, default=1, help="seconds per segment (the collector's spool.roll_s)"
+        "--span",
+        type=int,
+        default=0,
+        help="seconds per segment (the collector's spool.roll_s); 0 (default): what the "
+        "daemon advises for this fleet, read from its acks after every host announced itself",
     )
     ap.add_argument("--procs", type=int, default=1, help="client processes")
     ap.add_argument("--connections", type=int, default=64, help="connections per client process")
@@ -242,6 +291,12 @@ def main() -> None:
             except OSError:
                 time.sleep(0.1)
         t0 = (time.time_ns() // 10**9) * 10**9
+        if args.span <= 0:
+            advised = announce_fleet(port, args.hosts, t0)
+            args.span = max(1, math.ceil(advised))
+            print(
+                f"daemon advises {advised:.1f}-s segments for {args.hosts} hosts: span {args.span}"
+            )
         ctx = mp.get_context("fork")
         ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
         procs = [

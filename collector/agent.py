@@ -112,6 +112,7 @@ class Collector:
             max_bytes=cfg.spool.max_bytes,
             roll_s=cfg.spool.roll_s,
             roll_bytes=cfg.spool.roll_bytes,
+            max_roll_s=cfg.spool.max_roll_s,
         )
         self.shipper = Shipper(
             self.spool,
@@ -346,6 +347,8 @@ class Collector:
             },
             "spool": {
                 "dir": self.cfg.spool.dir,
+                "roll_s": self.spool.effective_roll_s(),  # spool.roll_s or the ops box's advice
+                "advised_roll_s": self.spool.advised_roll_s,
                 "segments": segs,
                 "bytes": nbytes,
                 "rows": rows,
@@ -421,6 +424,7 @@ class Collector:
             self.rdma.codec, self.rdma.clock = PacketCodec(key), self.clock
         self.spool.max_bytes = new.spool.max_bytes
         self.spool.roll_s = new.spool.roll_s
+        self.spool.max_roll_s = new.spool.max_roll_s
         self.spool.roll_bytes = new.spool.roll_bytes
         self.shipper.set_target(new.ingest.url, new.ingest.timeout_s, new.ingest.retry_max_s)
         setup_logging(new.log_level)

@@ -71,6 +71,8 @@ class Spool(_Strict, kw_only=True):
     max_bytes: int = 256 * 1024 * 1024  # oldest segments are dropped (and counted) past this
     roll_s: float = 1.0  # a segment is closed, fsynced and shipped this often
     roll_bytes: int = 4 * 1024 * 1024
+    # the ops box may advise longer segments (in its acks); never longer than this
+    max_roll_s: float = 30.0
 
 
 class Counters(_Strict, kw_only=True):
@@ -146,6 +148,12 @@ def validate(config: CollectorConfig, path: str | Path) -> None:
         "expected a port such that base_sport + ports_per_buddy <= 65535",
     )
     need(config.spool.max_bytes > 0, "spool.max_bytes", "expected an int > 0")
+    need(config.spool.roll_s > 0, "spool.roll_s", "expected a number > 0 (seconds)")
+    need(
+        config.spool.max_roll_s >= config.spool.roll_s,
+        "spool.max_roll_s",
+        "expected a number >= spool.roll_s (seconds)",
+    )
     need(
         config.log_level in {"debug", "info", "warning", "error"},
         "log_level",

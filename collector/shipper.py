@@ -1,13 +1,18 @@
 """Ships closed spool segments to the ops box, in order, exactly once after ingest.
 
-Contract (docs/collector.md, "Shipping"): ``POST <ingest.url>/v1/batch`` with the
-segment bytes as body, ``Authorization: wire.sign(key, body)`` and
+Contract (docs/collector.md, "Shipping contract"): ``POST <ingest.url>/v1/batch`` with
+the segment bytes as body (with a backlog: up to ``MAX_SEGMENTS_PER_REQUEST`` closed
+segments back to back, oldest first; the ack then lists each),
+``Authorization: wire.sign(key, body)`` and
 ``Content-Type: application/x-clockmesh-segment``. The ops box answers 200 with
 ``{"status": "stored"|"duplicate", "segment": N, "rows": R}`` only once the
 batch is durable; only then is the file deleted. 4xx: the batch itself is bad:
 it moves to ``spool/rejected/`` and shipping goes on. 5xx, connection errors,
 timeouts or a 200 that does not acknowledge this segment: retry the same
-segment with capped exponential back-off.
+segment with capped exponential back-off. A 4xx of a multi-segment body: the segments
+go again one by one, so only the bad one is set aside. Every ack (and 503) carries the
+segment interval the ops box wants (``roll_s``, header ``X-Clockmesh-Roll-S``); the
+spool rolls at ``max(spool.roll_s, advised)``, capped by ``spool.max_roll_s``.
 """
 
 from __future__ import annotations
@@ -26,6 +31,9 @@ from collector.spool import Spool
 
 log = logging.getLogger("clockmesh.collector.shipper")
 CONTENT_TYPE = "application/x-clockmesh-segment"
+ROLL_HEADER = "X-Clockmesh-Roll-S"  # the ops box's advised segment interval (seconds)
+MAX_SEGMENTS_PER_REQUEST = 30  # a backlog goes out this many closed segments at a time
+MAX_REQUEST_BYTES = 16 * 1024 * 1024  # ... and at most this many bytes (ops box: 64 MiB)
 
 
 @dataclass
@@ -39,6 +47,8 @@ class ShipperStats:
     last_ack_unix: float = 0.0
     last_error: str = ""
     backoff_s: float = 0.0
+    requests_acked: int = 0
+    advised_roll_s: float = 0.0
 
 
 class Shipper(threading.Thread):
@@ -54,6 +64,8 @@ class Shipper(threading.Thread):
         retry_max_s: float = 30.0,
         retry_min_s: float = 0.25,
         ca_file: str = "",
+        max_segments: int = MAX_SEGMENTS_PER_REQUEST,
+        max_body_bytes: int = MAX_REQUEST_BYTES,
     ) -> None:
         super().__init__(name="clockmesh-shipper", daemon=True)
         self.spool = spool
@@ -62,6 +74,9 @@ class Shipper(threading.Thread):
         self.retry_max_s = retry_max_s
         self.retry_min_s = retry_min_s
         self.stats = ShipperStats()
+        self.max_segments = max_segments
+        self.max_body_bytes = max_body_bytes
+        self._single_left = 0  # after a 4xx of a multi-segment body: this many one by one
         self._stopping = threading.Event()
         self._wake = threading.Event()
         parsed = urllib.parse.urlsplit(url)
@@ -110,7 +125,8 @@ class Shipper(threading.Thread):
             self._conn.close()
             self._conn = None
 
-    def post(self, body: bytes) -> tuple[int, bytes]:
+    def post(self, body: bytes) -> tuple[int, bytes, str | None]:
+        """POST one body; (status, response body, advised roll_s header or None)."""
         headers = {
             "Authorization": wire.sign(self.key, body),
             "Content-Type": CONTENT_TYPE,
@@ -134,71 +150,123 @@ class Shipper(threading.Thread):
             raise
         if resp.getheader("Connection", "").lower() == "close":
             self._drop_connection()
-        return resp.status, data
+        return resp.status, data, resp.getheader(ROLL_HEADER)
 
     # ---- one step -------------------------------------------------------------------
     def ship_one(self) -> bool | None:
-        """Try the oldest closed segment once.
+        """Try the oldest closed segment(s) once: up to ``max_segments`` of them in one
+        request when a backlog is waiting (docs/collector.md, "Shipping contract").
 
-        Returns True when it was acknowledged or rejected (move on), False on a
+        Returns True when they were acknowledged or rejected (move on), False on a
         retryable failure, None when there is nothing to ship.
         """
-        seg_id = self.spool.oldest_closed()
-        if seg_id is None:
+        limit = 1 if self._single_left > 0 else self.max_segments
+        ids = self.spool.oldest_closed_many(limit, self.max_body_bytes)
+        if not ids:
             return None
         with self.spool.lock:
-            self.spool.in_flight = seg_id
+            self.spool.in_flight = ids[0]
+            self.spool.in_flight_many = frozenset(ids)
         try:
+            return self._ship(ids)
+        finally:
+            with self.spool.lock:
+                self.spool.in_flight = None
+                self.spool.in_flight_many = frozenset()
+
+    def _ship(self, ids: list[int]) -> bool:
+        bodies = []
+        for seg_id in ids:
             try:
-                body = self.spool.path_of(seg_id).read_bytes()
+                bodies.append(self.spool.path_of(seg_id).read_bytes())
             except FileNotFoundError:
                 # Dropped by the size bound between listing and reading.
                 self.spool.acknowledged(seg_id)
                 return True
-            try:
-                status, data = self.post(body)
-            except (OSError, http.client.HTTPException) as exc:
-                self._failed(seg_id, f"{type(exc).__name__}: {exc}")
-                return False
-            if 200 <= status < 300:
-                return self._handle_ok(seg_id, status, data)
-            if 400 <= status < 500:
-                reason = data[:200].decode("utf-8", "replace").strip()
-                self.spool.rejected(seg_id, f"HTTP {status}: {reason}")
-                self.stats.rejected += 1
-                log.error(
-                    "event=batch_rejected segment=%d status=%d reason=%r", seg_id, status, reason
-                )
-                return True
-            self._failed(seg_id, f"HTTP {status}")
+        try:
+            status, data, roll = self.post(b"".join(bodies))
+        except (OSError, http.client.HTTPException) as exc:
+            self._failed(ids[0], f"{type(exc).__name__}: {exc}")
             return False
-        finally:
-            with self.spool.lock:
-                self.spool.in_flight = None
+        self._take_advice(roll)
+        if 200 <= status < 300:
+            return self._handle_ok(ids, status, data)
+        if 400 <= status < 500 and len(ids) > 1:
+            # Which segment is bad? Resend them one by one: only that one is set aside
+            # (also what an ops box without multi-segment bodies needs).
+            self._single_left = len(ids)
+            self.stats.backoff_s = 0.0  # the ops box answered: no reason to wait
+            log.info("event=batch_split segments=%d status=%d action=one_by_one", len(ids), status)
+            return True
+        if 400 <= status < 500:
+            self._single_left = max(0, self._single_left - 1)
+            seg_id = ids[0]
+            reason = data[:200].decode("utf-8", "replace").strip()
+            self.spool.rejected(seg_id, f"HTTP {status}: {reason}")
+            self.stats.rejected += 1
+            log.error("event=batch_rejected segment=%d status=%d reason=%r", seg_id, status, reason)
+            return True
+        self._failed(ids[0], f"HTTP {status}")
+        return False
 
-    def _handle_ok(self, seg_id: int, status: int, data: bytes) -> bool:
+    def _take_advice(self, roll: str | None) -> None:
+        """The ops box's advised segment interval (header, or ``roll_s`` in the ack)."""
+        if roll is None:
+            return
+        try:
+            value = float(roll)
+        except ValueError:
+            return
+        if not 0 < value < 86400:  # NaN and nonsense are ignored
+            return
+        if value != self.spool.advised_roll_s:
+            log.info(
+                "event=pace advised_roll_s=%.1f effective_roll_s=%.1f",
+                value,
+                min(max(self.spool.roll_s, value), max(self.spool.roll_s, self.spool.max_roll_s)),
+            )
+        self.stats.advised_roll_s = value
+        self.spool.advise(value)
+
+    def _handle_ok(self, ids: list[int], status: int, data: bytes) -> bool:
         try:
             answer = json.loads(data)
             ack_status = answer["status"]
             ack_segment = int(answer["segment"])
             rows = int(answer.get("rows", 0))
+            if len(ids) > 1:
+                per = [(int(x["segment"]), x["status"]) for x in answer["segments"]]
+            else:
+                per = [(ack_segment, ack_status)]
         except (ValueError, KeyError, TypeError):
-            self._failed(seg_id, f"HTTP {status} with an unreadable acknowledgement")
+            self._failed(ids[0], f"HTTP {status} with an unreadable acknowledgement")
             return False
-        if ack_status not in ("stored", "duplicate") or ack_segment != seg_id:
-            self._failed(seg_id, f"acknowledgement does not match: {answer!r}")
+        if (
+            ack_status not in ("stored", "duplicate")
+            or ack_segment != ids[0]
+            or [seg for seg, _ in per] != ids
+            or any(st not in ("stored", "duplicate") for _, st in per)
+        ):
+            self._failed(ids[0], f"acknowledgement does not match: {answer!r}")
             return False
-        self.spool.acknowledged(seg_id)
-        self.stats.segments_acked += 1
+        for seg_id in ids:
+            self.spool.acknowledged(seg_id)
+        if self._single_left > 0:
+            self._single_left -= 1
+        self.stats.requests_acked += 1
+        self.stats.segments_acked += len(ids)
         self.stats.rows_acked += rows
-        self.stats.duplicates += ack_status == "duplicate"
-        self.stats.last_ack_segment = seg_id
+        self.stats.duplicates += sum(st == "duplicate" for _, st in per)
+        self.stats.last_ack_segment = ids[-1]
         self.stats.last_ack_unix = time.time()
         self.stats.backoff_s = 0.0
         if self.stats.last_error:
-            log.info("event=ingest_reachable segment=%d", seg_id)
+            log.info("event=ingest_reachable segment=%d", ids[0])
         self.stats.last_error = ""
-        log.debug("event=batch_acked segment=%d status=%s rows=%d", seg_id, ack_status, rows)
+        log.debug(
+            "event=batch_acked segments=%d-%d count=%d status=%s rows=%d",
+            ids[0], ids[-1], len(ids), ack_status, rows,
+        )  # fmt: skip
         return True
 
     def _failed(self, seg_id: int, error: str) -> None:

@@ -12,7 +12,9 @@ fsync *before* the file exists, so ids are monotonic per host across restarts
 and crashes); chunks are appended with plain ``write`` (no user-space buffer, so
 a ``kill -9`` loses nothing the kernel has); on roll (every ``roll_s`` or
 ``roll_bytes``) the file is fsynced and renamed to ``.seg`` (directory fsynced
-too). On start, a left-over ``.open`` file is cut back to its valid prefix
+too). The interval is ``max(roll_s, advised)``, never above ``max(roll_s, max_roll_s)``:
+the ops box advises a longer one in its acknowledgements when its fleet sends more
+requests than it budgets for (docs/collector.md, "Shipping contract"). On start, a left-over ``.open`` file is cut back to its valid prefix
 (``wire.decode(allow_torn_tail=True)``) and closed. Past ``max_bytes`` the
 oldest closed segments are deleted and their rows counted as dropped.
 """
@@ -72,6 +74,7 @@ class Spool:
         max_bytes: int,
         roll_s: float,
         roll_bytes: int,
+        max_roll_s: float = 30.0,
         now_ns: Callable[[], int] = time.time_ns,
     ) -> None:
         self.dir = Path(directory)
@@ -79,12 +82,15 @@ class Spool:
         self.host_id = host_id
         self.max_bytes = max_bytes
         self.roll_s = roll_s
+        self.max_roll_s = max_roll_s
+        self.advised_roll_s = 0.0  # the ops box's advice (shipper thread sets it)
         self.roll_bytes = roll_bytes
         self._now_ns = now_ns
         self.stats = SpoolStats()
         self.lock = threading.Lock()  # guards the closed-segment map (shipper vs. dropper)
         self._closed: dict[int, tuple[int, int]] = {}  # id -> (bytes, rows)
         self.in_flight: int | None = None  # id the shipper is posting; never dropped
+        self.in_flight_many: frozenset[int] = frozenset()  # a multi-segment post's ids
         self._fd: int | None = None
         self._open_id = 0
         self._open_bytes = 0
@@ -209,7 +215,15 @@ class Spool:
         if self._fd is None:
             return False
         age = time.monotonic() - self._opened_mono
-        return age >= self.roll_s or self._open_bytes >= self.roll_bytes
+        return age >= self.effective_roll_s() or self._open_bytes >= self.roll_bytes
+
+    def advise(self, roll_s: float) -> None:
+        """The ops box wants segments of ``roll_s`` seconds (from its last ack)."""
+        self.advised_roll_s = roll_s
+
+    def effective_roll_s(self) -> float:
+        """``max(roll_s, advised)``, capped at ``max(roll_s, max_roll_s)``."""
+        return min(max(self.roll_s, self.advised_roll_s), max(self.roll_s, self.max_roll_s))
 
     def roll(self) -> int | None:
         """Close the open segment durably; returns its id (None if nothing was open)."""
@@ -233,7 +247,7 @@ class Spool:
             for seg_id in sorted(self._closed):
                 if total <= self.max_bytes:
                     break
-                if seg_id == self.in_flight:
+                if seg_id == self.in_flight or seg_id in self.in_flight_many:
                     continue
                 size, rows = self._closed.pop(seg_id)
                 with contextlib.suppress(FileNotFoundError):
@@ -249,6 +263,20 @@ class Spool:
     def oldest_closed(self) -> int | None:
         with self.lock:
             return min(self._closed) if self._closed else None
+
+    def oldest_closed_many(self, limit: int, max_bytes: int) -> list[int]:
+        """The oldest closed ids, at most ``limit`` and ``max_bytes`` together (at least
+        one when any is closed)."""
+        with self.lock:
+            out: list[int] = []
+            total = 0
+            for seg_id in sorted(self._closed)[:limit]:
+                size = self._closed[seg_id][0]
+                if out and total + size > max_bytes:
+                    break
+                out.append(seg_id)
+                total += size
+            return out
 
     def path_of(self, seg_id: int) -> Path:
         return self.dir / segment_name(seg_id, "seg")

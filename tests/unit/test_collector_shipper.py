@@ -43,7 +43,7 @@ def test_ships_in_order_and_deletes_only_after_ack(tmp_path: Path, receiver: Rec
 
 def test_5xx_keeps_the_segment_and_backs_off(tmp_path: Path, receiver: Receiver) -> None:
     sp = _fill(tmp_path, 2)
-    sh = Shipper(sp, receiver.url, KEY, retry_min_s=0.1, retry_max_s=0.4)
+    sh = Shipper(sp, receiver.url, KEY, retry_min_s=0.1, retry_max_s=0.4, max_segments=1)
     receiver.mode = "fail"
     backoffs = []
     for _ in range(4):
@@ -69,7 +69,7 @@ def test_lost_ack_is_retried_and_answered_as_duplicate(tmp_path: Path, receiver:
 
 def test_4xx_moves_the_batch_aside_and_goes_on(tmp_path: Path, receiver: Receiver) -> None:
     sp = _fill(tmp_path, 2)
-    sh = Shipper(sp, receiver.url, b"not-the-fleet-key-at-all")  # receiver answers 401
+    sh = Shipper(sp, receiver.url, b"not-the-fleet-key-at-all", max_segments=1)  # 401
     assert sh.ship_one() is True
     assert (tmp_path / "spool/rejected/0000000000000001.seg").exists()
     assert sh.stats.rejected == 1 and sp.oldest_closed() == 2
@@ -85,7 +85,7 @@ def test_unreachable_is_a_retry_not_a_crash(tmp_path: Path) -> None:
 
 def test_thread_ships_what_is_closed_and_stops(tmp_path: Path, receiver: Receiver) -> None:
     sp = _fill(tmp_path, 3)
-    sh = Shipper(sp, receiver.url, KEY)
+    sh = Shipper(sp, receiver.url, KEY, max_segments=1)
     sh.start()
     try:
         deadline = time.monotonic() + 5
@@ -102,7 +102,7 @@ def test_idle_keepalive_closed_by_server_is_not_a_failure(
     tmp_path: Path, receiver: Receiver
 ) -> None:
     sp = _fill(tmp_path, 3)
-    sh = Shipper(sp, receiver.url, KEY)
+    sh = Shipper(sp, receiver.url, KEY, max_segments=1)
     receiver.mode = "close_idle"
     assert [sh.ship_one() for _ in range(3)] == [True, True, True]
     assert sh.stats.failures == 0 and sh.stats.segments_acked == 3

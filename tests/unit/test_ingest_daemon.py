@@ -31,8 +31,10 @@ def seg(i: int, second: int, **kw: object) -> bytes:
 def test_contract_stored_duplicate_and_rejections(daemon: Daemon) -> None:
     body = seg(0, 1)
     rows = wire.decode(body).rows()
-    assert daemon.post(body) == (200, {"status": "stored", "segment": 1, "rows": rows})
-    assert daemon.post(body) == (200, {"status": "duplicate", "segment": 1, "rows": rows})
+    # every ack carries the segment interval the ops box wants (1 s: a small fleet)
+    ack = {"segment": 1, "rows": rows, "roll_s": 1.0}
+    assert daemon.post(body) == (200, {"status": "stored", **ack})
+    assert daemon.post(body) == (200, {"status": "duplicate", **ack})
 
     other = seg(1, 1)
     status, answer = daemon.post(other, wire.sign(b"wrong-key-wrong-key", other))
