@@ -106,7 +106,12 @@ class DatagramBatch:
             self.hdr["control"] = self.control.ctypes.data + self.control.shape[1] * np.arange(
                 capacity, dtype=np.uint64
             )
+        self.hdr["controllen"] = control
         self._hdr_addr = self.hdr.ctypes.data
+        # Rows below this may have had namelen/controllen changed by the kernel since
+        # they were last reset; rows above are still as set (resetting all 1,024 per
+        # call costs more than the call itself).
+        self._dirty = 0
         self._mv = memoryview(self.data.reshape(-1).data)  # flat bytes, for MAC loops
         self._views: dict[np.dtype, np.ndarray] = {}
 
@@ -143,19 +148,25 @@ class DatagramBatch:
         n = self.capacity - start
         if n <= 0:
             return 0
-        self.hdr["controllen"][start:] = self.control_size
-        self.hdr["namelen"][start:] = 16
+        if self._dirty > start:
+            self.hdr["controllen"][start : self._dirty] = self.control_size
+            self.hdr["namelen"][start : self._dirty] = 16
+            self._dirty = start
         if self.native:
             assert _LIBC is not None
             addr = self._hdr_addr + start * MMSGHDR.itemsize
-            got = _LIBC[0](sock.fileno(), addr, n, flags | MSG_DONTWAIT, None)
+            got = _LIBC[0](sock.fileno(), addr, n, int(flags) | MSG_DONTWAIT, None)
             if got >= 0:
+                self._dirty = start + got
                 return got
             err = ctypes.get_errno()
             if err in _AGAIN:
                 return 0
+            self._dirty = self.capacity  # be safe: reset every row before the next call
             raise OSError(err, errno.errorcode.get(err, "recvmmsg failed"))
-        return self._recv_emulated(sock, flags, start)
+        got = self._recv_emulated(sock, flags, start)
+        self._dirty = start + got
+        return got
 
     def control_view(self, dtype: np.dtype) -> np.ndarray:
         """The control buffers as one ``dtype`` row per datagram (cached per dtype)."""

@@ -38,7 +38,7 @@ IP_RECVERR = 11
 IP_RECVTTL = 12
 IP_TTL = 2
 SO_EE_ORIGIN_TIMESTAMPING = 4
-MSG_ERRQUEUE = getattr(socket, "MSG_ERRQUEUE", 0x2000)
+MSG_ERRQUEUE = int(getattr(socket, "MSG_ERRQUEUE", 0x2000))  # plain int: IntFlag | is slow
 
 RX_FLAGS = (
     SOF_TIMESTAMPING_RX_SOFTWARE

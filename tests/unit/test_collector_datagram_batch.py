@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 from collections.abc import Iterator
@@ -134,3 +135,36 @@ def test_unexpected_control_layout_is_parsed_one_by_one() -> None:
     assert list(ts) == [5_000_000_006, 7_000_000_008]
     assert list(kind) == [TsKind.SW, TsKind.HW]
     assert list(ttl) == [61, 62]
+
+
+@pytest.mark.parametrize("native", MODES)
+def test_rows_reused_after_the_kernel_shrank_their_lengths(native: bool, pair) -> None:
+    """The kernel writes each received row's real control length into its header;
+    rows are reset lazily, so a later receive into the same rows must still offer
+    full-size control buffers: here the later datagrams carry one more control
+    message (the socket's drop counter, after an overflow) and must not be
+    truncated (MSG_CTRUNC)."""
+    tx, rx, _addr = pair
+    rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    b = DatagramBatch(64, 128, timestamping.ANC_SIZE, native=native)
+    for i in range(3):
+        tx.sendto(bytes([i]) * SIZE, rx.getsockname())
+    _wait_readable(rx)
+    time.sleep(0.01)
+    assert b.recv(rx) == 3
+    assert timestamping.rx_meta_batch(b, 3)[3] == -1  # no drops yet: no counter message
+    for i in range(200):  # overflows the small receive buffer
+        tx.sendto(bytes([i]) * SIZE, rx.getsockname())
+    _wait_readable(rx)
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            rx.recv(256, socket.MSG_DONTWAIT)
+    for i in range(3):  # queued after the drops: they carry the drop counter
+        tx.sendto(bytes([i]) * SIZE, rx.getsockname())
+    _wait_readable(rx)
+    time.sleep(0.01)
+    got = b.recv(rx)
+    assert got == 3
+    assert (b.msg_flags(got) & socket.MSG_CTRUNC == 0).all()
+    ts, _kind, ttl, drops = timestamping.rx_meta_batch(b, got)
+    assert drops > 0 and (ts > 0).all() and (ttl == 64).all()
