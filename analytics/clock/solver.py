@@ -5,6 +5,7 @@ See docs/clock.md for the method, the gauge, the uncertainty model and the flags
 
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -114,12 +115,23 @@ def solve_window(
         raise ValueError("window_ns: expected an int > 0")
     ref = int(window_start_ns) + int(window_ns) // 2
 
-    pool = ThreadPoolExecutor(max_workers=1) if cfg.threads > 1 else None
-    try:
-        return _solve(tx, rx, echoes, window_start_ns, window_ns, ref, prior, cfg, pool)
-    finally:
-        if pool is not None:
-            pool.shutdown()
+    pool = _worker() if cfg.threads > 1 else None
+    return _solve(tx, rx, echoes, window_start_ns, window_ns, ref, prior, cfg, pool)
+
+
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _worker() -> ThreadPoolExecutor:
+    """The second thread of ``threads=2``: one for the process, started on first use
+    (a thread per window would fault in a fresh stack and arena every window).
+    Jobs never wait on other jobs, so concurrent solves only queue."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clock-solver")
+        return _POOL
 
 
 def _solve(
