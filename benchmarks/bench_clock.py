@@ -6,7 +6,7 @@
 Prints the machine, then per mesh size: records per window, solve time (wall: median
 and best; CPU of both threads: median; over the steady-state windows, i.e. with the
 previous window's state — the machine is shared, so the best shows the solver's own
-speed and the median what the load left of it),
+speed and the median what the load left of it), minor page faults per solve (median),
 peak memory allocated during one solve (tracemalloc: numpy registers its buffers),
 median / p99 |offset error| against the simulator's truth (relative offsets, both
 sides mean-zero), drift error, and the RTT/2 baseline's median error on the same
@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import sys
 import time
 import tracemalloc
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -64,17 +66,19 @@ def run_size(hosts: int, windows: int, cfg_solver: SolverConfig, **sim_kw) -> di
     )  # fmt: skip
     mesh = MeshSimulator(cfg)
     prior = None
-    walls, cpus = [], []
+    walls, cpus, faults = [], [], []
     res: dict = {"hosts": hosts}
     for w in range(windows):
         sim = mesh.run(start_offset_ns=w * WINDOW, duration_ns=WINDOW)
         kw = dict(window_start_ns=cfg.start_ns + w * WINDOW, window_ns=WINDOW, config=cfg_solver)
+        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         t0, c0 = time.perf_counter(), time.process_time()
         sol = solve_window(sim.tx, sim.rx, sim.echoes, prior=prior, **kw)
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         if prior is not None or windows == 1:
             walls.append(wall)
             cpus.append(cpu)
+            faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
         prior = sol.state
     tracemalloc.start()
     solve_window(sim.tx, sim.rx, sim.echoes, prior=prior, **kw)
@@ -87,6 +91,7 @@ def run_size(hosts: int, windows: int, cfg_solver: SolverConfig, **sim_kw) -> di
         wall=float(np.median(walls)),
         best=float(np.min(walls)),
         cpu=float(np.median(cpus)),
+        faults=int(np.median(faults)),
         peak_mib=peak / 2**20,
         med=float(np.median(err)),
         p99=float(np.percentile(err, 99)),
@@ -106,15 +111,26 @@ def main() -> None:
     ap.add_argument("--max-hosts", type=int, default=10_000)
     ap.add_argument("--windows", type=int, default=5, help="windows per size (first is warm-up)")
     ap.add_argument("--spacing-tol-ns", type=int, default=100)
-    ap.add_argument("--threads", type=int, default=1, help="SolverConfig.threads (1 or 2)")
+    ap.add_argument(
+        "--threads",
+        default="1,2",
+        help="SolverConfig.threads: the table uses the first; the largest size is also run "
+        "with the others (default 1,2)",
+    )
     ap.add_argument(
         "--no-tune-allocator", action="store_true", help="leave glibc malloc thresholds alone"
     )
     args = ap.parse_args()
+    try:
+        threads = [int(t) for t in args.threads.split(",")]
+        if not threads or min(threads) < 1:
+            raise ValueError
+    except ValueError:
+        ap.error(f"--threads: expected a comma-separated list of ints >= 1, got {args.threads!r}")
     tuned = False if args.no_tune_allocator else tune_allocator()
     print("machine: " + describe(numpy=np.__version__, scipy=scipy.__version__))
     print(f"glibc malloc thresholds raised (analytics.clock.tune_allocator): {tuned}")
-    solver = SolverConfig(spacing_tol_ns=args.spacing_tol_ns, threads=args.threads)
+    solver = SolverConfig(spacing_tol_ns=args.spacing_tol_ns, threads=threads[0])
     print(
         "\nidle fabric, 10 buddies (3 own rack + 7 random) x 8 source ports, 1 coded pair/s per "
         "port, 2 s window,\noffsets +-5 ms, drifts +-50 ppm, timestamp noise 10 ns, "
@@ -122,16 +138,18 @@ def main() -> None:
     )
     head = (
         f"{'hosts':>6} {'records':>9} {'pairs':>7} {'wall s':>7} {'best s':>6} {'cpu s':>6} {'peak MiB':>8} "
-        f"{'med ns':>7} {'p99 ns':>7} {'drift ppb':>9} {'RTT/2 mean':>10} {'RTT/2 min':>9}"
+        f"{'med ns':>7} {'p99 ns':>7} {'drift ppb':>9} {'RTT/2 mean':>10} {'RTT/2 min':>9} "
+        f"{'faults':>6} {'threads':>7}"
     )
     print(head)
     sizes = [s for s in (100, 300, 1_000, 3_000, 10_000) if s <= args.max_hosts]
-    for h in sizes:
-        r = run_size(h, args.windows, solver)
+    runs = [(h, threads[0]) for h in sizes] + [(sizes[-1], t) for t in threads[1:] if sizes]
+    for h, t in runs:
+        r = run_size(h, args.windows, replace(solver, threads=t))
         print(
             f"{r['hosts']:>6} {r['records']:>9} {r['pairs']:>7} {r['wall']:>7.3f} {r['best']:>6.3f} {r['cpu']:>6.3f} "
             f"{r['peak_mib']:>8.0f} {r['med']:>7.1f} {r['p99']:>7.1f} {r['drift_ppb']:>9.2f} "
-            f"{r['rtt2_mean']:>10.1f} {r['rtt2_min']:>9.1f}",
+            f"{r['rtt2_mean']:>10.1f} {r['rtt2_min']:>9.1f} {r['faults']:>6} {t:>7}",
             flush=True,
         )
         if h == sizes[-1]:

@@ -152,6 +152,7 @@ def _solve(
     n = len(hosts)
     index = KeyIndex(hosts)
     ps = prepare(cols, index, (cfg.spacing_tol_ns, cfg.spacing_tol_hw_ns), pool)
+    del cols  # the columns not kept in ps
     clock_t.lap("t_prepare_s")
 
     # prior, per host index
