@@ -74,7 +74,7 @@ class KeyIndex:
             ok = np.take(self.keys, cand) == sub  # cand -1 reads the last key: checked next
             ok &= cand >= 0
             if pending is None:
-                out[ok] = cand[ok]
+                out = np.where(ok, cand, -1)
                 pending = np.flatnonzero(~ok)
             else:
                 out[pending[ok]] = cand[ok]

@@ -93,7 +93,11 @@ def fit_pairs(
         cs = cell[sl]
         np.take(slope_guess, pid[sl], out=zs)
         zs *= x[sl]
-        np.negative(zs, out=zs, where=~rev[sl])
+        sign = rev[sl].astype(np.float64)  # -1.0 forward, 1.0 reverse (no branch per row)
+        sign *= 2.0
+        sign -= 1.0
+        zs *= sign
+        del sign
         zs += y[sl]
         np.multiply(rev[sl], n_pairs, out=cs)
         cs += pid[sl]

@@ -205,7 +205,8 @@ class SlotValues:
 
     def get(self, pos: np.ndarray) -> np.ndarray:
         if self.dense:
-            out = np.take(self.table, np.maximum(pos, 0))
+            # pos -1 reads the last slot, which no write reaches: _NONE
+            return np.take(self.table, pos)
         elif len(self.keys) == 0:
             return np.full(len(pos), _NONE, np.int64)
         else:
@@ -227,14 +228,13 @@ def _pair_partners(
 
     Looks at the next row first; the rest through a slot table of usable odd rows."""
     n = len(seq)
-    partner = np.full(len(first), -1, np.intp)
     if len(first) == 0:
-        return partner
+        return np.full(0, -1, np.intp)
     # next row is the partner: same sender, seq + 1, usable (shifted compares, no gather)
     nxt_ok = np.zeros(n, bool)
     nxt_ok[:-1] = (src[1:] == src[:-1]) & (seq[1:] == seq[:-1] + 1) & usable[1:]
     hit = np.take(nxt_ok, first)
-    partner[hit] = first[hit] + 1
+    partner = np.where(hit, first + 1, -1)
     miss = np.flatnonzero(~hit)
     if len(miss):
         claimed = np.zeros(n, bool)

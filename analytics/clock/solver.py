@@ -200,10 +200,13 @@ def _solve(
             pid, rev = np.take(pid, sel), np.take(rev, sel)
     t_send = np.concatenate((np.take(ps.tx_ns, pr), ps.echo_t3[keep_echo]))
     t_recv = np.concatenate((np.take(ps.rx_ns, pr), ps.echo_t4[keep_echo]))
-    x = np.where(rev, t_recv, t_send)
+    t_recv -= t_send  # y, in int64
+    # x = the sender's clock: t_send forward, t_recv reverse (arithmetic, no branch per row)
+    x = rev.astype(np.int64)
+    x *= t_recv
+    x += t_send
     x -= ref
     x = x.astype(np.float64)
-    t_recv -= t_send
     y = t_recv.astype(np.float64)
     pa = pair_keys // max(n, 1)
     pb = pair_keys % max(n, 1)
@@ -479,14 +482,16 @@ def _owd(
         k = ok[sl]
         np.isfinite(o, out=k)
         k &= m
-        bad = ~k
-        o[bad] = np.nan
-        t_rel[bad] = 0.0
+        bad = None if k.all() else ~k
+        if bad is not None:
+            o[bad] = np.nan
+            t_rel[bad] = 0.0
         ms = mesh[sl]
         np.rint(t_rel, out=t_rel)
         ms[:] = t_rel
         ms += ref
-        ms[bad] = 0
+        if bad is not None:
+            ms[bad] = 0
 
     _row_halves(pool, n, rows)
     pure = np.zeros(n, bool)
