@@ -253,28 +253,38 @@ def strings_from_fixed(column: np.ndarray) -> pa.Array:
     return pc.utf8_rtrim(text, characters="\x00").take(encoded.indices)
 
 
+_BLOCK_BYTES = 1 << 20  # rows are columnised per block of this size (stays in L2 cache)
+
+
 def records_to_arrow(table: str, rows: np.ndarray) -> pa.Table:
     """A structured array of ``records.TABLES[table]`` -> an Arrow table of its store schema.
 
     Every column is a copy in Arrow's memory pool (never a view of ``rows``), so the
     caller may reuse the memory behind ``rows`` at once: the ingest daemon fills one
     long-lived scratch buffer per table and commit (docs/store.md, "Performance").
+    Numeric columns are filled block by block (all columns of ~1 MiB of rows, then the
+    next): one pass over the records instead of one per column.
     """
     spec = TABLES[table]
-    arrays = []
     n = len(rows)
+    arrays: dict[str, pa.Array] = {}
+    fixed: list[tuple[np.ndarray, np.ndarray]] = []  # (destination, source column)
     for field in spec.schema:
         column = rows[field.name]
         if column.dtype.kind == "S":
-            arrays.append(strings_from_fixed(column))
-            continue
-        if pa.types.is_boolean(field.type):  # Arrow packs bits: no byte-wise copy
-            arrays.append(pa.array(column, type=field.type))
-            continue
-        buf = pa.allocate_buffer(n * column.dtype.itemsize)
-        np.copyto(np.frombuffer(buf, column.dtype), column)
-        arrays.append(pa.Array.from_buffers(field.type, n, [None, buf]))
-    return pa.Table.from_arrays(arrays, schema=spec.schema)
+            arrays[field.name] = strings_from_fixed(column)
+        elif pa.types.is_boolean(field.type):  # Arrow packs bits: no byte-wise copy
+            arrays[field.name] = pa.array(column, type=field.type)
+        else:
+            buf = pa.allocate_buffer(n * column.dtype.itemsize)
+            fixed.append((np.frombuffer(buf, column.dtype), column))
+            arrays[field.name] = pa.Array.from_buffers(field.type, n, [None, buf])
+    step = max(1, _BLOCK_BYTES // max(rows.dtype.itemsize, 1))
+    for lo in range(0, n, step):
+        hi = min(lo + step, n)
+        for dst, src in fixed:
+            np.copyto(dst[lo:hi], src[lo:hi])
+    return pa.Table.from_arrays([arrays[f.name] for f in spec.schema], schema=spec.schema)
 
 
 def parquet_options(schema: pa.Schema) -> dict:
