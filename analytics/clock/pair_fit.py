@@ -37,7 +37,7 @@ from typing import TypeVar
 import numpy as np
 
 T = TypeVar("T")
-_MIN_SPLIT_ROWS = 200_000  # below this, a second thread costs more than it saves
+_MIN_SPLIT_PAIRS = 20_000  # fewer pairs: one thread (a second costs more than it saves)
 
 
 @dataclass
@@ -109,28 +109,29 @@ def fit_pairs(
 
     parts = _row_halves(pool, n, cells)
     zmin = parts[0] if len(parts) == 1 else np.minimum(parts[0], parts[1], out=parts[0])
-    if band > 0:
-        # the band's means replace the minima below: x of the minima is not needed
-        mid, xm, valid, nvalid, excess = _bin_points(zmin, None, n_pairs, n_bins)
-    else:
+    shape = (2, n_pairs, n_bins)
+    if band <= 0:
         z_floor = np.take(zmin, cell)  # per sample: its bin's minimum
         at_min = np.flatnonzero(z == z_floor)
         xsel = np.zeros(size)
         xsel[np.take(cell, at_min)] = np.take(x, at_min)
-        mid, xm, valid, nvalid, excess = _bin_points(zmin, xsel, n_pairs, n_bins)
         counts = np.bincount(cell, minlength=size)
+    # Per-pair work below runs on row ranges of pairs (halves with a pool).
+    zmin3 = zmin.reshape(shape)
 
     if noise_ns is None:
         # Typical midpoint noise: half the median |rtt - ref| over bins of pairs
         # with enough bins (robust to congested bins by the median).
-        rows = nvalid >= 3
-        if rows.any():
+        def noise_terms(sl: slice) -> np.ndarray:
+            _, _, valid, nvalid, excess = _bin_points(zmin3[:, sl], None)
+            rows = nvalid >= 3
             e = np.sort(np.where(valid[rows], excess[rows], np.inf), axis=1)
-            per_pair = np.take_along_axis(e, (nvalid[rows] // 2)[:, None], axis=1)[:, 0]
-            noise_ns = float(0.5 * 1.4826 * np.median(per_pair))
-        else:
-            noise_ns = noise_floor_ns
+            return np.take_along_axis(e, (nvalid[rows] // 2)[:, None], axis=1)[:, 0]
+
+        per_pair = np.concatenate(_row_halves(pool, n_pairs, noise_terms, _MIN_SPLIT_PAIRS))
+        noise_ns = float(0.5 * 1.4826 * np.median(per_pair)) if len(per_pair) else noise_floor_ns
         noise_ns = max(noise_ns, noise_floor_ns)
+    noise = float(noise_ns)
 
     if band > 0:
         # Envelope band: average every sample within band * noise of its bin's
@@ -138,7 +139,7 @@ def fit_pairs(
         # than the queueing, the minimum is mostly the most negative noise draw;
         # the band mean is as unbiased (same selection in both directions) and
         # far less noisy. Queued samples stay out of the band.
-        thr = band * noise_ns
+        thr = band * noise
 
         def band_sums(sl: slice) -> tuple[np.ndarray, ...]:
             cs, zs = cell[sl], z[sl]
@@ -161,8 +162,37 @@ def fit_pairs(
             zb = zsum / cnt
             xb = xsum / cnt
         zb[cnt == 0] = np.inf
-        mid, xm, valid, nvalid, excess = _bin_points(zb, xb, n_pairs, n_bins)
+        points, xs = zb.reshape(shape), xb.reshape(shape)
+    else:
+        points, xs = zmin3, xsel.reshape(shape)
 
+    def lines(sl: slice) -> tuple[np.ndarray, ...]:
+        return _fit_lines(points[:, sl], xs[:, sl], slope_guess[sl], noise)
+
+    parts_l = _row_halves(pool, n_pairs, lines, _MIN_SPLIT_PAIRS)
+    alpha, slope, sigma_alpha, sigma_slope, used = (
+        parts_l[0] if len(parts_l) == 1 else [np.concatenate(p) for p in zip(*parts_l, strict=True)]
+    )
+    counts = counts.reshape(shape).sum(axis=2)
+    return PairFit(
+        alpha=alpha,
+        slope=slope,
+        sigma_alpha=sigma_alpha,
+        sigma_slope=sigma_slope,
+        n_bins=used,
+        n_fwd=counts[0],
+        n_rev=counts[1],
+        noise_ns=noise,
+    )
+
+
+def _fit_lines(
+    points: np.ndarray, xs: np.ndarray, slope_guess: np.ndarray, noise_ns: float
+) -> tuple[np.ndarray, ...]:
+    """Bin midpoints, weights and the weighted line with one rejection pass, for the
+    pairs of ``points``/``xs`` (shape (2, pairs, bins)): alpha, slope, their sigmas,
+    bins used."""
+    mid, xm, valid, _, excess = _bin_points(points, xs)
     w = np.where(valid, 1.0 / (noise_ns**2 + excess**2), 0.0)
     alpha, slope, s0, sxxc, resid = _wls(w, xm, mid)
     # Reject bins that are further from the line than their excess allows.
@@ -180,22 +210,24 @@ def fit_pairs(
         xbar = np.where(s0 > 0, (w * xm).sum(axis=1) / s0, 0.0)
         var_a = np.where(s0 > 0, 1.0 / s0, np.inf) + np.where(slope_ok, xbar**2 / sxxc, 0.0)
         var_s = np.where(slope_ok, 1.0 / sxxc, np.inf)
-    counts = counts.reshape(2, n_pairs, n_bins).sum(axis=2)
-    return PairFit(
-        alpha=alpha,
-        slope=slope_guess + np.where(slope_ok, slope, 0.0),
-        sigma_alpha=np.sqrt(var_a * scale),
-        sigma_slope=np.sqrt(var_s * scale),
-        n_bins=used,
-        n_fwd=counts[0],
-        n_rev=counts[1],
-        noise_ns=float(noise_ns),
+    return (
+        alpha,
+        slope_guess + np.where(slope_ok, slope, 0.0),
+        np.sqrt(var_a * scale),
+        np.sqrt(var_s * scale),
+        used,
     )
 
 
-def _row_halves(pool: ThreadPoolExecutor | None, n: int, fn: Callable[[slice], T]) -> list[T]:
-    """``fn`` over all rows; with a pool, over two halves, the first in its thread."""
-    if pool is None or n < _MIN_SPLIT_ROWS:
+def _row_halves(
+    pool: ThreadPoolExecutor | None,
+    n: int,
+    fn: Callable[[slice], T],
+    min_rows: int = 200_000,
+) -> list[T]:
+    """``fn`` over all rows; with a pool and at least ``min_rows`` rows, over two
+    halves, the first in the pool's thread."""
+    if pool is None or n < min_rows:
         return [fn(slice(0, n))]
     half = n // 2
     job = pool.submit(fn, slice(0, half))
@@ -204,21 +236,16 @@ def _row_halves(pool: ThreadPoolExecutor | None, n: int, fn: Callable[[slice], T
 
 
 def _bin_points(
-    zmin: np.ndarray, xsel: np.ndarray | None, n_pairs: int, n_bins: int
+    points: np.ndarray, xsel: np.ndarray | None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Per (pair, bin): midpoint, its x (zeros when ``xsel`` is None), validity,
-    valid bins per pair, and excess round trip."""
-    zmin = zmin.reshape(2, n_pairs, n_bins)
-    zf, zr = zmin[0], zmin[1]
+    """Per (pair, bin) from the per-direction points (shape (2, pairs, bins)): midpoint,
+    its x (zeros when ``xsel`` is None), validity, valid bins per pair, excess round trip."""
+    zf, zr = points[0], points[1]
     valid = np.isfinite(zf) & np.isfinite(zr)
     with np.errstate(invalid="ignore"):
         mid = np.where(valid, (zf - zr) / 2, 0.0)
         rtt = np.where(valid, zf + zr, np.inf)
-    if xsel is None:
-        xm = np.zeros((n_pairs, n_bins))
-    else:
-        xsel = xsel.reshape(2, n_pairs, n_bins)
-        xm = np.where(valid, (xsel[0] + xsel[1]) / 2, 0.0)
+    xm = np.zeros(zf.shape) if xsel is None else np.where(valid, (xsel[0] + xsel[1]) / 2, 0.0)
     nvalid = valid.sum(axis=1)
     k = np.where(nvalid >= 3, 1, 0)
     ref = _kth_smallest(rtt, k)
