@@ -48,6 +48,21 @@ def components(a: np.ndarray, b: np.ndarray, n: int) -> np.ndarray:
     return out
 
 
+def _pattern(
+    ua: np.ndarray, ub: np.ndarray, n: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Sparsity pattern of the Laplacian of edges (ua, ub) plus the diagonal, as CSR:
+    ``(perm, indices, indptr)``; the matrix of entries ``data`` (ordered off-diagonal
+    (a, b), then (b, a), then the diagonal) is ``csr_matrix((data[perm], indices, indptr))``.
+    None when an edge repeats (its entries are sums: no single permutation)."""
+    rows = np.concatenate((ua, ub, np.arange(n)))
+    cols = np.concatenate((ub, ua, np.arange(n)))
+    order = sp.csr_matrix((np.arange(len(rows), dtype=np.float64), (rows, cols)), shape=(n, n))
+    if order.nnz != len(rows):
+        return None
+    return order.data.astype(np.intp), order.indices, order.indptr
+
+
 def solve(
     a: np.ndarray,
     b: np.ndarray,
@@ -56,23 +71,35 @@ def solve(
     n: int,
     *,
     x0: np.ndarray | None = None,
+    cache: dict | None = None,
 ) -> GraphSolution:
     """Weighted least squares over the graph, each component's mean set to zero.
 
-    Edges with ``w <= 0`` or non-finite ``m`` are ignored."""
+    Edges with ``w <= 0`` or non-finite ``m`` are ignored. Solves of one window pass
+    the same ``cache`` (a dict): when the edges in use are the same as last time, the
+    components and the Laplacian's sparsity pattern are reused."""
     use = (w > 0) & np.isfinite(m) & np.isfinite(w) & (a != b)
     ua, ub, um, uw = a[use], b[use], m[use], w[use]
-    comp = components(ua, ub, n)
+    graph = cache.get("graph") if cache is not None else None
+    if graph is None or graph[0].shape != use.shape or not np.array_equal(graph[0], use):
+        graph = (use, components(ua, ub, n), _pattern(ua, ub, n))
+        if cache is not None:
+            cache["graph"] = graph
+    _, comp, pattern = graph
     wsum = np.bincount(ua, uw, minlength=n) + np.bincount(ub, uw, minlength=n)
     value = np.full(n, np.nan)
     residual = np.full(len(a), np.nan)
     if len(ua) == 0:
         return GraphSolution(value, comp, wsum, residual, 1.0)
     rhs = np.bincount(ub, uw * um, minlength=n) - np.bincount(ua, uw * um, minlength=n)
-    rows = np.concatenate((ua, ub, np.arange(n)))
-    cols = np.concatenate((ub, ua, np.arange(n)))
     data = np.concatenate((-uw, -uw, wsum))
-    lap = sp.csr_matrix((data, (rows, cols)), shape=(n, n))
+    if pattern is not None:
+        perm, indices, indptr = pattern
+        lap = sp.csr_matrix((np.take(data, perm), indices, indptr), shape=(n, n))
+    else:  # repeated edges: let scipy sum them
+        rows = np.concatenate((ua, ub, np.arange(n)))
+        cols = np.concatenate((ub, ua, np.arange(n)))
+        lap = sp.csr_matrix((data, (rows, cols)), shape=(n, n))
     diag = np.where(wsum > 0, wsum, 1.0)
     precond = sp.diags(1.0 / diag)
     # Scale: solve for the value relative to a typical magnitude so the tolerance

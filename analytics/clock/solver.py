@@ -350,10 +350,11 @@ def _network(
     w = np.where(est, 1.0 / sig**2, 0.0)
     # The pair's intercept is at a's clock reading ref, i.e. mesh time ref - theta_a:
     # first solve, then move each pair's estimate to mesh time ref, solve again.
-    g = network.solve(pa, pb, fit.alpha, w, n)
+    cache: dict = {}  # the graph is the same in most of the solves below
+    g = network.solve(pa, pb, fit.alpha, w, n, cache=cache)
     theta_a = np.where(np.isfinite(g.value[pa]), g.value[pa], np.nan_to_num(p_off[pa]))
     m = fit.alpha + fit.slope * theta_a
-    g = network.solve(pa, pb, m, w, n, x0=g.value)
+    g = network.solve(pa, pb, m, w, n, x0=g.value, cache=cache)
     floor = cfg.disagree_floor_ns if cfg.disagree_floor_ns is not None else 10.0 * noise
     # Exclude disagreeing pairs one "layer" at a time: in each round, a pair over
     # the threshold is excluded only if it is the worst pair at both its hosts
@@ -370,7 +371,7 @@ def _network(
         np.maximum.at(worst, pa[over], z[over])
         np.maximum.at(worst, pb[over], z[over])
         excluded |= over & (z >= np.maximum(worst[pa], worst[pb]))
-        g = network.solve(pa, pb, m, np.where(excluded, w * 1e-6, w), n, x0=g.value)
+        g = network.solve(pa, pb, m, np.where(excluded, w * 1e-6, w), n, x0=g.value, cache=cache)
     flags[excluded] |= np.uint8(PairFlag.EXCLUDED)
     bad = est & (np.abs(g.residual) > thr)
     flags[bad] |= np.uint8(PairFlag.DISAGREE)
@@ -381,7 +382,7 @@ def _network(
     dsig = np.where(dok, fit.sigma_slope, np.inf)
     dsig = np.maximum(dsig, 1e-12)
     wd = np.where(dok, 1.0 / dsig**2, 0.0)
-    gd = network.solve(pa, pb, fit.slope, wd, n)
+    gd = network.solve(pa, pb, fit.slope, wd, n, cache=cache)
     d_wsum = np.bincount(pa[dok], wd[dok], minlength=n) + np.bincount(pb[dok], wd[dok], minlength=n)
     return (
         g.value, gd.value, flags, g.residual, g.component, o_wsum, d_wsum,
