@@ -37,7 +37,9 @@ from typing import TypeVar
 import numpy as np
 
 T = TypeVar("T")
-_MIN_SPLIT_PAIRS = 20_000  # fewer pairs: one thread (a second costs more than it saves)
+# Fewer samples / pairs than this: one thread (a second would cost more than it saves).
+_MIN_SPLIT_ROWS = 200_000
+_MIN_SPLIT_PAIRS = 20_000
 
 
 @dataclass
@@ -223,11 +225,11 @@ def _row_halves(
     pool: ThreadPoolExecutor | None,
     n: int,
     fn: Callable[[slice], T],
-    min_rows: int = 200_000,
+    min_rows: int | None = None,
 ) -> list[T]:
-    """``fn`` over all rows; with a pool and at least ``min_rows`` rows, over two
-    halves, the first in the pool's thread."""
-    if pool is None or n < min_rows:
+    """``fn`` over all rows; with a pool and at least ``min_rows`` rows (default
+    ``_MIN_SPLIT_ROWS``), over two halves, the first in the pool's thread."""
+    if pool is None or n < (_MIN_SPLIT_ROWS if min_rows is None else min_rows):
         return [fn(slice(0, n))]
     half = n // 2
     job = pool.submit(fn, slice(0, half))

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analytics.clock import HostStatus, SolverConfig, solve_window
+from analytics.clock import HostStatus, SolverConfig, network, pair_fit, probe_samples, solve_window
 from analytics.clock.key_index import KeyIndex, dense_ids
 from analytics.sim import MeshSimulator, SimConfig
 from analytics.sim.mesh_simulator import Congestion
+from collector.records import ECHO, PROBE_RX
 
 
 def _errors(sim, sol) -> np.ndarray:
@@ -84,14 +86,70 @@ def test_dense_ids_match_unique(keys: list[int]) -> None:
         assert (idx.lookup(np.array([max(keys) + 1], np.int64)) == -1).all()
 
 
-def test_threaded_join_gives_the_same_solution() -> None:
+def test_two_threads_give_the_same_solution_bit_for_bit(monkeypatch: pytest.MonkeyPatch) -> None:
+    # split even this small window in halves (samples and pairs), as at 10,000 hosts
+    monkeypatch.setattr(pair_fit, "_MIN_SPLIT_ROWS", 1)
+    monkeypatch.setattr(pair_fit, "_MIN_SPLIT_PAIRS", 1)
     cfg = SimConfig(racks=3, hosts_per_rack=3, buddies_random=2, seed=4, loss=0.05)
-    sim = MeshSimulator(cfg).run()
-    sols = []
+    mesh = MeshSimulator(cfg)
+    sims = [mesh.run(start_offset_ns=w * 2_000_000_000, duration_ns=2_000_000_000) for w in (0, 1)]
+    sols: list[list] = [[], []]
     for threads in (1, 2):
         config = SolverConfig(spacing_tol_ns=100, threads=threads)
-        sols.append(
-            solve_window(sim.tx, sim.rx, sim.echoes, window_start_ns=cfg.start_ns, config=config)
-        )
-    np.testing.assert_array_equal(sols[0].clock, sols[1].clock)
-    assert sols[0].drops == sols[1].drops
+        prior = None
+        for w, sim in enumerate(sims):
+            start = cfg.start_ns + w * 2_000_000_000
+            sol = solve_window(
+                sim.tx, sim.rx, sim.echoes, window_start_ns=start, prior=prior, config=config
+            )
+            sols[threads - 1].append(sol)
+            prior = sol.state
+    for one, two in zip(*sols, strict=True):
+        np.testing.assert_array_equal(one.clock, two.clock)
+        np.testing.assert_array_equal(one.pairs, two.pairs)
+        for name, col in one.owd.items():
+            np.testing.assert_array_equal(col, two.owd[name], err_msg=name)
+        assert one.drops == two.drops
+        assert one.noise_ns == two.noise_ns
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(0, 200), chunk=st.integers(1, 64), seed=st.integers(0, 2**31))
+def test_columns_equal_the_fields(n: int, chunk: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    for dtype in (PROBE_RX, ECHO):
+        rec = np.frombuffer(rng.bytes(n * dtype.itemsize), dtype=dtype)
+        names = tuple(name for name in dtype.names if not name.startswith("_"))
+        old = probe_samples._CHUNK_ROWS
+        probe_samples._CHUNK_ROWS = chunk  # chunk boundaries anywhere
+        try:
+            cols = probe_samples.columns(rec, names)
+        finally:
+            probe_samples._CHUNK_ROWS = old
+        for name, col in zip(names, cols, strict=True):
+            assert col.flags.c_contiguous
+            want = rec[name].view(np.int64) if rec.dtype[name] == np.uint64 else rec[name]
+            np.testing.assert_array_equal(col, want, err_msg=name)
+
+
+def test_network_cache_gives_the_same_solution_and_handles_repeated_edges() -> None:
+    rng = np.random.default_rng(3)
+    a = rng.integers(0, 30, 200)
+    b = rng.integers(0, 30, 200)  # repeated and self edges included
+    m = rng.normal(size=200)
+    w = rng.uniform(0.5, 2.0, 200)
+    cache: dict = {}
+    for weights in (w, w * 3, np.where(np.arange(200) % 7 == 0, 0.0, w)):
+        plain = network.solve(a, b, m, weights, 30)
+        cached = network.solve(a, b, m, weights, 30, cache=cache)
+        np.testing.assert_allclose(cached.value, plain.value, rtol=0, atol=1e-9)
+        np.testing.assert_array_equal(cached.component, plain.component)
+    distinct = np.unique(np.stack((np.minimum(a, b), np.maximum(a, b))), axis=1)
+    da, db = distinct[0][distinct[0] != distinct[1]], distinct[1][distinct[0] != distinct[1]]
+    dm = rng.normal(size=len(da))
+    cache = {}
+    for scale in (1.0, 2.0):
+        plain = network.solve(da, db, dm, np.full(len(da), scale), 30)
+        cached = network.solve(da, db, dm, np.full(len(da), scale), 30, cache=cache)
+        np.testing.assert_array_equal(cached.value, plain.value)  # same matrix, same CG
+        assert cache["graph"][2] is not None  # distinct edges: the pattern is reused
