@@ -14,7 +14,7 @@ per active host per second), held against the budget::
     roll_s = clamp(active_hosts / max_requests_per_s, min_s, max_s)   (tenths of a second)
 
 ``active_hosts`` = hosts that sent a segment in the last ``window_s`` (60 s, at least
-2.5 x ``max_s``). The request rate
+2.5 x ``max_s``; pruned every ``window_s / 8``). The request rate
 actually seen is measured and published too (``/metrics``), but not fed back: collectors
 take up new advice only at their next roll, so "rate seen x interval in use" overshoots
 while they switch and would make the advice oscillate. Backlog shipping does not need
@@ -51,6 +51,7 @@ class Pacer:
         self._hosts: dict[int, float] = {}  # host id -> last request (monotonic)
         self._requests = 0  # since the last update
         self._last = time.monotonic()
+        self._next_prune = 0.0
 
     def seen(self, host_ids: list[int] | tuple[int, ...], now: float) -> None:
         """One request carrying segments of ``host_ids`` (event loop, per request)."""
@@ -65,10 +66,12 @@ class Pacer:
         self.request_rate = self._requests / max(now - self._last, 1e-3)
         self._requests = 0
         self._last = now
-        horizon = now - self.window_s
-        stale = [h for h, t in self._hosts.items() if t < horizon]
-        for h in stale:
-            del self._hosts[h]
+        if now >= self._next_prune:  # a pass over every host: a few times per window
+            self._next_prune = now + self.window_s / 8
+            horizon = now - self.window_s
+            stale = [h for h, t in self._hosts.items() if t < horizon]
+            for h in stale:
+                del self._hosts[h]
         self.active_hosts = len(self._hosts)
         wanted = self.active_hosts / self.budget
         # whole tenths of a second: stable figures in acks, logs and metrics

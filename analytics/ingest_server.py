@@ -287,8 +287,7 @@ class IngestServer:
             for seg in new:
                 self._inflight[(seg.host_id, seg.segment)] = future
             self._pending.append(PendingBatch(new, rows, time.time_ns(), future))
-            self._pending_rows += rows
-            self.metrics.pending_rows.set(self._pending_rows)
+            self._pending_rows += rows  # the gauge is set per commit and per second
             self._wake.set()
             waits.append(future)
         for fut in waits:
@@ -645,6 +644,7 @@ class IngestServer:
             await asyncio.sleep(1.0)
             self._check_space()
             self._pace()
+            self.metrics.pending_rows.set(self._pending_rows)
             now = time.monotonic()
             if now >= next_live:
                 next_live = now + self.config.live_refresh_s
