@@ -40,10 +40,11 @@ from collector.spool import Spool
 from collector.sysfs_counters import SysfsCounters
 
 log = logging.getLogger("clockmesh.collector")
-# A multiple of TICK_S (flushes fall on ticks) that does not divide spool.roll_s (1 s;
-# 0.5 s in tests), so a roll is not a coin toss between two flushes: rolls happen
-# every 1.2 s at roll_s 1, every 0.6 s at 0.5.
-FLUSH_S = 0.6
+# A multiple of TICK_S (flushes fall on ticks). The spool rolls at a flush once its
+# open segment is roll_s old and opens the next one at the next flush, so this also
+# sets the segment cadence (1.5 s at roll_s 1, 0.9 s at 0.5); 0.3 s does not divide
+# roll_s, so a roll is never a coin toss between two flushes.
+FLUSH_S = 0.3
 RDMA_CONFIG_S = 10.0
 JOBS_S = 5.0
 STATUS_S = 1.0
@@ -51,11 +52,10 @@ STATUS_S = 1.0
 # coming tick; every FLUSH_S it drains the probe sockets (TX timestamps, echoes,
 # probes, each kind in one bulk pass) and writes the records. Kernel timestamps make
 # the batching invisible in the data. A wake-up costs ~50-150 us of CPU on a VM, and
-# every tick and drain has a fixed numpy cost, so 5 ticks and 1.7 drains per second
-# (benchmark at 1,000 probes/s: 10 ticks/s used ~0.7 % of a core less than 20/s, and
-# 5 ticks + 1.7 drains less than 10 + 3.3, see docs/collector.md), not one wake-up
-# per datagram.
-TICK_S = 0.2
+# every tick and drain has a fixed numpy cost, so 3.3 ticks per second, each one
+# also a drain (benchmark at 1,000 probes/s: 10 ticks/s used ~0.7 % of a core less
+# than 20/s, and 3.3 less than 10; see docs/collector.md), not one wake-up per datagram.
+TICK_S = 0.3
 SHUTDOWN_SHIP_S = 2.0
 
 
