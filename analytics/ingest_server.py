@@ -666,14 +666,18 @@ class IngestServer:
         self._pace_gauges[1].set(self.pacer.active_hosts)
         self._pace_gauges[2].set(self.pacer.request_rate)
         if after != before:
+            # rows of one probe (probe_tx at the sender, probe_rx at the receiver) now
+            # arrive up to one interval apart: the rollups wait that much longer
+            self.hot.set_grace(max(self.config.rollup_grace_s, after + 10.0))
             log.info(
                 "event=pace roll_s=%.1f previous=%.1f active_hosts=%d requests_per_s=%.0f "
-                "max_requests_per_s=%.0f",
+                "max_requests_per_s=%.0f rollup_grace_s=%.1f",
                 after,
                 before,
                 self.pacer.active_hosts,
                 self.pacer.request_rate,
                 self.config.max_requests_per_s,
+                self.hot.grace_s,
             )
 
     def _refresh_live(self) -> None:

@@ -154,6 +154,13 @@ class HotWindow:
         self._con.execute("SET allocator_flush_threshold = '4GB'")
         self._con.execute("SET block_allocator_memory = '1GB'")
 
+    def set_grace(self, grace_s: float) -> None:
+        """A new ``grace_s`` (the daemon raises it when collectors ship longer segments:
+        a probe's partner row can then arrive up to one segment interval later)."""
+        with self._lock:
+            self.grace_s = grace_s
+            self.rx_keep_s = min(self.window_s, self.lag_s + grace_s + 10.0)
+
     def add(self, arrival_ns: int, tables: dict[str, pa.Table]) -> None:
         tx, rx = tables.get("probe_tx"), tables.get("probe_rx")
         with self._lock:

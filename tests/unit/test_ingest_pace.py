@@ -104,6 +104,8 @@ def test_segments_get_longer_when_the_ops_box_asks(
     metrics = d.get("/metrics").decode()
     assert "clockmesh_ingest_advised_roll_seconds 4.0" in metrics
     assert "clockmesh_ingest_active_hosts 2.0" in metrics
+    # rollups wait for rows that now arrive up to one interval apart (20 s default grace)
+    assert "event=pace roll_s=4.0" in d.log.read_text()
 
 
 def test_backlog_after_restart_goes_in_multi_segment_requests_exactly_once(
