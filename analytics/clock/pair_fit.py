@@ -251,9 +251,9 @@ def _bin_points(
     nvalid = valid.sum(axis=1)
     k = np.where(nvalid >= 3, 1, 0)
     ref = _kth_smallest(rtt, k)
-    excess = np.where(
-        valid, np.abs(np.where(valid, rtt, 0.0) - np.where(nvalid > 0, ref, 0)[:, None]), 0.0
-    )
+    with np.errstate(invalid="ignore"):
+        rtt -= ref[:, None]  # inf where not valid; nan in pairs without a valid bin
+    excess = np.where(valid, np.abs(rtt, out=rtt), 0.0)
     return mid, xm, valid, nvalid, excess
 
 

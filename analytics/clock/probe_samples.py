@@ -237,9 +237,9 @@ def _pair_partners(
     partner = np.where(hit, first + 1, -1)
     miss = np.flatnonzero(~hit)
     if len(miss):
-        claimed = np.zeros(n, bool)
-        claimed[partner[hit]] = True
-        odd = np.flatnonzero(usable & ((seq & 1) == 1) & ~claimed)
+        unclaimed = usable & ((seq & 1) == 1)
+        unclaimed[first[hit] + 1] = False
+        odd = np.flatnonzero(unclaimed)
         if len(odd):
             layout = SeqLayout(host_i[odd], seq[odd], n_hosts)
             slots = SlotValues(layout, layout.position(host_i[odd], seq[odd]), odd)

@@ -461,12 +461,12 @@ def _owd(
     drift0 = np.nan_to_num(drift)
 
     def rows(sl: slice) -> None:
-        s = np.maximum(ps.rx_src_i[sl], 0)
-        d = np.maximum(ps.rx_dst_i[sl], 0)
+        # an unknown host (-1) reads the last host's clock: such rows are not matched,
+        # and every unmatched row is masked below
+        s, d = ps.rx_src_i[sl], ps.rx_dst_i[sl]
         m = ps.matched[sl]
         t = tx_ns[sl]
-        np.copyto(t, ps.tx_ns[sl])
-        t[~m] = 0
+        np.multiply(ps.tx_ns[sl], m, out=t)  # 0 where unmatched
         th_s, th_d = np.take(theta, s), np.take(theta, d)
         dr_s, dr_d = np.take(drift0, s), np.take(drift0, d)
         # send time in mesh time relative to ref: invert clock_s(t) = t + th_s + dr_s * t
