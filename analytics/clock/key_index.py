@@ -107,7 +107,7 @@ def dense_ids(keys: np.ndarray, size_hint: int | None = None) -> tuple[np.ndarra
         used = np.zeros(1 << bits, dtype=bool)
         table[slot] = sub
         used[slot] = True
-        won = table[slot] == sub
+        won = np.take(table, slot) == sub
         occupied = np.flatnonzero(used)
         # Occupied slots hold distinct keys (a slot holds exactly one key).
         rank = np.full(1 << bits, -1, dtype=np.intp)
