@@ -2,6 +2,8 @@
 
 Everything is O(n) scatter/gather, no sort of millions of rows:
 
+- The fields read are first copied out of the records into contiguous columns,
+  one pass per record array (:func:`columns`).
 - A probe is addressed by (sender index, seq - that sender's smallest seq in the
   window): a dense slot per window (:class:`SeqLayout`). TX times are scattered
   into their slots (TX rows come per sender in seq order, so the writes stream),
