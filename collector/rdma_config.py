@@ -163,21 +163,28 @@ def rdma_processes(
 
 
 class JobScanner:
-    """Finds RDMA processes cheaply: new pids and known holders every scan, all every ``full_s``.
+    """Finds RDMA processes cheaply: young pids and known holders every scan, all every ``full_s``.
 
-    A full /proc scan reads every fd link of every process (tens of ms on a busy
-    host); most scans only look at processes that appeared since the last one and
-    at the ones already holding a device. A process that opens the device after it
-    was first seen is found by the next full scan.
+    A full /proc scan reads every fd link of every process (34 ms here for 85
+    processes with 5,600 fds: ~0.1 % of a core at one per 30 s). Most scans only
+    look at the processes that appeared within the last ``young_s`` (a job that
+    opens the device while it starts up, as NCCL does, is found within one scan)
+    and at the ones already holding a device; a process that opens the device
+    later in its life is found by the next full scan.
     """
 
     def __init__(
-        self, proc: str | Path = "/proc", same_netns: bool = False, full_s: float = 30.0
+        self,
+        proc: str | Path = "/proc",
+        same_netns: bool = False,
+        full_s: float = 120.0,
+        young_s: float = 60.0,
     ) -> None:
         self.proc = str(proc)
         self.same_netns = same_netns
         self.full_s = full_s
-        self._seen: set[str] = set()
+        self.young_s = young_s
+        self._first_seen: dict[str, float] = {}
         self._holders: set[str] = set()
         self._last_full = -1e18
 
@@ -186,12 +193,16 @@ class JobScanner:
             pids = {p for p in os.listdir(self.proc) if p.isdigit()}
         except OSError:
             return []
+        # pids already there at the first scan are not young: they were all looked at
+        born = now if self._last_full > -1e18 else -1e18
+        first_seen = {p: self._first_seen.get(p, born) for p in pids}
         if now - self._last_full >= self.full_s:
             check: set[str] = pids
             self._last_full = now
         else:
-            check = (pids - self._seen) | (self._holders & pids)
-        self._seen = pids
+            young = {p for p, t in first_seen.items() if now - t < self.young_s}
+            check = young | (self._holders & pids)
+        self._first_seen = first_seen
         found = rdma_processes(self.proc, self.same_netns, sorted(check, key=int))
         self._holders = {str(pid) for pid, _ in found}  # every holder was in ``check``
         return found

@@ -96,3 +96,41 @@ def test_scanner_finds_new_holders_between_full_scans(tmp_path: Path) -> None:
         proc.kill()
         proc.wait()
     assert proc.pid not in dict(scanner.scan(3.0))
+
+
+def test_scanner_rechecks_young_processes_and_old_ones_at_full_scans(tmp_path: Path) -> None:
+    """A process that opens the device some seconds after it started is found by the
+    next scan while it is young; one that opens it later in life by the next full scan."""
+    dev = tmp_path / "dev/infiniband"
+    dev.mkdir(parents=True)
+    (dev / "uverbs0").write_bytes(b"")
+    scanner = rdma_config.JobScanner(full_s=100.0, young_s=30.0)
+    scanner.scan(0.0)  # full scan
+    code = (
+        "import sys; print('started', flush=True); sys.stdin.readline(); "
+        "f = open(sys.argv[1]); print('open', flush=True); sys.stdin.readline()"
+    )
+    argv = [sys.executable, "-c", code, str(dev / "uverbs0")]
+    pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "text": True}
+    procs = [subprocess.Popen(argv, **pipes) for _ in range(2)]  # type: ignore[call-overload]
+    young, old = procs
+    try:
+        for p in procs:
+            assert p.stdout is not None and p.stdout.readline().strip() == "started"
+        assert not {young.pid, old.pid} & set(dict(scanner.scan(5.0)))  # seen, not holding
+        for p, t in ((young, 10.0), (old, 60.0)):
+            assert p.stdin is not None and p.stdout is not None
+            p.stdin.write("\n")
+            p.stdin.flush()
+            assert p.stdout.readline().strip() == "open"
+            found = dict(scanner.scan(t))
+            if p is young:  # 5 s old: rechecked, found
+                assert found.get(young.pid, "").endswith("dev/infiniband/uverbs0")
+            else:  # 55 s old: not rechecked until the full scan at 100 s
+                assert old.pid not in found and young.pid in found
+        found = dict(scanner.scan(100.0))
+        assert {young.pid, old.pid} <= set(found)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
