@@ -168,8 +168,10 @@ def fit_pairs(
     else:
         points, xs = zmin3, xsel.reshape(shape)
 
+    few_sigma = _few_bin_sigma(points)
+
     def lines(sl: slice) -> tuple[np.ndarray, ...]:
-        return _fit_lines(points[:, sl], xs[:, sl], slope_guess[sl], noise)
+        return _fit_lines(points[:, sl], xs[:, sl], slope_guess[sl], noise, few_sigma)
 
     parts_l = _row_halves(pool, n_pairs, lines, _MIN_SPLIT_PAIRS)
     alpha, slope, sigma_alpha, sigma_slope, used = (
@@ -189,13 +191,22 @@ def fit_pairs(
 
 
 def _fit_lines(
-    points: np.ndarray, xs: np.ndarray, slope_guess: np.ndarray, noise_ns: float
+    points: np.ndarray,
+    xs: np.ndarray,
+    slope_guess: np.ndarray,
+    noise_ns: float,
+    few_sigma_ns: float = 0.0,
 ) -> tuple[np.ndarray, ...]:
     """Bin midpoints, weights and the weighted line with one rejection pass, for the
     pairs of ``points``/``xs`` (shape (2, pairs, bins)): alpha, slope, their sigmas,
-    bins used."""
-    mid, xm, valid, _, excess = _bin_points(points, xs)
-    w = np.where(valid, 1.0 / (noise_ns**2 + excess**2), 0.0)
+    bins used. Pairs with fewer than 3 valid bins have no clean round trip to measure
+    their bins' excess against (it reads 0), so ``few_sigma_ns`` (the window's typical
+    half excess, :func:`_few_bin_sigma`) is added to their bins' variance."""
+    mid, xm, valid, nvalid, excess = _bin_points(points, xs)
+    var = noise_ns**2 + excess**2
+    if few_sigma_ns > 0:
+        var += np.where(nvalid < 3, few_sigma_ns**2, 0.0)[:, None]
+    w = np.where(valid, 1.0 / var, 0.0)
     alpha, slope, s0, sxxc, resid = _wls(w, xm, mid)
     # Reject bins that are further from the line than their excess allows.
     bound = excess / 2 + 6 * noise_ns
@@ -235,6 +246,19 @@ def _row_halves(
     job = pool.submit(fn, slice(0, half))
     second = fn(slice(half, n))
     return [job.result(), second]
+
+
+def _few_bin_sigma(points: np.ndarray) -> float:
+    """RMS of half the excess round trip over the valid bins of pairs with at least 3
+    bins: how far a bin's midpoint typically sits from the truth when nothing says
+    whether it queued. 0 when no pair has fewer than 3 bins (nothing to weigh)."""
+    _, _, valid, nvalid, excess = _bin_points(points, None)
+    few = (nvalid > 0) & (nvalid < 3)
+    if not few.any():
+        return 0.0
+    rows = nvalid >= 3
+    e = excess[rows][valid[rows]]
+    return float(np.sqrt(np.mean(np.square(e / 2)))) if len(e) else 0.0
 
 
 def _bin_points(
