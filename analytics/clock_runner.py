@@ -9,9 +9,11 @@ column (``tx_ns``, ``rx_ns``, ``t1_ns``: the recording host's clock).
 
 A window is *complete* once the ops-box clock is past its end plus ``lateness_s``
 (collectors ship every ~1 s and are acknowledged within a commit, so 3 s covers a normal
-shipping delay with margin). The thread then solves it with
-:func:`analytics.clock.solve_window` (carrying :class:`~analytics.clock.ClockState` as
-the prior), computes the RTT/2 baseline on the same echoes, and writes the ``clock``
+shipping delay with margin; when the daemon advises collectors a longer segment
+interval it raises this with :meth:`ClockRunner.set_min_lateness`). The thread then
+solves it with :func:`analytics.clock.solve_window` (carrying
+:class:`~analytics.clock.ClockState` as the prior), computes the RTT/2 baseline on the
+same echoes, and writes the ``clock``
 (method ``huygens`` and ``rtt2``) and ``owd`` rows as Parquet into the store's
 ``table/date=/hour=`` partitions with :meth:`StoreWriter.write_partitioned` (temporary
 name, fsync, rename, directory fsync): ``r<window start ms>.parquet``.
@@ -132,6 +134,7 @@ class ClockRunner:
         self.writer = writer
         self.window_ns = round(window_s * 1e9)
         self.lateness_ns = round(lateness_s * 1e9)
+        self._base_lateness_ns = self.lateness_ns
         self.max_backlog = max_backlog
         self.max_rows = max_rows
         self.config = config or SolverConfig()
@@ -153,6 +156,14 @@ class ClockRunner:
         tune_allocator()
         self._thread = threading.Thread(target=self._run, name="clock", daemon=True)
         self._thread.start()
+
+    def set_min_lateness(self, seconds: float) -> None:
+        """Wait at least ``seconds`` after a window's end before solving it (never less
+        than the configured ``lateness_s``). The daemon calls it when it advises
+        collectors a longer segment interval: a probe's TX row and its RX row then
+        arrive up to one interval apart, and a window solved before both are in would
+        lose its pairs."""
+        self.lateness_ns = max(self._base_lateness_ns, round(seconds * 1e9))
 
     def stop(self, timeout: float = 30.0) -> None:
         with self._cond:

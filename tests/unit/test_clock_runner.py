@@ -163,6 +163,40 @@ def test_runner_skips_oldest_windows_when_behind(store: StoreWriter) -> None:
     assert len(live["hosts"]) == 6 and {h["status"] for h in live["hosts"]} == {"solved"}
 
 
+def test_longer_advised_segments_hold_windows_until_both_legs_are_in(
+    store: StoreWriter,
+) -> None:
+    """With 10-s segments a probe's RX row can arrive ~10 s after its TX row: a runner
+    told so (set_min_lateness) waits for both; one that is not solves half a window."""
+    sim = MeshSimulator(SimConfig(racks=2, hosts_per_rack=3, offset_max_ns=1e5, seed=7))
+    start = sim.config.start_ns
+    res = sim.run(0, W)
+    outcomes = {}
+    for advised in (None, 12.0):
+        writer = StoreWriter(store.root.parent / f"s{advised}")
+        writer.open()
+        now = [start]
+        runner = ClockRunner(writer, window_s=2.0, lateness_s=3.0, now_ns=lambda now=now: now[0])
+        if advised is not None:
+            runner.set_min_lateness(1.0)  # never below the configured lateness
+            assert runner.live({})["lateness_s"] == 3.0
+            runner.set_min_lateness(advised)  # the latest advice counts
+            assert runner.live({})["lateness_s"] == advised
+        tables = arrow_tables(res)
+        runner.feed({"probe_tx": tables["probe_tx"], "echo": tables["echo"]})
+        now[0] = start + W + 4 * 10**9  # past the configured 3 s, RX rows still on the way
+        runner.step()
+        runner.feed({"probe_rx": tables["probe_rx"]})
+        now[0] = start + W + 13 * 10**9
+        runner.step()
+        outcomes[advised] = (runner.counters.windows_solved, runner.counters.late_rows)
+    solved, late = outcomes[None]
+    assert late == len(res.rx)  # solved without its RX rows, which then came too late
+    solved, late = outcomes[12.0]
+    assert solved == 1 and late == 0
+    assert runner.snapshot.pairs > 0
+
+
 def _segments(res: SimResult, names: list[str], hosts: np.ndarray, n_seconds: int) -> list[bytes]:
     """Per host and second, a collector segment: its probe_tx, probe_rx and echo rows."""
     out = []
