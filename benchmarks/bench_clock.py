@@ -112,6 +112,13 @@ def main() -> None:
     ap.add_argument("--windows", type=int, default=5, help="windows per size (first is warm-up)")
     ap.add_argument("--spacing-tol-ns", type=int, default=100)
     ap.add_argument(
+        "--echo-every",
+        type=int,
+        default=SimConfig.echo_every,
+        help="simulated collectors echo 1 coded pair in N per (buddy, port), as "
+        "probe.echo_every (default %(default)s, the collector's; 1 = every probe)",
+    )
+    ap.add_argument(
         "--threads",
         default="1,2",
         help="SolverConfig.threads: the table uses the first; the largest size is also run "
@@ -121,6 +128,8 @@ def main() -> None:
         "--no-tune-allocator", action="store_true", help="leave glibc malloc thresholds alone"
     )
     args = ap.parse_args()
+    if args.echo_every < 1:
+        ap.error(f"--echo-every: expected an int >= 1, got {args.echo_every}")
     try:
         threads = [int(t) for t in args.threads.split(",")]
         if not threads or min(threads) < 1:
@@ -134,7 +143,8 @@ def main() -> None:
     print(
         "\nidle fabric, 10 buddies (3 own rack + 7 random) x 8 source ports, 1 coded pair/s per "
         "port, 2 s window,\noffsets +-5 ms, drifts +-50 ppm, timestamp noise 10 ns, "
-        f"spacing tolerance {args.spacing_tol_ns} ns\n"
+        f"spacing tolerance {args.spacing_tol_ns} ns,\nechoes: 1 coded pair in "
+        f"{args.echo_every} per (buddy, port)\n"
     )
     head = (
         f"{'hosts':>6} {'records':>9} {'pairs':>7} {'wall s':>7} {'best s':>6} {'cpu s':>6} {'peak MiB':>8} "
@@ -145,7 +155,7 @@ def main() -> None:
     sizes = [s for s in (100, 300, 1_000, 3_000, 10_000) if s <= args.max_hosts]
     runs = [(h, threads[0]) for h in sizes] + [(sizes[-1], t) for t in threads[1:] if sizes]
     for h, t in runs:
-        r = run_size(h, args.windows, replace(solver, threads=t))
+        r = run_size(h, args.windows, replace(solver, threads=t), echo_every=args.echo_every)
         print(
             f"{r['hosts']:>6} {r['records']:>9} {r['pairs']:>7} {r['wall']:>7.3f} {r['best']:>6.3f} {r['cpu']:>6.3f} "
             f"{r['peak_mib']:>8.0f} {r['med']:>7.1f} {r['p99']:>7.1f} {r['drift_ppb']:>9.2f} "
@@ -163,7 +173,7 @@ def main() -> None:
     for seed in range(3):
         cfg = SimConfig(
             racks=4, hosts_per_rack=4, spines=2, buddies_random=3, ts_noise_ns=10.0,
-            congestion=cong, pair_queue_corr=0.05, seed=seed,
+            congestion=cong, pair_queue_corr=0.05, seed=seed, echo_every=args.echo_every,
         )  # fmt: skip
         sim = MeshSimulator(cfg).run()
         sol = solve_window(sim.tx, sim.rx, sim.echoes, window_start_ns=cfg.start_ns, config=solver)

@@ -54,6 +54,12 @@ class PairFit:
     n_fwd: np.ndarray  # pure samples a -> b
     n_rev: np.ndarray  # pure samples b -> a
     noise_ns: float  # estimated per-bin noise of the midpoints
+    # Where the pair is measured: the weighted mean x of its bins and the sigma of the
+    # offset there (no slope in it). Where the slope is not determined (one bin),
+    # ``alpha`` is carried from x_mid to 0 with the slope guess and ``sigma_alpha``
+    # omits that guess's error: the solver re-anchors such pairs with the network drift.
+    x_mid: np.ndarray | None = None
+    sigma_mid: np.ndarray | None = None
 
 
 def _kth_smallest(v: np.ndarray, k: np.ndarray) -> np.ndarray:
@@ -174,7 +180,7 @@ def fit_pairs(
         return _fit_lines(points[:, sl], xs[:, sl], slope_guess[sl], noise, few_sigma)
 
     parts_l = _row_halves(pool, n_pairs, lines, _MIN_SPLIT_PAIRS)
-    alpha, slope, sigma_alpha, sigma_slope, used = (
+    alpha, slope, sigma_alpha, sigma_slope, used, x_mid, sigma_mid = (
         parts_l[0] if len(parts_l) == 1 else [np.concatenate(p) for p in zip(*parts_l, strict=True)]
     )
     counts = counts.reshape(shape).sum(axis=2)
@@ -187,6 +193,8 @@ def fit_pairs(
         n_fwd=counts[0],
         n_rev=counts[1],
         noise_ns=noise,
+        x_mid=x_mid,
+        sigma_mid=sigma_mid,
     )
 
 
@@ -199,7 +207,7 @@ def _fit_lines(
 ) -> tuple[np.ndarray, ...]:
     """Bin midpoints, weights and the weighted line with one rejection pass, for the
     pairs of ``points``/``xs`` (shape (2, pairs, bins)): alpha, slope, their sigmas,
-    bins used. Pairs with fewer than 3 valid bins have no clean round trip to measure
+    bins used, the weighted mean x of the bins and the sigma of the offset there. Pairs with fewer than 3 valid bins have no clean round trip to measure
     their bins' excess against (it reads 0), so ``few_sigma_ns`` (the window's typical
     half excess, :func:`_few_bin_sigma`) is added to their bins' variance."""
     mid, xm, valid, nvalid, excess = _bin_points(points, xs)
@@ -223,12 +231,15 @@ def _fit_lines(
         xbar = np.where(s0 > 0, (w * xm).sum(axis=1) / s0, 0.0)
         var_a = np.where(s0 > 0, 1.0 / s0, np.inf) + np.where(slope_ok, xbar**2 / sxxc, 0.0)
         var_s = np.where(slope_ok, 1.0 / sxxc, np.inf)
+        var_m = np.where(s0 > 0, 1.0 / s0, np.inf)
     return (
         alpha,
         slope_guess + np.where(slope_ok, slope, 0.0),
         np.sqrt(var_a * scale),
         np.sqrt(var_s * scale),
         used,
+        xbar,
+        np.sqrt(var_m * scale),
     )
 
 

@@ -243,6 +243,7 @@ def _solve(
         window_ns=float(window_ns), n_bins=cfg.n_bins, pool=pool,
     )  # fmt: skip
     noise = fit.noise_ns
+    stats["pairs_reanchored"] = _anchor_without_slope(fit, pa, pb, n, p_drift, p_dsig)
     clock_t.lap("t_pair_fit_s")
     stats["pairs"] = n_pairs
 
@@ -328,6 +329,54 @@ def _solve(
     )
 
 
+def _anchor_without_slope(
+    fit: PairFit,
+    pa: np.ndarray,
+    pb: np.ndarray,
+    n: int,
+    p_drift: np.ndarray,
+    p_dsig: np.ndarray,
+) -> int:
+    """Re-anchor the pairs whose own drift is not determined (bins with both directions
+    in one sub-window only), in place; returns how many.
+
+    Such a pair measures the offset at ``x_mid`` only (its bin, up to a second from the
+    reference); the fit carried it to the reference with the slope guess (the coarse
+    pass or 0), and a wrong guess moved it by drift x ``x_mid`` (tens of us at 50 ppm)
+    while its sigma still said a few ns. Instead: carry it with the drift difference of
+    the two hosts solved over the pairs that do determine a drift (same component), else
+    with the prior's drifts, and add that difference's uncertainty times ``x_mid``. With
+    neither, the pair's sigma is infinite: it cannot place the offset at the reference."""
+    if fit.x_mid is None or fit.sigma_mid is None:
+        return 0
+    est = np.isfinite(fit.alpha)
+    nod = est & ~np.isfinite(fit.sigma_slope)
+    if not nod.any():
+        return 0
+    dok = est & np.isfinite(fit.sigma_slope)
+    wd = np.where(dok, 1.0 / np.maximum(np.where(dok, fit.sigma_slope, 1.0), 1e-12) ** 2, 0.0)
+    gd = network.solve(pa, pb, fit.slope, wd, n)
+    wsum = np.bincount(pa[dok], wd[dok], minlength=n) + np.bincount(pb[dok], wd[dok], minlength=n)
+    with np.errstate(divide="ignore"):
+        dsig = np.sqrt(max(gd.chi2_scale, 1.0) / wsum)
+    e = np.flatnonzero(nod)
+    a, b = pa[e], pb[e]
+    same = (gd.component[a] >= 0) & (gd.component[a] == gd.component[b])
+    same &= np.isfinite(gd.value[a]) & np.isfinite(gd.value[b])
+    ds = np.where(same, gd.value[b] - gd.value[a], np.nan)
+    var = np.where(same, dsig[a] ** 2 + dsig[b] ** 2, np.inf)
+    prior = ~same & np.isfinite(p_dsig[a]) & np.isfinite(p_dsig[b])
+    ds = np.where(prior, p_drift[b] - p_drift[a], ds)
+    var = np.where(prior, p_dsig[a] ** 2 + p_dsig[b] ** 2, var)
+    xm = fit.x_mid[e]
+    at_mid = fit.alpha[e] + fit.slope[e] * xm
+    known = np.isfinite(var)
+    fit.alpha[e] = np.where(known, at_mid - np.nan_to_num(ds) * xm, fit.alpha[e])
+    fit.slope[e] = np.where(known, ds, fit.slope[e])
+    fit.sigma_alpha[e] = np.where(known, np.sqrt(fit.sigma_mid[e] ** 2 + var * xm**2), np.inf)
+    return len(e)
+
+
 def _network(
     fit: PairFit,
     pa: np.ndarray,
@@ -345,7 +394,7 @@ def _network(
     one_way = ((fit.n_fwd == 0) | (fit.n_rev == 0)) & ((fit.n_fwd + fit.n_rev) > 0)
     flags[one_way] |= np.uint8(PairFlag.ONE_WAY)
     est = np.isfinite(fit.alpha) & np.isfinite(fit.sigma_alpha)
-    flags[est & ~np.isfinite(fit.sigma_slope)] |= np.uint8(PairFlag.NO_DRIFT)
+    flags[np.isfinite(fit.alpha) & ~np.isfinite(fit.sigma_slope)] |= np.uint8(PairFlag.NO_DRIFT)
     sig = np.maximum(np.where(est, fit.sigma_alpha, np.inf), 0.1 * max(noise, 1e-3))
     w = np.where(est, 1.0 / sig**2, 0.0)
     # The pair's intercept is at a's clock reading ref, i.e. mesh time ref - theta_a:

@@ -21,6 +21,10 @@ Model (all vectorised, one numpy pass per step):
   ``ts_noise_ns`` and a fraction ``bad_ts_rate`` of RX timestamps is off by
   ``bad_ts_ns`` (either sign).
 - Loss: each probe / echo is lost with probability ``loss``.
+- Echo sampling (``echo_every``, as the collector's ``probe.echo_every``): the v-th
+  coded pair of a stream (buddy index b, port p) asks for an echo iff
+  ``(v + b + p) % echo_every == 0`` (collector/probe_mesh.py ``_echo_wanted``); v
+  counts from a random per-host start. ``echo_every=1`` echoes every probe.
 """
 
 from __future__ import annotations
@@ -66,6 +70,7 @@ class SimConfig:
     pair_queue_corr: float = 0.0
     loss: float = 0.0
     echo: bool = True
+    echo_every: int = 8  # collector default (collector.config.ECHO_EVERY_DEFAULT); 1 = all
     echo_turnaround_ns: float = 5_000.0
     bad_ts_rate: float = 0.0
     bad_ts_ns: float = 1_000_000.0
@@ -132,6 +137,8 @@ class MeshSimulator:
             raise ValueError("racks, hosts_per_rack, spines, ports: expected ints >= 1")
         if c.racks == 1 and c.hosts_per_rack == 1:
             raise ValueError("need at least two hosts")
+        if c.echo_every < 1:
+            raise ValueError("echo_every: expected an int >= 1 (1 = echo every probe)")
         self.config = c
         self.rng = np.random.default_rng(c.seed)
         h = c.hosts
@@ -157,6 +164,9 @@ class MeshSimulator:
             self.util[link] = cg.util
             self.qmean[link] = cg.queue_ns
         self.buddies = self._buddies()
+        # collectors' pair counters (v of the echo rule) start anywhere; a separate
+        # generator so the main stream (topology, clocks, delays) does not depend on it
+        self.visit_base = np.random.default_rng([c.seed, 1]).integers(0, 1 << 20, h)
 
     def leaf_spine_link(self, leaf: int, spine: int, up: bool) -> int:
         c = self.config
@@ -226,9 +236,11 @@ class MeshSimulator:
         dur = float(duration_ns if duration_ns is not None else c.duration_ns)
         src = np.concatenate([np.full(len(b), i) for i, b in enumerate(self.buddies)])
         dst = np.concatenate(self.buddies)
+        bud = np.concatenate([np.arange(len(b)) for b in self.buddies])  # buddy index
         n_streams = len(src) * c.ports
         s_src = np.repeat(src, c.ports)
         s_dst = np.repeat(dst, c.ports)
+        s_bud = np.repeat(bud, c.ports)
         s_port = np.tile(np.arange(c.ports), len(src))
         period = 1e9 / c.rate_per_port
         phase = rng.uniform(0, period, n_streams)
@@ -236,12 +248,17 @@ class MeshSimulator:
         t = phase[:, None] + period * np.arange(k_max)[None, :] + start_offset_ns
         ok = t < start_offset_ns + dur
         stream = np.broadcast_to(np.arange(n_streams)[:, None], t.shape)[ok]
+        visit = np.broadcast_to(np.arange(k_max)[None, :], t.shape)[ok]
         t0 = t[ok]
         p_src, p_dst, p_port = s_src[stream], s_dst[stream], s_port[stream]
         n_pairs = len(t0)
+        # the collector's echo rule on the v-th pair of (buddy, port)
+        v = visit + self.visit_base[p_src] + int(start_offset_ns // period)
+        p_echo = (v + s_bud[stream] + p_port) % c.echo_every == 0
         # probes of each pair: [first..., second...]
         order = np.lexsort((t0, p_src))
         p_src, p_dst, p_port, t0 = p_src[order], p_dst[order], p_port[order], t0[order]
+        p_echo = p_echo[order]
         starts = np.searchsorted(p_src, np.arange(c.hosts))
         rank = np.arange(n_pairs) - starts[p_src]
         seq_base = (c.start_ns // 1000 + rng.integers(0, 1 << 20, c.hosts) * 2) & ~1
@@ -291,6 +308,8 @@ class MeshSimulator:
         echoes = np.zeros(0, ECHO)
         if c.echo:
             e_lost = rng.random(len(r)) < c.loss
+            if c.echo_every > 1:  # not asked for: as if lost (no draws change for 1)
+                e_lost |= ~np.repeat(p_echo, 2)[r]
             er = r[~e_lost]
             t_dep = t_send[er] + delay[er] + c.echo_turnaround_ns
             back = self._paths(dst2[er], src2[er], port2[er].astype(np.int64) + 7470)

@@ -14,8 +14,12 @@ from analytics.sim.mesh_simulator import Congestion
 from collector.records import ECHO, PROBE_RX
 
 
-def _errors(sim, sol) -> np.ndarray:
+def _errors(sim, sol, component: int | None = None) -> np.ndarray:
+    """|offset error| of the SOLVED hosts (of one component: offsets of different
+    components are not comparable), both sides mean-zero."""
     ok = sol.clock["status"] == HostStatus.SOLVED
+    if component is not None:
+        ok &= sol.clock["component"] == component
     hosts = sol.clock["host"][ok]
     est = sol.clock["offset_ns"][ok]
     return np.abs((est - est.mean()) - sim.truth.relative_offsets(sol.ref_ns, hosts))
@@ -26,28 +30,43 @@ def _errors(sim, sol) -> np.ndarray:
     seed=st.integers(0, 2**31),
     offset_max=st.floats(0, 5e6),
     drift_max=st.floats(0, 50),
-    util=st.floats(0.0, 0.2),
+    util=st.floats(0.0, 0.5),
     queue_ns=st.floats(1_000, 50_000),
     loss=st.floats(0, 0.2),
+    echo_every=st.sampled_from([1, 8]),
 )
 def test_offsets_recovered_under_random_queueing(
-    seed: int, offset_max: float, drift_max: float, util: float, queue_ns: float, loss: float
+    seed: int,
+    offset_max: float,
+    drift_max: float,
+    util: float,
+    queue_ns: float,
+    loss: float,
+    echo_every: int,
 ) -> None:
     cfg = SimConfig(
         racks=3, hosts_per_rack=3, spines=2, buddies_random=2, ports=4, rate_per_port=4.0,
         offset_max_ns=offset_max, drift_max_ppm=drift_max, ts_noise_ns=5.0,
-        idle_util=util, idle_queue_ns=queue_ns, loss=loss, seed=seed,
+        idle_util=util, idle_queue_ns=queue_ns, loss=loss, seed=seed, echo_every=echo_every,
     )  # fmt: skip
     sim = MeshSimulator(cfg).run()
     sol = solve_window(
         sim.tx, sim.rx, sim.echoes, window_start_ns=cfg.start_ns,
         window_ns=cfg.duration_ns, config=SolverConfig(spacing_tol_ns=50),
     )  # fmt: skip
-    err = _errors(sim, sol)
-    assert (sol.clock["status"] == HostStatus.SOLVED).sum() >= 7
+    err = _errors(sim, sol, component=0)
+    solved = sol.clock["status"] == HostStatus.SOLVED
+    # With 1 echo in 8, a non-mutual pair gets ~4 echoed pairs per window here: in
+    # ~1 draw in 9 a host then has no pair with both directions (unsolved, honestly).
+    if util <= 0.2 and echo_every == 1:
+        assert solved.sum() >= 7
+        assert (sol.clock["component"][solved] == 0).sum() >= 7
+    # Busy links (a probe queues on up to half the hops): few coded pairs stay pure and
+    # hosts may not be solvable, but a host claimed SOLVED must be right.
     # timestamp noise 5 ns, per-cable asymmetry up to 50 ns: tens of ns at most
-    assert np.median(err) < 40.0, (np.median(err), sol.drops)
-    assert err.max() < 200.0
+    if len(err):
+        assert np.median(err) < 40.0, (np.median(err), sol.drops)
+        assert err.max() < 200.0, (err, sol.clock["offset_sigma_ns"][solved])
 
 
 @settings(max_examples=6, deadline=None)
