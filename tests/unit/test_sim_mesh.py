@@ -21,8 +21,26 @@ def test_records_have_collector_dtypes_and_sane_structure() -> None:
     assert (sim.tx["pair"] == sim.tx["seq"] % 2).all()
     # every host probes own rack (2) + 2 random others on 4 ports, 1 pair/s for 2 s
     assert len(sim.tx) == cfg.hosts * 4 * 4 * 2 * 2
-    assert len(sim.rx) == len(sim.tx) and len(sim.echoes) == len(sim.tx)  # no loss
+    assert len(sim.rx) == len(sim.tx)  # no loss
     assert (sim.echoes["t4_ns"] > sim.echoes["t1_ns"]).all()
+    every = MeshSimulator(SimConfig(racks=2, hosts_per_rack=3, buddies_random=2, ports=4, seed=5, echo_every=1)).run()  # fmt: skip
+    assert len(every.echoes) == len(every.tx)
+
+
+def test_echoes_follow_the_collectors_one_in_n_rule() -> None:
+    cfg = SimConfig(racks=2, hosts_per_rack=3, buddies_random=2, ports=8, rate_per_port=8.0, seed=5)
+    assert cfg.echo_every == 8  # the collector's default
+    sim = MeshSimulator(cfg).run()
+    # both probes of an echoed pair come back; about 1 pair in 8 is echoed
+    pairs = {
+        (int(s), int(q) // 2) for s, q in zip(sim.echoes["src"], sim.echoes["seq"], strict=True)
+    }
+    assert len(sim.echoes) == 2 * len(pairs)
+    assert abs(len(sim.echoes) / len(sim.tx) - 1 / 8) < 0.02
+    # every (sender, receiver) is echoed on some port: the rule rotates over ports
+    streams = {(int(a), int(b)) for a, b in zip(sim.tx["src"], sim.tx["dst"], strict=True)}
+    echoed = {(int(a), int(b)) for a, b in zip(sim.echoes["src"], sim.echoes["dst"], strict=True)}
+    assert echoed == streams
 
 
 def test_timestamps_follow_the_truth_exactly_without_noise() -> None:
