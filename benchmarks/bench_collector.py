@@ -11,7 +11,9 @@ collector's default configuration. Two runs by default:
 
 CPU is utime+stime from /proc/<pid>/stat over the measurement window; RSS is
 VmRSS/VmHWM from /proc/<pid>/status. On loopback the sender's system time includes
-the receiver's whole input path (a real NIC runs it in softirq on the receiver).
+the receiver's whole input path (a real NIC runs it in softirq on the receiver). The
+status file goes to tmpfs (/run or /dev/shm) as on a deployed host, whose default
+status_file is under /run; spools stay on the temp dir's disk.
 
     .venv/bin/python benchmarks/bench_collector.py [--seconds 30] [--probes-per-s 1000]
         [--echo-every N | --no-echo] [--py-spy FILE]
