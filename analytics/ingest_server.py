@@ -669,15 +669,18 @@ class IngestServer:
             # rows of one probe (probe_tx at the sender, probe_rx at the receiver) now
             # arrive up to one interval apart: the rollups wait that much longer
             self.hot.set_grace(max(self.config.rollup_grace_s, after + 10.0))
+            # ... and so does the clock solver before it solves a window
+            self.clock.set_min_lateness(after + 2.0)
             log.info(
                 "event=pace roll_s=%.1f previous=%.1f active_hosts=%d requests_per_s=%.0f "
-                "max_requests_per_s=%.0f rollup_grace_s=%.1f",
+                "max_requests_per_s=%.0f rollup_grace_s=%.1f clock_lateness_s=%.1f",
                 after,
                 before,
                 self.pacer.active_hosts,
                 self.pacer.request_rate,
                 self.config.max_requests_per_s,
                 self.hot.grace_s,
+                self.clock.lateness_ns / 1e9,
             )
 
     def _refresh_live(self) -> None:

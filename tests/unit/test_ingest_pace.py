@@ -6,6 +6,7 @@ Real processes: `clockmesh ingest run` and `clockmesh collector run` on loopback
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -106,6 +107,8 @@ def test_segments_get_longer_when_the_ops_box_asks(
     assert "clockmesh_ingest_active_hosts 2.0" in metrics
     # rollups wait for rows that now arrive up to one interval apart (20 s default grace)
     assert "event=pace roll_s=4.0" in d.log.read_text()
+    # the clock solver waits for rows one interval apart too: 4 s + 2 s (default 3 s)
+    assert json.loads(d.get("/v1/live"))["clock"]["lateness_s"] == 6.0
 
 
 def test_backlog_after_restart_goes_in_multi_segment_requests_exactly_once(
