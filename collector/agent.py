@@ -395,8 +395,11 @@ class Collector:
     def write_status(self) -> None:
         path = Path(self.cfg.status_file)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            _atomic_write(path, json.dumps(self.status(), indent=1) + "\n")
+            try:
+                _atomic_write(path, json.dumps(self.status(), indent=1) + "\n")
+            except FileNotFoundError:  # first write, or someone removed the directory
+                path.parent.mkdir(parents=True, exist_ok=True)
+                _atomic_write(path, json.dumps(self.status(), indent=1) + "\n")
         except OSError as exc:
             log.warning("event=status_write_failed path=%s error=%r", path, exc.strerror)
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 
 from collector import records, wire
-from collector.spool import Spool
+from collector.spool import ID_BLOCK, Spool
 
 
 def _spool(tmp_path: Path, **kw: int | float) -> Spool:
@@ -40,9 +40,36 @@ def test_ids_survive_restart_even_after_everything_was_shipped(tmp_path: Path) -
     for seg_id in (1, 2, 3):
         sp.acknowledged(seg_id)
     assert sp.oldest_closed() is None
+    # No close (as after a kill -9): ids are reserved in blocks, so the next start
+    # continues after the whole reserved block (a gap, never a reused id).
     again = _spool(tmp_path)
     again.write("probe_tx", _tx(range(1)))
-    assert again.roll() == 4
+    assert again.roll() == 1 + ID_BLOCK
+    # A clean close stores the exact next id: no gap after a clean restart.
+    again.close()
+    third = _spool(tmp_path)
+    third.write("probe_tx", _tx(range(1)))
+    assert third.roll() == 2 + ID_BLOCK
+
+
+def test_ids_stay_monotonic_across_block_boundaries_and_crashes(tmp_path: Path) -> None:
+    sp = _spool(tmp_path)
+    ids = []
+    for i in range(ID_BLOCK + 3):  # crosses a block boundary: a second reservation
+        sp.write("probe_tx", _tx(range(i, i + 1)))
+        ids.append(sp.roll())
+    assert ids == list(range(1, ID_BLOCK + 4))
+    assert (tmp_path / "spool" / "next_segment").read_text() == f"{2 * ID_BLOCK + 1}\n"
+    # Crash with a segment open (id 67): the restart never hands out 67 or below again.
+    sp.write("probe_tx", _tx(range(1)))
+    open_id = sp._open_id
+    os.close(sp._fd)  # type: ignore[arg-type]
+    sp._fd = None
+    again = _spool(tmp_path)
+    assert again.oldest_closed() == 1  # nothing acknowledged: all still there
+    again.write("probe_tx", _tx(range(1)))
+    new_id = again.roll()
+    assert new_id is not None and new_id > open_id and new_id == 2 * ID_BLOCK + 1
 
 
 def test_open_segment_is_cut_to_its_valid_prefix_on_start(tmp_path: Path) -> None:
@@ -62,7 +89,8 @@ def test_open_segment_is_cut_to_its_valid_prefix_on_start(tmp_path: Path) -> Non
     assert seg.table("probe_tx")["seq"].tolist() == list(range(9))
     assert not list((tmp_path / "spool").glob("*.open"))
     recovered.write("probe_tx", _tx(range(1)))
-    assert recovered.roll() == seg_id + 1
+    # the crashed spool had reserved ids 1..ID_BLOCK: the next one is past that block
+    assert recovered.roll() == 1 + ID_BLOCK
 
 
 def test_headerless_open_file_is_discarded(tmp_path: Path) -> None:
