@@ -13,13 +13,17 @@ per active host per second), held against the budget::
 
     roll_s = clamp(active_hosts / max_requests_per_s, min_s, max_s)   (tenths of a second)
 
+``min_s`` is 0 by default: below its budget the ops box advises less than any
+collector's own ``spool.roll_s``, so the advice never overrides a collector's setting
+until the fleet's request rate needs it to.
+
 ``active_hosts`` = hosts that sent a segment in the last ``window_s`` (60 s, at least
 2.5 x ``max_s``; pruned every ``window_s / 8``). The request rate
 actually seen is measured and published too (``/metrics``), but not fed back: collectors
 take up new advice only at their next roll, so "rate seen x interval in use" overshoots
 while they switch and would make the advice oscillate. Backlog shipping does not need
 pacing: a shipper with a backlog sends up to 30 segments per request. A small fleet
-keeps 1-s segments; a 12,500-host fleet at the default budget of 1,250 requests/s gets
+keeps its configured segments (1 s by default); a 12,500-host fleet at the default budget of 1,250 requests/s gets
 10-s segments.
 """
 
@@ -36,7 +40,7 @@ class Pacer:
         self,
         max_requests_per_s: float,
         *,
-        min_s: float = 1.0,
+        min_s: float = 0.0,
         max_s: float = 30.0,
         window_s: float | None = None,
     ) -> None:

@@ -257,9 +257,9 @@ def test_ops_box_unreachable_60s_then_back_every_record_exactly_once(
         col.wait_status(lambda s: s["shipping"]["last_error"] != "")
         time.sleep(max(0.0, 60.0 - (time.monotonic() - t_down)))
         st = col.status()
-        # roll_s 0.5, but the ops box advises >= 1-s segments (docs/collector.md, "Shipping
-        # contract"), rolled at the first 0.5-s flush after: 60 s are >= 40 segments
-        assert st["spool"]["segments"] >= 38, st["spool"]
+        # roll_s 0.5 (the ops box's advice for one host is far shorter), rolled at the
+        # first flush after: 60 s of outage are >= 60 segments
+        assert st["spool"]["segments"] >= 60, st["spool"]
         ingest.start()
         col.wait_status(lambda s: s["spool"]["segments"] <= 1, timeout=60)
         assert col.stop() == 0  # SIGTERM: flush, roll, ship the rest
