@@ -449,13 +449,7 @@ class ProbeMesh:
         if stale.any():
             self._reject("stale", int(stale.sum()))
             rows, rx_ns = rows[~stale], rx_ns[~stale]
-        srcs, seqs = pk["src"][rows], pk["seq"][rows]
-        check = self.replay.check_and_set
-        fresh = np.fromiter(
-            (check(s, q) for s, q in zip(srcs.tolist(), seqs.tolist(), strict=True)),
-            bool,
-            len(rows),
-        )
+        fresh = self.replay.check_batch(pk["src"][rows], pk["seq"][rows])
         if not fresh.all():
             self._reject("replay", len(rows) - int(fresh.sum()))
             rows, rx_ns = rows[fresh], rx_ns[fresh]

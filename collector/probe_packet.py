@@ -228,3 +228,63 @@ class ReplayWindow:
             return False
         st[1] = bits | mask
         return True
+
+    def check_batch(self, srcs: np.ndarray, seqs: np.ndarray) -> np.ndarray:
+        """:meth:`check_and_set` of every (src, seq) in order, as a bool array.
+
+        Same answers and same final state as the one-by-one loop. Per sender, the
+        usual batch (every seq new: distinct, above the sender's highest seen, and
+        each within the window of the highest seen before it) is done with a few
+        numpy operations; any other batch (a replay, a seq at or below the highest
+        seen, a jump of more than the window inside the batch) goes one by one.
+        """
+        n = len(seqs)
+        if n == 0:
+            return np.zeros(0, bool)
+        first = int(srcs[0])
+        if (srcs == first).all():
+            groups: list[tuple[int, np.ndarray | None]] = [(first, None)]
+        else:
+            groups = [(int(v), np.flatnonzero(srcs == v)) for v in np.unique(srcs)]
+        out = np.empty(n, bool)
+        for src, where in groups:
+            q = seqs if where is None else seqs[where]
+            fresh = self._new_run(src, q.astype(np.uint64, copy=False))
+            if fresh is None:
+                check = self.check_and_set
+                fresh = np.fromiter((check(src, x) for x in q.tolist()), bool, len(q))
+            if where is None:
+                out[:] = fresh
+            else:
+                out[where] = fresh
+        return out
+
+    def _new_run(self, src: int, q: np.ndarray) -> np.ndarray | None:
+        """All-True (state updated) if every seq of ``q`` is new in the way that the
+        one-by-one loop would accept all of them; None (state untouched) otherwise."""
+        st = self._state.get(src)
+        lo, hi = int(q.min()), int(q.max())
+        if st is not None and lo <= st[0]:
+            return None  # at or below the highest seen: needs the bitmap, one by one
+        if hi - lo >= self.size:
+            # a seq may fall below the window of a higher one accepted before it
+            running = np.maximum.accumulate(q)
+            below = running[:-1] > q[1:]  # uint64: compare before subtracting
+            if (below & ((running[:-1] - q[1:]) >= self.size)).any():
+                return None
+        if len(np.unique(q)) != len(q):
+            return None  # a replay inside the batch
+        # Final state as the loop leaves it: highest = hi, bit i = seq (hi - i) seen.
+        back = hi - q
+        back = back[back < self.size]
+        marks = np.zeros(self.size, bool)
+        marks[back.astype(np.intp)] = True
+        new_bits = int.from_bytes(np.packbits(marks, bitorder="little").tobytes(), "little")
+        if st is None:
+            self._state[src] = [hi, new_bits]
+        else:
+            top, bits = st
+            shift = hi - top
+            old = (bits << shift) & self._full if shift < self.size else 0
+            st[0], st[1] = hi, old | new_bits
+        return np.ones(len(q), bool)

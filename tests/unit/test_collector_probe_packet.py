@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from collector.probe_packet import (
@@ -98,3 +99,39 @@ def test_replay_window_accepts_each_seq_once_and_reordering() -> None:
     for src in range(3, 40):  # grows past the initial slot count
         assert w.check_and_set(src, 1)
         assert not w.check_and_set(src, 1)
+
+
+def test_replay_window_batch_matches_one_by_one() -> None:
+    """check_batch gives the loop's answers and leaves the loop's state, for in-order,
+    interleaved (spaced pairs), replayed, late, window-jumping and mixed-sender batches."""
+    rng = np.random.default_rng(7)
+    size = 64
+    batch_w, loop_w = ReplayWindow(size=size), ReplayWindow(size=size)
+    top = {1: 1000, 2: 5000, 3: 10**12}
+    kinds_seen = set()
+    for step in range(400):
+        kind = step % 6
+        kinds_seen.add(kind)
+        srcs, seqs = [], []
+        for src in (1, 2, 3) if kind == 5 else (1 + step % 3,):
+            t = top[src]
+            if kind == 0:  # in order, all new
+                q = list(range(t + 1, t + 1 + int(rng.integers(1, 40))))
+            elif kind == 1:  # spaced pairs: firsts, then seconds
+                k = int(rng.integers(1, 20))
+                q = [t + 2 + 2 * i for i in range(k)] + [t + 3 + 2 * i for i in range(k)]
+            elif kind == 2:  # replays and late ones mixed in
+                q = [int(x) for x in rng.integers(t - 2 * size, t + 20, 30)]
+            elif kind == 3:  # a jump of more than the window inside the batch
+                q = [t + 1, t + 3 * size, t + 2, t + 3 * size - 5]
+            else:  # random new ones, shuffled (some beyond the window of others)
+                q = [int(x) for x in rng.permutation(np.arange(t + 1, t + 1 + 2 * size))[:50]]
+            top[src] = max(top[src], *q)
+            srcs += [src] * len(q)
+            seqs += q
+        want = [loop_w.check_and_set(s, q) for s, q in zip(srcs, seqs, strict=True)]
+        got = batch_w.check_batch(np.array(srcs, np.uint32), np.array(seqs, np.uint64))
+        assert got.tolist() == want, (step, kind)
+        assert batch_w._state == loop_w._state, (step, kind)
+    assert kinds_seen == set(range(6))
+    assert batch_w.check_batch(np.zeros(0, np.uint32), np.zeros(0, np.uint64)).shape == (0,)
