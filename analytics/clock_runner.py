@@ -1,11 +1,13 @@
 """The ingest daemon's clock loop: buffer committed probes per window, solve, store.
 
-After every durable group commit the daemon hands the commit's Arrow tables to
-:meth:`ClockRunner.feed` (O(1): the tables are queued, nothing is converted on the
-commit path). One background thread drains that queue, converts the ``probe_tx``,
-``probe_rx`` and ``echo`` columns into the collector's numpy records (column-wise, no
-per-row Python) and buckets them into windows ``[k·W, (k+1)·W)`` by their own time
-column (``tx_ns``, ``rx_ns``, ``t1_ns``: the recording host's clock).
+After every durable group commit the daemon hands the commit's ``probe_tx``,
+``probe_rx`` and ``echo`` rows to :meth:`ClockRunner.feed` (O(1): they are queued,
+nothing is converted on the commit path). The daemon hands the collector's numpy
+records it decoded the commit from (an array the runner may keep: no Arrow -> numpy
+round trip); Arrow tables are accepted too and converted with :func:`arrow_to_records`.
+One background thread drains that queue and buckets the records into windows
+``[k·W, (k+1)·W)`` by their own time column (``tx_ns``, ``rx_ns``, ``t1_ns``: the
+recording host's clock).
 
 A window is *complete* once the ops-box clock is past its end plus ``lateness_s``
 (collectors ship every ~1 s and are acknowledged within a commit, so 3 s covers a normal
@@ -30,7 +32,7 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -76,6 +78,10 @@ def arrow_to_records(table: str, data: pa.Table) -> np.ndarray:
         if not name.startswith("_"):
             out[name] = data.column(name).to_numpy()
     return out
+
+
+def _rows(data: pa.Table | np.ndarray) -> int:
+    return len(data) if isinstance(data, np.ndarray) else data.num_rows
 
 
 @dataclass
@@ -142,7 +148,7 @@ class ClockRunner:
         self.state: ClockState | None = None
         self.snapshot = ClockSnapshot()
         self.counters = ClockCounters()
-        self._inbox: collections.deque[dict[str, pa.Table]] = collections.deque()
+        self._inbox: collections.deque[dict[str, pa.Table | np.ndarray]] = collections.deque()
         self._inbox_rows = 0
         self._cond = threading.Condition()
         self._windows: dict[int, _Window] = {}
@@ -173,12 +179,19 @@ class ClockRunner:
             self._thread.join(timeout)
 
     # ---- commit thread ---------------------------------------------------------------
-    def feed(self, tables: dict[str, pa.Table]) -> None:
-        """Queue a durable commit's tables (called on the commit path: O(1))."""
-        mine = {t: d for t, d in tables.items() if t in SOURCES and d.num_rows}
+    def feed(self, tables: Mapping[str, pa.Table | np.ndarray]) -> None:
+        """Queue a durable commit's rows (called on the commit path: O(1)).
+
+        Per table either the collector's numpy records (``records.TABLES[table]``
+        dtype; the runner keeps the array, so the caller must not reuse its memory)
+        or an Arrow table of the store schema (converted in the clock thread)."""
+        mine = {t: d for t, d in tables.items() if t in SOURCES and _rows(d)}
         if not mine:
             return
-        rows = sum(d.num_rows for d in mine.values())
+        for t, d in mine.items():
+            if isinstance(d, np.ndarray) and d.dtype != SOURCES[t][0]:
+                raise TypeError(f"{t}: expected records of dtype {SOURCES[t][0]}, got {d.dtype}")
+        rows = sum(_rows(d) for d in mine.values())
         with self._cond:
             if self._inbox_rows + rows > self.max_rows:
                 self.counters.dropped_rows += rows
@@ -221,9 +234,10 @@ class ClockRunner:
                 if not self._inbox:
                     return
                 tables = self._inbox.popleft()
-                self._inbox_rows -= sum(d.num_rows for d in tables.values())
+                self._inbox_rows -= sum(_rows(d) for d in tables.values())
             for name, data in tables.items():
-                self._bucket(name, arrow_to_records(name, data))
+                rows = data if isinstance(data, np.ndarray) else arrow_to_records(name, data)
+                self._bucket(name, rows)
 
     def _bucket(self, name: str, rows: np.ndarray) -> None:
         ts = rows[SOURCES[name][1]]

@@ -46,6 +46,7 @@ from aiohttp import web
 from prometheus_client import Gauge
 
 from analytics import ingest_body
+from analytics.clock_runner import SOURCES as CLOCK_SOURCES
 from analytics.clock_runner import ClockRunner
 from analytics.ingest_config import IngestConfig, ResolvedIngest
 from analytics.ingest_metrics import FleetView, HostState, IngestMetrics
@@ -487,14 +488,21 @@ class IngestServer:
 
         loop.call_soon_threadsafe(answer)
 
-    def _group_tables(self, group: list[PendingBatch]) -> dict[str, pa.Table]:
+    def _group_tables(
+        self, group: list[PendingBatch]
+    ) -> tuple[dict[str, pa.Table], dict[str, np.ndarray]]:
         """Every record table of the group as one Arrow table: one concatenation and one
         conversion per table and commit, not per request. A batch whose text is not
         UTF-8 is answered 422 and left out (found only when the group's conversion fails).
+
+        Also returns the numpy records of the clock runner's tables (probe_tx, probe_rx,
+        echo): those are joined into a fresh array it keeps, instead of the scratch
+        buffer, so it needs no Arrow -> numpy conversion (docs/store.md, "Round 3").
         """
         while True:
             live = [b for b in group if not b.future.done() and b not in self._rejected]
             tables: dict[str, pa.Table] = {}
+            recs: dict[str, np.ndarray] = {}
             bad: PendingBatch | None = None
             for name in records.TABLES:
                 chunks = [c for b in live for seg in b.segs for c in seg.chunks.get(name, ())]
@@ -504,15 +512,26 @@ class IngestServer:
                 # long-lived scratch buffer per commit (records_to_arrow copies the
                 # columns out of it), not a fresh ~100 MB join that glibc would mmap,
                 # fault in page by page and munmap again every commit
-                rows = self._scratch_rows(name, chunks)
+                if name in CLOCK_SOURCES:
+                    rows = recs[name] = self._joined_rows(name, chunks)
+                else:
+                    rows = self._scratch_rows(name, chunks)
                 try:
                     tables[name] = layout.records_to_arrow(name, rows)
                 except (pa.ArrowInvalid, UnicodeDecodeError):
                     bad = self._find_bad_text(live, name)
                     break
             if bad is None:
-                return tables
+                return tables, recs
             self._rejected.add(bad)
+
+    @staticmethod
+    def _joined_rows(name: str, chunks: list[memoryview]) -> np.ndarray:
+        """The chunks' rows as one new structured array (handed on to the clock runner)."""
+        total = sum([len(c) for c in chunks])
+        out = np.empty(total // records.TABLES[name].itemsize, records.TABLES[name])
+        np.concatenate([np.frombuffer(c, np.uint8) for c in chunks], out=out.view(np.uint8))
+        return out
 
     def _scratch_rows(self, name: str, chunks: list[memoryview]) -> np.ndarray:
         """The chunks' rows as one structured array in ``name``'s scratch buffer (commit
@@ -542,7 +561,7 @@ class IngestServer:
         """Runs in the commit thread: build columns, write, fsync; then feed the hot window."""
         started = time.monotonic()
         self._rejected = set()
-        tables = self._group_tables(group)
+        tables, clock_rows = self._group_tables(group)
         group = [b for b in group if b not in self._rejected]
         if not group:
             return 0
@@ -614,7 +633,7 @@ class IngestServer:
                 self.metrics.rows.labels(name).inc(data.num_rows)
         self.metrics.bytes.inc(sum(x[2] for x in segs))
         self.hot.add(now_ns, tables)
-        self.clock.feed(tables)  # solved per window in the clock thread
+        self.clock.feed(clock_rows)  # solved per window in the clock thread
         self.metrics.hot_rows.set(self.hot.rows)
         log.debug("commit %d took %.3fs", number, time.monotonic() - started)
         return nbytes
