@@ -153,6 +153,9 @@ class HotWindow:
         # (every settle materialises a join; re-faulting its pages cost more than the join)
         self._con.execute("SET allocator_flush_threshold = '4GB'")
         self._con.execute("SET block_allocator_memory = '1GB'")
+        # the settle join's result is split by filters and every output the live view
+        # and the rollups read is grouped/ordered explicitly: row order carries nothing
+        self._con.execute("SET preserve_insertion_order = false")
 
     def set_grace(self, grace_s: float) -> None:
         """A new ``grace_s`` (the daemon raises it when collectors ship longer segments:
@@ -234,8 +237,9 @@ class HotWindow:
             con.execute(
                 """
                 CREATE OR REPLACE TEMP TABLE o AS
-                SELECT t.src, t.dst, t.sport, t.tx_ns, t.seq, t.arrival_ns, t.new, r.rx_ns,
-                       r.src AS r_src, r.seq AS r_seq, r.r_arrival_ns
+                SELECT coalesce(t.src, r.src) AS src, t.dst, t.sport, t.tx_ns,
+                       coalesce(t.seq, r.seq) AS seq,
+                       coalesce(t.arrival_ns, r.r_arrival_ns) AS arrival_ns, t.new, r.rx_ns
                 FROM t_ t FULL OUTER JOIN r_ r ON r.src = t.src AND r.seq = t.seq
                 """
             )
@@ -277,8 +281,8 @@ class HotWindow:
         ).to_arrow_table()
         rx_left = con.sql(
             f"""
-            SELECT r_src AS src, r_seq AS seq, rx_ns, r_arrival_ns FROM o
-            WHERE tx_ns IS NULL AND r_arrival_ns >= {rx_horizon}
+            SELECT src, seq, rx_ns, arrival_ns AS r_arrival_ns FROM o
+            WHERE tx_ns IS NULL AND arrival_ns >= {rx_horizon}
             """
         ).to_arrow_table()
         con.execute("DROP TABLE o")
