@@ -13,12 +13,14 @@ and crashes). Ids are reserved in blocks of ``ID_BLOCK``: ``next_segment`` holds
 the first id of the next block and is rewritten once per block, not once per
 segment; after a crash the next id is that value, so ids jump forward by up to
 ``ID_BLOCK`` (gaps are harmless: the ops box dedups by (host, segment id)); a
-clean :meth:`Spool.close` stores the exact next id, so a restart leaves no gap. Chunks are appended with plain ``write`` (no user-space buffer, so
-a ``kill -9`` loses nothing the kernel has); on roll (every ``roll_s`` or
-``roll_bytes``) the file is fsynced and renamed to ``.seg`` (directory fsynced
-too). The interval is ``max(roll_s, advised)``, never above ``max(roll_s, max_roll_s)``:
-the ops box advises a longer one in its acknowledgements when its fleet sends more
-requests than it budgets for (docs/collector.md, "Shipping contract"). On start, a left-over ``.open`` file is cut back to its valid prefix
+clean :meth:`Spool.close` stores the exact next id, so a restart leaves no gap.
+Chunks are appended with plain ``write`` (no user-space buffer, so a ``kill -9``
+loses nothing the kernel has); on roll (every ``roll_s`` or ``roll_bytes``) the
+file is fsynced and renamed to ``.seg`` (directory fsynced too). The interval is
+``max(roll_s, advised)``, never above ``max(roll_s, max_roll_s)``: the ops box
+advises a longer one in its acknowledgements when its fleet sends more requests
+than it budgets for (docs/collector.md, "Shipping contract"). On start, a
+left-over ``.open`` file is cut back to its valid prefix
 (``wire.decode(allow_torn_tail=True)``) and closed. Past ``max_bytes`` the
 oldest closed segments are deleted and their rows counted as dropped.
 """
