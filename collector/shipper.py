@@ -165,14 +165,12 @@ class Shipper(threading.Thread):
         if not ids:
             return None
         with self.spool.lock:
-            self.spool.in_flight = ids[0]
-            self.spool.in_flight_many = frozenset(ids)
+            self.spool.in_flight = frozenset(ids)
         try:
             return self._ship(ids)
         finally:
             with self.spool.lock:
-                self.spool.in_flight = None
-                self.spool.in_flight_many = frozenset()
+                self.spool.in_flight = frozenset()
 
     def _ship(self, ids: list[int]) -> bool:
         bodies = []
@@ -219,14 +217,15 @@ class Shipper(threading.Thread):
             return
         if not 0 < value < 86400:  # NaN and nonsense are ignored
             return
-        if value != self.spool.advised_roll_s:
+        changed = value != self.spool.advised_roll_s
+        self.stats.advised_roll_s = value
+        self.spool.advise(value)
+        if changed:
             log.info(
                 "event=pace advised_roll_s=%.1f effective_roll_s=%.1f",
                 value,
-                min(max(self.spool.roll_s, value), max(self.spool.roll_s, self.spool.max_roll_s)),
+                self.spool.effective_roll_s(),
             )
-        self.stats.advised_roll_s = value
-        self.spool.advise(value)
 
     def _handle_ok(self, ids: list[int], status: int, data: bytes) -> bool:
         try:

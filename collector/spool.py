@@ -98,8 +98,7 @@ class Spool:
         self.stats = SpoolStats()
         self.lock = threading.Lock()  # guards the closed-segment map (shipper vs. dropper)
         self._closed: dict[int, tuple[int, int]] = {}  # id -> (bytes, rows)
-        self.in_flight: int | None = None  # id the shipper is posting; never dropped
-        self.in_flight_many: frozenset[int] = frozenset()  # a multi-segment post's ids
+        self.in_flight: frozenset[int] = frozenset()  # ids the shipper is posting; never dropped
         self._fd: int | None = None
         self._open_id = 0
         self._open_bytes = 0
@@ -267,7 +266,7 @@ class Spool:
             for seg_id in sorted(self._closed):
                 if total <= self.max_bytes:
                     break
-                if seg_id == self.in_flight or seg_id in self.in_flight_many:
+                if seg_id in self.in_flight:
                     continue
                 size, rows = self._closed.pop(seg_id)
                 with contextlib.suppress(FileNotFoundError):

@@ -126,7 +126,7 @@ def test_segment_in_flight_is_never_dropped(tmp_path: Path) -> None:
     for i in range(3):
         sp.write("probe_tx", _tx(range(i * 10, i * 10 + 10)))
         sp.roll()
-    sp.in_flight = 1
+    sp.in_flight = frozenset({1})
     sp.max_bytes = 1
     sp._enforce_bound()
     assert sp.oldest_closed() == 1
