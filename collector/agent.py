@@ -394,12 +394,13 @@ class Collector:
 
     def write_status(self) -> None:
         path = Path(self.cfg.status_file)
+        text = json.dumps(self.status(), indent=1) + "\n"
         try:
             try:
-                _atomic_write(path, json.dumps(self.status(), indent=1) + "\n")
+                _atomic_write(path, text)
             except FileNotFoundError:  # first write, or someone removed the directory
                 path.parent.mkdir(parents=True, exist_ok=True)
-                _atomic_write(path, json.dumps(self.status(), indent=1) + "\n")
+                _atomic_write(path, text)
         except OSError as exc:
             log.warning("event=status_write_failed path=%s error=%r", path, exc.strerror)
 
