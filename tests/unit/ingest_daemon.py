@@ -24,6 +24,14 @@ ROOT = Path(__file__).resolve().parents[2]
 KEY = b"test-fleet-key-0123456789abcdef"
 
 
+def assert_promtool_clean(metrics: bytes) -> None:
+    """``promtool check metrics`` (Debian package prometheus) accepts ``metrics``."""
+    check = subprocess.run(
+        ["promtool", "check", "metrics"], input=metrics, capture_output=True, timeout=30
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -25,7 +25,7 @@ from analytics.sim.mesh_simulator import GroundTruth, MeshSimulator, SimConfig, 
 from analytics.store import catalog, layout
 from analytics.store.store_writer import StoreWriter
 from collector import wire
-from tests.unit.ingest_daemon import ROOT, Daemon
+from tests.unit.ingest_daemon import ROOT, Daemon, assert_promtool_clean
 
 W = 2_000_000_000
 
@@ -251,10 +251,7 @@ def test_daemon_solves_posted_windows_and_stores_clock_and_owd(tmp_path: Path) -
         metrics = d.get("/metrics")
         assert b'clockmesh_clock_offset_seconds{host="sim-h00000"}' in metrics
         assert b'clockmesh_clock_windows_total{outcome="solved"}' in metrics
-        check = subprocess.run(
-            ["promtool", "check", "metrics"], input=metrics, capture_output=True, timeout=30
-        )
-        assert check.returncode == 0, check.stdout + check.stderr
+        assert_promtool_clean(metrics)
 
         out = subprocess.run(
             [sys.executable, "-m", "clockmesh.cli", "sql", "--store", str(d.store), "--format",
