@@ -61,6 +61,12 @@ _MSG_TRUNC = int(socket.MSG_TRUNC)  # a plain int: IntFlag arithmetic is slow pe
 REJECT_REASONS = ("malformed", "auth", "stale", "replay", "misdirected", "unexpected_echo")
 
 
+def _index(rows: np.ndarray, n: int) -> np.ndarray | slice:
+    """``rows`` (ascending, distinct, below ``n``) as an index: ``slice(0, n)`` when they
+    are all ``n`` rows (a view instead of a copy: the usual, all-valid batch)."""
+    return slice(0, n) if len(rows) == n else rows
+
+
 class ProbeMesh:
     """Sockets, schedule and bookkeeping of one collector's probes."""
 
@@ -134,6 +140,8 @@ class ProbeMesh:
         ports = self.cfg.probe.ports_per_buddy
         # Port-major order: consecutive pairs go to different buddies.
         self.slots = [(b, p) for p in range(ports) for b in range(len(buddies))]
+        self._slot_buds = np.array([b for b, _p in self.slots], np.intp)
+        self._slot_ports = np.array([p for _b, p in self.slots], np.intp)
         self._slot = 0
         self._visits = np.zeros(len(buddies) * ports, np.int64)  # pairs sent per (buddy, port)
         per_s = len(self.slots) * self.cfg.probe.rate_per_port
@@ -176,16 +184,26 @@ class ProbeMesh:
             return self.next_due
         if self.next_due < now - 1.0:
             self.next_due = now  # far behind (stopped/suspended): do not burst a backlog
-        due: list[tuple[int, int]] = []
-        while self.next_due <= now + ahead and len(due) < MAX_PAIRS:
-            due.append(self.slots[self._slot])
-            self._slot = (self._slot + 1) % len(self.slots)
-            self.next_due += self.interval_s
-        if due:
-            self._send_pairs(due)
+        # How many pairs are due (the same float steps as taking them one by one); they
+        # are the next k slots of the cyclic schedule.
+        due_at, step, limit, k = self.next_due, self.interval_s, now + ahead, 0
+        while due_at <= limit and k < MAX_PAIRS:
+            due_at += step
+            k += 1
+        self.next_due = due_at
+        if k:
+            idx = np.arange(self._slot, self._slot + k) % len(self.slots)
+            self._slot = (self._slot + k) % len(self.slots)
+            self._send_batch(self._slot_buds[idx], self._slot_ports[idx])
         return self.next_due
 
     def _send_pairs(self, due: list[tuple[int, int]]) -> None:
+        """:meth:`_send_batch` for a list of (buddy index, port index) pairs."""
+        k = len(due)
+        buds = np.fromiter((b for b, _p in due), np.intp, k)
+        self._send_batch(buds, np.fromiter((p for _b, p in due), np.intp, k))
+
+    def _send_batch(self, buds: np.ndarray, ports: np.ndarray) -> None:
         """Build, sign and send coded pairs, grouped per source-port socket.
 
         With a pair spacing, the first probes of all pairs go out (one ``sendmmsg``
@@ -193,9 +211,9 @@ class ProbeMesh:
         them, the second probes: every pair's gap is at least the spacing, and the
         busy-wait happens once per batch, not once per pair. With spacing 0 the two
         probes of a pair are adjacent in one ``sendmmsg``."""
-        k = len(due)
-        ports = np.fromiter((p for _b, p in due), np.intp, k)
-        buds = np.fromiter((b for b, _p in due), np.intp, k)
+        k = len(buds)
+        if k == 0:
+            return
         echo = self._echo_wanted(buds, ports)
         order = np.argsort(ports, kind="stable")
         ports, buds, echo = ports[order], buds[order], echo[order]
@@ -239,32 +257,39 @@ class ProbeMesh:
         if spaced:
             start = time.perf_counter_ns()
             for a, b in groups:
-                self._send_rows(sock_of[a], list(range(a, b)), sent, user, False)
+                self._send_rows(sock_of[a], range(a, b), sent, user, False)
             while time.perf_counter_ns() - start < self.spacing_ns:
                 pass  # known spacing: spin (tens of microseconds, once per batch)
             for a, b in groups:
+                if sent.find(0, a, b) < 0:  # every first went: every second goes
+                    self._send_rows(sock_of[a], range(k + a, k + b), sent, user, False)
+                    continue
                 rows = [k + j for j in range(a, b) if sent[j]]  # no second without its first
                 self._send_rows(sock_of[a], rows, sent, user, False)
         else:
             for a, b in groups:
-                self._send_rows(sock_of[a], list(range(2 * a, 2 * b)), sent, user, True)
+                self._send_rows(sock_of[a], range(2 * a, 2 * b), sent, user, True)
         # Bookkeeping for the whole batch at once.
-        ok = np.frombuffer(bytes(sent), bool)
         self.r_user[ring] = user
-        self.r_state[ring] = np.where(ok, _PENDING, _FAILED)
-        done = np.flatnonzero(ok)
-        if len(done):
+        if sent.find(0) < 0:  # the usual case: the kernel took every probe
+            self.r_state[ring] = _PENDING
+            sock, done_seqs = port_rows, seqs
+        else:
+            ok = np.frombuffer(bytes(sent), bool)
+            self.r_state[ring] = np.where(ok, _PENDING, _FAILED)
+            done = np.flatnonzero(ok)
+            sock, done_seqs = port_rows[done], seqs[done]
+        if len(sock):
             # Each socket's send counter (OPT_ID) -> seq, in send order (= row order).
-            sock = port_rows[done]
             by_sock = np.argsort(sock, kind="stable")
-            sock, done = sock[by_sock], done[by_sock]
+            sock, done_seqs = sock[by_sock], done_seqs[by_sock]
             counts = np.bincount(sock, minlength=len(self._tx_count))
-            pos = np.arange(len(done)) - (np.cumsum(counts) - counts)[sock]
-            self._tx_ids[sock, (self._tx_count[sock] + pos) % RING] = seqs[done]
+            pos = np.arange(len(sock)) - (np.cumsum(counts) - counts)[sock]
+            self._tx_ids[sock, (self._tx_count[sock] + pos) % RING] = done_seqs
             self._tx_count += counts
-            self.stats["probes_sent"] += len(done)
+            self.stats["probes_sent"] += len(sock)
         if self.rdma is not None:
-            self._send_rdma([due[j] for j in order])
+            self._send_rdma(list(zip(buds.tolist(), ports.tolist(), strict=True)))
 
     def _echo_wanted(self, buds: np.ndarray, ports: np.ndarray) -> np.ndarray:
         """Which of these coded pairs (in send order) ask for an echo.
@@ -288,7 +313,7 @@ class ProbeMesh:
         occ = np.empty(len(s), np.int64)
         occ[order] = idx - np.maximum.accumulate(np.where(first, idx, 0))
         v = self._visits[slot] + occ
-        np.add.at(self._visits, slot, 1)
+        self._visits += np.bincount(slot, minlength=len(self._visits))
         return (v + buds + ports) % n == 0
 
     def _build_templates(self, qpn: int) -> None:
@@ -318,18 +343,27 @@ class ProbeMesh:
             self.rdma.send_pair(rseq, dst_id, self._gid[b], self.peer_qpn[dst_id], p)
 
     def _send_rows(
-        self, p: int, rows: list[int], sent: bytearray, user: np.ndarray, pairs_adjacent: bool
+        self,
+        p: int,
+        rows: range | list[int],
+        sent: bytearray,
+        user: np.ndarray,
+        pairs_adjacent: bool,
     ) -> None:
         """Send batch rows (ascending) on socket ``p``: one sendmmsg per run of rows.
 
-        Marks ``sent`` and the raw realtime just before each call in ``user``."""
+        ``rows`` is a ``range`` (one run) or a list. Marks ``sent`` and the raw
+        realtime just before each call in ``user``."""
         sock = self.tx_socks[p]
         send = self._txb.send
+        one_run = isinstance(rows, range)
         i, retried = 0, -1
         while i < len(rows):
-            r0, j = rows[i], i + 1
-            while j < len(rows) and rows[j] == rows[j - 1] + 1:
-                j += 1
+            r0, j = rows[i], len(rows)
+            if not one_run:
+                j = i + 1
+                while j < len(rows) and rows[j] == rows[j - 1] + 1:
+                    j += 1
             t_user = time.time_ns()
             try:
                 got = send(sock, r0, j - i)
@@ -394,8 +428,9 @@ class ProbeMesh:
                         break
                     self.stats["recv_errors"] += 1  # e.g. a queued ICMP error: read on
                     continue
-                self._port_of[n : n + got] = p
-                n += got
+                if got:
+                    self._port_of[n : n + got] = p
+                    n += got
                 if n < batch.capacity:
                     break
         if n:
@@ -425,13 +460,15 @@ class ProbeMesh:
         if len(rows):
             # MACs of the whole batch, compared in one pass over all bytes (XOR, then
             # OR over each MAC: no early exit, so no timing difference per byte).
-            want = np.frombuffer(self.codec.macs(b.buffer, (rows * b.slot).tolist()), np.uint8)
-            diff = want.reshape(len(rows), MAC_LEN) ^ b.data[rows, BODY_SIZE:SIZE]
+            whole = len(rows) == n
+            offsets = range(0, n * b.slot, b.slot) if whole else (rows * b.slot).tolist()
+            want = np.frombuffer(self.codec.macs(b.buffer, offsets), np.uint8)
+            diff = want.reshape(len(rows), MAC_LEN) ^ b.data[_index(rows, n), BODY_SIZE:SIZE]
             good = np.bitwise_or.reduce(diff, axis=1) == 0
             if not good.all():
                 self._reject("auth", len(rows) - int(good.sum()))
                 rows = rows[good]
-        wrong = pk["kind"][rows] != want_kind
+        wrong = pk["kind"][_index(rows, n)] != want_kind
         if wrong.any():
             self._reject("malformed", int(wrong.sum()))
             rows = rows[~wrong]
@@ -440,27 +477,32 @@ class ProbeMesh:
     def _on_probes(self, n: int) -> None:
         rows, ts, kind, ttl = self._checked(n, KIND_PROBE)
         pk = self._rx_pkts[:n]
-        mis = pk["dst"][rows] != self.me
+        sel = _index(rows, n)  # rows to index with (a slice when all n are left)
+        mis = pk["dst"][sel] != self.me
         if mis.any():
             self._reject("misdirected", int(mis.sum()))
-            rows = rows[~mis]
-        rx_ns = self.clock.skew_array(ts[rows])
-        stale = np.abs(rx_ns - pk["send_ns"][rows]) > self.max_age_ns
+            rows = sel = rows[~mis]
+        rx_ns = self.clock.skew_array(ts[sel])
+        stale = np.abs(rx_ns - pk["send_ns"][sel]) > self.max_age_ns
         if stale.any():
             self._reject("stale", int(stale.sum()))
             rows, rx_ns = rows[~stale], rx_ns[~stale]
-        fresh = self.replay.check_batch(pk["src"][rows], pk["seq"][rows])
+            sel = rows
+        fresh = self.replay.check_batch(pk["src"][sel], pk["seq"][sel])
         if not fresh.all():
             self._reject("replay", len(rows) - int(fresh.sum()))
             rows, rx_ns = rows[fresh], rx_ns[fresh]
+            sel = rows
         if not len(rows):
             return
-        p = pk[rows]
-        for src, qpn in zip(
-            p["src"][p["qpn"] != 0].tolist(), p["qpn"][p["qpn"] != 0].tolist(), strict=True
-        ):
-            self.peer_qpn[src] = qpn
-        sports = self._rxb.ports(n)[rows]
+        p = pk[sel]
+        has_qpn = p["qpn"] != 0
+        if has_qpn.any():
+            for src, qpn in zip(
+                p["src"][has_qpn].tolist(), p["qpn"][has_qpn].tolist(), strict=True
+            ):
+                self.peer_qpn[src] = qpn
+        sports = self._rxb.ports(n)[sel]
         out = np.zeros(len(rows), records.PROBE_RX)
         out["seq"] = p["seq"]
         out["src"] = p["src"]
@@ -468,9 +510,9 @@ class ProbeMesh:
         out["sport"] = sports
         out["dport"] = self.port
         out["pair"] = p["pair"]
-        out["ts_kind"] = kind[rows]
+        out["ts_kind"] = kind[sel]
         out["transport"] = _UDP
-        out["ttl"] = ttl[rows]
+        out["ttl"] = ttl[sel]
         out["rx_ns"] = rx_ns
         out["spacing_ns"] = p["spacing_ns"]
         self.buffers["probe_rx"].extend(out)
@@ -478,7 +520,7 @@ class ProbeMesh:
         if self.echo_enabled:
             want = (p["flags"] & FLAG_ECHO) != 0
             if want.any():
-                self._echo(rows[want], kind[rows][want], rx_ns[want], sports[want])
+                self._echo(rows[want], kind[sel][want], rx_ns[want], sports[want])
 
     def _echo(
         self,
@@ -538,16 +580,28 @@ class ProbeMesh:
         rows = np.flatnonzero((ident >= 0) & (ts != 0))
         if not len(rows):
             return
-        ident, ts, kind = ident[rows], ts[rows], kind[rows]
-        by_counter = self._tx_ids[self._port_of[rows], ident % RING]
+        whole = len(rows) == n
+        if not whole:
+            ident, ts, kind = ident[rows], ts[rows], kind[rows]
+        by_counter = self._tx_ids[self._port_of[_index(rows, n)], ident & (RING - 1)]  # >= 0
         # The looped-back packet ends with the probe: its seq says which one it was.
-        length = b.lengths(n)[rows].astype(np.intp)
-        looped = length >= SIZE
-        start = rows * b.slot + np.where(looped, length - SIZE, 0)
-        flat = b.data.reshape(-1)
-        magic = flat[start[:, None] + _ARANGE4].copy().view("<u4").ravel()
-        seq_pkt = flat[start[:, None] + _ARANGE8_SEQ].copy().view("<u8").ravel()
-        own = looped & (magic == MAGIC_U32)
+        length = b.lengths(n)[_index(rows, n)]
+        first = int(length[0])
+        if whole and first >= SIZE and (length == first).all():
+            # the usual batch: every packet looped back with the same headers, so the
+            # probe sits at the same offset in every slot (strided views, no copies)
+            off = first - SIZE
+            magic = np.ndarray((n,), "<u4", b.data, off, (b.slot,))
+            seq_pkt = np.ndarray((n,), "<u8", b.data, off + 8, (b.slot,))
+            own = magic == MAGIC_U32
+        else:
+            length = length.astype(np.intp)
+            looped = length >= SIZE
+            start = rows * b.slot + np.where(looped, length - SIZE, 0)
+            flat = b.data.reshape(-1)
+            magic = flat[start[:, None] + _ARANGE4].copy().view("<u4").ravel()
+            seq_pkt = flat[start[:, None] + _ARANGE8_SEQ].copy().view("<u8").ravel()
+            own = looped & (magic == MAGIC_U32)
         resync = own & (seq_pkt != by_counter)
         if resync.any():
             self.stats["tx_counter_resync"] += int(resync.sum())
@@ -564,18 +618,20 @@ class ProbeMesh:
     def _on_echoes(self, n: int) -> None:
         rows, ts, kind, _ttl = self._checked(n, KIND_ECHO)
         pk = self._rx_pkts[:n]
-        mis = pk["src"][rows] != self.me
+        mis = pk["src"][_index(rows, n)] != self.me
         if mis.any():
             self._reject("misdirected", int(mis.sum()))
             rows = rows[~mis]
-        p = pk[rows]
+        p = pk[_index(rows, n)]
         i = (p["seq"] % RING).astype(np.intp)
         ok = (self.r_seq[i] == p["seq"]) & (self.r_dst[i] == p["dst"]) & ~self.r_echoed[i]
         ok &= self.r_state[i] != _FAILED
-        _u, first = np.unique(i, return_index=True)
-        once = np.zeros(len(i), bool)
-        once[first] = True  # a duplicate inside this batch is unexpected too
-        ok &= once
+        if len(i) > 1:  # a duplicate inside this batch is unexpected too (first one counts)
+            by_slot = np.argsort(i, kind="stable")
+            s = i[by_slot]
+            repeat = by_slot[1:][s[1:] == s[:-1]]
+            if len(repeat):
+                ok[repeat] = False
         if not ok.all():
             self._reject("unexpected_echo", len(ok) - int(ok.sum()))
             rows, p, i = rows[ok], p[ok], i[ok]
@@ -590,10 +646,12 @@ class ProbeMesh:
         if not len(rows):
             return
         self.r_echoed[i] = True
-        for dst, qpn in zip(
-            p["dst"][p["qpn"] != 0].tolist(), p["qpn"][p["qpn"] != 0].tolist(), strict=True
-        ):
-            self.peer_qpn[dst] = qpn
+        has_qpn = p["qpn"] != 0
+        if has_qpn.any():
+            for dst, qpn in zip(
+                p["dst"][has_qpn].tolist(), p["qpn"][has_qpn].tolist(), strict=True
+            ):
+                self.peer_qpn[dst] = qpn
         out = np.zeros(len(rows), records.ECHO)
         out["seq"] = p["seq"]
         out["src"] = self.me

@@ -147,6 +147,23 @@ _TS_SPACE = 64  # CMSG_SPACE(3 timespecs)
 _INT_SPACE = 24  # CMSG_SPACE(int)
 _INT_LEN = 20  # CMSG_LEN(int)
 _ERR_LEN = 16 + _EE.size + 16  # CMSG_LEN(sock_extended_err + sockaddr_in)
+_CMSG_HDR_PACK = struct.Struct("=Qii").pack  # struct cmsghdr: len, level, type
+_SW, _USER = np.uint8(TsKind.SW), np.uint8(TsKind.USER)
+# The usual layouts, checked for a whole batch in one comparison: the cmsg headers
+# (bytes 0-15 and 64-79) and the total length; for TX also ee_origin (byte 84).
+_HDR_COLS = np.r_[0:16, 64:80]
+_ERR_HDR_COLS = np.r_[0:16, 64:80, 84]
+_RX_USUAL = np.frombuffer(
+    _CMSG_HDR_PACK(16 + _TS3.size, socket.SOL_SOCKET, SCM_TIMESTAMPING)
+    + _CMSG_HDR_PACK(_INT_LEN, socket.IPPROTO_IP, IP_TTL),
+    np.uint8,
+)
+_ERR_USUAL = np.frombuffer(
+    _CMSG_HDR_PACK(16 + _TS3.size, socket.SOL_SOCKET, SCM_TIMESTAMPING)
+    + _CMSG_HDR_PACK(_ERR_LEN, socket.IPPROTO_IP, IP_RECVERR)
+    + bytes([SO_EE_ORIGIN_TIMESTAMPING]),
+    np.uint8,
+)
 
 
 def _control_dtype(fields: list[tuple[str, str, int]], itemsize: int) -> np.dtype:
@@ -186,6 +203,9 @@ def _walk(control: bytes) -> list[tuple[int, int, bytes]]:
 def _timestamp(
     sw_s: np.ndarray, sw_ns: np.ndarray, hw_s: np.ndarray, hw_ns: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
+    if not (hw_s.any() or hw_ns.any()):  # the usual case: software timestamps only
+        ts = sw_s * 1_000_000_000 + sw_ns
+        return ts, np.where(ts != 0, _SW, _USER)
     hw = (hw_s != 0) | (hw_ns != 0)
     ts = np.where(hw, hw_s * 1_000_000_000 + hw_ns, sw_s * 1_000_000_000 + sw_ns)
     kind = np.where(hw, int(TsKind.HW), np.where(ts != 0, int(TsKind.SW), int(TsKind.USER)))
@@ -198,6 +218,11 @@ def rx_meta_batch(batch: Any, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarra
     Returns (timestamp ns or 0, TsKind, TTL, highest kernel drop count or -1)."""
     c = batch.control_view(_rx_dtype(batch.control.shape[1]))[:n]
     clen = batch.controllen(n)
+    if (clen == _TS_SPACE + _INT_SPACE).all() and (
+        batch.control[:n, _HDR_COLS] == _RX_USUAL
+    ).all():  # every row: timestamps, then the TTL (no drops reported)
+        ts, kind = _timestamp(c["sw_s"], c["sw_ns"], c["hw_s"], c["hw_ns"])
+        return ts, kind, c["c1_val"].astype(np.uint8), -1
     ok = (c["c0_level"] == socket.SOL_SOCKET) & (c["c0_type"] == SCM_TIMESTAMPING)
     ok &= c["c0_len"] == 16 + _TS3.size
     ts, kind = _timestamp(c["sw_s"], c["sw_ns"], c["hw_s"], c["hw_ns"])
@@ -222,6 +247,11 @@ def tx_meta_batch(batch: Any, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarra
     """Error-queue messages of a batch: (send counter or -1, timestamp ns or 0, TsKind)."""
     c = batch.control_view(_err_dtype(batch.control.shape[1]))[:n]
     clen = batch.controllen(n)
+    if (clen == _TS_SPACE + ((_ERR_LEN + 7) & ~7)).all() and (
+        batch.control[:n, _ERR_HDR_COLS] == _ERR_USUAL
+    ).all():  # every row: timestamps, then a timestamping sock_extended_err
+        ts, kind = _timestamp(c["sw_s"], c["sw_ns"], c["hw_s"], c["hw_ns"])
+        return c["ee_data"].astype(np.int64), ts, kind
     ok = (c["c0_level"] == socket.SOL_SOCKET) & (c["c0_type"] == SCM_TIMESTAMPING)
     ok &= (c["c0_len"] == 16 + _TS3.size) & (clen == _TS_SPACE + ((_ERR_LEN + 7) & ~7))
     ok &= (c["c1_level"] == socket.IPPROTO_IP) & (c["c1_type"] == IP_RECVERR)

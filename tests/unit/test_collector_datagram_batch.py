@@ -168,3 +168,36 @@ def test_rows_reused_after_the_kernel_shrank_their_lengths(native: bool, pair) -
     assert (b.msg_flags(got) & socket.MSG_CTRUNC == 0).all()
     ts, _kind, ttl, drops = timestamping.rx_meta_batch(b, got)
     assert drops > 0 and (ts > 0).all() and (ttl == 64).all()
+
+
+def test_usual_layout_shortcut_gives_what_the_field_by_field_check_gives(
+    pair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """rx/tx_meta_batch answer a batch in the usual cmsg layout with one comparison;
+    the general path (forced here by an impossible expected layout) must agree."""
+    tx, rx, _addr = pair
+    codec = PacketCodec(b"k" * 32)
+    for i in range(6):
+        tx.sendto(codec.pack(KIND_PROBE, i % 2, i, 1, 2, 0, time.time_ns()), rx.getsockname())
+    _wait_readable(rx)
+    time.sleep(0.01)
+    b = DatagramBatch(8, 128, timestamping.ANC_SIZE)
+    n = b.recv(rx)
+    e = DatagramBatch(8, 256, timestamping.ERR_ANC_SIZE)
+    m, deadline = 0, time.monotonic() + 2.0
+    while m < 6 and time.monotonic() < deadline:
+        m += e.recv(tx, timestamping.MSG_ERRQUEUE, m)
+        time.sleep(0.005)
+    assert n == 6 and m == 6
+    usual_rx = (b.control[:n, timestamping._HDR_COLS] == timestamping._RX_USUAL).all()
+    usual_tx = (e.control[:m, timestamping._ERR_HDR_COLS] == timestamping._ERR_USUAL).all()
+    assert usual_rx and usual_tx  # this kernel's layout takes the shortcut
+    fast_rx, fast_tx = timestamping.rx_meta_batch(b, n), timestamping.tx_meta_batch(e, m)
+    monkeypatch.setattr(timestamping, "_RX_USUAL", timestamping._RX_USUAL ^ 0xFF)
+    monkeypatch.setattr(timestamping, "_ERR_USUAL", timestamping._ERR_USUAL ^ 0xFF)
+    slow_rx, slow_tx = timestamping.rx_meta_batch(b, n), timestamping.tx_meta_batch(e, m)
+    for fast, slow in ((fast_rx[:3], slow_rx[:3]), (fast_tx, slow_tx)):
+        for f, s in zip(fast, slow, strict=True):
+            assert f.dtype == s.dtype and (f == s).all()
+    assert fast_rx[3] == slow_rx[3] == -1
+    assert list(fast_tx[0]) == [0, 1, 2, 3, 4, 5]
