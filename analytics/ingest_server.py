@@ -138,6 +138,7 @@ class IngestServer:
         self._broken = ""
         self._commit_pool = concurrent.futures.ThreadPoolExecutor(1, "commit")
         self._side_pool = concurrent.futures.ThreadPoolExecutor(1, "live")
+        self._convert_pool = concurrent.futures.ThreadPoolExecutor(4, "convert")
         self._host_ids: dict[str, int] = {}
         self._rejected: set[PendingBatch] = set()  # commit thread: batches answered 422
         self._scratch: dict[str, np.ndarray] = {}  # commit thread: per-table join buffers
@@ -213,6 +214,7 @@ class IngestServer:
             await self._runner.cleanup()
         self._commit_pool.shutdown(wait=True)
         self._side_pool.shutdown(wait=True)
+        self._convert_pool.shutdown(wait=True)
         self.clock.stop()
 
     # ---- HTTP handlers -----------------------------------------------------------
@@ -504,32 +506,46 @@ class IngestServer:
             tables: dict[str, pa.Table] = {}
             recs: dict[str, np.ndarray] = {}
             bad: PendingBatch | None = None
+            jobs = {}
             for name in records.TABLES:
                 chunks = [c for b in live for seg in b.segs for c in seg.chunks.get(name, ())]
-                if not chunks:
-                    continue
-                # the chunks are views of the request bodies: one copy into this table's
-                # long-lived scratch buffer per commit (records_to_arrow copies the
-                # columns out of it), not a fresh ~100 MB join that glibc would mmap,
-                # fault in page by page and munmap again every commit
-                if name in CLOCK_SOURCES:
-                    rows = recs[name] = self._joined_rows(name, chunks)
-                else:
-                    rows = self._scratch_rows(name, chunks)
+                if chunks:  # the tables are converted side by side (numpy copies drop the GIL)
+                    jobs[name] = self._convert_pool.submit(self._convert, name, chunks)
+            concurrent.futures.wait(jobs.values())
+            failed = ""
+            for name, job in jobs.items():
                 try:
-                    tables[name] = layout.records_to_arrow(name, rows)
+                    tables[name], rows = job.result()
                 except (pa.ArrowInvalid, UnicodeDecodeError):
-                    bad = self._find_bad_text(live, name)
-                    break
+                    failed = failed or name
+                    continue
+                if rows is not None:
+                    recs[name] = rows
+            if failed:
+                bad = self._find_bad_text(live, failed)
             if bad is None:
                 return tables, recs
             self._rejected.add(bad)
+
+    def _convert(self, name: str, chunks: list[memoryview]) -> tuple[pa.Table, np.ndarray | None]:
+        """One table of a group commit as Arrow (plus, for the clock runner's and the hot
+        window's tables, the numpy records they keep).
+
+        The chunks are views of the request bodies: the clock runner's tables are joined
+        into a fresh array in Arrow's memory pool (it keeps freed pages: no page faults
+        on every commit), the others into this table's long-lived scratch buffer
+        (records_to_arrow copies the columns out of it).
+        """
+        if name in CLOCK_SOURCES:
+            rows = self._joined_rows(name, chunks)
+            return layout.records_to_arrow(name, rows), rows
+        return layout.records_to_arrow(name, self._scratch_rows(name, chunks)), None
 
     @staticmethod
     def _joined_rows(name: str, chunks: list[memoryview]) -> np.ndarray:
         """The chunks' rows as one new structured array (handed on to the clock runner)."""
         total = sum([len(c) for c in chunks])
-        out = np.empty(total // records.TABLES[name].itemsize, records.TABLES[name])
+        out = np.frombuffer(pa.allocate_buffer(total), records.TABLES[name])
         np.concatenate([np.frombuffer(c, np.uint8) for c in chunks], out=out.view(np.uint8))
         return out
 
@@ -632,7 +648,7 @@ class IngestServer:
             if name in records.TABLES:
                 self.metrics.rows.labels(name).inc(data.num_rows)
         self.metrics.bytes.inc(sum(x[2] for x in segs))
-        self.hot.add(now_ns, tables)
+        self.hot.add(now_ns, clock_rows)  # the fresh numpy records (kept, never changed)
         self.clock.feed(clock_rows)  # solved per window in the clock thread
         self.metrics.hot_rows.set(self.hot.rows)
         log.debug("commit %d took %.3fs", number, time.monotonic() - started)

@@ -29,13 +29,17 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from analytics.clock import probe_samples
+from analytics.clock.key_index import KeyIndex
 from analytics.store import layout
 
 NS = 1_000_000_000
@@ -108,14 +112,17 @@ class LiveSnapshot:
         ]  # fmt: skip
 
 
-_TX_COLS = ["src", "dst", "seq", "sport", "tx_ns"]
-_RX_COLS = ["src", "seq", "rx_ns"]
+_TX_FIELDS = ("src", "dst", "seq", "sport", "tx_ns")
+_RX_FIELDS = ("src", "seq", "rx_ns")
 _MIN = layout.NS_PER_MINUTE
 _PAIR_STATS = """
     SELECT src, dst, count(*) AS sent, count(d) AS received, min(d) AS dmin,
            quantile_cont(d, 0.5) AS p50, quantile_cont(d, 0.99) AS p99
-    FROM s GROUP BY src, dst
+    FROM s_ GROUP BY src, dst
 """
+
+Rows: TypeAlias = np.ndarray | pa.Table  # collector records (``records.TABLES``) or store-schema Arrow
+Cols: TypeAlias = dict[str, np.ndarray]  # columns of equal length
 
 
 class HotWindow:
@@ -140,21 +147,17 @@ class HotWindow:
         # the first minute that starts after this process did
         self.next_minute_ns = -(-start // _MIN) * _MIN
         self._lock = threading.Lock()  # add() runs in the commit thread, the rest in one other
-        self._tx: deque[tuple[int, pa.Table]] = deque()  # (arrival, rows) not yet settled
-        self._rx: deque[pa.Table] = deque()  # probe_rx not matched yet (+ r_arrival_ns)
-        self._unmatched: pa.Table | None = None  # settled probe_tx waiting for probe_rx
+        self._tx: deque[tuple[int, Rows]] = deque()  # (arrival, rows) not yet settled
+        # probe_rx not matched yet: (arrival, rows) as added, or columns with "arrival"
+        self._rx: deque[tuple[int, Rows] | Cols] = deque()
+        self._unmatched: Cols | None = None  # settled probe_tx waiting for probe_rx
         self._joined: dict[int, list[pa.Table]] = {}  # minute -> (minute, src, dst, sport, d)
         self._slices: deque[tuple[int, pa.Table]] = deque()  # (settled at, per-pair stats)
         self._rows = 0  # probe_tx + probe_rx rows held (pending, unmatched, joined)
         self.evicted_rows = 0
         self._con = duckdb.connect()  # used only by the thread that calls live()/rollup()
         self._con.execute("SET threads = 1")  # leave the other core to ingest
-        # keep freed blocks for the next settle instead of returning them to the kernel
-        # (every settle materialises a join; re-faulting its pages cost more than the join)
-        self._con.execute("SET allocator_flush_threshold = '4GB'")
-        self._con.execute("SET block_allocator_memory = '1GB'")
-        # the settle join's result is split by filters and every output the live view
-        # and the rollups read is grouped/ordered explicitly: row order carries nothing
+        # every output the live view and the rollups read is grouped/ordered explicitly
         self._con.execute("SET preserve_insertion_order = false")
 
     def set_grace(self, grace_s: float) -> None:
@@ -164,16 +167,17 @@ class HotWindow:
             self.grace_s = grace_s
             self.rx_keep_s = min(self.window_s, self.lag_s + grace_s + 10.0)
 
-    def add(self, arrival_ns: int, tables: dict[str, pa.Table]) -> None:
-        tx, rx = tables.get("probe_tx"), tables.get("probe_rx")
+    def add(self, arrival_ns: int, tables: Mapping[str, Rows]) -> None:
+        """Queue a commit's ``probe_tx``/``probe_rx`` (O(1): kept as they are, columns
+        are taken in :meth:`settle`). Numpy records are kept by reference: the caller
+        must not change them afterwards (the daemon hands fresh arrays)."""
         with self._lock:
-            if tx is not None and tx.num_rows:
-                self._tx.append((arrival_ns, tx.select(_TX_COLS)))
-                self._rows += tx.num_rows
-            if rx is not None and rx.num_rows:
-                arrival = _const(arrival_ns, pa.int64(), rx.num_rows)
-                self._rx.append(rx.select(_RX_COLS).append_column("r_arrival_ns", arrival))
-                self._rows += rx.num_rows
+            for name in ("probe_tx", "probe_rx"):
+                data = tables.get(name)
+                if data is None or not _len(data):
+                    continue
+                (self._tx if name == "probe_tx" else self._rx).append((arrival_ns, data))
+                self._rows += _len(data)
             self._evict()
 
     def _evict(self) -> None:
@@ -184,9 +188,9 @@ class HotWindow:
             self._rows -= dropped
             self.evicted_rows += dropped
         while self._rows > self.max_rows and len(self._rx) > 1:
-            data = self._rx.popleft()
-            self._rows -= data.num_rows
-            self.evicted_rows += data.num_rows
+            dropped = _rx_len(self._rx.popleft())
+            self._rows -= dropped
+            self.evicted_rows += dropped
 
     @property
     def rows(self) -> int:
@@ -196,11 +200,12 @@ class HotWindow:
     def settle(self, now_ns: int) -> None:
         """Join the probe_tx that became due with the probe_rx not matched yet.
 
-        One full outer join per call, then DuckDB splits its result: matched pairs leave
-        memory (to the minute they belong to), probe_tx still without probe_rx wait until
-        ``grace_s`` after their arrival, probe_rx without probe_tx (the sender's batch is
-        later) wait up to ``rx_keep_s``. Memory and work follow the arrival rate, not the
-        window length.
+        One join per call, in numpy without sorting (the clock solver's dense
+        (sender, seq) slots: :class:`~analytics.clock.probe_samples.SeqLayout`), then
+        masks split its result: matched pairs leave memory (to the minute they belong
+        to), probe_tx still without probe_rx wait until ``grace_s`` after their arrival,
+        probe_rx without probe_tx (the sender's batch is later) wait up to ``rx_keep_s``.
+        Memory and work follow the arrival rate, not the window length.
         """
         cut = now_ns - int(self.lag_s * NS)
         final = now_ns - int(self.grace_s * NS)
@@ -209,93 +214,83 @@ class HotWindow:
             new = []
             while self._tx and self._tx[0][0] < cut:
                 new.append(self._tx.popleft())
-            rx_chunks = list(self._rx)
+            rx_items = list(self._rx)
             self._rx.clear()
-            self._rows -= sum(d.num_rows for _, d in new) + sum(r.num_rows for r in rx_chunks)
+            self._rows -= sum(_len(d) for _, d in new) + sum(_rx_len(r) for r in rx_items)
             old, self._unmatched = self._unmatched, None
             if old is not None:
-                self._rows -= old.num_rows
+                self._rows -= len(old["src"])
+        rx = _cat([_rx_cols(r) for r in rx_items]) if rx_items else None
         parts = []
         if old is not None:
-            parts.append(old.append_column("new", _const(False, pa.bool_(), old.num_rows)))
-        for a, d in new:
-            n = d.num_rows
-            parts.append(
-                d.append_column("arrival_ns", _const(a, pa.int64(), n)).append_column(
-                    "new", _const(True, pa.bool_(), n)
-                )
-            )
-        rx = _concat(rx_chunks) if rx_chunks else _EMPTY_RX_SLIM
+            parts.append({**old, "new": np.zeros(len(old["src"]), bool)})
+        for a, data in new:
+            cols = dict(zip(_TX_FIELDS, _columns(data, _TX_FIELDS), strict=True))
+            n = len(cols["src"])
+            parts.append({**cols, "arrival": np.full(n, a, np.int64), "new": np.ones(n, bool)})
         if not parts:
-            keep = pc.greater_equal(rx.column("r_arrival_ns"), rx_horizon)
-            self._put_back(rx.filter(keep), None)
+            if rx is not None:
+                self._put_back(_take(rx, rx["arrival"] >= rx_horizon), None)
             return
-        con = self._con
-        con.register("t_", _concat(parts))
-        con.register("r_", rx)
-        try:
-            con.execute(
-                """
-                CREATE OR REPLACE TEMP TABLE o AS
-                SELECT coalesce(t.src, r.src) AS src, t.dst, t.sport, t.tx_ns,
-                       coalesce(t.seq, r.seq) AS seq,
-                       coalesce(t.arrival_ns, r.r_arrival_ns) AS arrival_ns, t.new, r.rx_ns
-                FROM t_ t FULL OUTER JOIN r_ r ON r.src = t.src AND r.seq = t.seq
-                """
-            )
-        finally:
-            con.unregister("t_")
-            con.unregister("r_")
+        tx = _cat(parts)
+        rx_ns = _match(tx, rx)  # per probe_tx: its rx_ns, _NONE where no probe_rx yet
+        has_rx = rx_ns != _NONE
+        d = rx_ns - tx["tx_ns"]  # meaningful where has_rx (null elsewhere)
         if new:
-            stats = con.sql(
-                _PAIR_STATS.replace(
-                    "FROM s", "FROM (SELECT src, dst, rx_ns - tx_ns AS d FROM o WHERE new)"
-                )
-            ).to_arrow_table()
+            fresh = tx["new"]
+            everything = old is None
+            s_ = pa.table(
+                {
+                    "src": tx["src"] if everything else tx["src"][fresh],
+                    "dst": tx["dst"] if everything else tx["dst"][fresh],
+                    "d": _nullable(d, has_rx) if everything else _nullable(d[fresh], has_rx[fresh]),
+                }
+            )
+            con = self._con
+            con.register("s_", s_)
+            try:
+                stats = con.sql(_PAIR_STATS).to_arrow_table()
+            finally:
+                con.unregister("s_")
             self._slices.append((now_ns, stats))
             horizon = now_ns - int(self.live_s * NS)
             while self._slices and self._slices[0][0] <= horizon:
                 self._slices.popleft()
         # matched, or lost for good: to their minute's rollup
-        done = f"tx_ns IS NOT NULL AND (rx_ns IS NOT NULL OR arrival_ns < {final})"
-        minutes = con.execute(
-            f"SELECT DISTINCT (tx_ns // {_MIN}) * {_MIN} FROM o WHERE {done}"
-        ).fetchall()  # fmt: skip
-        for (m,) in minutes:
+        done = has_rx | (tx["arrival"] < final)
+        minute = tx["tx_ns"] // _MIN * _MIN
+        for m in _distinct_runs(minute).tolist():
             if m < self.next_minute_ns:
                 continue  # began before this process, or rolled up already: late rows
-            part = con.sql(
-                f"""
-                SELECT {m}::BIGINT AS minute_ns, src, dst, sport, rx_ns - tx_ns AS d FROM o
-                WHERE {done} AND tx_ns >= {m} AND tx_ns < {m + _MIN}
-                """
-            ).to_arrow_table()
+            sel = done & (minute == m)
+            if not sel.any():
+                continue
+            part = pa.table(
+                {
+                    "minute_ns": _const(m, pa.int64(), int(np.count_nonzero(sel))),
+                    "src": tx["src"][sel],
+                    "dst": tx["dst"][sel],
+                    "sport": tx["sport"][sel].astype(np.uint16, copy=False),
+                    "d": _nullable(d[sel], has_rx[sel]),
+                }
+            )
             with self._lock:
                 self._joined.setdefault(m, []).append(part)
                 self._rows += part.num_rows
-        wait = con.sql(
-            f"""
-            SELECT src, dst, seq, sport, tx_ns, arrival_ns FROM o
-            WHERE tx_ns IS NOT NULL AND rx_ns IS NULL AND arrival_ns >= {final}
-            """
-        ).to_arrow_table()
-        rx_left = con.sql(
-            f"""
-            SELECT src, seq, rx_ns, arrival_ns AS r_arrival_ns FROM o
-            WHERE tx_ns IS NULL AND arrival_ns >= {rx_horizon}
-            """
-        ).to_arrow_table()
-        con.execute("DROP TABLE o")
-        self._put_back(rx_left, wait if wait.num_rows else None)
+        wait = _take(tx, ~has_rx & (tx["arrival"] >= final), drop=("new",))
+        rx_left = None
+        if rx is not None:
+            rx_left = _take(rx, ~rx["matched"] & (rx["arrival"] >= rx_horizon), drop=("matched",))
+        self._put_back(rx_left, wait if len(wait["src"]) else None)
 
-    def _put_back(self, rx_left: pa.Table, wait: pa.Table | None) -> None:
+    def _put_back(self, rx_left: Cols | None, wait: Cols | None) -> None:
         with self._lock:
-            if rx_left.num_rows:
+            if rx_left is not None and len(rx_left["src"]):
                 self._rx.appendleft(rx_left)
-                self._rows += rx_left.num_rows
+                self._rows += len(rx_left["src"])
             if wait is not None:
                 self._unmatched = wait
-                self._rows += wait.num_rows
+                self._rows += len(wait["src"])
             self._evict()
 
     # ---- queries -----------------------------------------------------------------------
@@ -344,23 +339,23 @@ class HotWindow:
             # probes of these minutes still waiting for their probe_rx are lost now
             wait = self._unmatched
             if wait is not None:
-                late = pc.less(wait.column("tx_ns"), final_end)
-                lost = wait.filter(late)
-                if lost.num_rows:
-                    rest = wait.filter(pc.invert(late))
-                    self._unmatched = rest if rest.num_rows else None
-                    self._rows -= lost.num_rows
-                    tx_ns = lost.column("tx_ns")
+                late = wait["tx_ns"] < final_end
+                if late.any():
+                    rest = _take(wait, ~late)
+                    self._unmatched = rest if len(rest["src"]) else None
+                    self._rows -= int(np.count_nonzero(late))
+                    lost = _take(wait, late & (wait["tx_ns"] >= lo))
+                    n = len(lost["src"])
                     parts.append(
                         pa.table(
                             {
-                                "minute_ns": pc.multiply(pc.divide(tx_ns, _MIN), _MIN),
-                                "src": lost.column("src"),
-                                "dst": lost.column("dst"),
-                                "sport": lost.column("sport"),
-                                "d": pa.nulls(lost.num_rows, pa.int64()),
+                                "minute_ns": lost["tx_ns"] // _MIN * _MIN,
+                                "src": lost["src"],
+                                "dst": lost["dst"],
+                                "sport": lost["sport"].astype(np.uint16, copy=False),
+                                "d": pa.nulls(n, pa.int64()),
                             }
-                        ).filter(pc.greater_equal(tx_ns, lo))
+                        )
                     )
             self.next_minute_ns = final_end
             for m in [m for m in self._joined if m < final_end]:
@@ -398,9 +393,83 @@ class HotWindow:
         return lo // _MIN, pair, path
 
 
+# ---- columns -------------------------------------------------------------------------------
+def _len(data: Rows) -> int:
+    return len(data) if isinstance(data, np.ndarray) else data.num_rows
+
+
+def _rx_len(item: tuple[int, Rows] | Cols) -> int:
+    return len(item["src"]) if isinstance(item, dict) else _len(item[1])
+
+
+def _columns(data: Rows, names: tuple[str, ...]) -> list[np.ndarray]:
+    """Contiguous columns of collector records or of an Arrow table (``seq`` as int64)."""
+    if isinstance(data, np.ndarray):
+        return probe_samples.columns(data, names)
+    out = []
+    for name in names:
+        col = np.ascontiguousarray(data.column(name).to_numpy())
+        out.append(col.view(np.int64) if col.dtype == np.uint64 else col)
+    return out
+
+
+def _rx_cols(item: tuple[int, Rows] | Cols) -> Cols:
+    if isinstance(item, dict):
+        return item
+    arrival, data = item
+    cols = dict(zip(_RX_FIELDS, _columns(data, _RX_FIELDS), strict=True))
+    cols["arrival"] = np.full(len(cols["src"]), arrival, np.int64)
+    return cols
+
+
+def _cat(parts: list[Cols]) -> Cols:
+    if len(parts) == 1:
+        return dict(parts[0])
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+def _take(cols: Cols, mask: np.ndarray, drop: tuple[str, ...] = ()) -> Cols:
+    return {k: v[mask] for k, v in cols.items() if k not in drop}
+
+
+def _match(tx: Cols, rx: Cols | None) -> np.ndarray:
+    """Each probe_tx row's ``rx_ns`` (``_NONE`` where no probe_rx matches); marks the
+    probe_rx rows that matched in ``rx["matched"]``. Key (src, seq): a dense slot per
+    (sender, seq) over the senders' seq ranges (O(n) scatter/gather; a sparse range,
+    e.g. a collector restart, falls back to a sorted table inside ``SlotValues``)."""
+    n = len(tx["src"])
+    out = np.full(n, _NONE, np.int64)
+    if rx is None:
+        return out
+    hosts = probe_samples.hosts_in(tx["src"])
+    index = KeyIndex(hosts)
+    t_host = probe_samples.host_index_of(index, tx["src"])
+    seq_layout = probe_samples.SeqLayout(t_host, tx["seq"], len(hosts))
+    slots = probe_samples.SlotValues(
+        seq_layout, seq_layout.own_position(t_host, tx["seq"]), np.arange(n, dtype=np.int64)
+    )
+    r_host = probe_samples.host_index_of(index, rx["src"])
+    row = slots.get(seq_layout.position(r_host, rx["seq"]))
+    hit = row >= 0
+    rx["matched"] = hit
+    out[row[hit]] = rx["rx_ns"][hit]
+    return out
+
+
+def _nullable(values: np.ndarray, valid: np.ndarray) -> pa.Array:
+    return pa.array(values, type=pa.int64(), mask=~valid)
+
+
+def _distinct_runs(values: np.ndarray) -> np.ndarray:
+    """Distinct values of a column whose equal values come in runs (sorted)."""
+    if len(values) == 0:
+        return values
+    heads = np.concatenate(([0], np.flatnonzero(values[1:] != values[:-1]) + 1))
+    return np.unique(values[heads])
+
+
 def _const(value: object, type_: pa.DataType, n: int) -> pa.Array:
-    """``n`` times ``value`` in Arrow's pool (which keeps freed pages; numpy's large
-    temporaries come from fresh mmaps that fault in every page on every settle)."""
+    """``n`` times ``value`` in Arrow's pool."""
     return pa.repeat(pa.scalar(value, type_), n)
 
 
@@ -409,11 +478,7 @@ def _concat(tables: list[pa.Table]) -> pa.Table:
     return pa.concat_tables(tables, promote_options="permissive")
 
 
-_EMPTY_RX_SLIM = (
-    layout.empty_table("probe_rx")
-    .select(_RX_COLS)
-    .append_column("r_arrival_ns", pa.array([], pa.int64()))
-)
+_NONE = np.iinfo(np.int64).min
 _EMPTY_J = pa.table(
     {
         "minute_ns": pa.array([], pa.int64()),

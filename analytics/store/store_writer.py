@@ -19,6 +19,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import duckdb
 import numpy as np
@@ -30,6 +31,7 @@ from analytics.store.layout import TABLES, StoreError
 from analytics.store.segment_ledger import SegmentLedger
 
 log = logging.getLogger("clockmesh.ingest.store")
+_T = TypeVar("_T")
 
 
 class StoreWriteError(Exception):
@@ -236,6 +238,7 @@ class StoreWriter:
         staged: list[tuple[Path, Path]] = []
         written: list[Path] = []
         try:
+            jobs: list[tuple[Path, pa.Table]] = []
             for table, data in tables:
                 for bucket, part_data in self._hour_groups(table, data):
                     part = self.root / table / layout.partition_of(bucket)
@@ -243,8 +246,10 @@ class StoreWriter:
                     path = part / name
                     tmp = path.with_name(name + ".tmp")
                     staged.append((tmp, path))
-                    self._encode_parquet(tmp, part_data)
-            self._parallel(layout.fsync_file, [tmp for tmp, _ in staged])
+                    jobs.append((tmp, part_data))
+            # Parquet encoding runs without the GIL: the files of a commit are encoded
+            # (and fsynced) side by side instead of one after the other
+            self._parallel(self._encode_durable, jobs)
             for tmp, path in staged:
                 os.replace(tmp, path)
                 written.append(path)
@@ -256,11 +261,19 @@ class StoreWriter:
             raise
         return written
 
-    def _parallel(self, fn: Callable[[Path], None], paths: list[Path]) -> None:
-        if len(paths) == 1:
-            fn(paths[0])
+    def _encode_durable(self, job: tuple[Path, pa.Table]) -> None:
+        self._encode_parquet(*job)
+        layout.fsync_file(job[0])
+
+    def _parallel(self, fn: Callable[[_T], None], items: list[_T]) -> None:
+        """``fn`` on every item in the pool; returns once all are done (so nothing is
+        still writing when the caller cleans up), raising the first error."""
+        if len(items) == 1:
+            fn(items[0])
             return
-        for fut in [self._sync_pool.submit(fn, p) for p in paths]:
+        futures = [self._sync_pool.submit(fn, item) for item in items]
+        concurrent.futures.wait(futures)
+        for fut in futures:
             fut.result()
 
     def commit(self, number: int, tables: dict[str, pa.Table], batches: pa.Table) -> int:

@@ -268,6 +268,59 @@ def test_hot_window_settles_incrementally_with_late_receivers_and_live_view() ->
     assert snap is not None
 
 
+def test_hot_window_join_matches_sql_over_all_rows() -> None:
+    """The settle join (numpy, by dense (sender, seq) slots) gives the rollups a plain SQL
+    join over every row gives, fed as the daemon feeds it (numpy records, a commit per
+    second): with loss, a collector restart (its seq jumps by 10^12 mid-minute, so the
+    slots are no longer dense), and one host's segments 12 s late."""
+    start = (T0 // layout.NS_PER_MINUTE) * layout.NS_PER_MINUTE - 1
+    t0 = start + 1
+    hot = HotWindow(grace_s=20, lag_s=5, start_ns=start)
+    ids = ingest_load.host_ids(10)
+    every: dict[str, list[np.ndarray]] = {"probe_tx": [], "probe_rx": []}
+    late: dict[int, list[dict[str, np.ndarray]]] = {}
+    rolled = []
+    for now_s in range(100):
+        for i in range(10) if now_s < 60 else ():
+            seg = wire.decode(
+                ingest_load.fleet_segment(i, ids, now_s, t0_ns=t0, loss=0.1 if i == 2 else 0)
+            )
+            recs = {t: seg.table(t).copy() for t in ("probe_tx", "probe_rx")}
+            if now_s >= 30:  # host 3 restarted: its new seq range starts far ahead
+                recs["probe_tx"]["seq"][recs["probe_tx"]["src"] == ids[3]] += 10**12
+                recs["probe_rx"]["seq"][recs["probe_rx"]["src"] == ids[3]] += 10**12
+            for t, rows in recs.items():
+                every[t].append(rows)
+            late.setdefault(now_s + (12 if i == 5 else 0), []).append(recs)
+        for recs in late.pop(now_s, []):
+            hot.add(t0 + now_s * 10**9, recs)
+        if now_s % 5 == 4:
+            hot.live(now_ns=t0 + now_s * 10**9)
+            got = hot.rollup(now_ns=t0 + now_s * 10**9)
+            if got is not None:
+                rolled.append(got)
+    assert len(rolled) == 1
+    _first, pair, _path = rolled[0]
+    all_tx, all_rx = np.concatenate(every["probe_tx"]), np.concatenate(every["probe_rx"])
+    tx = pa.table({c: all_tx[c] for c in ("src", "dst", "seq", "tx_ns")})  # noqa: F841 (SQL)
+    rx = pa.table({c: all_rx[c] for c in ("src", "seq", "rx_ns")})  # noqa: F841 (SQL)
+    minute = pair.column("minute_ns")[0].as_py()
+    want = duckdb.sql(
+        f"""
+        SELECT tx.src, tx.dst, count(*) AS sent, count(rx.rx_ns) AS received,
+               min(rx.rx_ns - tx.tx_ns) AS delay_min_ns,
+               quantile_cont(rx.rx_ns - tx.tx_ns, 0.5) AS delay_p50_ns
+        FROM tx LEFT JOIN rx ON rx.src = tx.src AND rx.seq = tx.seq
+        WHERE tx.tx_ns >= {minute} AND tx.tx_ns < {minute + layout.NS_PER_MINUTE}
+        GROUP BY ALL ORDER BY tx.src, tx.dst
+        """
+    ).fetchall()
+    cols = ["src", "dst", "sent", "received", "delay_min_ns", "delay_p50_ns"]
+    got_rows = [tuple(r[c] for c in cols) for r in pair.select(cols).to_pylist()]
+    assert got_rows == [tuple(r) for r in want]
+    assert len(got_rows) == 100 and {r[3] for r in got_rows} != {r[2] for r in got_rows}
+
+
 def test_live_snapshot_worst_pairs_match_a_full_sort() -> None:
     from analytics.store.hot_window import LiveSnapshot
 
