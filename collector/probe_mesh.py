@@ -61,10 +61,12 @@ _MSG_TRUNC = int(socket.MSG_TRUNC)  # a plain int: IntFlag arithmetic is slow pe
 REJECT_REASONS = ("malformed", "auth", "stale", "replay", "misdirected", "unexpected_echo")
 
 
-def _index(rows: np.ndarray, n: int) -> np.ndarray | slice:
-    """``rows`` (ascending, distinct, below ``n``) as an index: ``slice(0, n)`` when they
-    are all ``n`` rows (a view instead of a copy: the usual, all-valid batch)."""
-    return slice(0, n) if len(rows) == n else rows
+def _index(rows: np.ndarray) -> np.ndarray | slice:
+    """``rows`` (ascending, distinct) as an index: a slice when they are consecutive
+    (a view instead of a copy: the usual batch, where every row is valid)."""
+    if len(rows) and int(rows[-1]) - int(rows[0]) + 1 == len(rows):
+        return slice(int(rows[0]), int(rows[-1]) + 1)
+    return rows
 
 
 class ProbeMesh:
@@ -395,18 +397,18 @@ class ProbeMesh:
         self.rejected[reason] += count
 
     def drain(self) -> None:
-        """Read every probe socket and handle what arrived, each kind in one bulk pass.
+        """Read every probe socket and handle what arrived in bulk passes.
 
         Called once per drain interval, not per datagram: TX timestamps from the
         error queues of all source-port sockets first (echo rows need them), then the
-        echoes arriving on those sockets, then probes from other collectors (which
-        are echoed). The kernel timestamps make the delay invisible in the data."""
+        echoes arriving on those sockets and the probes from other collectors (which
+        are echoed), received into one batch and checked together (echoes first).
+        The kernel timestamps make the delay invisible in the data."""
         if self.rx_sock is None:
             return
         socks = list(enumerate(self.tx_socks))
         self._drain(self._errb, socks, timestamping.MSG_ERRQUEUE, self._on_tx_timestamps)
-        self._drain(self._rxb, socks, 0, self._on_echoes)
-        self._drain(self._rxb, [(-1, self.rx_sock)], 0, self._on_probes)
+        self._drain(self._rxb, [*socks, (-1, self.rx_sock)], 0, self._on_received)
 
     def _drain(
         self,
@@ -436,16 +438,32 @@ class ProbeMesh:
         if n:
             handler(n)
 
-    def _checked(
-        self, n: int, want_kind: int
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Rows of the RX batch that are well-formed, authentic and of ``want_kind``.
+    def _on_received(self, n: int) -> None:
+        """A received batch: rows from the source-port sockets (echoes) come first,
+        then the probe socket's (probes)."""
+        m = int(np.count_nonzero(self._port_of[:n] >= 0))
+        rows, ts, kind, ttl = self._checked(n, m)
+        split = int(np.searchsorted(rows, m))
+        if split:
+            self._on_echoes(rows[:split], ts, kind)
+        if split < len(rows):
+            self._on_probes(n, rows[split:], ts, kind, ttl)
+
+    def _checked(self, n: int, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Rows of the RX batch that are well-formed, authentic and of the right kind
+        (echoes in rows below ``m``, from the source-port sockets; probes from ``m``).
 
         Returns (rows, timestamp ns, TsKind, TTL) with the rejections counted."""
         b = self._rxb
         ts, kind, ttl, drops = timestamping.rx_meta_batch(b, n)
         if drops >= 0:
-            self.stats["rx_kernel_drops"] = drops
+            # the echo sockets' count, then the probe socket's (the last one reported
+            # wins, as when the two kinds were drained and checked apart)
+            per_row = timestamping.rx_meta_rows(b, n)[3]
+            for part in (per_row[:m], per_row[m:]):
+                top = int(part.max(initial=-1))
+                if top >= 0:
+                    self.stats["rx_kernel_drops"] = top
         none = ts == 0
         if none.any():
             ts[none] = time.time_ns()
@@ -460,24 +478,29 @@ class ProbeMesh:
         if len(rows):
             # MACs of the whole batch, compared in one pass over all bytes (XOR, then
             # OR over each MAC: no early exit, so no timing difference per byte).
-            whole = len(rows) == n
-            offsets = range(0, n * b.slot, b.slot) if whole else (rows * b.slot).tolist()
+            sel = _index(rows)
+            offsets = (
+                range(sel.start * b.slot, sel.stop * b.slot, b.slot)
+                if isinstance(sel, slice)
+                else (rows * b.slot).tolist()
+            )
             want = np.frombuffer(self.codec.macs(b.buffer, offsets), np.uint8)
-            diff = want.reshape(len(rows), MAC_LEN) ^ b.data[_index(rows, n), BODY_SIZE:SIZE]
+            diff = want.reshape(len(rows), MAC_LEN) ^ b.data[sel, BODY_SIZE:SIZE]
             good = np.bitwise_or.reduce(diff, axis=1) == 0
             if not good.all():
                 self._reject("auth", len(rows) - int(good.sum()))
                 rows = rows[good]
-        wrong = pk["kind"][_index(rows, n)] != want_kind
+        wrong = pk["kind"][_index(rows)] != np.where(rows < m, KIND_ECHO, KIND_PROBE)
         if wrong.any():
             self._reject("malformed", int(wrong.sum()))
             rows = rows[~wrong]
         return rows, ts, kind, ttl
 
-    def _on_probes(self, n: int) -> None:
-        rows, ts, kind, ttl = self._checked(n, KIND_PROBE)
+    def _on_probes(
+        self, n: int, rows: np.ndarray, ts: np.ndarray, kind: np.ndarray, ttl: np.ndarray
+    ) -> None:
         pk = self._rx_pkts[:n]
-        sel = _index(rows, n)  # rows to index with (a slice when all n are left)
+        sel = _index(rows)  # rows to index with (a slice when they are consecutive)
         mis = pk["dst"][sel] != self.me
         if mis.any():
             self._reject("misdirected", int(mis.sum()))
@@ -583,9 +606,9 @@ class ProbeMesh:
         whole = len(rows) == n
         if not whole:
             ident, ts, kind = ident[rows], ts[rows], kind[rows]
-        by_counter = self._tx_ids[self._port_of[_index(rows, n)], ident & (RING - 1)]  # >= 0
+        by_counter = self._tx_ids[self._port_of[_index(rows)], ident & (RING - 1)]  # >= 0
         # The looped-back packet ends with the probe: its seq says which one it was.
-        length = b.lengths(n)[_index(rows, n)]
+        length = b.lengths(n)[_index(rows)]
         first = int(length[0])
         if whole and first >= SIZE and (length == first).all():
             # the usual batch: every packet looped back with the same headers, so the
@@ -615,14 +638,13 @@ class ProbeMesh:
         self.r_tx[i[valid]] = ts[valid]
         self.r_kind[i[valid]] = kind[valid]
 
-    def _on_echoes(self, n: int) -> None:
-        rows, ts, kind, _ttl = self._checked(n, KIND_ECHO)
-        pk = self._rx_pkts[:n]
-        mis = pk["src"][_index(rows, n)] != self.me
+    def _on_echoes(self, rows: np.ndarray, ts: np.ndarray, kind: np.ndarray) -> None:
+        pk = self._rx_pkts
+        mis = pk["src"][_index(rows)] != self.me
         if mis.any():
             self._reject("misdirected", int(mis.sum()))
             rows = rows[~mis]
-        p = pk[_index(rows, n)]
+        p = pk[_index(rows)]
         i = (p["seq"] % RING).astype(np.intp)
         ok = (self.r_seq[i] == p["seq"]) & (self.r_dst[i] == p["dst"]) & ~self.r_echoed[i]
         ok &= self.r_state[i] != _FAILED

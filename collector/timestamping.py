@@ -223,6 +223,15 @@ def rx_meta_batch(batch: Any, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarra
     ).all():  # every row: timestamps, then the TTL (no drops reported)
         ts, kind = _timestamp(c["sw_s"], c["sw_ns"], c["hw_s"], c["hw_ns"])
         return ts, kind, c["c1_val"].astype(np.uint8), -1
+    ts, kind, ttl, drops = rx_meta_rows(batch, n)
+    return ts, kind, ttl, int(drops.max(initial=-1))
+
+
+def rx_meta_rows(batch: Any, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`rx_meta_batch` field by field, with the kernel drop count of every row
+    (-1 where the datagram carried none)."""
+    c = batch.control_view(_rx_dtype(batch.control.shape[1]))[:n]
+    clen = batch.controllen(n)
     ok = (c["c0_level"] == socket.SOL_SOCKET) & (c["c0_type"] == SCM_TIMESTAMPING)
     ok &= c["c0_len"] == 16 + _TS3.size
     ts, kind = _timestamp(c["sw_s"], c["sw_ns"], c["hw_s"], c["hw_ns"])
@@ -233,13 +242,13 @@ def rx_meta_batch(batch: Any, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarra
     drops_first &= (c["c2_level"] == socket.IPPROTO_IP) & (c["c2_type"] == IP_TTL)
     ok &= ttl_first | drops_first
     ttl = np.where(ttl_first, c["c1_val"], c["c2_val"]).astype(np.uint8)
-    drops = int(c["c1_val"][drops_first].max()) if drops_first.any() else -1
+    drops = np.where(drops_first, c["c1_val"].astype(np.int64), -1)
     if not ok.all():
         for i in np.flatnonzero(~ok):
             raw = batch.control[i, : int(clen[i])].tobytes()
             t, k, tl, d = rx_meta(_walk(raw))
             ts[i], kind[i], ttl[i] = t, k, tl & 0xFF
-            drops = max(drops, d)
+            drops[i] = max(int(drops[i]), d)
     return ts, kind, ttl, drops
 
 

@@ -17,7 +17,7 @@ from collector import datagram_batch, records
 from collector.config import Peer
 from collector.lab_clock import RecordingClock
 from collector.probe_mesh import ProbeMesh
-from collector.probe_packet import PacketCodec
+from collector.probe_packet import KIND_ECHO, KIND_PROBE, PacketCodec
 from collector.record_buffer import RecordBuffer
 from tests.unit.collector_procs import free_udp_port, loopback_net
 
@@ -137,6 +137,31 @@ def test_replayed_and_forged_datagrams_in_a_batch_are_counted(
     b.drain()
     assert b.rejected["replay"] == 2 and b.rejected["auth"] == 1
     assert b.stats["probes_received"] == 2
+
+
+def test_echoes_and_probes_checked_in_one_batch_keep_their_sockets_apart(
+    meshes: tuple[ProbeMesh, ProbeMesh],
+) -> None:
+    """Echoes (source-port sockets) and probes (probe socket) are received into one
+    batch: an authentic probe sent to a source-port socket, or an echo sent to the
+    probe socket, is malformed there; the valid ones in the same batch are recorded."""
+    a, b = meshes
+    time.sleep(0.2)
+    codec = PacketCodec(KEY)
+    me, other = records.host_id("mb"), records.host_id("ma")
+    now = time.time_ns()
+    probe_to_sport = codec.pack(KIND_PROBE, 0, 10, other, me, 0, now)
+    echo_to_port = codec.pack(KIND_ECHO, 0, 12, me, other, 0, now, t2_ns=now, t3_ns=now)
+    a.tx_socks[0].sendto(probe_to_sport, (b.cfg.backend.address, b.cfg.probe.base_sport))
+    a.tx_socks[0].sendto(echo_to_port, (b.cfg.backend.address, b.port))
+    a._send_pairs([a.slots[0], a.slots[1]])  # four valid probes in the same drain
+    time.sleep(0.05)
+    b.drain()
+    assert b.rejected["malformed"] == 2
+    assert sum(b.rejected.values()) == 2
+    assert b.stats["probes_received"] == 4
+    assert len(b.buffers["probe_rx"].take()) == 4
+    assert len(b.buffers["echo"].take()) == 0
 
 
 def test_echo_every_probe_and_none(tmp_path: Path) -> None:
