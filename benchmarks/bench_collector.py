@@ -9,8 +9,9 @@ collector's default configuration. Two runs by default:
   (``probe.echo_every: 8``), so each process also sends and receives 125 echoes/s;
 * every probe echoed (``probe.echo_every: 1``, the previous default): 1,000 echoes/s.
 
-CPU is utime+stime from /proc/<pid>/stat over the measurement window; RSS is
-VmRSS/VmHWM from /proc/<pid>/status. On loopback the sender's system time includes
+CPU is utime+stime from /proc/<pid>/stat over the measurement window (also printed
+for the peer 'bb', which does the same work: a second sample from the same run); RSS
+is VmRSS/VmHWM from /proc/<pid>/status. On loopback the sender's system time includes
 the receiver's whole input path (a real NIC runs it in softirq on the receiver). The
 status file goes to tmpfs (/run or /dev/shm) as on a deployed host, whose default
 status_file is under /run; spools stay on the temp dir's disk.
@@ -112,9 +113,9 @@ def run(args: argparse.Namespace, echo_every: int | None, spy_bin: Path) -> dict
         try:
             a.start()
             b.start()
-            assert a.proc is not None
+            assert a.proc is not None and b.proc is not None
             time.sleep(args.warmup)
-            pid = a.proc.pid
+            pid, peer = a.proc.pid, b.proc.pid
             spy = None
             if args.py_spy:
                 spy = subprocess.Popen(
@@ -124,9 +125,9 @@ def run(args: argparse.Namespace, echo_every: int | None, spy_bin: Path) -> dict
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 )  # fmt: skip
             load0 = os.getloadavg()[0]
-            st0, c0, t0 = a.status(), cpu_seconds(pid), time.monotonic()
+            st0, c0, p0, t0 = a.status(), cpu_seconds(pid), cpu_seconds(peer), time.monotonic()
             time.sleep(args.seconds)
-            st1, c1, t1 = a.status(), cpu_seconds(pid), time.monotonic()
+            st1, c1, p1, t1 = a.status(), cpu_seconds(pid), cpu_seconds(peer), time.monotonic()
             load1 = os.getloadavg()[0]
             mem = mem_kib(pid)
             if spy is not None:
@@ -149,6 +150,7 @@ def run(args: argparse.Namespace, echo_every: int | None, spy_bin: Path) -> dict
         "waiting": st1["spool"]["segments"],
         "user": 100.0 * (c1[0] - c0[0]) / wall,
         "system": 100.0 * (c1[1] - c0[1]) / wall,
+        "peer": 100.0 * (sum(p1) - sum(p0)) / wall,
         "load": (load0, load1),
         "mem": mem,
     }
@@ -170,6 +172,7 @@ def report(title: str, r: dict[str, Any]) -> None:
         f"  CPU: {cpu:.2f}% of one core (user {r['user']:.2f}%, system {r['system']:.2f}%; "
         f"target <= 2%)  load average {r['load'][0]:.2f} -> {r['load'][1]:.2f}"
     )
+    print(f"  CPU of its peer 'bb' (same work, same window): {r['peer']:.2f}%")
     mem = r["mem"]
     print(
         f"  RSS: {mem['VmRSS'] / 1024:.1f} MiB, peak {mem['VmHWM'] / 1024:.1f} MiB "
