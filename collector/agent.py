@@ -301,9 +301,9 @@ class Collector:
         if self.mesh is not None:
             self.mesh.drain()
             self.mesh.flush()
-        for name, buf in self.buffers.items():
-            if len(buf):
-                self.spool.write(name, buf.take())
+        chunks = [(name, buf.take()) for name, buf in self.buffers.items() if len(buf)]
+        if chunks:
+            self.spool.write_many(chunks)  # one chunk per table, one write
         if self.spool.due():
             self.spool.roll()
             self.shipper.wake()

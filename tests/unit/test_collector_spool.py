@@ -32,6 +32,25 @@ def test_roll_closes_a_decodable_segment_with_every_row(tmp_path: Path) -> None:
     assert sp.depth() == (1, sp.path_of(1).stat().st_size, 15)
 
 
+def test_write_many_appends_the_same_bytes_as_one_write_per_table(tmp_path: Path) -> None:
+    health = np.zeros(3, records.HEALTH)
+    health["value"] = [1, 2, 3]
+    tables = [("probe_tx", _tx(range(4))), ("echo", np.zeros(0, records.ECHO)), ("health", health)]
+    one = Spool(tmp_path / "one", "h01", 7, max_bytes=10**9, roll_s=3600.0, roll_bytes=10**9,
+                now_ns=lambda: 42)  # fmt: skip
+    many = Spool(tmp_path / "many", "h01", 7, max_bytes=10**9, roll_s=3600.0, roll_bytes=10**9,
+                 now_ns=lambda: 42)  # fmt: skip
+    for table, rows in tables:
+        one.write(table, rows)
+    many.write_many(tables)
+    many.write_many([("echo", np.zeros(0, records.ECHO))])  # nothing to write: no-op
+    assert one.roll() == many.roll() == 1
+    assert one.path_of(1).read_bytes() == many.path_of(1).read_bytes()
+    assert many.stats.rows_written == 7 and many.depth()[2] == 7
+    seg = wire.decode(many.path_of(1).read_bytes())
+    assert seg.table("health")["value"].tolist() == [1, 2, 3]
+
+
 def test_ids_survive_restart_even_after_everything_was_shipped(tmp_path: Path) -> None:
     sp = _spool(tmp_path)
     for i in range(3):
