@@ -39,7 +39,7 @@ class IngestConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     metrics_max_pairs: int = 2000  # per-pair series in /metrics: the worst N by loss
     clock_window_s: float = 2.0  # clock solver window (analytics/clock_runner.py)
     clock_lateness_s: float = 3.0  # a window is solved this long after it ended
-    max_requests_per_s: float = 1250.0  # request budget: acks advise longer segments past it
+    max_requests_per_s: float = 600.0  # request budget: acks advise longer segments past it
     max_advised_roll_s: float = 30.0  # longest segment interval the acks advise
 
 

@@ -53,6 +53,7 @@ from collector import wire  # noqa: E402
 
 KEY = b"bench-fleet-key-0123456789abcdef"
 PROBE_TABLES = ("probe_tx", "probe_rx")
+SHIPPER_TIMEOUT_S = 5.0  # collector.shipper.Shipper's default HTTP timeout
 
 
 def machine() -> str:
@@ -127,13 +128,27 @@ def client(args: argparse.Namespace, idx: int, port: int, t0: int, ready, go, ou
     sent_at: dict[int, float] = {}
     active = 0
 
+    # --paced: request k is due at start + k / rate (each host once per span, spread
+    # evenly, as a fleet ships); latency counts from when it was due, so waiting for a
+    # free connection (the daemon falling behind) shows up in it
+    rate = args.hosts / args.procs / args.span
+    start = time.monotonic()
+    issued = 0
+    idle: list[Conn] = []
+    behind = 0.0  # the longest a due request waited for a free connection
+
     def send_next(c: Conn) -> bool:
+        nonlocal issued, behind
         if not reqs:
             return False
         c.req = reqs.pop()
         c.out = memoryview(c.req[0])
         c.buf.clear()
-        sent_at[id(c)] = time.monotonic()
+        now = time.monotonic()
+        due = start + issued / rate if args.paced else now
+        behind = max(behind, now - due)
+        sent_at[id(c)] = due
+        issued += 1
         _flush(c)
         return True
 
@@ -149,11 +164,22 @@ def client(args: argparse.Namespace, idx: int, port: int, t0: int, ready, go, ou
         except KeyError:
             sel.register(c.sock, events, c)
 
-    for c in conns:
-        if send_next(c):
-            active += 1
-    while active:
-        for key, events in sel.select():
+    if args.paced:
+        idle = conns[::-1]
+    else:
+        for c in conns:
+            if send_next(c):
+                active += 1
+    while active or (args.paced and reqs):
+        timeout = None
+        if args.paced:
+            now = time.monotonic()
+            while reqs and idle and start + issued / rate <= now:
+                if send_next(idle.pop()):
+                    active += 1
+            if reqs and idle:
+                timeout = max(0.0, start + issued / rate - now)
+        for key, events in sel.select(timeout):
             c = key.data
             if events & selectors.EVENT_WRITE and c.out:
                 _flush(c)
@@ -184,7 +210,10 @@ def client(args: argparse.Namespace, idx: int, port: int, t0: int, ready, go, ou
                 time.sleep(0.01)
             else:
                 raise RuntimeError(f"HTTP {status}: {body[:200]!r}")
-            if not send_next(c):
+            if args.paced:
+                active -= 1
+                idle.append(c)
+            elif not send_next(c):
                 sel.unregister(c.sock)
                 active -= 1
     ru1 = resource.getrusage(resource.RUSAGE_SELF)
@@ -193,8 +222,9 @@ def client(args: argparse.Namespace, idx: int, port: int, t0: int, ready, go, ou
         c.sock.close()
     lat.sort()
     out.put(
-        (probe, rows, requests, first, last, cpu, lat[len(lat) // 2], lat[int(len(lat) * 0.99)])
-    )
+        (probe, rows, requests, first, last, cpu, lat[len(lat) // 2], lat[int(len(lat) * 0.99)],
+         lat[-1], behind)
+    )  # fmt: skip
 
 
 def announce_fleet(port: int, hosts: int, t0: int) -> float:
@@ -256,6 +286,12 @@ def main() -> None:
     ap.add_argument("--profile", default="", help="py-spy the daemon into this raw file")
     ap.add_argument(
         "--faults", action="store_true", help="count the daemon's page faults (perf stat)"
+    )
+    ap.add_argument(
+        "--paced",
+        action="store_true",
+        help="send at the fleet's own pace (each host once per span, spread evenly) instead "
+        "of as fast as the daemon acknowledges: is the offered load sustained?",
     )
     ap.add_argument("--keep", action="store_true", help="keep the store directory")
     args = ap.parse_args()
@@ -378,7 +414,17 @@ def main() -> None:
             f"throughput: {rate:,.0f} probe records/s end to end ({rows / elapsed:,.0f} rows/s, "
             f"{requests / elapsed:,.0f} requests/s)"
         )
-        print(f"ack latency: p50 {results[0][6] * 1e3:.0f} ms, p99 {results[0][7] * 1e3:.0f} ms")
+        print(
+            f"ack latency: p50 {results[0][6] * 1e3:.0f} ms, p99 {results[0][7] * 1e3:.0f} ms, "
+            f"max {max(r[8] for r in results) * 1e3:.0f} ms"
+        )
+        if args.paced:
+            offered = args.hosts * probe / max(requests, 1) / args.span
+            late = max(r[9] for r in results)
+            print(
+                f"paced: offered {offered:,.0f} probe records/s ({args.hosts / args.span:,.0f} "
+                f"requests/s); longest wait for a free connection {late * 1e3:.0f} ms"
+            )
         print(
             f"cpu: daemon {cpu1 - cpu0:.1f} s ({(cpu1 - cpu0) / m:.2f} s per M probe records), "
             f"client {client_cpu:.1f} s ({client_cpu / m:.2f} s per M)"
@@ -399,7 +445,13 @@ def main() -> None:
             f"{commit_s / elapsed:.0%} of the run)"
         )
         print(f"hosts per ops box at 80 probes/s (160 probe records/s/host): {rate / 160:,.0f}")
-        verdict = "reached" if rate >= 2_000_000 else "NOT reached"
+        if args.paced:  # sustained = the offered load, every ack within a shipper's timeout
+            ok = offered >= 2_000_000 and max(r[8] for r in results) < SHIPPER_TIMEOUT_S
+            verdict = "reached" if ok else "NOT reached"
+            print(f"every ack within the shipper's {SHIPPER_TIMEOUT_S:.0f}-s timeout: "
+                  f"{max(r[8] for r in results) < SHIPPER_TIMEOUT_S}")  # fmt: skip
+        else:
+            verdict = "reached" if rate >= 2_000_000 else "NOT reached"
         print(f"issue 4 target 2,000,000 probe records/s sustained end to end: {verdict}")
         if stored != probe:
             sys.exit("store does not hold exactly the acknowledged records")
