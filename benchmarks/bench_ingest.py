@@ -1,14 +1,17 @@
 """End-to-end ingest throughput: real collector batches over HTTP into a real daemon.
 
     .venv/bin/python benchmarks/bench_ingest.py [--hosts 12500] [--seconds 20]
-        [--connections 2500] [--span 0] [--per-request 1] [--roll-s 0.2] [--faults]
-        [--profile FILE]
+        [--connections 2500] [--span 0] [--per-request 1] [--roll-s 0.2] [--paced]
+        [--faults] [--profile FILE]
 
 The ops box sets the shipping pace (docs/store.md, "Shipping pace"): with ``--span 0``
 (default) every host first announces itself with one small segment, the daemon's ack
-says which segment interval it wants for this fleet (10 s for 12,500 hosts at the
-default budget), and the traffic is built with segments of that length, as collectors
-would ship it. Issue 4's figure: ``--hosts 12500 --connections 2500``.
+says which segment interval it wants for this fleet (20.9 s for 12,500 hosts at the
+default budget of 600 requests/s), and the traffic is built with segments of that length,
+as collectors would ship it. Issue 4's figure: ``--hosts 12500 --connections 2500``.
+``--paced`` sends each host's segment once per interval, spread evenly (the fleet's own
+pace) instead of as fast as acks come back, and checks every ack against the shipper's
+5-s timeout: is the offered load sustained?
 
 What is sent: each host's real segments (:func:`analytics.ingest_load.host_seconds`:
 80 probe_tx + 80 probe_rx + 80 echo + 24 netdev counter + 16 health rows, what a collector
