@@ -121,7 +121,8 @@ _PAIR_STATS = """
     FROM s_ GROUP BY src, dst
 """
 
-Rows: TypeAlias = np.ndarray | pa.Table  # collector records (``records.TABLES``) or store-schema Arrow
+# collector records (``records.TABLES``) or store-schema Arrow
+Rows: TypeAlias = np.ndarray | pa.Table
 Cols: TypeAlias = dict[str, np.ndarray]  # columns of equal length
 
 
