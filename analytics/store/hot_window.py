@@ -221,19 +221,12 @@ class HotWindow:
             old, self._unmatched = self._unmatched, None
             if old is not None:
                 self._rows -= len(old["src"])
-        rx = _cat([_rx_cols(r) for r in rx_items]) if rx_items else None
-        parts = []
-        if old is not None:
-            parts.append({**old, "new": np.zeros(len(old["src"]), bool)})
-        for a, data in new:
-            cols = dict(zip(_TX_FIELDS, _columns(data, _TX_FIELDS), strict=True))
-            n = len(cols["src"])
-            parts.append({**cols, "arrival": np.full(n, a, np.int64), "new": np.ones(n, bool)})
-        if not parts:
+        rx = _gather(rx_items, _RX_FIELDS) if rx_items else None
+        if old is None and not new:
             if rx is not None:
-                self._put_back(_take(rx, rx["arrival"] >= rx_horizon), None)
+                self._put_back(_take(rx, rx["arrival"] >= rx_horizon, drop=("new",)), None)
             return
-        tx = _cat(parts)
+        tx = _gather(([] if old is None else [old]) + new, _TX_FIELDS)
         rx_ns = _match(tx, rx)  # per probe_tx: its rx_ns, _NONE where no probe_rx yet
         has_rx = rx_ns != _NONE
         d = rx_ns - tx["tx_ns"]  # meaningful where has_rx (null elsewhere)
@@ -281,7 +274,9 @@ class HotWindow:
         wait = _take(tx, ~has_rx & (tx["arrival"] >= final), drop=("new",))
         rx_left = None
         if rx is not None:
-            rx_left = _take(rx, ~rx["matched"] & (rx["arrival"] >= rx_horizon), drop=("matched",))
+            rx_left = _take(
+                rx, ~rx["matched"] & (rx["arrival"] >= rx_horizon), drop=("matched", "new")
+            )
         self._put_back(rx_left, wait if len(wait["src"]) else None)
 
     def _put_back(self, rx_left: Cols | None, wait: Cols | None) -> None:
@@ -414,23 +409,59 @@ def _columns(data: Rows, names: tuple[str, ...]) -> list[np.ndarray]:
     return out
 
 
-def _rx_cols(item: tuple[int, Rows] | Cols) -> Cols:
-    if isinstance(item, dict):
-        return item
-    arrival, data = item
-    cols = dict(zip(_RX_FIELDS, _columns(data, _RX_FIELDS), strict=True))
-    cols["arrival"] = np.full(len(cols["src"]), arrival, np.int64)
-    return cols
-
-
-def _cat(parts: list[Cols]) -> Cols:
-    if len(parts) == 1:
-        return dict(parts[0])
-    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-
-
 def _take(cols: Cols, mask: np.ndarray, drop: tuple[str, ...] = ()) -> Cols:
-    return {k: v[mask] for k, v in cols.items() if k not in drop}
+    """The rows of ``mask`` (no copy when that is every row; one scan of the mask when
+    it is a few)."""
+    keep = [k for k in cols if k not in drop]
+    n = len(mask)
+    picked = int(np.count_nonzero(mask))
+    if picked == n:
+        return {k: cols[k] for k in keep}
+    if picked < n // 4:
+        idx = np.flatnonzero(mask)
+        return {k: cols[k].take(idx) for k in keep}
+    return {k: cols[k][mask] for k in keep}
+
+
+_DTYPES = {"src": np.int64, "dst": np.int64, "seq": np.int64, "sport": np.uint16,
+           "tx_ns": np.int64, "rx_ns": np.int64}  # fmt: skip
+_GATHER_ROWS = 16_384  # rows copied per field and step: the records stay in the L2 cache
+
+
+def _gather(items: list, names: tuple[str, ...]) -> Cols:
+    """One set of columns (``names`` + ``arrival`` + ``new``) from queued items: columns
+    kept from an earlier settle (``new`` False) or ``(arrival, rows)`` as added (``new``
+    True). Each field is copied once, straight into its place (no per-item columns
+    joined afterwards)."""
+    sizes = [len(it["src"]) if isinstance(it, dict) else _len(it[1]) for it in items]
+    total = sum(sizes)
+    out = {name: np.empty(total, _DTYPES[name]) for name in names}
+    out["arrival"] = np.empty(total, np.int64)
+    out["new"] = np.empty(total, bool)
+    pos = 0
+    for it, n in zip(items, sizes, strict=True):
+        end = pos + n
+        if isinstance(it, dict):
+            for name in names:
+                out[name][pos:end] = it[name]
+            out["arrival"][pos:end] = it["arrival"]
+            out["new"][pos:end] = False
+        else:
+            arrival, data = it
+            if isinstance(data, np.ndarray):
+                views = [data[name] for name in names]
+                views = [v.view(np.int64) if v.dtype == np.uint64 else v for v in views]
+                for lo in range(0, n, _GATHER_ROWS):
+                    hi = min(lo + _GATHER_ROWS, n)
+                    for name, view in zip(names, views, strict=True):
+                        out[name][pos + lo : pos + hi] = view[lo:hi]
+            else:
+                for name, col in zip(names, _columns(data, names), strict=True):
+                    out[name][pos:end] = col
+            out["arrival"][pos:end] = arrival
+            out["new"][pos:end] = True
+        pos = end
+    return out
 
 
 def _match(tx: Cols, rx: Cols | None) -> np.ndarray:

@@ -287,11 +287,16 @@ def records_to_arrow(table: str, rows: np.ndarray) -> pa.Table:
     return pa.Table.from_arrays([arrays[f.name] for f in spec.schema], schema=spec.schema)
 
 
-def parquet_options(schema: pa.Schema) -> dict:
-    """Encoding options of every store file (benchmarks/bench_ingest.py, docs/store.md)."""
+def parquet_options(schema: pa.Schema, *, dictionary: bool = True) -> dict:
+    """Encoding options of every store file (benchmarks/bench_ingest.py, docs/store.md).
+
+    ``dictionary=False`` (the ingest daemon's group commits): no dictionary pages at all.
+    They halve the encoding cost of probe tables and grow those files ~20 %; the
+    compactor rewrites the commits of an hour with dictionaries (docs/store.md, "Round 4").
+    """
     names = schema.names
     return {
-        "use_dictionary": [c for c in names if c in DICTIONARY_COLUMNS],
+        "use_dictionary": [c for c in names if c in DICTIONARY_COLUMNS] if dictionary else False,
         "write_statistics": [c for c in names if c in STATISTICS_COLUMNS],
         "column_encoding": {
             c: "DELTA_BINARY_PACKED"

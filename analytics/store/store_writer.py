@@ -186,12 +186,13 @@ class StoreWriter:
         st = os.statvfs(self.root)
         return st.f_bavail * st.f_frsize
 
-    def _encode_parquet(self, path: Path, table: pa.Table) -> None:
+    def _encode_parquet(self, path: Path, table: pa.Table, dictionary: bool = True) -> None:
         """Encode ``table`` to ``path`` (not yet durable).
 
         Settings chosen by benchmarks/bench_ingest.py's profile (docs/store.md,
         "Performance"): dictionary pages only on low-cardinality columns (on ids,
-        sequence numbers and nanosecond times they cost time and save nothing), delta
+        sequence numbers and nanosecond times they cost time and save nothing), and none
+        at all in group commits (``dictionary=False``: compaction adds them), delta
         encoding on monotonic integers, min/max statistics only where readers prune.
         """
         pq.write_table(
@@ -199,7 +200,7 @@ class StoreWriter:
             path,
             compression=self.compression,
             row_group_size=1 << 22,
-            **layout.parquet_options(table.schema),
+            **layout.parquet_options(table.schema, dictionary=dictionary),
         )
 
     def _write_parquet(self, path: Path, table: pa.Table) -> None:
@@ -229,7 +230,9 @@ class StoreWriter:
         """Write ``data`` as ``name`` into each hour partition its rows fall in (durably)."""
         return self._write_many([(table, data)], name)
 
-    def _write_many(self, tables: list[tuple[str, pa.Table]], name: str) -> list[Path]:
+    def _write_many(
+        self, tables: list[tuple[str, pa.Table]], name: str, dictionary: bool = True
+    ) -> list[Path]:
         """Durably write each table as ``name`` in the hour partitions its rows fall in.
 
         Encode every file under a temporary name, fsync them all concurrently, rename,
@@ -238,7 +241,7 @@ class StoreWriter:
         staged: list[tuple[Path, Path]] = []
         written: list[Path] = []
         try:
-            jobs: list[tuple[Path, pa.Table]] = []
+            jobs: list[tuple[Path, pa.Table, bool]] = []
             for table, data in tables:
                 for bucket, part_data in self._hour_groups(table, data):
                     part = self.root / table / layout.partition_of(bucket)
@@ -246,7 +249,7 @@ class StoreWriter:
                     path = part / name
                     tmp = path.with_name(name + ".tmp")
                     staged.append((tmp, path))
-                    jobs.append((tmp, part_data))
+                    jobs.append((tmp, part_data, dictionary))
             # Parquet encoding runs without the GIL: the files of a commit are encoded
             # (and fsynced) side by side instead of one after the other
             self._parallel(self._encode_durable, jobs)
@@ -261,7 +264,7 @@ class StoreWriter:
             raise
         return written
 
-    def _encode_durable(self, job: tuple[Path, pa.Table]) -> None:
+    def _encode_durable(self, job: tuple[Path, pa.Table, bool]) -> None:
         self._encode_parquet(*job)
         layout.fsync_file(job[0])
 
@@ -284,7 +287,7 @@ class StoreWriter:
         written: list[Path] = []
         try:
             data = [(t, d) for t, d in tables.items() if d.num_rows]
-            written += self._write_many(data, name)
+            written += self._write_many(data, name, dictionary=False)
             # the commit record goes last, once every data file is durable
             written += self._write_many([("batches", batches)], name)
         except OSError as exc:

@@ -11,6 +11,7 @@ from pathlib import Path
 import duckdb
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from analytics import ingest_config, ingest_load
@@ -95,6 +96,15 @@ def test_partial_commit_is_removed_and_committed_ones_stay(tmp_path: Path) -> No
         w2.commit(0, {}, _batches(0, [1], [1]))
 
 
+def _has_dictionary(path: Path) -> bool:
+    """Whether the ``src`` column of ``path`` has dictionary pages."""
+    meta = pq.ParquetFile(path).metadata
+    col = meta.schema.names.index("src")
+    return any(
+        meta.row_group(i).column(col).has_dictionary_page for i in range(meta.num_row_groups)
+    )
+
+
 def test_compaction_merges_and_survives_a_crash_midway(tmp_path: Path) -> None:
     w = StoreWriter(tmp_path)
     w.open()
@@ -103,9 +113,11 @@ def test_compaction_merges_and_survives_a_crash_midway(tmp_path: Path) -> None:
     c = Compactor(w, min_age_s=0)
     part = next((tmp_path / "probe_tx").glob("date=2*/hour=*"))
     assert len(list(part.glob("*.parquet"))) == 6
+    assert not _has_dictionary(part / "c000000000000.parquet")  # commits: encoded fast
     c.run()
     assert [p.name for p in part.glob("*.parquet")] == ["m000000000000-000000000005.parquet"]
     assert _count(tmp_path, "probe_tx") == 6 * 80
+    assert _has_dictionary(part / "m000000000000-000000000005.parquet")  # compacted: small
     # crash between "output renamed into place" and "sources deleted"
     for n in range(6, 9):
         w.commit(n, _probe_tables(n), _batches(n, [int(IDS[0])], [n]))
