@@ -1,12 +1,13 @@
-"""The hot window: recent probes in memory, settled incrementally, queried with DuckDB.
+"""The hot window: recent probes in memory, settled incrementally, summarised with DuckDB.
 
-Every group commit hands its ``probe_tx``/``probe_rx`` Arrow tables here (only the
-columns the join needs are kept: no copy). Work is proportional to what arrived, never to
-the whole window, so it keeps up at millions of probes per second
-(docs/store.md, "Performance"):
+Every group commit hands its ``probe_tx``/``probe_rx`` records here (the numpy arrays
+the clock runner keeps too, by reference; Arrow tables are accepted as well). Work is
+proportional to what arrived, never to the whole window, so it keeps up at millions of
+probes per second (docs/store.md, "Performance"):
 
 * **settle** (each live refresh): the probe_tx rows that arrived more than ``lag_s`` ago
-  are joined once with the probe_rx rows in memory; a probe without its probe_rx yet is
+  are joined once (numpy, by dense (sender, seq) slots) with the probe_rx rows in
+  memory; a probe without its probe_rx yet is
   kept aside and joined only with probe_rx that arrive later, until ``grace_s`` after its
   own arrival (then it is lost). The joined rows (minute, src, dst, sport, delay) wait for
   their minute's rollup; per-pair stats of the slice go to the live view.
