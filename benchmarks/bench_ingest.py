@@ -8,10 +8,11 @@ The ops box sets the shipping pace (docs/store.md, "Shipping pace"): with ``--sp
 (default) every host first announces itself with one small segment, the daemon's ack
 says which segment interval it wants for this fleet (20.9 s for 12,500 hosts at the
 default budget of 600 requests/s), and the traffic is built with segments of that length,
-as collectors would ship it. Issue 4's figure: ``--hosts 12500 --connections 2500``.
-``--paced`` sends each host's segment once per interval, spread evenly (the fleet's own
-pace) instead of as fast as acks come back, and checks every ack against the shipper's
-5-s timeout: is the offered load sustained?
+as collectors would ship it. ``--paced`` sends each host's segment once per interval,
+spread evenly (the fleet's own pace) instead of as fast as acks come back, and checks
+every ack against the shipper's 5-s timeout: is the offered load sustained? Issue 4's
+figures: ``--hosts 12500 --connections 2500 --seconds 42 --paced`` (sustained) and the
+same without ``--paced`` (flat out).
 
 What is sent: each host's real segments (:func:`analytics.ingest_load.host_seconds`:
 80 probe_tx + 80 probe_rx + 80 echo + 24 netdev counter + 16 health rows, what a collector
