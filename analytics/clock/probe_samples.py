@@ -64,22 +64,29 @@ def hosts_in(*id_columns: np.ndarray) -> np.ndarray:
 _CHUNK_ROWS = 16_384
 
 
-def columns(records: np.ndarray, names: tuple[str, ...]) -> list[np.ndarray]:
+def columns(
+    records: np.ndarray,
+    names: tuple[str, ...],
+    out: list[np.ndarray] | None = None,
+    at: int = 0,
+) -> list[np.ndarray]:
     """Contiguous copies of several fields of a structured array, in one pass.
 
     Reading one field reads every cache line of the records, so copying k fields
     one after the other streams the whole array from memory k times; copying them
     chunk by chunk (each chunk still in cache for the next field) streams it once.
-    ``seq`` (uint64) comes out as int64."""
+    ``seq`` (uint64) comes out as int64. With ``out`` (one array per name) the fields
+    are written into ``out[i][at:at + len(records)]`` instead of new arrays."""
     views = [records[name] for name in names]
     views = [v.view(np.int64) if v.dtype == np.uint64 else v for v in views]
     n = len(records)
-    outs = [np.empty(n, v.dtype) for v in views]
+    if out is None:
+        out, at = [np.empty(n, v.dtype) for v in views], 0
     for start in range(0, n, _CHUNK_ROWS):
-        end = start + _CHUNK_ROWS
-        for out, view in zip(outs, views, strict=True):
-            out[start:end] = view[start:end]
-    return outs
+        end = min(start + _CHUNK_ROWS, n)
+        for dst, view in zip(out, views, strict=True):
+            dst[at + start : at + end] = view[start:end]
+    return out
 
 
 @dataclass

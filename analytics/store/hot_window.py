@@ -190,7 +190,7 @@ class HotWindow:
             self._rows -= dropped
             self.evicted_rows += dropped
         while self._rows > self.max_rows and len(self._rx) > 1:
-            dropped = _rx_len(self._rx.popleft())
+            dropped = _item_len(self._rx.popleft())
             self._rows -= dropped
             self.evicted_rows += dropped
 
@@ -218,7 +218,7 @@ class HotWindow:
                 new.append(self._tx.popleft())
             rx_items = list(self._rx)
             self._rx.clear()
-            self._rows -= sum(_len(d) for _, d in new) + sum(_rx_len(r) for r in rx_items)
+            self._rows -= sum(_len(d) for _, d in new) + sum(_item_len(r) for r in rx_items)
             old, self._unmatched = self._unmatched, None
             if old is not None:
                 self._rows -= len(old["src"])
@@ -395,19 +395,9 @@ def _len(data: Rows) -> int:
     return len(data) if isinstance(data, np.ndarray) else data.num_rows
 
 
-def _rx_len(item: tuple[int, Rows] | Cols) -> int:
+def _item_len(item: tuple[int, Rows] | Cols) -> int:
+    """Rows of a queued item: ``(arrival, rows)`` as added, or columns kept by a settle."""
     return len(item["src"]) if isinstance(item, dict) else _len(item[1])
-
-
-def _columns(data: Rows, names: tuple[str, ...]) -> list[np.ndarray]:
-    """Contiguous columns of collector records or of an Arrow table (``seq`` as int64)."""
-    if isinstance(data, np.ndarray):
-        return probe_samples.columns(data, names)
-    out = []
-    for name in names:
-        col = np.ascontiguousarray(data.column(name).to_numpy())
-        out.append(col.view(np.int64) if col.dtype == np.uint64 else col)
-    return out
 
 
 def _take(cols: Cols, mask: np.ndarray, drop: tuple[str, ...] = ()) -> Cols:
@@ -426,7 +416,6 @@ def _take(cols: Cols, mask: np.ndarray, drop: tuple[str, ...] = ()) -> Cols:
 
 _DTYPES = {"src": np.int64, "dst": np.int64, "seq": np.int64, "sport": np.uint16,
            "tx_ns": np.int64, "rx_ns": np.int64}  # fmt: skip
-_GATHER_ROWS = 16_384  # rows copied per field and step: the records stay in the L2 cache
 
 
 def _gather(items: list, names: tuple[str, ...]) -> Cols:
@@ -434,9 +423,10 @@ def _gather(items: list, names: tuple[str, ...]) -> Cols:
     kept from an earlier settle (``new`` False) or ``(arrival, rows)`` as added (``new``
     True). Each field is copied once, straight into its place (no per-item columns
     joined afterwards)."""
-    sizes = [len(it["src"]) if isinstance(it, dict) else _len(it[1]) for it in items]
+    sizes = [_item_len(it) for it in items]
     total = sum(sizes)
     out = {name: np.empty(total, _DTYPES[name]) for name in names}
+    targets = [out[name] for name in names]
     out["arrival"] = np.empty(total, np.int64)
     out["new"] = np.empty(total, bool)
     pos = 0
@@ -449,16 +439,12 @@ def _gather(items: list, names: tuple[str, ...]) -> Cols:
             out["new"][pos:end] = False
         else:
             arrival, data = it
-            if isinstance(data, np.ndarray):
-                views = [data[name] for name in names]
-                views = [v.view(np.int64) if v.dtype == np.uint64 else v for v in views]
-                for lo in range(0, n, _GATHER_ROWS):
-                    hi = min(lo + _GATHER_ROWS, n)
-                    for name, view in zip(names, views, strict=True):
-                        out[name][pos + lo : pos + hi] = view[lo:hi]
-            else:
-                for name, col in zip(names, _columns(data, names), strict=True):
-                    out[name][pos:end] = col
+            if isinstance(data, np.ndarray):  # the fields copied straight into place
+                probe_samples.columns(data, names, out=targets, at=pos)
+            else:  # Arrow: numpy views of its columns (seq is uint64 there)
+                for name in names:
+                    col = data.column(name).to_numpy()
+                    out[name][pos:end] = col.view(np.int64) if col.dtype == np.uint64 else col
             out["arrival"][pos:end] = arrival
             out["new"][pos:end] = True
         pos = end
