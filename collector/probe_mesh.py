@@ -519,12 +519,7 @@ class ProbeMesh:
         if not len(rows):
             return
         p = pk[sel]
-        has_qpn = p["qpn"] != 0
-        if has_qpn.any():
-            for src, qpn in zip(
-                p["src"][has_qpn].tolist(), p["qpn"][has_qpn].tolist(), strict=True
-            ):
-                self.peer_qpn[src] = qpn
+        self._learn_qpns(p["src"], p["qpn"])  # the prober's
         sports = self._rxb.ports(n)[sel]
         out = np.zeros(len(rows), records.PROBE_RX)
         out["seq"] = p["seq"]
@@ -544,6 +539,13 @@ class ProbeMesh:
             want = (p["flags"] & FLAG_ECHO) != 0
             if want.any():
                 self._echo(rows[want], kind[sel][want], rx_ns[want], sports[want])
+
+    def _learn_qpns(self, hosts: np.ndarray, qpns: np.ndarray) -> None:
+        """Remember the RDMA UD queue pair each peer announced (0: it has none)."""
+        has_qpn = qpns != 0
+        if has_qpn.any():
+            for host, qpn in zip(hosts[has_qpn].tolist(), qpns[has_qpn].tolist(), strict=True):
+                self.peer_qpn[host] = qpn
 
     def _echo(
         self,
@@ -668,12 +670,7 @@ class ProbeMesh:
         if not len(rows):
             return
         self.r_echoed[i] = True
-        has_qpn = p["qpn"] != 0
-        if has_qpn.any():
-            for dst, qpn in zip(
-                p["dst"][has_qpn].tolist(), p["qpn"][has_qpn].tolist(), strict=True
-            ):
-                self.peer_qpn[dst] = qpn
+        self._learn_qpns(p["dst"], p["qpn"])  # the echoer's
         out = np.zeros(len(rows), records.ECHO)
         out["seq"] = p["seq"]
         out["src"] = self.me
