@@ -116,10 +116,32 @@ class LiveSnapshot:
 _TX_FIELDS = ("src", "dst", "seq", "sport", "tx_ns")
 _RX_FIELDS = ("src", "seq", "rx_ns")
 _MIN = layout.NS_PER_MINUTE
+# Quantiles in the list form: one sorted state per group for all of them (one
+# ``quantile_cont`` per fraction keeps and sorts a copy of the group's values for each).
 _PAIR_STATS = """
-    SELECT src, dst, count(*) AS sent, count(d) AS received, min(d) AS dmin,
-           quantile_cont(d, 0.5) AS p50, quantile_cont(d, 0.99) AS p99
-    FROM s_ GROUP BY src, dst
+    SELECT src, dst, sent, received, dmin, q[1] AS p50, q[2] AS p99
+    FROM (SELECT src, dst, count(*) AS sent, count(d) AS received, min(d) AS dmin,
+                 quantile_cont(d, [0.5, 0.99]) AS q
+          FROM s_ GROUP BY src, dst)
+"""
+# A final minute's rollups: per path (src, dst, sport) in one pass; per pair only what
+# needs the pair's own values (its quantiles and mean), the rest summed from its paths
+# (the pair's count(DISTINCT sport) alone cost as much as its quantiles).
+_PATH_ROLLUP = """
+    SELECT src, dst, sport::INTEGER AS sport, sent, received, delay_min_ns,
+           q[1] AS delay_p50_ns, q[2] AS delay_p99_ns, delay_max_ns
+    FROM (SELECT src, dst, sport, count(*) AS sent, count(d) AS received,
+                 min(d) AS delay_min_ns, quantile_cont(d, [0.5, 0.99]) AS q,
+                 max(d) AS delay_max_ns
+          FROM j GROUP BY ALL)
+    ORDER BY src, dst, sport
+"""
+_PAIR_ROLLUP = """
+    SELECT src, dst, q[1] AS delay_p50_ns, q[2] AS delay_p90_ns, q[3] AS delay_p99_ns,
+           delay_mean_ns
+    FROM (SELECT src, dst, quantile_cont(d, [0.5, 0.9, 0.99]) AS q, avg(d) AS delay_mean_ns
+          FROM j GROUP BY ALL)
+    ORDER BY src, dst
 """
 
 # collector records (``records.TABLES``) or store-schema Arrow
@@ -153,7 +175,7 @@ class HotWindow:
         # probe_rx not matched yet: (arrival, rows) as added, or columns with "arrival"
         self._rx: deque[tuple[int, Rows] | Cols] = deque()
         self._unmatched: Cols | None = None  # settled probe_tx waiting for probe_rx
-        self._joined: dict[int, list[pa.Table]] = {}  # minute -> (minute, src, dst, sport, d)
+        self._joined: dict[int, list[pa.Table]] = {}  # minute -> (src, dst, sport, d)
         self._slices: deque[tuple[int, pa.Table]] = deque()  # (settled at, per-pair stats)
         self._rows = 0  # probe_tx + probe_rx rows held (pending, unmatched, joined)
         self.evicted_rows = 0
@@ -260,14 +282,8 @@ class HotWindow:
             sel = done & (minute == m)
             if not sel.any():
                 continue
-            part = pa.table(
-                {
-                    "minute_ns": _const(m, pa.int64(), int(np.count_nonzero(sel))),
-                    "src": tx["src"][sel],
-                    "dst": tx["dst"][sel],
-                    "sport": tx["sport"][sel].astype(np.uint16, copy=False),
-                    "d": _nullable(d[sel], has_rx[sel]),
-                }
+            part = _joined_part(
+                tx["src"][sel], tx["dst"][sel], tx["sport"][sel], _nullable(d[sel], has_rx[sel])
             )
             with self._lock:
                 self._joined.setdefault(m, []).append(part)
@@ -331,8 +347,8 @@ class HotWindow:
         if final_end <= lo:
             return None
         self.settle(now_ns)
+        minutes: dict[int, list[pa.Table]] = {}
         with self._lock:
-            parts = []
             # probes of these minutes still waiting for their probe_rx are lost now
             wait = self._unmatched
             if wait is not None:
@@ -342,52 +358,86 @@ class HotWindow:
                     self._unmatched = rest if len(rest["src"]) else None
                     self._rows -= int(np.count_nonzero(late))
                     lost = _take(wait, late & (wait["tx_ns"] >= lo))
-                    n = len(lost["src"])
-                    parts.append(
-                        pa.table(
-                            {
-                                "minute_ns": lost["tx_ns"] // _MIN * _MIN,
-                                "src": lost["src"],
-                                "dst": lost["dst"],
-                                "sport": lost["sport"].astype(np.uint16, copy=False),
-                                "d": pa.nulls(n, pa.int64()),
-                            }
-                        )
-                    )
+                    lost_minute = lost["tx_ns"] // _MIN * _MIN
+                    for m in np.unique(lost_minute).tolist():
+                        sel = lost_minute == m
+                        n = int(np.count_nonzero(sel))
+                        minutes.setdefault(m, []).append(
+                            _joined_part(
+                                lost["src"][sel], lost["dst"][sel], lost["sport"][sel],
+                                pa.nulls(n, pa.int64()),
+                            )
+                        )  # fmt: skip
             self.next_minute_ns = final_end
             for m in [m for m in self._joined if m < final_end]:
-                for t in self._joined.pop(m):
-                    parts.append(t)
-                    self._rows -= t.num_rows
-        j = _concat(parts) if parts else _EMPTY_J
-        con = self._con
-        con.register("j", j)
-        try:
-            pair = con.sql(
-                """
-                SELECT minute_ns, src, dst, count(DISTINCT sport) AS paths,
-                       count(*) AS sent, count(d) AS received, min(d) AS delay_min_ns,
-                       quantile_cont(d, 0.5) AS delay_p50_ns,
-                       quantile_cont(d, 0.9) AS delay_p90_ns,
-                       quantile_cont(d, 0.99) AS delay_p99_ns, max(d) AS delay_max_ns,
-                       avg(d) AS delay_mean_ns
-                FROM j GROUP BY ALL ORDER BY minute_ns, src, dst
-                """
-            ).to_arrow_table()
-            path = con.sql(
-                """
-                SELECT minute_ns, src, dst, sport::INTEGER AS sport, count(*) AS sent,
-                       count(d) AS received,
-                       min(d) AS delay_min_ns, quantile_cont(d, 0.5) AS delay_p50_ns,
-                       quantile_cont(d, 0.99) AS delay_p99_ns, max(d) AS delay_max_ns
-                FROM j GROUP BY ALL ORDER BY minute_ns, src, dst, sport
-                """
-            ).to_arrow_table()
-        finally:
-            con.unregister("j")
-        pair = pair.cast(layout.TABLES["probe_minute"].schema)
-        path = path.cast(layout.TABLES["path_minute"].schema)
-        return lo // _MIN, pair, path
+                parts = self._joined.pop(m)
+                self._rows -= sum(t.num_rows for t in parts)
+                minutes.setdefault(m, []).extend(parts)
+        pairs, paths = [], []
+        for m in sorted(minutes):
+            pair, path = rollup_minute(self._con, m, _concat(minutes.pop(m)))
+            pairs.append(pair)
+            paths.append(path)
+        pair_schema = layout.TABLES["probe_minute"].schema
+        path_schema = layout.TABLES["path_minute"].schema
+        return (
+            lo // _MIN,
+            pa.concat_tables(pairs) if pairs else pair_schema.empty_table(),
+            pa.concat_tables(paths) if paths else path_schema.empty_table(),
+        )
+
+
+def rollup_minute(
+    con: duckdb.DuckDBPyConnection, minute_ns: int, j: pa.Table
+) -> tuple[pa.Table, pa.Table]:
+    """``probe_minute`` and ``path_minute`` rows of one minute's joined rows ``j`` (src,
+    dst, sport, d: the delay, null for a probe lost), exact quantiles (``quantile_cont``).
+
+    Per path in one grouped pass; per pair only what needs the pair's own values (its
+    quantiles and mean); its path count, counts and extremes follow from its paths.
+    """
+    con.register("j", j)
+    try:
+        path = con.sql(_PATH_ROLLUP).to_arrow_table()
+        pair = con.sql(_PAIR_ROLLUP).to_arrow_table()
+    finally:
+        con.unregister("j")
+    # the pairs' counts and extremes from their paths (both outputs ordered by src, dst)
+    src = path.column("src").to_numpy()
+    dst = path.column("dst").to_numpy()
+    heads = np.empty(0, np.intp)
+    if len(src):
+        new_pair = np.concatenate(([True], (src[1:] != src[:-1]) | (dst[1:] != dst[:-1])))
+        heads = np.flatnonzero(new_pair)
+    if not (
+        np.array_equal(src[heads], pair.column("src").to_numpy())
+        and np.array_equal(dst[heads], pair.column("dst").to_numpy())
+    ):
+        raise RuntimeError("path and pair rollups disagree on the pairs")
+    received = path.column("received").to_numpy()
+    big, small = np.iinfo(np.int64).max, np.iinfo(np.int64).min
+    dmin = pc.fill_null(path.column("delay_min_ns"), big).to_numpy()
+    dmax = pc.fill_null(path.column("delay_max_ns"), small).to_numpy()
+    pair_received = _sums(received, heads)
+    pair_has = pair_received > 0
+    n = len(heads)
+    columns = {
+        "minute_ns": _const(minute_ns, pa.int64(), n),
+        "src": pair.column("src"),
+        "dst": pair.column("dst"),
+        "paths": pa.array(np.diff(np.append(heads, len(src))), pa.int64()),
+        "sent": pa.array(_sums(path.column("sent").to_numpy(), heads), pa.int64()),
+        "received": pa.array(pair_received, pa.int64()),
+        "delay_min_ns": _nullable(np.minimum.reduceat(dmin, heads) if n else dmin, pair_has),
+        "delay_p50_ns": pair.column("delay_p50_ns"),
+        "delay_p90_ns": pair.column("delay_p90_ns"),
+        "delay_p99_ns": pair.column("delay_p99_ns"),
+        "delay_max_ns": _nullable(np.maximum.reduceat(dmax, heads) if n else dmax, pair_has),
+        "delay_mean_ns": pair.column("delay_mean_ns"),
+    }
+    pair_table = pa.table(columns).cast(layout.TABLES["probe_minute"].schema)
+    path = path.add_column(0, "minute_ns", _const(minute_ns, pa.int64(), path.num_rows))
+    return pair_table, path.cast(layout.TABLES["path_minute"].schema)
 
 
 # ---- columns -------------------------------------------------------------------------------
@@ -498,12 +548,13 @@ def _concat(tables: list[pa.Table]) -> pa.Table:
 
 
 _NONE = np.iinfo(np.int64).min
-_EMPTY_J = pa.table(
-    {
-        "minute_ns": pa.array([], pa.int64()),
-        "src": pa.array([], pa.int64()),
-        "dst": pa.array([], pa.int64()),
-        "sport": pa.array([], pa.uint16()),
-        "d": pa.array([], pa.int64()),
-    }
-)
+
+
+def _joined_part(src: np.ndarray, dst: np.ndarray, sport: np.ndarray, d: pa.Array) -> pa.Table:
+    """Joined rows waiting for their minute's rollup (the minute is the dict key)."""
+    return pa.table({"src": src, "dst": dst, "sport": sport.astype(np.uint16, copy=False), "d": d})
+
+
+def _sums(values: np.ndarray, heads: np.ndarray) -> np.ndarray:
+    """Sums of ``values`` over the runs that start at ``heads``."""
+    return np.add.reduceat(values, heads) if len(heads) else values[:0]

@@ -312,25 +312,40 @@ def test_hot_window_join_matches_sql_over_all_rows() -> None:
             if got is not None:
                 rolled.append(got)
     assert len(rolled) == 1
-    _first, pair, _path = rolled[0]
+    _first, pair, path = rolled[0]
     all_tx, all_rx = np.concatenate(every["probe_tx"]), np.concatenate(every["probe_rx"])
-    tx = pa.table({c: all_tx[c] for c in ("src", "dst", "seq", "tx_ns")})  # noqa: F841 (SQL)
+    tx = pa.table({c: all_tx[c] for c in ("src", "dst", "seq", "sport", "tx_ns")})  # noqa: F841
     rx = pa.table({c: all_rx[c] for c in ("src", "seq", "rx_ns")})  # noqa: F841 (SQL)
     minute = pair.column("minute_ns")[0].as_py()
-    want = duckdb.sql(
-        f"""
-        SELECT tx.src, tx.dst, count(*) AS sent, count(rx.rx_ns) AS received,
-               min(rx.rx_ns - tx.tx_ns) AS delay_min_ns,
-               quantile_cont(rx.rx_ns - tx.tx_ns, 0.5) AS delay_p50_ns
+    joined = f"""
+        SELECT tx.src, tx.dst, tx.sport, rx.rx_ns - tx.tx_ns AS d
         FROM tx LEFT JOIN rx ON rx.src = tx.src AND rx.seq = tx.seq
         WHERE tx.tx_ns >= {minute} AND tx.tx_ns < {minute + layout.NS_PER_MINUTE}
-        GROUP BY ALL ORDER BY tx.src, tx.dst
+    """
+    want_pair = duckdb.sql(
+        f"""
+        SELECT src, dst, count(DISTINCT sport) AS paths, count(*) AS sent,
+               count(d) AS received, min(d) AS delay_min_ns,
+               quantile_cont(d, 0.5) AS delay_p50_ns, quantile_cont(d, 0.9) AS delay_p90_ns,
+               quantile_cont(d, 0.99) AS delay_p99_ns, max(d) AS delay_max_ns,
+               avg(d) AS delay_mean_ns
+        FROM ({joined}) GROUP BY ALL ORDER BY src, dst
         """
     ).fetchall()
-    cols = ["src", "dst", "sent", "received", "delay_min_ns", "delay_p50_ns"]
-    got_rows = [tuple(r[c] for c in cols) for r in pair.select(cols).to_pylist()]
-    assert got_rows == [tuple(r) for r in want]
-    assert len(got_rows) == 100 and {r[3] for r in got_rows} != {r[2] for r in got_rows}
+    want_path = duckdb.sql(
+        f"""
+        SELECT src, dst, sport, count(*) AS sent, count(d) AS received, min(d) AS delay_min_ns,
+               quantile_cont(d, 0.5) AS delay_p50_ns, quantile_cont(d, 0.99) AS delay_p99_ns,
+               max(d) AS delay_max_ns
+        FROM ({joined}) GROUP BY ALL ORDER BY src, dst, sport
+        """
+    ).fetchall()
+    got_pair = [tuple(r.values()) for r in pair.drop_columns(["minute_ns"]).to_pylist()]
+    got_path = [tuple(r.values()) for r in path.drop_columns(["minute_ns"]).to_pylist()]
+    assert got_pair == [tuple(r) for r in want_pair]
+    assert got_path == [tuple(r) for r in want_path]
+    assert len(got_pair) == 100 and {r[4] for r in got_pair} != {r[3] for r in got_pair}
+    assert len(got_path) == 800
 
 
 def test_live_snapshot_worst_pairs_match_a_full_sort() -> None:
