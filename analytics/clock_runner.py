@@ -54,6 +54,7 @@ from analytics.clock import (
 )
 from analytics.store import layout
 from analytics.store.store_writer import StoreWriter
+from analytics.thread_priority import lower_thread_priority
 from collector import records
 
 log = logging.getLogger("clockmesh.ingest.clock")
@@ -134,6 +135,7 @@ class ClockRunner:
         max_rows: int = DEFAULT_MAX_ROWS,
         config: SolverConfig | None = None,
         now_ns: Callable[[], int] = time.time_ns,
+        nice: int = 0,
     ) -> None:
         if window_s <= 0 or lateness_s < 0 or max_backlog < 1 or max_rows < 1:
             raise ValueError("window_s > 0, lateness_s >= 0, max_backlog >= 1, max_rows >= 1")
@@ -145,6 +147,7 @@ class ClockRunner:
         self.max_rows = max_rows
         self.config = config or SolverConfig()
         self.now_ns = now_ns
+        self.nice = nice  # added to the solver thread's nice value (thread_priority.py)
         self.state: ClockState | None = None
         self.snapshot = ClockSnapshot()
         self.counters = ClockCounters()
@@ -202,6 +205,7 @@ class ClockRunner:
 
     # ---- worker ------------------------------------------------------------------------
     def _run(self) -> None:
+        lower_thread_priority(self.nice)
         while True:
             with self._cond:
                 if not self._stop and not self._inbox:

@@ -6,6 +6,7 @@ See docs/store.md ("Configuration") for each key's meaning.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import msgspec
@@ -33,14 +34,16 @@ class IngestConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     compact_min_age_s: float = 60.0  # files younger than this are left alone
     dedup_window: str | int = "24h"  # (host, segment) history loaded at start
     hot_window_s: float = 150.0  # cap of how long a probe_rx waits for its probe_tx
-    hot_max_rows: int = 20_000_000  # memory cap of the hot window (probe rows held)
+    hot_max_rows: int = 0  # memory cap of the hot window (probe rows held); 0: auto
     live_refresh_s: float = 5.0  # recompute the live picture this often
     rollup_grace_s: float = 20.0  # a minute is rolled up once it ended this long ago
     metrics_max_pairs: int = 2000  # per-pair series in /metrics: the worst N by loss
     clock_window_s: float = 2.0  # clock solver window (analytics/clock_runner.py)
     clock_lateness_s: float = 3.0  # a window is solved this long after it ended
+    clock_max_rows: int = 0  # memory cap of the clock solver's buffered rows; 0: auto
     max_requests_per_s: float = 600.0  # request budget: acks advise longer segments past it
     max_advised_roll_s: float = 30.0  # longest segment interval the acks advise
+    analysis_nice: int = 19  # nice added to the analysis threads (0: same priority)
 
 
 class ResolvedIngest(msgspec.Struct, kw_only=True):
@@ -78,7 +81,6 @@ def resolve(config: IngestConfig, path: str | Path) -> ResolvedIngest:
         "max_body_bytes": config.max_body_bytes,
         "compact_s": config.compact_s,
         "hot_window_s": config.hot_window_s,
-        "hot_max_rows": config.hot_max_rows,
         "live_refresh_s": config.live_refresh_s,
         "metrics_max_pairs": config.metrics_max_pairs,
         "clock_window_s": config.clock_window_s,
@@ -90,6 +92,11 @@ def resolve(config: IngestConfig, path: str | Path) -> ResolvedIngest:
     for key in ("min_free_bytes", "compact_min_age_s", "rollup_grace_s", "clock_lateness_s"):
         if getattr(config, key) < 0:
             fail(key, "expected a number >= 0")
+    for key in ("hot_max_rows", "clock_max_rows"):
+        if getattr(config, key) < 0:
+            fail(key, "expected a row count > 0, or 0 for the memory-based default")
+    if not 0 <= config.analysis_nice <= 19:
+        fail("analysis_nice", "expected an integer 0-19 (added to the threads' nice value)")
     if config.max_advised_roll_s < 1:
         fail("max_advised_roll_s", "expected a number >= 1 (seconds)")
     retention = {
@@ -117,3 +124,21 @@ def resolve(config: IngestConfig, path: str | Path) -> ResolvedIngest:
 def read_fleet_key(path: str | Path, config_path: str | Path) -> bytes:
     """The fleet key named by ingest.yml (see :mod:`collector.fleet_key`)."""
     return fleet_key.read(path, config_path)
+
+
+# Auto caps (hot_max_rows, clock_max_rows = 0): each may hold 1/AUTO_MEMORY_PARTS of the
+# machine's memory in rows of about this size (collector records are 40-64 bytes, the hot
+# window's joined rows 26).
+AUTO_MEMORY_PARTS = 4
+AUTO_ROW_BYTES = 48
+
+
+def auto_max_rows(configured: int) -> int:
+    """``configured``, or for 0 the rows that fit in a quarter (:data:`AUTO_MEMORY_PARTS`)
+    of the physical memory. A 12,500-host fleet needs ~110 M rows in the hot window (a minute
+    and its grace of joined probes, plus unmatched ones) and ~75 M in the clock solver
+    (its lateness of probe_tx, probe_rx and echo rows): ~5 GiB each."""
+    if configured > 0:
+        return configured
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return max(1_000_000, memory // AUTO_MEMORY_PARTS // AUTO_ROW_BYTES)

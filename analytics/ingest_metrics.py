@@ -193,6 +193,20 @@ class IngestMetrics:
             "One-minute rollups written to probe_minute/path_minute.",
             registry=r,
         )
+        self.rollup_probes = Counter(
+            "clockmesh_rollup_probes", "Probes summarised in the one-minute rollups.", registry=r
+        )
+        self.rollup_seconds = Counter(
+            "clockmesh_rollup_seconds",
+            "Time spent computing the one-minute rollups (one thread).",
+            registry=r,
+        )
+        self.hot_evicted_rows = Counter(
+            "clockmesh_hot_window_evicted_rows",
+            "Probe rows dropped from the hot window over hot_max_rows (their minute's rollup "
+            "is partial; the rows are in the store).",
+            registry=r,
+        )
         self.compactions = Counter(
             "clockmesh_store_compacted_files", "Small files merged by compaction.", registry=r
         )

@@ -42,19 +42,21 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from aiohttp import web
 from prometheus_client import Gauge
 
 from analytics import ingest_body
 from analytics.clock_runner import SOURCES as CLOCK_SOURCES
 from analytics.clock_runner import ClockRunner
-from analytics.ingest_config import IngestConfig, ResolvedIngest
+from analytics.ingest_config import IngestConfig, ResolvedIngest, auto_max_rows
 from analytics.ingest_metrics import FleetView, HostState, IngestMetrics
 from analytics.ingest_pace import Pacer
 from analytics.store import catalog, layout
 from analytics.store.compactor import Compactor
 from analytics.store.hot_window import HotWindow
 from analytics.store.store_writer import StoreWriteError, StoreWriter
+from analytics.thread_priority import lower_thread_priority
 from collector import records, wire
 
 log = logging.getLogger("clockmesh.ingest")
@@ -106,14 +108,18 @@ class IngestServer:
         )
         self.hot = HotWindow(
             window_s=config.hot_window_s,
-            max_rows=config.hot_max_rows,
+            max_rows=auto_max_rows(config.hot_max_rows),
             grace_s=config.rollup_grace_s,
         )
         self.pacer = Pacer(config.max_requests_per_s, max_s=config.max_advised_roll_s)
         self.view = FleetView()
         self.metrics = IngestMetrics(lambda: self.view, config.metrics_max_pairs)
         self.clock = ClockRunner(
-            self.writer, window_s=config.clock_window_s, lateness_s=config.clock_lateness_s
+            self.writer,
+            window_s=config.clock_window_s,
+            lateness_s=config.clock_lateness_s,
+            max_rows=auto_max_rows(config.clock_max_rows),
+            nice=config.analysis_nice,
         )
         self.metrics.registry.register(self.clock.collector(self._host_names))
         reg = self.metrics.registry
@@ -137,7 +143,10 @@ class IngestServer:
         self._unavailable = ""
         self._broken = ""
         self._commit_pool = concurrent.futures.ThreadPoolExecutor(1, "commit")
-        self._side_pool = concurrent.futures.ThreadPoolExecutor(1, "live")
+        # live view, rollups, compaction: after acknowledgements (thread_priority.py)
+        self._side_pool = concurrent.futures.ThreadPoolExecutor(
+            1, "live", initializer=lower_thread_priority, initargs=(config.analysis_nice,)
+        )
         self._convert_pool = concurrent.futures.ThreadPoolExecutor(4, "convert")
         self._host_ids: dict[str, int] = {}
         self._rejected: set[PendingBatch] = set()  # commit thread: batches answered 422
@@ -146,6 +155,7 @@ class IngestServer:
         self._tasks: list[asyncio.Task] = []
         self._runner: web.AppRunner | None = None
         self._prev_rates: tuple[float, dict[int, dict[str, int]]] = (time.monotonic(), {})
+        self._evicted_seen = 0  # hot.evicted_rows already counted in /metrics
 
     # ---- lifecycle ---------------------------------------------------------------
     def open_store(self) -> None:
@@ -720,9 +730,14 @@ class IngestServer:
 
     def _refresh_live(self) -> None:
         self.view.live = self.hot.live()
+        started = time.monotonic()
         rolled = self.hot.rollup()
+        self.metrics.hot_evicted_rows.inc(self.hot.evicted_rows - self._evicted_seen)
+        self._evicted_seen = self.hot.evicted_rows
         if rolled is not None:
             first_minute, pair, path = rolled
+            self.metrics.rollup_seconds.inc(time.monotonic() - started)
+            self.metrics.rollup_probes.inc(pc.sum(pair.column("sent")).as_py() or 0)
             name = f"r{first_minute:012d}.parquet"
             for table, data in (("probe_minute", pair), ("path_minute", path)):
                 if data.num_rows:

@@ -214,6 +214,8 @@ def test_config_errors_name_the_key(tmp_path: Path) -> None:
         "roll_s: 0\n": "roll_s: expected a number > 0",
         "tls_cert: /x.pem\n": "tls_key: tls_cert and tls_key go together",
         "rol_s: 1\n": "rol_s: unknown key",
+        "analysis_nice: 20\n": "analysis_nice: expected an integer 0-19",
+        "hot_max_rows: -1\n": "hot_max_rows: expected a row count > 0, or 0",
     }
     for text, expected in cases.items():
         path.write_text(text)
@@ -224,6 +226,10 @@ def test_config_errors_name_the_key(tmp_path: Path) -> None:
     _cfg, resolved = ingest_config.load(path)
     assert resolved.retention_s["probe_tx"] == 3 * 86400
     assert resolved.retention_s["probe_minute"] == 180 * 86400
+    # memory-based caps by default: a quarter of this machine's memory in 48-byte rows
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert ingest_config.auto_max_rows(0) == max(1_000_000, memory // 4 // 48)
+    assert ingest_config.auto_max_rows(5_000) == 5_000
     key = tmp_path / "k"
     key.write_bytes(b"short\n")
     with pytest.raises(ConfigError, match=r"fleet_key_file: .* expected at least 16"):
