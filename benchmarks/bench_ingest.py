@@ -48,6 +48,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -78,18 +80,17 @@ def proc_cpu_s(pid: int) -> float:
 
 
 def build_requests(args: argparse.Namespace, idx: int, t0: int) -> list[tuple[bytes, int, int]]:
-    """(complete HTTP request, probe records, all records) in fleet order."""
+    """(complete HTTP request, probe records, all records) in fleet order. Each host's
+    segments are turned into requests (and dropped) before the next host's are built:
+    the requests of 12,500 hosts x 42 s alone are ~8 GB."""
     ids = ingest_load.host_ids(args.hosts)
-    hosts = range(idx, args.hosts, args.procs)
-    per_host = {
-        i: ingest_load.host_seconds(i, ids, args.seconds, t0_ns=t0, span=args.span) for i in hosts
-    }
-    out = []
+    per_host = []
     k = args.per_request
-    for start in range(0, len(per_host[hosts[0]]), k):
-        for i in hosts:
-            segs = per_host[i][start : start + k]
-            body = b"".join(segs)
+    for i in range(idx, args.hosts, args.procs):
+        segs = ingest_load.host_seconds(i, ids, args.seconds, t0_ns=t0, span=args.span)
+        reqs = []
+        for start in range(0, len(segs), k):
+            body = b"".join(segs[start : start + k])
             views = ingest_body.decode(body)
             probe = sum(v.rows.get(t, 0) for v in views for t in PROBE_TABLES)
             rows = sum(v.total_rows for v in views)
@@ -98,8 +99,10 @@ def build_requests(args: argparse.Namespace, idx: int, t0: int) -> list[tuple[by
                 f"Authorization: {wire.sign(KEY, body)}\r\n"
                 f"Content-Type: application/octet-stream\r\nContent-Length: {len(body)}\r\n\r\n"
             ).encode()
-            out.append((head + body, probe, rows))
-    return out
+            reqs.append((head + body, probe, rows))
+        per_host.append(reqs)
+    # fleet order: every host's first request, then every host's second, ...
+    return [r for batch in zip(*per_host, strict=True) for r in batch]
 
 
 class Conn:
@@ -231,6 +234,61 @@ def client(args: argparse.Namespace, idx: int, port: int, t0: int, ready, go, ou
     )  # fmt: skip
 
 
+def estimate_build_s(args: argparse.Namespace) -> float:
+    """Seconds the clients will take to build their requests (from 1 % of the hosts'
+    requests, x 1.3; the fleet's host ids, computed once per client, apart)."""
+    t = time.monotonic()
+    ingest_load.host_ids(args.hosts)
+    ids_s = time.monotonic() - t
+    every = max(1, args.hosts // max(1, args.hosts // 100))
+    sample = argparse.Namespace(**{**vars(args), "procs": every})
+    t = time.monotonic()
+    build_requests(sample, 0, 0)
+    per_host = (time.monotonic() - t - ids_s) / len(range(0, args.hosts, every))
+    return (ids_s + per_host * args.hosts / args.procs) * 1.3 + 5.0
+
+
+def collect(out, procs: list) -> list:
+    """Every client's result; exits with a message if a client died (e.g. out of memory)."""
+    import queue
+
+    results: list = []
+    while len(results) < len(procs):
+        try:
+            results.append(out.get(timeout=5))
+        except queue.Empty:
+            dead = [p for p in procs if p.exitcode not in (None, 0)]
+            if dead:
+                codes = ", ".join(str(p.exitcode) for p in dead)
+                sys.exit(f"a client process died (exit code {codes}; -9: killed, out of memory?)")
+    return results
+
+
+def peak_rss_gib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 2**20
+    return 0.0
+
+
+def read_metrics(url: str) -> dict[str, float]:
+    """The daemon's unlabelled metric samples and clock window outcomes (name -> value)."""
+    text = urllib.request.urlopen(url + "/metrics", timeout=30).read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("clockmesh_clock_windows_total{"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+        elif line and not line.startswith("#") and "{" not in line:
+            name, value = line.split()[:2]
+            out[name] = float(value)
+    return out
+
+
+def clock_windows(metrics: dict[str, float], outcome: str) -> float:
+    return metrics.get(f'clockmesh_clock_windows_total{{outcome="{outcome}"}}', 0.0)
+
+
 def announce_fleet(port: int, hosts: int, t0: int) -> float:
     """Every host sends one small segment (one health row), as a collector does when it
     starts; returns the segment interval the daemon then advises (``roll_s`` of an ack).
@@ -289,6 +347,9 @@ def main() -> None:
     ap.add_argument("--live-refresh-s", type=float, default=0, help="daemon live_refresh_s")
     ap.add_argument("--profile", default="", help="py-spy the daemon into this raw file")
     ap.add_argument(
+        "--profile-gil", action="store_true", help="with --profile: only threads holding the GIL"
+    )
+    ap.add_argument(
         "--faults", action="store_true", help="count the daemon's page faults (perf stat)"
     )
     ap.add_argument(
@@ -297,6 +358,10 @@ def main() -> None:
         help="send at the fleet's own pace (each host once per span, spread evenly) instead "
         "of as fast as the daemon acknowledges: is the offered load sustained?",
     )
+    ap.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE",
+        help="further ingest.yml setting for the daemon (YAML value), e.g. analysis_nice=19",
+    )  # fmt: skip
     ap.add_argument("--keep", action="store_true", help="keep the store directory")
     args = ap.parse_args()
 
@@ -317,8 +382,14 @@ def main() -> None:
         cfg["compression"] = args.compression
     if args.live_refresh_s:
         cfg["live_refresh_s"] = args.live_refresh_s
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            sys.exit(f"--set {item}: expected KEY=VALUE")
+        cfg[key] = yaml.safe_load(value)
     (work / "ingest.yml").write_text(json.dumps(cfg))
     log = open(work / "ingest.log", "wb")  # noqa: SIM115
+    started = time.time()
     daemon = subprocess.Popen(
         [sys.executable, "-m", "clockmesh.cli", "ingest", "run", "--config", str(work / "ingest.yml")],
         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
@@ -339,6 +410,19 @@ def main() -> None:
             print(
                 f"daemon advises {advised:.1f}-s segments for {args.hosts} hosts: span {args.span}"
             )
+        # Live timestamps: the traffic's first second t0 lies one segment before a minute
+        # boundary far enough ahead for the clients to build it, and sending starts at that
+        # boundary, when the first segments close (as collectors ship). The daemon's hot
+        # window and clock solver then see probes as fresh as a fleet's, and the minute
+        # ending there (every host's first segment) is rolled up during the run.
+        build_s = estimate_build_s(args)
+        # (the minute must begin after the daemon's start: it rolls up no earlier minute)
+        send_at = max(
+            math.ceil((time.time() + build_s + args.span) / 60) * 60,
+            math.ceil(started / 60) * 60 + 60,
+        )
+        t0 = (send_at - args.span) * 10**9
+        print(f"building ~{build_s:.0f} s; traffic from t0 = send start - {args.span} s")
         ctx = mp.get_context("fork")
         ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
         procs = [
@@ -349,11 +433,16 @@ def main() -> None:
             p.start()
         for _ in procs:
             ready.get(timeout=1800)
+        stale = time.time() - send_at
+        if stale < 0:
+            time.sleep(-stale)
         load_before = loadavg()
+        before = read_metrics(url)
         if args.profile:
             spy = subprocess.Popen(
                 [str(Path(sys.executable).parent / "py-spy"), "record", "-p", str(daemon.pid),
-                 "-r", "100", "-f", "raw", "-o", args.profile, "--nonblocking", "--threads"],
+                 "-r", "100", "-f", "raw", "-o", args.profile, "--nonblocking", "--threads",
+                 *(["--gil"] if args.profile_gil else [])],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )  # fmt: skip
             time.sleep(1.0)
@@ -364,7 +453,7 @@ def main() -> None:
             )  # fmt: skip
         cpu0 = proc_cpu_s(daemon.pid)
         go.set()
-        results = [out.get(timeout=3600) for _ in procs]
+        results = collect(out, procs)
         cpu1 = proc_cpu_s(daemon.pid)
         load_after = loadavg()
         faults = -1
@@ -384,13 +473,11 @@ def main() -> None:
         requests = sum(r[2] for r in results)
         elapsed = max(r[4] for r in results) - min(r[3] for r in results)
         client_cpu = sum(r[5] for r in results)
-        metrics = urllib.request.urlopen(url + "/metrics", timeout=30).read().decode()
+        after = read_metrics(url)
+        daemon_rss = peak_rss_gib(daemon.pid)
 
         def metric(name: str) -> float:
-            for line in metrics.splitlines():
-                if line.startswith(name + " "):
-                    return float(line.split()[1])
-            return 0.0
+            return after.get(name, 0.0) - before.get(name, 0.0)
 
         commits = metric("clockmesh_ingest_commits_total")
         commit_s = metric("clockmesh_ingest_commit_seconds_sum")
@@ -410,6 +497,7 @@ def main() -> None:
             f"setup: {args.hosts} hosts x {args.seconds} s, {args.per_request} x {args.span}-s segment per "
             f"request (~{rows // max(requests, 1)} rows, {probe // max(requests, 1)} probe records), "
             f"{args.procs} client procs x {args.connections} connections, roll_s={args.roll_s}"
+            + "".join(f", {item}" for item in args.set)
         )
         print(f"acknowledged: {requests} requests, {probe} probe records ({rows} rows) "
               f"in {elapsed:.2f} s")  # fmt: skip
@@ -447,6 +535,24 @@ def main() -> None:
             f"group commits: {commits:.0f} (mean {probe / max(commits, 1):,.0f} probe records, "
             f"{commit_s / max(commits, 1) * 1e3:.0f} ms to write + fsync; commit thread busy "
             f"{commit_s / elapsed:.0%} of the run)"
+        )
+        print(
+            f"timestamps: sending began {max(stale, 0.0):.0f} s after the first segments "
+            f"closed (0 = as fresh as a fleet's); hot window held "
+            f"{after.get('clockmesh_hot_window_rows', 0):,.0f} probe rows at the end, evicted "
+            f"{metric('clockmesh_hot_window_evicted_rows_total'):,.0f}"
+        )
+        solved, skipped = (
+            clock_windows(after, o) - clock_windows(before, o) for o in ("solved", "skipped")
+        )
+        print(
+            f"clock windows during the run: {solved:.0f} solved, {skipped:.0f} skipped; "
+            f"daemon peak RSS {daemon_rss:.1f} GiB"
+        )
+        print(
+            f"rollups during the run: {metric('clockmesh_rollups_total'):.0f} minute(s) of "
+            f"{metric('clockmesh_rollup_probes_total'):,.0f} probes, "
+            f"{metric('clockmesh_rollup_seconds_total'):.1f} s"
         )
         print(f"hosts per ops box at 80 probes/s (160 probe records/s/host): {rate / 160:,.0f}")
         if args.paced:  # sustained = the offered load, every ack within a shipper's timeout
