@@ -115,11 +115,15 @@ class Conn:
         self.req: tuple[bytes, int, int] | None = None
 
 
-def client(args: argparse.Namespace, idx: int, port: int, t0: int, ready, go, out) -> None:
+def client(
+    args: argparse.Namespace, idx: int, port: int, t0: int, send_at: float, ready, go, out
+) -> None:
     reqs = build_requests(args, idx, t0)
     reqs.reverse()
     ready.put(idx)
     go.wait()
+    # go comes a few seconds early: connections are open before the clock starts, as a
+    # fleet's are (collectors keep theirs alive)
     sel = selectors.DefaultSelector()
     conns = []
     for _ in range(args.connections):
@@ -127,11 +131,14 @@ def client(args: argparse.Namespace, idx: int, port: int, t0: int, ready, go, ou
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         s.setblocking(False)
         conns.append(Conn(s))
+    time.sleep(max(0.0, send_at - time.time()))
     ru0 = resource.getrusage(resource.RUSAGE_SELF)
     first = time.time()
     last = first
     probe = rows = requests = 0
     lat: list[float] = []
+    warm: list[float] = []  # requests due after the fleet's first round (daemon warmed up)
+    slowest: dict[int, float] = {}  # 5-s bucket of the run (by when a request was due) -> max
     sent_at: dict[int, float] = {}
     active = 0
 
@@ -212,6 +219,10 @@ def client(args: argparse.Namespace, idx: int, port: int, t0: int, ready, go, ou
                 requests += 1
                 last = time.time()
                 lat.append(time.monotonic() - sent_at[id(c)])
+                if sent_at[id(c)] - start >= args.span:
+                    warm.append(lat[-1])
+                bucket = int((sent_at[id(c)] - start) // 5)
+                slowest[bucket] = max(slowest.get(bucket, 0.0), lat[-1])
             elif status == 503:
                 reqs.append(c.req)  # retry later, as a collector does
                 time.sleep(0.01)
@@ -228,9 +239,11 @@ def client(args: argparse.Namespace, idx: int, port: int, t0: int, ready, go, ou
     for c in conns:
         c.sock.close()
     lat.sort()
+    warm.sort()
     out.put(
         (probe, rows, requests, first, last, cpu, lat[len(lat) // 2], lat[int(len(lat) * 0.99)],
-         lat[-1], behind)
+         lat[-1], behind, [slowest.get(b, 0.0) for b in range(max(slowest, default=-1) + 1)],
+         (warm[int(len(warm) * 0.99)], warm[-1]) if warm else (0.0, 0.0))
     )  # fmt: skip
 
 
@@ -426,7 +439,7 @@ def main() -> None:
         ctx = mp.get_context("fork")
         ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
         procs = [
-            ctx.Process(target=client, args=(args, i, port, t0, ready, go, out))
+            ctx.Process(target=client, args=(args, i, port, t0, send_at, ready, go, out))
             for i in range(args.procs)
         ]
         for p in procs:
@@ -434,10 +447,8 @@ def main() -> None:
         for _ in procs:
             ready.get(timeout=1800)
         stale = time.time() - send_at
-        if stale < 0:
-            time.sleep(-stale)
-        load_before = loadavg()
-        before = read_metrics(url)
+        time.sleep(max(0.0, send_at - 10 - time.time()))
+        go.set()  # the clients connect, then wait for send_at
         if args.profile:
             spy = subprocess.Popen(
                 [str(Path(sys.executable).parent / "py-spy"), "record", "-p", str(daemon.pid),
@@ -451,8 +462,10 @@ def main() -> None:
                 ["perf", "stat", "-x", ",", "-e", "page-faults", "-p", str(daemon.pid)],
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
             )  # fmt: skip
+        time.sleep(max(0.0, send_at - time.time()))
+        load_before = loadavg()
+        before = read_metrics(url)
         cpu0 = proc_cpu_s(daemon.pid)
-        go.set()
         results = collect(out, procs)
         cpu1 = proc_cpu_s(daemon.pid)
         load_after = loadavg()
@@ -509,6 +522,13 @@ def main() -> None:
         print(
             f"ack latency: p50 {results[0][6] * 1e3:.0f} ms, p99 {results[0][7] * 1e3:.0f} ms, "
             f"max {max(r[8] for r in results) * 1e3:.0f} ms"
+        )
+        timeline = results[0][10]
+        print("slowest ack per 5 s of the run (s): " + " ".join(f"{x:.1f}" for x in timeline))
+        warm_p99, warm_max = results[0][11]
+        print(
+            f"after the first round ({args.span} s; the daemon's memory grows from cold in "
+            f"it): ack p99 {warm_p99 * 1e3:.0f} ms, max {warm_max * 1e3:.0f} ms"
         )
         if args.paced:
             offered = args.hosts * probe / max(requests, 1) / args.span
