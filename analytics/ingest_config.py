@@ -41,7 +41,7 @@ class IngestConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     clock_window_s: float = 2.0  # clock solver window (analytics/clock_runner.py)
     clock_lateness_s: float = 3.0  # a window is solved this long after it ended
     clock_max_rows: int = 0  # memory cap of the clock solver's buffered rows; 0: auto
-    max_requests_per_s: float = 600.0  # request budget: acks advise longer segments past it
+    max_requests_per_s: float = 420.0  # request budget: acks advise longer segments past it
     max_advised_roll_s: float = 30.0  # longest segment interval the acks advise
     analysis_nice: int = 19  # nice added to the analysis threads (0: same priority)
 

@@ -23,8 +23,8 @@ actually seen is measured and published too (``/metrics``), but not fed back: co
 take up new advice only at their next roll, so "rate seen x interval in use" overshoots
 while they switch and would make the advice oscillate. Backlog shipping does not need
 pacing: a shipper with a backlog sends up to 30 segments per request. A small fleet
-keeps its configured segments (1 s by default); a 12,500-host fleet at the default
-budget of 600 requests/s gets 20.9-s segments (docs/store.md, "Shipping pace").
+keeps its configured segments (1 s by default); an 11,000-host fleet at the default
+budget of 420 requests/s gets 26.2-s segments (docs/store.md, "Shipping pace").
 """
 
 from __future__ import annotations
