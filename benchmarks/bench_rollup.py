@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from analytics import ingest_load  # noqa: E402
 from analytics.store import layout  # noqa: E402
-from analytics.store.hot_window import rollup_minute  # noqa: E402
+from analytics.store.hot_window import query_over, rollup_minute  # noqa: E402
 from benchmarks.bench_ingest import machine  # noqa: E402
 
 MINUTE_NS = 29_000_000 * layout.NS_PER_MINUTE  # a minute in 2025
@@ -105,12 +105,7 @@ def connect() -> duckdb.DuckDBPyConnection:
 
 def old_rollup(con: duckdb.DuckDBPyConnection, j: pa.Table) -> tuple[pa.Table, pa.Table]:
     j = j.add_column(0, "minute_ns", pa.repeat(pa.scalar(MINUTE_NS, pa.int64()), j.num_rows))
-    con.register("j", j)
-    try:
-        pair = con.sql(OLD_PAIR).to_arrow_table()
-        path = con.sql(OLD_PATH).to_arrow_table()
-    finally:
-        con.unregister("j")
+    pair, path = query_over(con, "j", j, OLD_PAIR, OLD_PATH)
     return (
         pair.cast(layout.TABLES["probe_minute"].schema),
         path.cast(layout.TABLES["path_minute"].schema),

@@ -124,6 +124,13 @@ _PAIR_STATS = """
                  quantile_cont(d, [0.5, 0.99]) AS q
           FROM s_ GROUP BY src, dst)
 """
+# The live picture from the slices of the last live_s (see the module docstring).
+_LIVE = """
+    SELECT src, dst, sum(sent)::BIGINT AS sent, sum(received)::BIGINT AS received,
+           min(dmin)::DOUBLE AS dmin, median(p50)::DOUBLE AS p50, max(p99)::DOUBLE AS p99,
+           greatest(0.0, 1.0 - sum(received) / sum(sent))::DOUBLE AS loss
+    FROM sl GROUP BY src, dst ORDER BY src, dst
+"""
 # A final minute's rollups: per path (src, dst, sport) in one pass; per pair only what
 # needs the pair's own values (its quantiles and mean), the rest summed from its paths
 # (the pair's count(DISTINCT sport) alone cost as much as its quantiles).
@@ -263,12 +270,7 @@ class HotWindow:
                     "d": _nullable(d, has_rx) if everything else _nullable(d[fresh], has_rx[fresh]),
                 }
             )
-            con = self._con
-            con.register("s_", s_)
-            try:
-                stats = con.sql(_PAIR_STATS).to_arrow_table()
-            finally:
-                con.unregister("s_")
+            (stats,) = query_over(self._con, "s_", s_, _PAIR_STATS)
             self._slices.append((now_ns, stats))
             horizon = now_ns - int(self.live_s * NS)
             while self._slices and self._slices[0][0] <= horizon:
@@ -314,20 +316,9 @@ class HotWindow:
         self.settle(now_ns)
         table = None
         if self._slices:
-            con = self._con
-            con.register("sl", pa.concat_tables([t for _, t in self._slices]))
-            try:
-                table = con.sql(
-                    """
-                    SELECT src, dst, sum(sent)::BIGINT AS sent, sum(received)::BIGINT AS received,
-                           min(dmin)::DOUBLE AS dmin, median(p50)::DOUBLE AS p50,
-                           max(p99)::DOUBLE AS p99,
-                           greatest(0.0, 1.0 - sum(received) / sum(sent))::DOUBLE AS loss
-                    FROM sl GROUP BY src, dst ORDER BY src, dst
-                    """
-                ).to_arrow_table()
-            finally:
-                con.unregister("sl")
+            (table,) = query_over(
+                self._con, "sl", pa.concat_tables([t for _, t in self._slices]), _LIVE
+            )
         return LiveSnapshot(
             generated_ns=now_ns,
             window_s=self.live_s,
@@ -396,12 +387,7 @@ def rollup_minute(
     Per path in one grouped pass; per pair only what needs the pair's own values (its
     quantiles and mean); its path count, counts and extremes follow from its paths.
     """
-    con.register("j", j)
-    try:
-        path = con.sql(_PATH_ROLLUP).to_arrow_table()
-        pair = con.sql(_PAIR_ROLLUP).to_arrow_table()
-    finally:
-        con.unregister("j")
+    path, pair = query_over(con, "j", j, _PATH_ROLLUP, _PAIR_ROLLUP)
     # the pairs' counts and extremes from their paths (both outputs ordered by src, dst)
     src = path.column("src").to_numpy()
     dst = path.column("dst").to_numpy()
@@ -438,6 +424,17 @@ def rollup_minute(
     pair_table = pa.table(columns).cast(layout.TABLES["probe_minute"].schema)
     path = path.add_column(0, "minute_ns", _const(minute_ns, pa.int64(), path.num_rows))
     return pair_table, path.cast(layout.TABLES["path_minute"].schema)
+
+
+def query_over(
+    con: duckdb.DuckDBPyConnection, name: str, data: pa.Table, *queries: str
+) -> list[pa.Table]:
+    """The results of ``queries`` with ``data`` registered as view ``name`` meanwhile."""
+    con.register(name, data)
+    try:
+        return [con.sql(q).to_arrow_table() for q in queries]
+    finally:
+        con.unregister(name)
 
 
 # ---- columns -------------------------------------------------------------------------------
