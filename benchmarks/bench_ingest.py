@@ -41,6 +41,7 @@ import json
 import math
 import multiprocessing as mp
 import os
+import queue
 import resource
 import selectors
 import shutil
@@ -268,8 +269,6 @@ def estimate_build_s(args: argparse.Namespace) -> float:
 
 def collect(out, procs: list) -> list:
     """Every client's result; exits with a message if a client died (e.g. out of memory)."""
-    import queue
-
     results: list = []
     while len(results) < len(procs):
         try:

@@ -9,15 +9,16 @@ probes per second (docs/store.md, "Performance"):
   are joined once (numpy, by dense (sender, seq) slots) with the probe_rx rows in
   memory; a probe without its probe_rx yet is
   kept aside and joined only with probe_rx that arrive later, until ``grace_s`` after its
-  own arrival (then it is lost). The joined rows (minute, src, dst, sport, delay) wait for
-  their minute's rollup; per-pair stats of the slice go to the live view.
+  own arrival (then it is lost). The joined rows (src, dst, sport, delay), kept per
+  minute, wait for their minute's rollup; per-pair stats of the slice go to the live view.
 * the **live** per-pair picture for ``/v1/live`` and ``/metrics`` combines the slices of
   the last ``live_s``: sent/received/loss and the minimum are exact; p50 is the median of
   the slices' medians and p99 the largest slice p99 (a slice is ``live_refresh_s`` of
   probes: a close, conservative estimate, and the exact figures are in the rollups);
 * the per-minute rollups ``probe_minute`` (per host pair) and ``path_minute`` (per pair
-  and UDP source port, i.e. ECMP path), exact quantiles over the joined rows, written once
-  a minute is final (its end plus ``grace_s`` has passed on the ops box's clock).
+  and UDP source port, i.e. ECMP path), exact quantiles over the joined rows
+  (:func:`rollup_minute`), written once a minute is final (its end plus ``grace_s`` has
+  passed on the ops box's clock).
 
 "Raw" delay is ``rx_ns - tx_ns`` across two hosts' clocks: it contains their clock offset
 until the clock solver has run (its corrected delays go to the ``owd`` table).
@@ -404,7 +405,7 @@ def rollup_minute(
     big, small = np.iinfo(np.int64).max, np.iinfo(np.int64).min
     dmin = pc.fill_null(path.column("delay_min_ns"), big).to_numpy()
     dmax = pc.fill_null(path.column("delay_max_ns"), small).to_numpy()
-    pair_received = _sums(received, heads)
+    pair_received = _reduce_runs(np.add, received, heads)
     pair_has = pair_received > 0
     n = len(heads)
     columns = {
@@ -412,13 +413,13 @@ def rollup_minute(
         "src": pair.column("src"),
         "dst": pair.column("dst"),
         "paths": pa.array(np.diff(np.append(heads, len(src))), pa.int64()),
-        "sent": pa.array(_sums(path.column("sent").to_numpy(), heads), pa.int64()),
+        "sent": pa.array(_reduce_runs(np.add, path.column("sent").to_numpy(), heads), pa.int64()),
         "received": pa.array(pair_received, pa.int64()),
-        "delay_min_ns": _nullable(np.minimum.reduceat(dmin, heads) if n else dmin, pair_has),
+        "delay_min_ns": _nullable(_reduce_runs(np.minimum, dmin, heads), pair_has),
         "delay_p50_ns": pair.column("delay_p50_ns"),
         "delay_p90_ns": pair.column("delay_p90_ns"),
         "delay_p99_ns": pair.column("delay_p99_ns"),
-        "delay_max_ns": _nullable(np.maximum.reduceat(dmax, heads) if n else dmax, pair_has),
+        "delay_max_ns": _nullable(_reduce_runs(np.maximum, dmax, heads), pair_has),
         "delay_mean_ns": pair.column("delay_mean_ns"),
     }
     pair_table = pa.table(columns).cast(layout.TABLES["probe_minute"].schema)
@@ -552,6 +553,6 @@ def _joined_part(src: np.ndarray, dst: np.ndarray, sport: np.ndarray, d: pa.Arra
     return pa.table({"src": src, "dst": dst, "sport": sport.astype(np.uint16, copy=False), "d": d})
 
 
-def _sums(values: np.ndarray, heads: np.ndarray) -> np.ndarray:
-    """Sums of ``values`` over the runs that start at ``heads``."""
-    return np.add.reduceat(values, heads) if len(heads) else values[:0]
+def _reduce_runs(ufunc: np.ufunc, values: np.ndarray, heads: np.ndarray) -> np.ndarray:
+    """``ufunc`` reduced over each run of ``values`` that starts at ``heads`` (none: empty)."""
+    return ufunc.reduceat(values, heads) if len(heads) else values[:0]
