@@ -60,7 +60,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from analytics import ingest_body, ingest_load  # noqa: E402
-from benchmarks.machine import describe  # noqa: E402
+from benchmarks.machine import cpu_ticks, describe, steal_share  # noqa: E402
 from collector import wire  # noqa: E402
 
 KEY = b"bench-fleet-key-0123456789abcdef"
@@ -470,8 +470,10 @@ def main() -> None:
         load_before = loadavg()
         before = read_metrics(url)
         cpu0 = proc_cpu_s(daemon.pid)
+        ticks0 = cpu_ticks()
         results = collect(out, procs)
         cpu1 = proc_cpu_s(daemon.pid)
+        stolen = steal_share(ticks0, cpu_ticks())
         load_after = loadavg()
         faults = -1
         if perf is not None:
@@ -510,6 +512,10 @@ def main() -> None:
         m = probe / 1e6
         print(f"machine: {machine()}")
         print(f"load average before/after: {load_before} / {load_after}")
+        print(
+            f"cpu steal during the run: {stolen:.0%} of the machine's time "
+            "(the hypervisor ran other guests; the run had that much less than 2 cores)"
+        )
         print(
             f"setup: {args.hosts} hosts x {args.seconds} s, {args.per_request} x {args.span}-s segment per "
             f"request (~{rows // max(requests, 1)} rows, {probe // max(requests, 1)} probe records), "

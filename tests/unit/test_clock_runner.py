@@ -314,3 +314,28 @@ def test_numpy_records_feed_solves_exactly_like_arrow_tables(tmp_path: Path) -> 
     assert a_files == b_files and len(a_files) >= 4  # repr: NaN (rtt2 uncertainty) == NaN
     with pytest.raises(TypeError, match="probe_rx: expected records of dtype"):
         runner.feed({"probe_rx": res.tx})
+
+
+@pytest.mark.parametrize("order", ["collector", "shuffled"])
+def test_window_split_keeps_every_row_in_its_window_in_order(order: str) -> None:
+    """A commit of 30 hosts' 21-s segments (time order per host, hosts back to back) or
+    the same rows shuffled: each window gets exactly its rows, in commit order; in
+    collector order as views of the commit (joined once, at solve time)."""
+    rng = np.random.default_rng(5)
+    per_host = 21 * 80
+    ts = (np.arange(per_host) * (1_000_000_000 // 80))[None, :] + rng.integers(0, W, (30, 1))
+    rows = np.zeros(ts.size, clock_runner.SOURCES["probe_tx"][0])
+    rows["tx_ns"] = 1_700_000_000 * 10**9 + ts.ravel()
+    rows["seq"] = np.arange(ts.size)
+    if order == "shuffled":
+        rows = rows[rng.permutation(len(rows))]
+    widx = rows["tx_ns"] // W
+    runs = clock_runner._window_runs(rows, widx)
+    joined: dict[int, list[np.ndarray]] = {}
+    for w, part in runs:
+        joined.setdefault(w, []).append(part)
+    assert sorted(joined) == np.unique(widx).tolist()
+    for w, parts in joined.items():
+        np.testing.assert_array_equal(np.concatenate(parts), rows[widx == w])
+    if order == "collector":
+        assert len(runs) <= 30 * 12 and all(np.shares_memory(p, rows) for _, p in runs)
