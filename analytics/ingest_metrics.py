@@ -9,13 +9,17 @@ collector on :attr:`IngestMetrics.registry`.
 
 from __future__ import annotations
 
+import os
+import re
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from analytics.store.hot_window import LiveSnapshot
@@ -141,6 +145,51 @@ class FleetCollector(Collector):
         yield unavailable
 
 
+_POOL_SUFFIX = re.compile(r"_\d+$")
+
+
+def thread_cpu_seconds() -> dict[str, float]:
+    """CPU seconds (user + system) of this process by Python thread name, a pool's
+    threads (``convert_0`` .. ``convert_3``) summed under the pool's name, and
+    ``other`` for threads Python did not start (DuckDB's, Arrow's). Linux only
+    (``/proc/self/task``); an empty dict elsewhere."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    named = 0.0
+    for t in threading.enumerate():
+        try:
+            stat = Path(f"/proc/self/task/{t.native_id}/stat").read_text()
+        except (OSError, TypeError):
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        cpu = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+        name = _POOL_SUFFIX.sub("", t.name)
+        out[name] = out.get(name, 0.0) + cpu
+        named += cpu
+    if not out:
+        return out
+    times = os.times()
+    out["other"] = max(0.0, times.user + times.system - named)
+    return out
+
+
+class ThreadCpuCollector(Collector):
+    """``clockmesh_ingest_thread_cpu_seconds{thread=...}``: where the daemon's CPU goes
+    (event loop ``MainThread``, ``commit``, ``convert``, ``fsync``, ``live``, ``clock``,
+    ``other``), read at scrape time."""
+
+    def collect(self) -> Iterable[Metric]:
+        family = CounterMetricFamily(
+            "clockmesh_ingest_thread_cpu_seconds",
+            "CPU seconds used by the daemon's threads, by thread (pools summed; other = "
+            "threads of DuckDB and Arrow).",
+            labels=["thread"],
+        )
+        for name, seconds in sorted(thread_cpu_seconds().items()):
+            family.add_metric([name], seconds)
+        yield family
+
+
 class IngestMetrics:
     def __init__(self, view: Callable[[], FleetView], max_pairs: int = 2000) -> None:
         self.registry = CollectorRegistry()
@@ -220,6 +269,7 @@ class IngestMetrics:
         for status in ("stored", "duplicate"):
             self.batches.labels(status)
         r.register(FleetCollector(view, max_pairs))
+        r.register(ThreadCpuCollector())
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -289,16 +289,29 @@ def peak_rss_gib(pid: int) -> float:
 
 
 def read_metrics(url: str) -> dict[str, float]:
-    """The daemon's unlabelled metric samples and clock window outcomes (name -> value)."""
+    """The daemon's unlabelled metric samples, clock window outcomes and CPU seconds per
+    thread (name -> value)."""
     text = urllib.request.urlopen(url + "/metrics", timeout=30).read().decode()
     out = {}
     for line in text.splitlines():
-        if line.startswith("clockmesh_clock_windows_total{"):
+        if line.startswith(("clockmesh_clock_windows_total{", THREAD_CPU + "{")):
             name, value = line.rsplit(" ", 1)
             out[name] = float(value)
         elif line and not line.startswith("#") and "{" not in line:
             name, value = line.split()[:2]
             out[name] = float(value)
+    return out
+
+
+THREAD_CPU = "clockmesh_ingest_thread_cpu_seconds_total"
+
+
+def thread_cpu(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """CPU seconds per daemon thread between two read_metrics()."""
+    out = {}
+    for name, value in after.items():
+        if name.startswith(THREAD_CPU + "{"):
+            out[name.split('"')[1]] = value - before.get(name, 0.0)
     return out
 
 
@@ -560,6 +573,11 @@ def main() -> None:
         print(
             f"ceiling if daemon + client had both cores to themselves (2 / CPU per record; "
             f"a projection, not a measurement): {2e6 / cpu_per_m:,.0f} probe records/s"
+        )
+        per_thread = sorted(thread_cpu(before, after).items(), key=lambda kv: -kv[1])
+        print(
+            "daemon CPU by thread, s per M probe records: "
+            + ", ".join(f"{name} {sec / m:.3f}" for name, sec in per_thread)
         )
         print(
             f"group commits: {commits:.0f} (mean {probe / max(commits, 1):,.0f} probe records, "

@@ -364,3 +364,14 @@ def test_analysis_threads_yield_to_acknowledgements(daemon: Daemon) -> None:
     for family in ("clockmesh_rollup_seconds_total", "clockmesh_rollup_probes_total",
                    "clockmesh_hot_window_evicted_rows_total"):  # fmt: skip
         assert f"\n{family} 0.0\n" in text, family  # no minute final yet, nothing evicted
+    # where the daemon's CPU goes, per thread (pools summed), all of it accounted for
+    cpu = {
+        line.split('"')[1]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("clockmesh_ingest_thread_cpu_seconds_total{")
+    }
+    assert {"MainThread", "commit", "convert", "live", "clock", "other"} <= cpu.keys(), cpu
+    assert cpu["MainThread"] > 0
+    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    process_cpu = (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
+    assert sum(cpu.values()) <= process_cpu + 0.1, (cpu, process_cpu)
