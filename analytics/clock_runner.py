@@ -277,15 +277,18 @@ class ClockRunner:
             if w > horizon:
                 self.counters.future_rows += len(part)
                 continue
-            buf = self._windows.get(w)
-            if buf is None:
-                buf = self._windows[w] = _Window()
-            buf.parts[name].append(part)
-            buf.rows += len(part)
-            self._buffered += len(part)
+            self._add(name, w, part)
         while self._buffered > self.max_rows and self._windows:
             oldest = min(self._windows)
             self._skip(oldest, "max_rows")
+
+    def _add(self, name: str, w: int, part: np.ndarray) -> None:
+        buf = self._windows.get(w)
+        if buf is None:
+            buf = self._windows[w] = _Window()
+        buf.parts[name].append(part)
+        buf.rows += len(part)
+        self._buffered += len(part)
 
     def _skip(self, w: int, reason: str) -> None:
         buf = self._windows.pop(w)

@@ -63,12 +63,7 @@ class MaskRunner(ClockRunner):
         lo, hi = int(widx.min()), int(widx.max())
         groups = [(lo, rows)] if lo == hi else [(int(w), rows[widx == w]) for w in np.unique(widx)]
         for w, part in groups:
-            buf = self._windows.get(w)
-            if buf is None:
-                buf = self._windows[w] = _Window()
-            buf.parts[name].append(part)
-            buf.rows += len(part)
-            self._buffered += len(part)
+            self._add(name, w, part)
 
     @staticmethod
     def _joined(buf: _Window) -> dict[str, np.ndarray]:
