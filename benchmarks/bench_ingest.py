@@ -289,34 +289,24 @@ def peak_rss_gib(pid: int) -> float:
 
 
 def read_metrics(url: str) -> dict[str, float]:
-    """The daemon's unlabelled metric samples, clock window outcomes and CPU seconds per
-    thread (name -> value)."""
+    """Every sample of the daemon's /metrics (``name{labels}`` or ``name`` -> value)."""
     text = urllib.request.urlopen(url + "/metrics", timeout=30).read().decode()
     out = {}
     for line in text.splitlines():
-        if line.startswith(("clockmesh_clock_windows_total{", THREAD_CPU + "{")):
+        if line and not line.startswith("#"):
             name, value = line.rsplit(" ", 1)
             out[name] = float(value)
-        elif line and not line.startswith("#") and "{" not in line:
-            name, value = line.split()[:2]
-            out[name] = float(value)
     return out
 
 
-THREAD_CPU = "clockmesh_ingest_thread_cpu_seconds_total"
-
-
-def thread_cpu(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    """CPU seconds per daemon thread between two read_metrics()."""
-    out = {}
-    for name, value in after.items():
-        if name.startswith(THREAD_CPU + "{"):
-            out[name.split('"')[1]] = value - before.get(name, 0.0)
-    return out
-
-
-def clock_windows(metrics: dict[str, float], outcome: str) -> float:
-    return metrics.get(f'clockmesh_clock_windows_total{{outcome="{outcome}"}}', 0.0)
+def by_label(before: dict[str, float], after: dict[str, float], family: str) -> dict[str, float]:
+    """Change of each sample of a one-label ``family`` between two read_metrics(), by the
+    label's value (e.g. clock windows by outcome, CPU seconds by thread)."""
+    return {
+        name.split('"')[1]: value - before.get(name, 0.0)
+        for name, value in after.items()
+        if name.startswith(family + "{")
+    }
 
 
 def announce_fleet(port: int, hosts: int, t0: int) -> float:
@@ -574,7 +564,10 @@ def main() -> None:
             f"ceiling if daemon + client had both cores to themselves (2 / CPU per record; "
             f"a projection, not a measurement): {2e6 / cpu_per_m:,.0f} probe records/s"
         )
-        per_thread = sorted(thread_cpu(before, after).items(), key=lambda kv: -kv[1])
+        per_thread = sorted(
+            by_label(before, after, "clockmesh_ingest_thread_cpu_seconds_total").items(),
+            key=lambda kv: -kv[1],
+        )
         print(
             "daemon CPU by thread, s per M probe records: "
             + ", ".join(f"{name} {sec / m:.3f}" for name, sec in per_thread)
@@ -590,9 +583,8 @@ def main() -> None:
             f"{after.get('clockmesh_hot_window_rows', 0):,.0f} probe rows at the end, evicted "
             f"{metric('clockmesh_hot_window_evicted_rows_total'):,.0f}"
         )
-        solved, skipped = (
-            clock_windows(after, o) - clock_windows(before, o) for o in ("solved", "skipped")
-        )
+        windows = by_label(before, after, "clockmesh_clock_windows_total")
+        solved, skipped = windows.get("solved", 0.0), windows.get("skipped", 0.0)
         print(
             f"clock windows during the run: {solved:.0f} solved, {skipped:.0f} skipped; "
             f"daemon peak RSS {daemon_rss:.1f} GiB"
