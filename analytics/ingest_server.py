@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import gc
 import hashlib
 import hmac
 import json
@@ -52,6 +53,7 @@ from analytics.clock_runner import ClockRunner
 from analytics.ingest_config import IngestConfig, ResolvedIngest, auto_max_rows
 from analytics.ingest_metrics import FleetView, HostState, IngestMetrics
 from analytics.ingest_pace import Pacer
+from analytics.ingest_slabs import SlabPool
 from analytics.store import catalog, layout
 from analytics.store.compactor import Compactor
 from analytics.store.hot_window import HotWindow
@@ -60,6 +62,7 @@ from analytics.thread_priority import lower_thread_priority
 from collector import records, wire
 
 log = logging.getLogger("clockmesh.ingest")
+_GC_THRESHOLD = 50_000
 _SWITCH_INTERVAL_S = float(os.environ.get("CLOCKMESH_INGEST_SWITCH_INTERVAL_S", "0.0005"))
 
 
@@ -133,6 +136,15 @@ class IngestServer:
                   "Batch requests per second (last second).", registry=reg),
         )  # fmt: skip
         self._pace_gauges[0].set(self.pacer.roll_s)
+        self._slab_gauges = (
+            Gauge("clockmesh_ingest_slab_bytes",
+                  "Memory kept for request bodies until their commit (pool=bodies) and for "
+                  "the records the hot window and clock solver hold (pool=records); reused, "
+                  "never given back (ingest_slabs.py).", ["pool"], registry=reg),
+            Gauge("clockmesh_ingest_slab_in_use_bytes",
+                  "Part of it that still held live data (sampled every second).", ["pool"],
+                  registry=reg),
+        )  # fmt: skip
         self._pending: list[PendingBatch] = []
         self._pending_rows = 0
         self._inflight: dict[tuple[int, int], asyncio.Future] = {}
@@ -151,6 +163,10 @@ class IngestServer:
         self._host_ids: dict[str, int] = {}
         self._rejected: set[PendingBatch] = set()  # commit thread: batches answered 422
         self._scratch: dict[str, np.ndarray] = {}  # commit thread: per-table join buffers
+        # convert threads: per table, its columns' buffers (one convert job per table)
+        self._columns: dict[str, dict[str, np.ndarray]] = {name: {} for name in records.TABLES}
+        self.slabs = SlabPool()  # the records handed to the hot window and clock runner
+        self.body_slabs = SlabPool(64 << 20)  # request bodies, until their commit is done
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task] = []
         self._runner: web.AppRunner | None = None
@@ -180,6 +196,13 @@ class IngestServer:
         # switch interval each of those hand-overs waits for the busy event loop.
         sys.setswitchinterval(_SWITCH_INTERVAL_S)
         self.open_store()
+        # Each request makes ~100 tracked objects that live until its ack (0.2-5 s): at
+        # the default gen-0 threshold (700) they were collected ~60 times a second and
+        # aged into the older generations, ~7 % of the event loop's CPU (perf, docs/store.md
+        # "Round 7"). Collect rarely, and never rescan what exists at start.
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(_GC_THRESHOLD, 20, 10)
         self.clock.start()
         ssl_ctx = None
         if self.config.tls_cert:
@@ -250,7 +273,7 @@ class IngestServer:
         if reason:
             return self._reject(503, "unavailable", reason, request)
         try:
-            body = await request.read()
+            body = await self._read_body(request)
         except web.HTTPRequestEntityTooLarge:
             return self._reject(
                 413,
@@ -318,6 +341,26 @@ class IngestServer:
             self.metrics.ack_seconds.observe(time.monotonic() - received)
         return _reply(200, self._ack(segs, status_of), self.pacer.roll_s)
 
+    async def _read_body(self, request: web.Request) -> bytes | memoryview:
+        """The body, read straight into memory of the body slab pool (ingest_slabs.py):
+        one copy per byte instead of aiohttp's three (a growing bytearray, then bytes),
+        and memory that is reused once the body's commit is done instead of fresh pages.
+        The segment views of the body keep it alive until then."""
+        n = request.content_length
+        if n is None:  # chunked transfer encoding: aiohttp assembles it
+            return await request.read()
+        if n > self.config.max_body_bytes:
+            raise web.HTTPRequestEntityTooLarge(self.config.max_body_bytes, n)
+        view = self.body_slabs.take(n).data  # a memoryview (it refers to the slab)
+        pos = 0
+        while pos < n:
+            chunk = await request.content.readany()
+            if not chunk:  # the parser ends the payload at Content-Length or fails
+                break
+            view[pos : pos + len(chunk)] = chunk
+            pos += len(chunk)
+        return view[:pos]
+
     def _host_id(self, host: str) -> int:
         """``records.host_id`` (a BLAKE2b per call), remembered per fleet host name."""
         hid = self._host_ids.get(host)
@@ -327,7 +370,7 @@ class IngestServer:
             hid = self._host_ids[host] = records.host_id(host)
         return hid
 
-    def _authentic(self, body: bytes, authorization: str | None) -> bool:
+    def _authentic(self, body: bytes | memoryview, authorization: str | None) -> bool:
         """``wire.verify`` with the one-shot C HMAC (same scheme, same answer)."""
         prefix = wire.AUTH_SCHEME + " "
         if not authorization or not authorization.startswith(prefix):
@@ -542,22 +585,23 @@ class IngestServer:
         window's tables, the numpy records they keep).
 
         The chunks are views of the request bodies: the clock runner's tables are joined
-        into a fresh array in Arrow's memory pool (~25 % fewer page faults per record than
-        glibc's heap in bench_ingest.py --faults), the others into this table's
-        long-lived scratch buffer (records_to_arrow copies the columns out of it).
+        into memory of the slab pool (ingest_slabs.py), the others into this table's
+        long-lived scratch buffer. The Arrow columns are copied into this table's
+        long-lived column buffers: valid until its next commit, and written by then.
         """
+        columns = self._columns[name]
         if name in CLOCK_SOURCES:
             rows = self._joined_rows(name, chunks)
-            return layout.records_to_arrow(name, rows), rows
-        return layout.records_to_arrow(name, self._scratch_rows(name, chunks)), None
+            return layout.records_to_arrow(name, rows, columns), rows
+        return layout.records_to_arrow(name, self._scratch_rows(name, chunks), columns), None
 
-    @staticmethod
-    def _joined_rows(name: str, chunks: list[memoryview]) -> np.ndarray:
-        """The chunks' rows as one new structured array (handed on to the clock runner)."""
+    def _joined_rows(self, name: str, chunks: list[memoryview]) -> np.ndarray:
+        """The chunks' rows as one structured array in the slab pool (handed on to the
+        clock runner and the hot window, which keep it)."""
         total = sum([len(c) for c in chunks])
-        out = np.frombuffer(pa.allocate_buffer(total), records.TABLES[name])
-        np.concatenate([np.frombuffer(c, np.uint8) for c in chunks], out=out.view(np.uint8))
-        return out
+        out = self.slabs.take(total)
+        np.concatenate([np.frombuffer(c, np.uint8) for c in chunks], out=out)
+        return out.view(records.TABLES[name])
 
     def _scratch_rows(self, name: str, chunks: list[memoryview]) -> np.ndarray:
         """The chunks' rows as one structured array in ``name``'s scratch buffer (commit
@@ -689,6 +733,9 @@ class IngestServer:
             await asyncio.sleep(1.0)
             self._check_space()
             self._pace()
+            for pool, slabs in (("records", self.slabs), ("bodies", self.body_slabs)):
+                self._slab_gauges[0].labels(pool).set(slabs.nbytes)
+                self._slab_gauges[1].labels(pool).set(slabs.in_use() * slabs.slab_bytes)
             self.metrics.pending_rows.set(self._pending_rows)
             now = time.monotonic()
             if now >= next_live:

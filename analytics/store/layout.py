@@ -256,12 +256,19 @@ def strings_from_fixed(column: np.ndarray) -> pa.Array:
 _BLOCK_BYTES = 1 << 20  # rows are columnised per block of this size (stays in L2 cache)
 
 
-def records_to_arrow(table: str, rows: np.ndarray) -> pa.Table:
+def records_to_arrow(
+    table: str, rows: np.ndarray, columns: dict[str, np.ndarray] | None = None
+) -> pa.Table:
     """A structured array of ``records.TABLES[table]`` -> an Arrow table of its store schema.
 
-    Every column is a copy in Arrow's memory pool (never a view of ``rows``), so the
-    caller may reuse the memory behind ``rows`` at once: the ingest daemon fills one
-    long-lived scratch buffer per table and commit (docs/store.md, "Performance").
+    Every column is a copy (never a view of ``rows``), so the caller may reuse the memory
+    behind ``rows`` at once: the ingest daemon fills one long-lived scratch buffer per
+    table and commit (docs/store.md, "Performance"). The copies go to Arrow's memory
+    pool, or with ``columns`` (one such dict per table, kept by the caller) into
+    long-lived byte buffers kept there per column and grown as needed: the table is then
+    valid only until the next call with the same dict. The daemon's group commits do
+    that; fresh pages cost far more than the copy on a VM that hands freed memory back
+    to its host (docs/store.md, "Round 7").
     Numeric columns are filled block by block (all columns of ~1 MiB of rows, then the
     next): one pass over the records instead of one per column.
     """
@@ -276,8 +283,14 @@ def records_to_arrow(table: str, rows: np.ndarray) -> pa.Table:
         elif pa.types.is_boolean(field.type):  # Arrow packs bits: no byte-wise copy
             arrays[field.name] = pa.array(column, type=field.type)
         else:
-            buf = pa.allocate_buffer(n * column.dtype.itemsize)
-            fixed.append((np.frombuffer(buf, column.dtype), column))
+            size = n * column.dtype.itemsize
+            if columns is None:
+                buf = pa.allocate_buffer(size)
+                dst = np.frombuffer(buf, column.dtype)
+            else:
+                dst = _column_buffer(columns, field.name, size).view(column.dtype)
+                buf = pa.py_buffer(dst)
+            fixed.append((dst, column))
             arrays[field.name] = pa.Array.from_buffers(field.type, n, [None, buf])
     step = max(1, _BLOCK_BYTES // max(rows.dtype.itemsize, 1))
     for lo in range(0, n, step):
@@ -285,6 +298,14 @@ def records_to_arrow(table: str, rows: np.ndarray) -> pa.Table:
         for dst, src in fixed:
             np.copyto(dst[lo:hi], src[lo:hi])
     return pa.Table.from_arrays([arrays[f.name] for f in spec.schema], schema=spec.schema)
+
+
+def _column_buffer(columns: dict[str, np.ndarray], name: str, size: int) -> np.ndarray:
+    """The first ``size`` bytes of ``columns[name]``, grown by a quarter when too small."""
+    buf = columns.get(name)
+    if buf is None or len(buf) < size:
+        buf = columns[name] = np.empty(max(size, 1 << 16) * 5 // 4, np.uint8)
+    return buf[:size]
 
 
 def parquet_options(schema: pa.Schema, *, dictionary: bool = True) -> dict:

@@ -85,8 +85,14 @@ def test_too_large_body_gets_413(tmp_path: Path) -> None:
         assert len(body) > 4096
         status, answer = d.post(body)
         assert status == 413 and "max_body_bytes" in answer["error"]
+        assert d.post_chunked(body)[0] == 413  # no Content-Length: counted as it comes
         small = ingest_load.counter_segment("gpu00000", 7, [(T0, "eth0", "rx_bytes", 1, 0)])
         assert d.post(small)[0] == 200
+        # a chunked body within the limit is stored like any other
+        chunked = ingest_load.counter_segment("gpu00000", 8, [(T0, "eth0", "rx_bytes", 2, 1)])
+        status, answer = d.post_chunked(chunked, parts=2)
+        assert (status, answer["status"]) == (200, "stored")
+        assert d.count("SELECT count(*) FROM counter") == 2
     finally:
         d.stop()
 
