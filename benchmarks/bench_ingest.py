@@ -37,6 +37,7 @@ the daemon and the client used per million probe records.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import math
 import multiprocessing as mp
@@ -79,10 +80,11 @@ def loadavg() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
-def proc_cpu_s(pid: int) -> float:
-    """user + system CPU seconds of a process (all its threads)."""
+def proc_cpu_s(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of a process (all its threads)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tck = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tck, int(fields[12]) / tck
 
 
 def build_requests(args: argparse.Namespace, idx: int, t0: int) -> list[tuple[bytes, int, int]]:
@@ -121,9 +123,26 @@ class Conn:
         self.req: tuple[bytes, int, int] | None = None
 
 
+def _mmap_every_request() -> None:
+    """glibc: every allocation above 128 KiB gets its own mapping, unmapped when freed.
+
+    By default the threshold rises to the size of the requests once the first
+    temporaries are freed, the requests then come from the heap, and since they are sent
+    oldest first, the heap never shrinks: the client held its whole ~11 GB to the end,
+    as the daemon's memory grew (docs/store.md, "Round 7"). With its own mapping each
+    request's memory goes back as soon as it is sent.
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc
+        return
+    libc.mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD (fixed: no longer raised)
+
+
 def client(
     args: argparse.Namespace, idx: int, port: int, t0: int, send_at: float, ready, go, out
 ) -> None:
+    _mmap_every_request()
     reqs = build_requests(args, idx, t0)
     reqs.reverse()
     ready.put(idx)
@@ -373,6 +392,18 @@ def main() -> None:
         "--faults", action="store_true", help="count the daemon's page faults (perf stat)"
     )
     ap.add_argument(
+        "--daemon-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="environment variable for the daemon only (e.g. an allocator setting)",
+    )
+    ap.add_argument(
+        "--perf",
+        default="",
+        help="perf record the daemon (kernel and native frames, 199 Hz) into this file",
+    )
+    ap.add_argument(
         "--paced",
         action="store_true",
         help="send at the fleet's own pace (each host once per span, spread evenly) instead "
@@ -413,6 +444,7 @@ def main() -> None:
     daemon = subprocess.Popen(
         [sys.executable, "-m", "clockmesh.cli", "ingest", "run", "--config", str(work / "ingest.yml")],
         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+        env={**os.environ, **dict(item.partition("=")[::2] for item in args.daemon_env)},
     )  # fmt: skip
     spy = perf = None
     try:
@@ -469,6 +501,12 @@ def main() -> None:
                 ["perf", "stat", "-x", ",", "-e", "page-faults", "-p", str(daemon.pid)],
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
             )  # fmt: skip
+        recorder = None
+        if args.perf:
+            recorder = subprocess.Popen(
+                ["perf", "record", "-F", "199", "-g", "-p", str(daemon.pid), "-o", args.perf],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
         time.sleep(max(0.0, send_at - time.time()))
         load_before = loadavg()
         before = read_metrics(url)
@@ -476,6 +514,8 @@ def main() -> None:
         ticks0 = cpu_ticks()
         results = collect(out, procs)
         cpu1 = proc_cpu_s(daemon.pid)
+        daemon_sys = cpu1[1] - cpu0[1]
+        cpu0, cpu1 = sum(cpu0), sum(cpu1)
         stolen = steal_share(ticks0, cpu_ticks())
         load_after = loadavg()
         faults = -1
@@ -488,6 +528,9 @@ def main() -> None:
         if spy is not None:
             spy.send_signal(signal.SIGINT)
             spy.wait(60)
+        if recorder is not None:
+            recorder.send_signal(signal.SIGINT)
+            recorder.wait(60)
         for p in procs:
             p.join()
         probe = sum(r[0] for r in results)
@@ -551,7 +594,8 @@ def main() -> None:
                 f"requests/s); longest wait for a free connection {late * 1e3:.0f} ms"
             )
         print(
-            f"cpu: daemon {cpu1 - cpu0:.1f} s ({(cpu1 - cpu0) / m:.2f} s per M probe records), "
+            f"cpu: daemon {cpu1 - cpu0:.1f} s ({(cpu1 - cpu0) / m:.2f} s per M probe records, "
+            f"{daemon_sys / max(cpu1 - cpu0, 1e-9):.0%} in the kernel), "
             f"client {client_cpu:.1f} s ({client_cpu / m:.2f} s per M)"
         )
         if faults >= 0:
@@ -585,9 +629,17 @@ def main() -> None:
         )
         windows = by_label(before, after, "clockmesh_clock_windows_total")
         solved, skipped = windows.get("solved", 0.0), windows.get("skipped", 0.0)
+        slabs = {
+            (kind, pool): after.get(f'clockmesh_ingest_slab{kind}_bytes{{pool="{pool}"}}', 0.0)
+            / 2**30
+            for kind in ("", "_in_use")
+            for pool in ("records", "bodies")
+        }
         print(
             f"clock windows during the run: {solved:.0f} solved, {skipped:.0f} skipped; "
-            f"daemon peak RSS {daemon_rss:.1f} GiB"
+            f"daemon peak RSS {daemon_rss:.1f} GiB; slab pools at the end: records "
+            f"{slabs['', 'records']:.1f} GiB ({slabs['_in_use', 'records']:.1f} in use), "
+            f"bodies {slabs['', 'bodies']:.1f} GiB ({slabs['_in_use', 'bodies']:.1f} in use)"
         )
         print(
             f"rollups during the run: {metric('clockmesh_rollups_total'):.0f} minute(s) of "
