@@ -341,25 +341,27 @@ class IngestServer:
             self.metrics.ack_seconds.observe(time.monotonic() - received)
         return _reply(200, self._ack(segs, status_of), self.pacer.roll_s)
 
-    async def _read_body(self, request: web.Request) -> bytes | memoryview:
-        """The body, read straight into memory of the body slab pool (ingest_slabs.py):
-        one copy per byte instead of aiohttp's three (a growing bytearray, then bytes),
-        and memory that is reused once the body's commit is done instead of fresh pages.
-        The segment views of the body keep it alive until then."""
-        n = request.content_length
-        if n is None:  # chunked transfer encoding: aiohttp assembles it
-            return await request.read()
-        if n > self.config.max_body_bytes:
-            raise web.HTTPRequestEntityTooLarge(self.config.max_body_bytes, n)
-        view = self.body_slabs.take(n).data  # a memoryview (it refers to the slab)
-        pos = 0
-        while pos < n:
-            chunk = await request.content.readany()
-            if not chunk:  # the parser ends the payload at Content-Length or fails
-                break
-            view[pos : pos + len(chunk)] = chunk
-            pos += len(chunk)
-        return view[:pos]
+    async def _read_body(self, request: web.Request) -> memoryview:
+        """The body, copied once it is complete into memory of the body slab pool
+        (ingest_slabs.py): one copy per byte instead of aiohttp's three (a growing
+        bytearray, then bytes), into memory reused once the body's commit is done instead
+        of fresh pages. Until then only what arrived is held, as aiohttp's chunks: a
+        client that announces a large body and sends it slowly reserves nothing more.
+        The segment views of the body keep its slab in use until the commit."""
+        limit = self.config.max_body_bytes
+        if (request.content_length or 0) > limit:
+            raise web.HTTPRequestEntityTooLarge(limit, request.content_length or 0)
+        chunks: list[bytes] = []
+        size = 0
+        while chunk := await request.content.readany():
+            size += len(chunk)
+            if size > limit:
+                raise web.HTTPRequestEntityTooLarge(limit, size)
+            chunks.append(chunk)
+        out = self.body_slabs.take(size)
+        if chunks:
+            np.concatenate([np.frombuffer(c, np.uint8) for c in chunks], out=out)
+        return out.data  # a memoryview; it refers to the slab
 
     def _host_id(self, host: str) -> int:
         """``records.host_id`` (a BLAKE2b per call), remembered per fleet host name."""
