@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_ingest.py [--hosts 12500] [--seconds 20]
         [--connections 2500] [--span 0] [--per-request 1] [--roll-s 0.2] [--paced]
-        [--faults] [--profile FILE]
+        [--faults] [--profile FILE] [--perf FILE] [--daemon-env NAME=VALUE]
 
 The ops box sets the shipping pace (docs/store.md, "Shipping pace"): with ``--span 0``
 (default) every host first announces itself with one small segment, the daemon's ack
