@@ -446,7 +446,7 @@ def main() -> None:
         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
         env={**os.environ, **dict(item.partition("=")[::2] for item in args.daemon_env)},
     )  # fmt: skip
-    spy = perf = None
+    spy = perf = recorder = None
     try:
         url = f"http://127.0.0.1:{port}"
         for _ in range(300):
@@ -501,7 +501,6 @@ def main() -> None:
                 ["perf", "stat", "-x", ",", "-e", "page-faults", "-p", str(daemon.pid)],
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
             )  # fmt: skip
-        recorder = None
         if args.perf:
             recorder = subprocess.Popen(
                 ["perf", "record", "-F", "199", "-g", "-p", str(daemon.pid), "-o", args.perf],
@@ -510,12 +509,12 @@ def main() -> None:
         time.sleep(max(0.0, send_at - time.time()))
         load_before = loadavg()
         before = read_metrics(url)
-        cpu0 = proc_cpu_s(daemon.pid)
+        user0, sys0 = proc_cpu_s(daemon.pid)
         ticks0 = cpu_ticks()
         results = collect(out, procs)
-        cpu1 = proc_cpu_s(daemon.pid)
-        daemon_sys = cpu1[1] - cpu0[1]
-        cpu0, cpu1 = sum(cpu0), sum(cpu1)
+        user1, sys1 = proc_cpu_s(daemon.pid)
+        daemon_sys = sys1 - sys0
+        cpu0, cpu1 = user0 + sys0, user1 + sys1
         stolen = steal_share(ticks0, cpu_ticks())
         load_after = loadavg()
         faults = -1
@@ -662,6 +661,8 @@ def main() -> None:
             spy.kill()
         if perf is not None and perf.poll() is None:
             perf.kill()
+        if recorder is not None and recorder.poll() is None:
+            recorder.kill()
         daemon.send_signal(signal.SIGTERM)
         try:
             daemon.wait(30)
