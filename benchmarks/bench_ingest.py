@@ -37,7 +37,6 @@ the daemon and the client used per million probe records.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import math
 import multiprocessing as mp
@@ -61,6 +60,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from analytics import ingest_body, ingest_load  # noqa: E402
+from analytics.clock import set_mmap_threshold  # noqa: E402
 from benchmarks.machine import cpu_ticks, describe, steal_share  # noqa: E402
 from collector import wire  # noqa: E402
 
@@ -132,11 +132,7 @@ def _mmap_every_request() -> None:
     as the daemon's memory grew (docs/store.md, "Round 7"). With its own mapping each
     request's memory goes back as soon as it is sent.
     """
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:  # not glibc
-        return
-    libc.mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD (fixed: no longer raised)
+    set_mmap_threshold(128 * 1024)
 
 
 def client(

@@ -7,7 +7,7 @@ Public API (used by the ingest daemon every window)::
 See docs/clock.md.
 """
 
-from analytics.clock.allocator import tune_allocator
+from analytics.clock.allocator import set_mmap_threshold, tune_allocator
 from analytics.clock.baseline import rtt2_baseline, rtt2_host_offsets
 from analytics.clock.clock_state import ClockState
 from analytics.clock.solver import DEFAULT_WINDOW_NS, SolverConfig, WindowSolution, solve_window
@@ -36,6 +36,7 @@ __all__ = [
     "as_columns",
     "rtt2_baseline",
     "rtt2_host_offsets",
+    "set_mmap_threshold",
     "solve_window",
     "store_columns",
     "tune_allocator",

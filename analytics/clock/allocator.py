@@ -22,11 +22,35 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
+from collections.abc import Callable
 
 _M_TRIM_THRESHOLD = -1
 _M_TOP_PAD = -2
 _M_MMAP_THRESHOLD = -3
 _M_ARENA_MAX = -8
+
+
+@functools.cache
+def _mallopt() -> Callable[[int, int], int] | None:
+    """glibc's ``mallopt``, or None where that is not glibc (looked up once)."""
+    name = ctypes.util.find_library("c")
+    if not name:
+        return None
+    try:
+        mallopt = ctypes.CDLL(name).mallopt
+    except (OSError, AttributeError):
+        return None
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    return mallopt
+
+
+def set_mmap_threshold(nbytes: int) -> bool:
+    """Give every allocation above ``nbytes`` its own mapping, returned when freed (and
+    stop glibc from raising the threshold by itself); False where that is not glibc."""
+    mallopt = _mallopt()
+    return mallopt is not None and mallopt(_M_MMAP_THRESHOLD, min(nbytes, 2**31 - 1)) == 1
 
 
 def tune_allocator(
@@ -37,23 +61,14 @@ def tune_allocator(
 ) -> bool:
     """Raise glibc's mmap/trim thresholds (and use one arena); False where that is
     not glibc. Call it before starting the threads that run the solver."""
-    name = ctypes.util.find_library("c")
-    if not name:
+    mallopt = _mallopt()
+    if mallopt is None:
         return False
-    try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    mallopt.restype = ctypes.c_int
     # M_MMAP_THRESHOLD is capped by glibc at HEAP_MAX (32 MiB on 64-bit for the
     # dynamic value, larger when set explicitly): retry smaller on refusal.
-    ok = False
-    for value in (mmap_threshold, 512 << 20, 256 << 20, 32 << 20):
-        if mallopt(_M_MMAP_THRESHOLD, min(value, 2**31 - 1)) == 1:
-            ok = True
-            break
+    ok = any(
+        set_mmap_threshold(value) for value in (mmap_threshold, 512 << 20, 256 << 20, 32 << 20)
+    )
     ok &= mallopt(_M_TRIM_THRESHOLD, min(trim_threshold, 2**31 - 1)) == 1
     mallopt(_M_TOP_PAD, min(top_pad, 2**31 - 1))
     if single_arena:
