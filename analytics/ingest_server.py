@@ -38,6 +38,7 @@ import os
 import ssl
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,6 +91,16 @@ def _reply(status: int, payload: dict, roll_s: float | None = None) -> web.Respo
         content_type="application/json",
         headers=headers,
     )
+
+
+def _join(
+    chunks: list[memoryview] | list[bytes], memory: Callable[[int], np.ndarray]
+) -> np.ndarray:
+    """The chunks' bytes back to back in ``memory(total)`` (a uint8 array of that size)."""
+    out = memory(sum([len(c) for c in chunks]))
+    if chunks:
+        np.concatenate([np.frombuffer(c, np.uint8) for c in chunks], out=out)
+    return out
 
 
 class IngestServer:
@@ -162,7 +173,8 @@ class IngestServer:
         self._convert_pool = concurrent.futures.ThreadPoolExecutor(4, "convert")
         self._host_ids: dict[str, int] = {}
         self._rejected: set[PendingBatch] = set()  # commit thread: batches answered 422
-        self._scratch: dict[str, np.ndarray] = {}  # commit thread: per-table join buffers
+        # convert threads (one job per table): per table, the buffer its chunks are joined in
+        self._scratch: dict[str, np.ndarray] = {}
         # convert threads: per table, its columns' buffers (one convert job per table)
         self._columns: dict[str, dict[str, np.ndarray]] = {name: {} for name in records.TABLES}
         self.slabs = SlabPool()  # the records handed to the hot window and clock runner
@@ -358,10 +370,7 @@ class IngestServer:
             if size > limit:
                 raise web.HTTPRequestEntityTooLarge(limit, size)
             chunks.append(chunk)
-        out = self.body_slabs.take(size)
-        if chunks:
-            np.concatenate([np.frombuffer(c, np.uint8) for c in chunks], out=out)
-        return out.data  # a memoryview; it refers to the slab
+        return _join(chunks, self.body_slabs.take).data  # a memoryview; it refers to the slab
 
     def _host_id(self, host: str) -> int:
         """``records.host_id`` (a BLAKE2b per call), remembered per fleet host name."""
@@ -592,28 +601,12 @@ class IngestServer:
         long-lived column buffers: valid until its next commit, and written by then.
         """
         columns = self._columns[name]
-        if name in CLOCK_SOURCES:
-            rows = self._joined_rows(name, chunks)
+        dtype = records.TABLES[name]
+        if name in CLOCK_SOURCES:  # kept by the clock runner and the hot window
+            rows = _join(chunks, self.slabs.take).view(dtype)
             return layout.records_to_arrow(name, rows, columns), rows
-        return layout.records_to_arrow(name, self._scratch_rows(name, chunks), columns), None
-
-    def _joined_rows(self, name: str, chunks: list[memoryview]) -> np.ndarray:
-        """The chunks' rows as one structured array in the slab pool (handed on to the
-        clock runner and the hot window, which keep it)."""
-        total = sum([len(c) for c in chunks])
-        out = self.slabs.take(total)
-        np.concatenate([np.frombuffer(c, np.uint8) for c in chunks], out=out)
-        return out.view(records.TABLES[name])
-
-    def _scratch_rows(self, name: str, chunks: list[memoryview]) -> np.ndarray:
-        """The chunks' rows as one structured array in ``name``'s scratch buffer (commit
-        thread only; valid until the next call for the same table)."""
-        total = sum([len(c) for c in chunks])
-        buf = self._scratch.get(name)
-        if buf is None or len(buf) < total:
-            buf = self._scratch[name] = np.empty(max(total, 1 << 20) * 5 // 4, np.uint8)
-        np.concatenate([np.frombuffer(c, np.uint8) for c in chunks], out=buf[:total])
-        return buf[:total].view(records.TABLES[name])
+        scratch = _join(chunks, lambda n: layout.scratch_bytes(self._scratch, name, n))
+        return layout.records_to_arrow(name, scratch.view(dtype), columns), None
 
     def _find_bad_text(self, live: list[PendingBatch], name: str) -> PendingBatch:
         for b in live:

@@ -288,7 +288,7 @@ def records_to_arrow(
                 buf = pa.allocate_buffer(size)
                 dst = np.frombuffer(buf, column.dtype)
             else:
-                dst = _column_buffer(columns, field.name, size).view(column.dtype)
+                dst = scratch_bytes(columns, field.name, size).view(column.dtype)
                 buf = pa.py_buffer(dst)
             fixed.append((dst, column))
             arrays[field.name] = pa.Array.from_buffers(field.type, n, [None, buf])
@@ -300,11 +300,12 @@ def records_to_arrow(
     return pa.Table.from_arrays([arrays[f.name] for f in spec.schema], schema=spec.schema)
 
 
-def _column_buffer(columns: dict[str, np.ndarray], name: str, size: int) -> np.ndarray:
-    """The first ``size`` bytes of ``columns[name]``, grown by a quarter when too small."""
-    buf = columns.get(name)
+def scratch_bytes(buffers: dict[str, np.ndarray], key: str, size: int) -> np.ndarray:
+    """The first ``size`` bytes of the long-lived buffer ``buffers[key]``, made or grown
+    (by a quarter more than asked) when too small."""
+    buf = buffers.get(key)
     if buf is None or len(buf) < size:
-        buf = columns[name] = np.empty(max(size, 1 << 16) * 5 // 4, np.uint8)
+        buf = buffers[key] = np.empty(max(size, 1 << 16) * 5 // 4, np.uint8)
     return buf[:size]
 
 
