@@ -148,21 +148,26 @@ class FleetCollector(Collector):
 _POOL_SUFFIX = re.compile(r"_\d+$")
 
 
+def stat_cpu_seconds(stat: str | Path) -> tuple[float, float]:
+    """(user, system) CPU seconds from a ``/proc/<pid>[/task/<tid>]/stat`` file."""
+    text = Path(stat).read_text()
+    fields = text[text.rindex(")") + 2 :].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
 def thread_cpu_seconds() -> dict[str, float]:
     """CPU seconds (user + system) of this process by Python thread name, a pool's
     threads (``convert_0`` .. ``convert_3``) summed under the pool's name, and
     ``other`` for threads Python did not start (DuckDB's, Arrow's). Linux only
     (``/proc/self/task``); an empty dict elsewhere."""
-    tick = os.sysconf("SC_CLK_TCK")
     out: dict[str, float] = {}
     named = 0.0
     for t in threading.enumerate():
         try:
-            stat = Path(f"/proc/self/task/{t.native_id}/stat").read_text()
+            cpu = sum(stat_cpu_seconds(f"/proc/self/task/{t.native_id}/stat"))
         except (OSError, TypeError):
             continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        cpu = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
         name = _POOL_SUFFIX.sub("", t.name)
         out[name] = out.get(name, 0.0) + cpu
         named += cpu

@@ -61,6 +61,7 @@ sys.path.insert(0, str(ROOT))
 
 from analytics import ingest_body, ingest_load  # noqa: E402
 from analytics.clock import set_mmap_threshold  # noqa: E402
+from analytics.ingest_metrics import stat_cpu_seconds  # noqa: E402
 from benchmarks.machine import cpu_ticks, describe, steal_share  # noqa: E402
 from collector import wire  # noqa: E402
 
@@ -78,13 +79,6 @@ def machine() -> str:
 
 def loadavg() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-
-
-def proc_cpu_s(pid: int) -> tuple[float, float]:
-    """(user, system) CPU seconds of a process (all its threads)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    tck = os.sysconf("SC_CLK_TCK")
-    return int(fields[11]) / tck, int(fields[12]) / tck
 
 
 def build_requests(args: argparse.Namespace, idx: int, t0: int) -> list[tuple[bytes, int, int]]:
@@ -505,10 +499,10 @@ def main() -> None:
         time.sleep(max(0.0, send_at - time.time()))
         load_before = loadavg()
         before = read_metrics(url)
-        user0, sys0 = proc_cpu_s(daemon.pid)
+        user0, sys0 = stat_cpu_seconds(f"/proc/{daemon.pid}/stat")
         ticks0 = cpu_ticks()
         results = collect(out, procs)
-        user1, sys1 = proc_cpu_s(daemon.pid)
+        user1, sys1 = stat_cpu_seconds(f"/proc/{daemon.pid}/stat")
         daemon_sys = sys1 - sys0
         cpu0, cpu1 = user0 + sys0, user1 + sys1
         stolen = steal_share(ticks0, cpu_ticks())
