@@ -357,6 +357,14 @@ def announce_fleet(port: int, hosts: int, t0: int) -> float:
         conn.close()
 
 
+def key_value(item: str) -> tuple[str, str]:
+    """``--set``/``--daemon-env`` argument: KEY=VALUE -> (KEY, VALUE)."""
+    key, sep, value = item.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{item!r}: expected KEY=VALUE")
+    return key, value
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--hosts", type=int, default=5000, help="fleet size (distinct hosts)")
@@ -386,6 +394,7 @@ def main() -> None:
         action="append",
         default=[],
         metavar="NAME=VALUE",
+        type=key_value,
         help="environment variable for the daemon only (e.g. an allocator setting)",
     )
     ap.add_argument(
@@ -400,7 +409,7 @@ def main() -> None:
         "of as fast as the daemon acknowledges: is the offered load sustained?",
     )
     ap.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE",
+        "--set", action="append", default=[], metavar="KEY=VALUE", type=key_value,
         help="further ingest.yml setting for the daemon (YAML value), e.g. analysis_nice=19",
     )  # fmt: skip
     ap.add_argument("--keep", action="store_true", help="keep the store directory")
@@ -423,10 +432,7 @@ def main() -> None:
         cfg["compression"] = args.compression
     if args.live_refresh_s:
         cfg["live_refresh_s"] = args.live_refresh_s
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            sys.exit(f"--set {item}: expected KEY=VALUE")
+    for key, value in args.set:
         cfg[key] = yaml.safe_load(value)
     (work / "ingest.yml").write_text(json.dumps(cfg))
     log = open(work / "ingest.log", "wb")  # noqa: SIM115
@@ -434,7 +440,7 @@ def main() -> None:
     daemon = subprocess.Popen(
         [sys.executable, "-m", "clockmesh.cli", "ingest", "run", "--config", str(work / "ingest.yml")],
         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-        env={**os.environ, **dict(item.partition("=")[::2] for item in args.daemon_env)},
+        env={**os.environ, **dict(args.daemon_env)},
     )  # fmt: skip
     spy = perf = recorder = None
     try:
@@ -555,7 +561,7 @@ def main() -> None:
             f"setup: {args.hosts} hosts x {args.seconds} s, {args.per_request} x {args.span}-s segment per "
             f"request (~{rows // max(requests, 1)} rows, {probe // max(requests, 1)} probe records), "
             f"{args.procs} client procs x {args.connections} connections, roll_s={args.roll_s}"
-            + "".join(f", {item}" for item in args.set)
+            + "".join(f", {key}={value}" for key, value in args.set)
         )
         print(f"acknowledged: {requests} requests, {probe} probe records ({rows} rows) "
               f"in {elapsed:.2f} s")  # fmt: skip
