@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from analytics.ingest_slabs import SlabPool
 from analytics.store.hot_window import LiveSnapshot
 
 # *_created series double the scrape size and no dashboard of ours reads them.
@@ -193,6 +194,33 @@ class ThreadCpuCollector(Collector):
         for name, seconds in sorted(thread_cpu_seconds().items()):
             family.add_metric([name], seconds)
         yield family
+
+
+class SlabCollector(Collector):
+    """``clockmesh_ingest_slab_bytes{pool}`` and ``..._in_use_bytes{pool}``: the memory the
+    daemon keeps in its slab pools (ingest_slabs.py), read at scrape time."""
+
+    def __init__(self, pools: dict[str, SlabPool]) -> None:
+        self.pools = pools
+
+    def collect(self) -> Iterable[Metric]:
+        kept = GaugeMetricFamily(
+            "clockmesh_ingest_slab_bytes",
+            "Memory kept for request bodies until their commit (pool=bodies) and for the "
+            "records the hot window and clock solver hold (pool=records); reused, never "
+            "given back (ingest_slabs.py).",
+            labels=["pool"],
+        )
+        in_use = GaugeMetricFamily(
+            "clockmesh_ingest_slab_in_use_bytes",
+            "Part of it that still holds live data.",
+            labels=["pool"],
+        )
+        for name, pool in self.pools.items():
+            kept.add_metric([name], pool.nbytes)
+            in_use.add_metric([name], pool.in_use() * pool.slab_bytes)
+        yield kept
+        yield in_use
 
 
 class IngestMetrics:

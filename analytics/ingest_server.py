@@ -52,7 +52,7 @@ from analytics import ingest_body
 from analytics.clock_runner import SOURCES as CLOCK_SOURCES
 from analytics.clock_runner import ClockRunner
 from analytics.ingest_config import IngestConfig, ResolvedIngest, auto_max_rows
-from analytics.ingest_metrics import FleetView, HostState, IngestMetrics
+from analytics.ingest_metrics import FleetView, HostState, IngestMetrics, SlabCollector
 from analytics.ingest_pace import Pacer
 from analytics.ingest_slabs import SlabPool
 from analytics.store import catalog, layout
@@ -147,15 +147,6 @@ class IngestServer:
                   "Batch requests per second (last second).", registry=reg),
         )  # fmt: skip
         self._pace_gauges[0].set(self.pacer.roll_s)
-        self._slab_gauges = (
-            Gauge("clockmesh_ingest_slab_bytes",
-                  "Memory kept for request bodies until their commit (pool=bodies) and for "
-                  "the records the hot window and clock solver hold (pool=records); reused, "
-                  "never given back (ingest_slabs.py).", ["pool"], registry=reg),
-            Gauge("clockmesh_ingest_slab_in_use_bytes",
-                  "Part of it that still held live data (sampled every second).", ["pool"],
-                  registry=reg),
-        )  # fmt: skip
         self._pending: list[PendingBatch] = []
         self._pending_rows = 0
         self._inflight: dict[tuple[int, int], asyncio.Future] = {}
@@ -179,6 +170,7 @@ class IngestServer:
         self._columns: dict[str, dict[str, np.ndarray]] = {name: {} for name in records.TABLES}
         self.slabs = SlabPool()  # the records handed to the hot window and clock runner
         self.body_slabs = SlabPool(64 << 20)  # request bodies, until their commit is done
+        reg.register(SlabCollector({"records": self.slabs, "bodies": self.body_slabs}))
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task] = []
         self._runner: web.AppRunner | None = None
@@ -728,9 +720,6 @@ class IngestServer:
             await asyncio.sleep(1.0)
             self._check_space()
             self._pace()
-            for pool, slabs in (("records", self.slabs), ("bodies", self.body_slabs)):
-                self._slab_gauges[0].labels(pool).set(slabs.nbytes)
-                self._slab_gauges[1].labels(pool).set(slabs.in_use() * slabs.slab_bytes)
             self.metrics.pending_rows.set(self._pending_rows)
             now = time.monotonic()
             if now >= next_live:
