@@ -263,9 +263,9 @@ class ClockRunner:
     def _bucket(self, name: str, rows: np.ndarray) -> None:
         """Add ``rows`` to their windows; rows of a window already solved or skipped
         (late) or stamped more than ``FUTURE_S`` ahead are counted and dropped."""
-        widx = rows[SOURCES[name][1]] // self.window_ns
         if not len(rows):
             return
+        widx = rows[SOURCES[name][1]] // self.window_ns
         if int(widx.max()) <= self._watermark:  # all late (a daemon behind skips windows)
             self.counters.late_rows += len(rows)
             return
