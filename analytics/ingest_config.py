@@ -44,6 +44,7 @@ class IngestConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_requests_per_s: float = 420.0  # request budget: acks advise longer segments past it
     max_advised_roll_s: float = 30.0  # longest segment interval the acks advise
     analysis_nice: int = 19  # nice added to the analysis threads (0: same priority)
+    reserve_bytes: int = 0  # memory faulted in at start (at least; see docs/store.md)
 
 
 class ResolvedIngest(msgspec.Struct, kw_only=True):
@@ -89,7 +90,13 @@ def resolve(config: IngestConfig, path: str | Path) -> ResolvedIngest:
     for key, value in positive.items():
         if value <= 0:
             fail(key, "expected a number > 0")
-    for key in ("min_free_bytes", "compact_min_age_s", "rollup_grace_s", "clock_lateness_s"):
+    for key in (
+        "min_free_bytes",
+        "reserve_bytes",
+        "compact_min_age_s",
+        "rollup_grace_s",
+        "clock_lateness_s",
+    ):
         if getattr(config, key) < 0:
             fail(key, "expected a number >= 0")
     for key in ("hot_max_rows", "clock_max_rows"):

@@ -37,6 +37,7 @@ import logging
 import os
 import ssl
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,7 +55,15 @@ from analytics.clock_runner import ClockRunner
 from analytics.ingest_config import IngestConfig, ResolvedIngest, auto_max_rows
 from analytics.ingest_metrics import FleetView, HostState, IngestMetrics, SlabCollector
 from analytics.ingest_pace import Pacer
-from analytics.ingest_slabs import SlabPool
+from analytics.ingest_slabs import (
+    PeakTracker,
+    SlabPool,
+    heap_cap,
+    mem_available,
+    plan_reserve,
+    read_peaks,
+    reserve_heap,
+)
 from analytics.store import catalog, layout
 from analytics.store.compactor import Compactor
 from analytics.store.hot_window import HotWindow
@@ -64,6 +73,7 @@ from collector import records, wire
 
 log = logging.getLogger("clockmesh.ingest")
 _GC_THRESHOLD = 50_000
+_PEAKS_SAVE_S = 60.0  # how often the memory peaks are remembered for the next start
 _SWITCH_INTERVAL_S = float(os.environ.get("CLOCKMESH_INGEST_SWITCH_INTERVAL_S", "0.0005"))
 
 
@@ -171,6 +181,11 @@ class IngestServer:
         self.slabs = SlabPool()  # the records handed to the hot window and clock runner
         self.body_slabs = SlabPool(64 << 20)  # request bodies, until their commit is done
         reg.register(SlabCollector({"records": self.slabs, "bodies": self.body_slabs}))
+        self.peaks = PeakTracker(
+            {"records": self.slabs, "bodies": self.body_slabs}, self.writer.root / "_ingest"
+        )
+        self._stopping = threading.Event()  # ends the memory reserve early
+        self._reserver: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task] = []
         self._runner: web.AppRunner | None = None
@@ -207,7 +222,8 @@ class IngestServer:
         gc.collect()
         gc.freeze()
         gc.set_threshold(_GC_THRESHOLD, 20, 10)
-        self.clock.start()
+        self.clock.start()  # tunes the allocator first (clock/allocator.py)
+        self._start_reserve()
         ssl_ctx = None
         if self.config.tls_cert:
             ssl_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -238,7 +254,48 @@ class IngestServer:
             self._next_commit,
         )
 
+    def _start_reserve(self) -> None:
+        """Fault in the memory the previous run of this store peaked at (or
+        ``reserve_bytes``), in the background: ingest_slabs.py."""
+        peaks, problem = read_peaks(self.peaks.path.parent)
+        if problem:
+            log.warning("event=memory_peaks_unreadable error=%r (starting cold)", problem)
+        plan = plan_reserve(self.config.reserve_bytes, peaks, mem_available(), heap_cap())
+        if not any(plan.values()):
+            return
+        log.info("event=memory_reserve records=%d bodies=%d heap=%d remembered=%s",
+                 plan["records"], plan["bodies"], plan["heap"], bool(peaks))  # fmt: skip
+        self._reserver = threading.Thread(
+            target=self._reserve, args=(plan,), name="reserve", daemon=True
+        )
+        self._reserver.start()
+
+    def _reserve(self, plan: dict[str, int]) -> None:
+        started = time.monotonic()
+        self.peaks.reserving.set()  # its heap blocks are not a peak to remember
+        try:
+            added = {
+                "records": self.slabs.reserve(plan["records"], self._stopping),
+                "bodies": self.body_slabs.reserve(plan["bodies"], self._stopping),
+                "heap": reserve_heap(plan["heap"], self._stopping),
+            }
+        except MemoryError:
+            log.warning("event=memory_reserve_failed error=MemoryError (the rest stays cold)")
+            return
+        finally:
+            self.peaks.reserving.clear()
+        log.info("event=memory_reserved records=%d bodies=%d heap=%d seconds=%.1f",
+                 added["records"], added["bodies"], added["heap"],
+                 time.monotonic() - started)  # fmt: skip
+
+    def _save_peaks(self) -> None:
+        try:
+            self.peaks.save()
+        except OSError as exc:
+            log.warning("event=memory_peaks_not_saved error=%r", str(exc))
+
     async def stop(self) -> None:
+        self._stopping.set()
         # Flush what was received: those clients are waiting for their ack.
         deadline = time.monotonic() + 10
         while self._pending and time.monotonic() < deadline:
@@ -253,6 +310,10 @@ class IngestServer:
         self._side_pool.shutdown(wait=True)
         self._convert_pool.shutdown(wait=True)
         self.clock.stop()
+        if self._reserver is not None:
+            self._reserver.join()
+        self.peaks.sample()
+        self._save_peaks()
 
     # ---- HTTP handlers -----------------------------------------------------------
     def _reject(self, status: int, reason: str, error: str, request: web.Request) -> web.Response:
@@ -714,14 +775,18 @@ class IngestServer:
 
     async def _periodic(self) -> None:
         loop = asyncio.get_running_loop()
-        next_live = next_compact = time.monotonic()
+        next_live = next_compact = next_peaks = time.monotonic()
         next_compact += self.config.compact_s
         while True:
             await asyncio.sleep(1.0)
             self._check_space()
+            self.peaks.sample()
             self._pace()
             self.metrics.pending_rows.set(self._pending_rows)
             now = time.monotonic()
+            if now >= next_peaks:
+                next_peaks = now + _PEAKS_SAVE_S
+                self._save_peaks()
             if now >= next_live:
                 next_live = now + self.config.live_refresh_s
                 try:

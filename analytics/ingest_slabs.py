@@ -13,16 +13,41 @@ process. A slab is reused when no array carved from it is alive any more, which 
 tells exactly: every view of a slab holds a reference to it, so its reference count
 falls back to the pool's own once the last view is gone. Memory then follows the peak
 of what is held, pages are zeroed once, and the steady state touches no fresh memory.
+
+A daemon that starts cold still pays for every page in its first minutes, exactly when a
+restarted ops box takes the whole fleet's backlog: at 13,000 hosts its first round of
+acks took 7-12 s instead of ~1 s (docs/store.md, "Round 8"). :func:`plan_reserve`,
+:meth:`SlabPool.reserve` and :func:`reserve_heap` fault that memory in at start, in the
+background: as much as the
+previous run of the same store held at its peak (:func:`read_peaks`, written by the
+daemon every minute), or ``reserve_bytes`` of ingest.yml, whichever is more.
 """
 
 from __future__ import annotations
 
+import json
+import mmap
+import os
 import sys
 import threading
+import time
+from pathlib import Path
 
 import numpy as np
 
+from analytics.clock.allocator import heap_in_use, kept_heap_bytes
+
 _ALIGN = 64
+PARTS = ("records", "bodies", "heap")
+# reserve_bytes split when the store remembers no peaks (what a 13,000-host run held)
+_SPLIT = {"bodies": 0.15, "heap": 0.25}
+_HEAP_BLOCK = 64 << 20  # below the mmap threshold tune_allocator sets: from the heap
+PEAKS_FILE = "memory.json"  # in <store>/_ingest
+
+
+def touch(buf: np.ndarray) -> None:
+    """Fault in every page of ``buf`` now (the kernel zeroes each on its first write)."""
+    buf[:: mmap.PAGESIZE] = 0
 
 
 class SlabPool:
@@ -54,6 +79,22 @@ class SlabPool:
             self._pos += -(-nbytes // _ALIGN) * _ALIGN
             return out
 
+    def reserve(self, nbytes: int, stop: threading.Event) -> int:
+        """Add free slabs, faulted in, until the pool holds ``nbytes`` (or ``stop`` is
+        set); returns the bytes added. Safe while other threads take from the pool."""
+        added = 0
+        while not stop.is_set():
+            with self._lock:
+                if len(self._slabs) * self.slab_bytes >= nbytes:
+                    break
+            slab = np.empty(self.slab_bytes + _ALIGN, np.uint8)
+            touch(slab)
+            with self._lock:
+                self._slabs.append(slab)
+            del slab  # free for take() from here on
+            added += self.slab_bytes
+        return added
+
     def _free_slab(self) -> np.ndarray:
         # a slab nothing else refers to has 3 references here: the list, the loop
         # variable and getrefcount's argument
@@ -73,8 +114,109 @@ class SlabPool:
     def nbytes(self) -> int:
         return len(self._slabs) * self.slab_bytes
 
+    def in_use_bytes(self) -> int:
+        return self.in_use() * self.slab_bytes
+
     def in_use(self) -> int:
         """Slabs that some array still refers to."""
         with self._lock:
             # the list, the generator's variable, getrefcount's argument (+ _current)
             return sum(sys.getrefcount(s) > 3 + (s is self._current) for s in self._slabs)
+
+
+def heap_cap() -> int:
+    """The most :func:`reserve_heap` can leave in glibc's heap: what it keeps below the
+    trim threshold :func:`~analytics.clock.allocator.tune_allocator` set (0 untuned)."""
+    return max(0, kept_heap_bytes() - _HEAP_BLOCK)
+
+
+def reserve_heap(nbytes: int, stop: threading.Event) -> int:
+    """Grow glibc's heap by ``nbytes`` (at most :func:`heap_cap`) of faulted-in pages,
+    then free them: later large allocations (numpy temporaries, the commit's column
+    buffers) reuse them. Returns the bytes added."""
+    nbytes = min(nbytes, heap_cap())
+    blocks: list[np.ndarray] = []
+    while len(blocks) * _HEAP_BLOCK < nbytes and not stop.is_set():
+        block = np.empty(_HEAP_BLOCK, np.uint8)
+        touch(block)
+        blocks.append(block)
+    return len(blocks) * _HEAP_BLOCK  # freed on return: back to the heap, which keeps them
+
+
+def plan_reserve(
+    configured: int, peaks: dict[str, int], available: int, heap_max: int
+) -> dict[str, int]:
+    """Bytes to reserve per part (:data:`PARTS`): the remembered peak or the part's share
+    of ``configured``, whichever is more; the heap capped at ``heap_max`` (:func:`heap_cap`);
+    all of it scaled down to at most half of ``available`` (the machine's MemAvailable)."""
+    share = {**_SPLIT, "records": 1.0 - sum(_SPLIT.values())}
+    plan = {p: max(int(configured * share[p]), int(peaks.get(p, 0))) for p in PARTS}
+    plan["heap"] = min(plan["heap"], heap_max)
+    total = sum(plan.values())
+    if total > available // 2:
+        plan = {p: int(v * (available // 2) / total) for p, v in plan.items()}
+    return plan
+
+
+def mem_available() -> int:
+    """Bytes this process could still get: MemAvailable of /proc/meminfo (physical memory
+    where that is missing), or less where its cgroup (v2) has a ``memory.max``."""
+    available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    available = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+        group = next(line[3:] for line in lines if line.startswith("0::"))
+        base = Path("/sys/fs/cgroup") / group.lstrip("/")
+        limit = (base / "memory.max").read_text().strip()
+        if limit != "max":
+            used = int((base / "memory.current").read_text())
+            available = min(available, max(0, int(limit) - used))
+    except (OSError, ValueError, StopIteration):
+        pass
+    return available
+
+
+class PeakTracker:
+    """The most the record and body pools and the heap held in use since start, sampled
+    (:meth:`sample`, once a second) and remembered in ``<store>/_ingest/memory.json``
+    (:meth:`save`) for the next start's reserve."""
+
+    def __init__(self, pools: dict[str, SlabPool], directory: Path) -> None:
+        self.pools = pools
+        self.path = directory / PEAKS_FILE
+        self.peaks = dict.fromkeys(PARTS, 0)
+        self.reserving = threading.Event()  # set while reserve_heap's blocks are held
+
+    def sample(self) -> None:
+        for name, pool in self.pools.items():  # reserved slabs are free: not counted
+            self.peaks[name] = max(self.peaks[name], pool.in_use_bytes())
+        heap = heap_in_use()
+        if heap is not None and not self.reserving.is_set():
+            self.peaks["heap"] = max(self.peaks["heap"], heap)
+
+    def save(self) -> None:
+        """Atomically replace the file (a hint: no fsync; a lost one costs a cold start)."""
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps({**self.peaks, "saved_unix": int(time.time())}) + "\n")
+        os.replace(tmp, self.path)
+
+
+def read_peaks(directory: Path) -> tuple[dict[str, int], str]:
+    """The peaks a previous run remembered (empty when none), and why they were not
+    readable ("" when they were or there are none)."""
+    path = directory / PEAKS_FILE
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}, ""
+    except (OSError, ValueError) as exc:
+        return {}, f"{path}: {exc}"
+    if not isinstance(data, dict):
+        return {}, f"{path}: expected a JSON object"
+    return {p: int(v) for p, v in data.items() if p in PARTS and isinstance(v, int) and v > 0}, ""

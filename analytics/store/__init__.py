@@ -10,5 +10,5 @@ Layout under ``store_dir`` (see docs/store.md)::
         r<minute>.parquet              a per-minute rollup written by the hot window
     <table>/date=1970-01-01/hour=0/_schema.parquet   empty placeholder: typed, so views
                                                       over an empty table still work
-    _ingest/                           daemon state (compaction intents)
+    _ingest/                           daemon state (compaction intents, memory peaks)
 """

@@ -114,6 +114,32 @@ def _stream(daemon: Daemon, hosts: range, seconds: int, acked: dict, stop: threa
                 time.sleep(0.05)
 
 
+def test_restart_reserves_the_memory_the_last_run_peaked_at(tmp_path: Path) -> None:
+    d = Daemon(tmp_path)
+    (d.store / "_ingest").mkdir(parents=True)  # as the previous run of this store left it
+    mib = 1 << 20
+    (d.store / "_ingest" / "memory.json").write_text(
+        json.dumps({"records": 768 * mib, "bodies": 128 * mib, "heap": 512 * mib})
+    )
+    d.start()
+    try:
+        deadline = time.monotonic() + 30
+        while "event=memory_reserved" not in d.log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert "event=memory_reserved records=805306368 bodies=134217728" in d.log.read_text()
+        metrics = d.get("/metrics").decode()
+        assert 'clockmesh_ingest_slab_bytes{pool="records"} 8.05306368e+08' in metrics
+        assert d.post(seg(0, 1))[0] == 200  # taken from the reserve: the pool does not grow
+        assert 'slab_bytes{pool="records"} 8.05306368e+08' in d.get("/metrics").decode()
+    finally:
+        d.stop()
+    # what this run held is remembered for the next start: one slab of records (256 MiB),
+    # at most one of bodies (64 MiB), not the reserve (so a smaller fleet lowers it)
+    peaks = json.loads((d.store / "_ingest" / "memory.json").read_text())
+    assert peaks["records"] == 256 * mib and peaks["bodies"] <= 64 * mib
+    assert 0 < peaks["heap"] < 256 * mib, peaks
+
+
 def test_kill_9_loses_no_acknowledged_row_and_stores_each_once(daemon: Daemon) -> None:
     seconds = 30
     acked: dict = {}

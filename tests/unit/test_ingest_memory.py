@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import os
+import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
 from analytics import ingest_load
-from analytics.ingest_slabs import SlabPool
+from analytics.ingest_slabs import PeakTracker, SlabPool, plan_reserve, read_peaks
 from analytics.store import layout
 from collector import records, wire
 
@@ -44,6 +48,59 @@ def test_slab_arrays_are_aligned_and_disjoint() -> None:
     for p, v in zip(parts, range(1, 6), strict=True):
         p[:] = v
     assert [int(p[0]) for p in parts] == [1, 2, 3, 4, 5]  # none overwrote another
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_reserve_faults_in_free_slabs_that_take_then_uses() -> None:
+    pool = SlabPool(8 << 20)
+    before = _rss()
+    assert pool.reserve(64 << 20, threading.Event()) == 64 << 20
+    assert _rss() - before >= 60 << 20  # resident now, not at first use
+    assert pool.slabs == 8 and pool.in_use() == 0
+    kept = [pool.take(6 << 20) for _ in range(8)]  # one per slab: all reserved ones
+    assert pool.slabs == 8 and pool.reused == 8 and pool.in_use_bytes() == 64 << 20
+    assert pool.reserve(64 << 20, threading.Event()) == 0  # holds that much already
+    stop = threading.Event()
+    stop.set()
+    assert pool.reserve(128 << 20, stop) == 0 and pool.slabs == 8  # stopping: nothing
+    del kept
+
+
+def test_plan_reserve_takes_the_larger_of_peak_and_share_within_half_the_memory() -> None:
+    gib = 1 << 30
+    # nothing remembered, nothing configured: nothing to do (a fresh store)
+    assert plan_reserve(0, {}, 16 * gib, 2 * gib) == {"records": 0, "bodies": 0, "heap": 0}
+    # reserve_bytes alone is split 60/15/25
+    plan = plan_reserve(8 * gib, {}, 32 * gib, 2 * gib)
+    assert plan == {"records": int(4.8 * gib), "bodies": int(1.2 * gib), "heap": 2 * gib}
+    # a remembered peak above its share wins; the heap stays within what glibc keeps
+    plan = plan_reserve(8 * gib, {"records": 6 * gib, "heap": 5 * gib}, 64 * gib, gib)
+    assert plan == {"records": 6 * gib, "bodies": int(1.2 * gib), "heap": gib}
+    # never more than half of the memory available now, in the same proportions
+    plan = plan_reserve(0, {"records": 6 * gib, "bodies": 2 * gib}, 8 * gib, gib)
+    assert sum(plan.values()) <= 4 * gib and plan["records"] == 3 * plan["bodies"]
+
+
+def test_peaks_are_remembered_and_a_damaged_file_means_a_cold_start(tmp_path: Path) -> None:
+    records, bodies = SlabPool(1 << 20), SlabPool(1 << 20)
+    tracker = PeakTracker({"records": records, "bodies": bodies}, tmp_path)
+    held = [records.take(900_000) for _ in range(3)]
+    tracker.sample()
+    del held  # the peak stays
+    tracker.sample()
+    tracker.save()
+    peaks, problem = read_peaks(tmp_path)
+    assert problem == "" and peaks["records"] == 3 << 20 and "bodies" not in peaks  # 0: none
+    assert read_peaks(tmp_path / "elsewhere") == ({}, "")  # a fresh store
+    (tmp_path / "memory.json").write_text('{"records": 3')  # torn by a crash
+    peaks, problem = read_peaks(tmp_path)
+    assert peaks == {} and "memory.json" in problem
+    (tmp_path / "memory.json").write_text(json.dumps({"records": "lots", "heap": 5}))
+    assert read_peaks(tmp_path) == ({"heap": 5}, "")
 
 
 def test_records_to_arrow_with_column_buffers_matches_and_reuses_them() -> None:

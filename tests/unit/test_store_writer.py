@@ -216,6 +216,7 @@ def test_config_errors_name_the_key(tmp_path: Path) -> None:
         "rol_s: 1\n": "rol_s: unknown key",
         "analysis_nice: 20\n": "analysis_nice: expected an integer 0-19",
         "hot_max_rows: -1\n": "hot_max_rows: expected a row count > 0, or 0",
+        "reserve_bytes: -1\n": "reserve_bytes: expected a number >= 0",
     }
     for text, expected in cases.items():
         path.write_text(text)
