@@ -11,9 +11,10 @@ default budget of 420 requests/s), and the traffic is built with segments of tha
 as collectors would ship it. ``--paced`` sends each host's segment once per interval,
 spread evenly (the fleet's own pace) instead of as fast as acks come back, and checks
 every ack against the shipper's 5-s timeout: is the offered load sustained? Issue 4's
-figures: ``--hosts 12500 --connections 2500 --seconds 60 --paced`` (2 M probe records/s
-offered; two rounds of 30-s segments, ~12 GB of requests) and ``--hosts 11000 --seconds
-54 --paced``. The traffic is stamped as a fleet's would be (it starts one segment before
+figure: ``--hosts 13000 --connections 2600 --seconds 60 --paced --set
+reserve_bytes=8589934592`` (2.08 M probe records/s offered; two rounds of 30-s segments,
+~12 GB of requests; the daemon's memory warm, as after a restart that remembers its
+peaks, docs/store.md "Memory"; without ``--set`` it starts cold). The traffic is stamped as a fleet's would be (it starts one segment before
 a minute boundary and is sent from that boundary on), so the daemon's hot window, its
 per-minute rollup and its clock solver do their real work during the run; the figures
 say how much of it they did (clock windows solved/skipped, rollups, evictions), and the
@@ -630,11 +631,16 @@ def main() -> None:
             for kind in ("", "_in_use")
             for pool in ("records", "bodies")
         }
+        for pool in ("records", "bodies"):  # the reserve (reserve_bytes), before any traffic
+            key = f'clockmesh_ingest_slab_bytes{{pool="{pool}"}}'
+            slabs["@start", pool] = before.get(key, 0.0) / 2**30
         print(
             f"clock windows during the run: {solved:.0f} solved, {skipped:.0f} skipped; "
             f"daemon peak RSS {daemon_rss:.1f} GiB; slab pools at the end: records "
             f"{slabs['', 'records']:.1f} GiB ({slabs['_in_use', 'records']:.1f} in use), "
-            f"bodies {slabs['', 'bodies']:.1f} GiB ({slabs['_in_use', 'bodies']:.1f} in use)"
+            f"bodies {slabs['', 'bodies']:.1f} GiB ({slabs['_in_use', 'bodies']:.1f} in use); "
+            f"when sending began (reserve_bytes): records {slabs['@start', 'records']:.1f} GiB, "
+            f"bodies {slabs['@start', 'bodies']:.1f} GiB"
         )
         print(
             f"rollups during the run: {metric('clockmesh_rollups_total'):.0f} minute(s) of "
