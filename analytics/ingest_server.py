@@ -58,11 +58,9 @@ from analytics.ingest_pace import Pacer
 from analytics.ingest_slabs import (
     PeakTracker,
     SlabPool,
-    heap_cap,
     mem_available,
     plan_reserve,
     read_peaks,
-    reserve_heap,
 )
 from analytics.store import catalog, layout
 from analytics.store.compactor import Compactor
@@ -260,11 +258,11 @@ class IngestServer:
         peaks, problem = read_peaks(self.peaks.path.parent)
         if problem:
             log.warning("event=memory_peaks_unreadable error=%r (starting cold)", problem)
-        plan = plan_reserve(self.config.reserve_bytes, peaks, mem_available(), heap_cap())
+        plan = plan_reserve(self.config.reserve_bytes, peaks, mem_available())
         if not any(plan.values()):
             return
-        log.info("event=memory_reserve records=%d bodies=%d heap=%d remembered=%s",
-                 plan["records"], plan["bodies"], plan["heap"], bool(peaks))  # fmt: skip
+        log.info("event=memory_reserve records=%d bodies=%d remembered=%s",
+                 plan["records"], plan["bodies"], bool(peaks))  # fmt: skip
         self._reserver = threading.Thread(
             target=self._reserve, args=(plan,), name="reserve", daemon=True
         )
@@ -272,21 +270,16 @@ class IngestServer:
 
     def _reserve(self, plan: dict[str, int]) -> None:
         started = time.monotonic()
-        self.peaks.reserving.set()  # its heap blocks are not a peak to remember
         try:
             added = {
                 "records": self.slabs.reserve(plan["records"], self._stopping),
                 "bodies": self.body_slabs.reserve(plan["bodies"], self._stopping),
-                "heap": reserve_heap(plan["heap"], self._stopping),
             }
         except MemoryError:
             log.warning("event=memory_reserve_failed error=MemoryError (the rest stays cold)")
             return
-        finally:
-            self.peaks.reserving.clear()
-        log.info("event=memory_reserved records=%d bodies=%d heap=%d seconds=%.1f",
-                 added["records"], added["bodies"], added["heap"],
-                 time.monotonic() - started)  # fmt: skip
+        log.info("event=memory_reserved records=%d bodies=%d seconds=%.1f",
+                 added["records"], added["bodies"], time.monotonic() - started)  # fmt: skip
 
     def _save_peaks(self) -> None:
         try:

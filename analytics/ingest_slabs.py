@@ -16,9 +16,8 @@ of what is held, pages are zeroed once, and the steady state touches no fresh me
 
 A daemon that starts cold still pays for every page in its first minutes, exactly when a
 restarted ops box takes the whole fleet's backlog: at 13,000 hosts its first round of
-acks took 7-12 s instead of ~1 s (docs/store.md, "Round 8"). :func:`plan_reserve`,
-:meth:`SlabPool.reserve` and :func:`reserve_heap` fault that memory in at start, in the
-background: as much as the
+acks took 7-12 s instead of ~1 s (docs/store.md, "Round 8"). :func:`plan_reserve` and
+:meth:`SlabPool.reserve` fault that memory in at start, in the background: as much as the
 previous run of the same store held at its peak (:func:`read_peaks`, written by the
 daemon every minute), or ``reserve_bytes`` of ingest.yml, whichever is more.
 """
@@ -35,13 +34,10 @@ from pathlib import Path
 
 import numpy as np
 
-from analytics.clock.allocator import heap_in_use, kept_heap_bytes
-
 _ALIGN = 64
-PARTS = ("records", "bodies", "heap")
+PARTS = ("records", "bodies")
 # reserve_bytes split when the store remembers no peaks (what a 13,000-host run held)
-_SPLIT = {"bodies": 0.15, "heap": 0.25}
-_HEAP_BLOCK = 64 << 20  # below the mmap threshold tune_allocator sets: from the heap
+_SPLIT = {"records": 0.8, "bodies": 0.2}
 PEAKS_FILE = "memory.json"  # in <store>/_ingest
 
 
@@ -124,34 +120,11 @@ class SlabPool:
             return sum(sys.getrefcount(s) > 3 + (s is self._current) for s in self._slabs)
 
 
-def heap_cap() -> int:
-    """The most :func:`reserve_heap` can leave in glibc's heap: what it keeps below the
-    trim threshold :func:`~analytics.clock.allocator.tune_allocator` set (0 untuned)."""
-    return max(0, kept_heap_bytes() - _HEAP_BLOCK)
-
-
-def reserve_heap(nbytes: int, stop: threading.Event) -> int:
-    """Grow glibc's heap by ``nbytes`` (at most :func:`heap_cap`) of faulted-in pages,
-    then free them: later large allocations (numpy temporaries, the commit's column
-    buffers) reuse them. Returns the bytes added."""
-    nbytes = min(nbytes, heap_cap())
-    blocks: list[np.ndarray] = []
-    while len(blocks) * _HEAP_BLOCK < nbytes and not stop.is_set():
-        block = np.empty(_HEAP_BLOCK, np.uint8)
-        touch(block)
-        blocks.append(block)
-    return len(blocks) * _HEAP_BLOCK  # freed on return: back to the heap, which keeps them
-
-
-def plan_reserve(
-    configured: int, peaks: dict[str, int], available: int, heap_max: int
-) -> dict[str, int]:
-    """Bytes to reserve per part (:data:`PARTS`): the remembered peak or the part's share
-    of ``configured``, whichever is more; the heap capped at ``heap_max`` (:func:`heap_cap`);
-    all of it scaled down to at most half of ``available`` (the machine's MemAvailable)."""
-    share = {**_SPLIT, "records": 1.0 - sum(_SPLIT.values())}
-    plan = {p: max(int(configured * share[p]), int(peaks.get(p, 0))) for p in PARTS}
-    plan["heap"] = min(plan["heap"], heap_max)
+def plan_reserve(configured: int, peaks: dict[str, int], available: int) -> dict[str, int]:
+    """Bytes to reserve per pool (:data:`PARTS`): the remembered peak or the pool's share
+    of ``configured``, whichever is more, all of it scaled down to at most half of
+    ``available`` (:func:`mem_available`)."""
+    plan = {p: max(int(configured * _SPLIT[p]), int(peaks.get(p, 0))) for p in PARTS}
     total = sum(plan.values())
     if total > available // 2:
         plan = {p: int(v * (available // 2) / total) for p, v in plan.items()}
@@ -183,7 +156,7 @@ def mem_available() -> int:
 
 
 class PeakTracker:
-    """The most the record and body pools and the heap held in use since start, sampled
+    """The most the record and body pools held in use since start, sampled
     (:meth:`sample`, once a second) and remembered in ``<store>/_ingest/memory.json``
     (:meth:`save`) for the next start's reserve."""
 
@@ -191,14 +164,10 @@ class PeakTracker:
         self.pools = pools
         self.path = directory / PEAKS_FILE
         self.peaks = dict.fromkeys(PARTS, 0)
-        self.reserving = threading.Event()  # set while reserve_heap's blocks are held
 
     def sample(self) -> None:
         for name, pool in self.pools.items():  # reserved slabs are free: not counted
             self.peaks[name] = max(self.peaks[name], pool.in_use_bytes())
-        heap = heap_in_use()
-        if heap is not None and not self.reserving.is_set():
-            self.peaks["heap"] = max(self.peaks["heap"], heap)
 
     def save(self) -> None:
         """Atomically replace the file (a hint: no fsync; a lost one costs a cold start)."""

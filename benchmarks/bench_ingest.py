@@ -12,7 +12,7 @@ as collectors would ship it. ``--paced`` sends each host's segment once per inte
 spread evenly (the fleet's own pace) instead of as fast as acks come back, and checks
 every ack against the shipper's 5-s timeout: is the offered load sustained? Issue 4's
 figure: ``--hosts 13000 --connections 2600 --seconds 60 --paced --set
-reserve_bytes=8589934592`` (2.08 M probe records/s offered; two rounds of 30-s segments,
+reserve_bytes=6442450944`` (2.08 M probe records/s offered; two rounds of 30-s segments,
 ~12 GB of requests; the daemon's memory warm, as after a restart that remembers its
 peaks, docs/store.md "Memory"; without ``--set`` it starts cold). The traffic is stamped as a fleet's would be (it starts one segment before
 a minute boundary and is sent from that boundary on), so the daemon's hot window, its

@@ -73,47 +73,4 @@ def tune_allocator(
     mallopt(_M_TOP_PAD, min(top_pad, 2**31 - 1))
     if single_arena:
         ok &= mallopt(_M_ARENA_MAX, 1) == 1
-    global _trim_threshold
-    if ok:
-        _trim_threshold = min(trim_threshold, 2**31 - 1)
     return ok
-
-
-_trim_threshold = 0  # what tune_allocator set (0: not tuned)
-
-
-def kept_heap_bytes() -> int:
-    """How much freed memory glibc keeps in its heap instead of returning it: below the
-    trim threshold :func:`tune_allocator` set, 0 before it ran (or where it failed)."""
-    return _trim_threshold
-
-
-class _Mallinfo2(ctypes.Structure):
-    _fields_ = [
-        (name, ctypes.c_size_t)
-        for name in (
-            "arena", "ordblks", "smblks", "hblks", "hblkhd",
-            "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost",
-        )
-    ]  # fmt: skip
-
-
-@functools.cache
-def _mallinfo2() -> Callable[[], _Mallinfo2] | None:
-    name = ctypes.util.find_library("c")
-    if not name:
-        return None
-    try:
-        fn = ctypes.CDLL(name).mallinfo2  # glibc >= 2.33
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = []
-    fn.restype = _Mallinfo2
-    return fn
-
-
-def heap_in_use() -> int | None:
-    """Bytes of glibc's heaps handed out and not freed (``mallinfo2().uordblks``; large
-    blocks with their own mapping not included); None where that is not glibc."""
-    fn = _mallinfo2()
-    return None if fn is None else int(fn().uordblks)

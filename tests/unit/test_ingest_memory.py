@@ -73,15 +73,17 @@ def test_reserve_faults_in_free_slabs_that_take_then_uses() -> None:
 def test_plan_reserve_takes_the_larger_of_peak_and_share_within_half_the_memory() -> None:
     gib = 1 << 30
     # nothing remembered, nothing configured: nothing to do (a fresh store)
-    assert plan_reserve(0, {}, 16 * gib, 2 * gib) == {"records": 0, "bodies": 0, "heap": 0}
-    # reserve_bytes alone is split 60/15/25
-    plan = plan_reserve(8 * gib, {}, 32 * gib, 2 * gib)
-    assert plan == {"records": int(4.8 * gib), "bodies": int(1.2 * gib), "heap": 2 * gib}
-    # a remembered peak above its share wins; the heap stays within what glibc keeps
-    plan = plan_reserve(8 * gib, {"records": 6 * gib, "heap": 5 * gib}, 64 * gib, gib)
-    assert plan == {"records": 6 * gib, "bodies": int(1.2 * gib), "heap": gib}
+    assert plan_reserve(0, {}, 16 * gib) == {"records": 0, "bodies": 0}
+    # reserve_bytes alone is split 80/20
+    assert plan_reserve(6 * gib, {}, 32 * gib) == {
+        "records": int(4.8 * gib),
+        "bodies": int(1.2 * gib),
+    }
+    # a remembered peak above its share wins
+    plan = plan_reserve(6 * gib, {"records": 6 * gib}, 64 * gib)
+    assert plan == {"records": 6 * gib, "bodies": int(1.2 * gib)}
     # never more than half of the memory available now, in the same proportions
-    plan = plan_reserve(0, {"records": 6 * gib, "bodies": 2 * gib}, 8 * gib, gib)
+    plan = plan_reserve(0, {"records": 6 * gib, "bodies": 2 * gib}, 8 * gib)
     assert sum(plan.values()) <= 4 * gib and plan["records"] == 3 * plan["bodies"]
 
 
@@ -99,8 +101,8 @@ def test_peaks_are_remembered_and_a_damaged_file_means_a_cold_start(tmp_path: Pa
     (tmp_path / "memory.json").write_text('{"records": 3')  # torn by a crash
     peaks, problem = read_peaks(tmp_path)
     assert peaks == {} and "memory.json" in problem
-    (tmp_path / "memory.json").write_text(json.dumps({"records": "lots", "heap": 5}))
-    assert read_peaks(tmp_path) == ({"heap": 5}, "")
+    (tmp_path / "memory.json").write_text(json.dumps({"records": "lots", "bodies": 5, "x": 9}))
+    assert read_peaks(tmp_path) == ({"bodies": 5}, "")
 
 
 def test_records_to_arrow_with_column_buffers_matches_and_reuses_them() -> None:
