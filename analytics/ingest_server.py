@@ -220,7 +220,7 @@ class IngestServer:
         gc.collect()
         gc.freeze()
         gc.set_threshold(_GC_THRESHOLD, 20, 10)
-        self.clock.start()  # tunes the allocator first (clock/allocator.py)
+        self.clock.start()
         self._start_reserve()
         ssl_ctx = None
         if self.config.tls_cert:
