@@ -14,7 +14,8 @@ every ack against the shipper's 5-s timeout: is the offered load sustained? Issu
 figure: ``--hosts 13000 --connections 2600 --seconds 60 --paced --set
 reserve_bytes=6442450944`` (2.08 M probe records/s offered; two rounds of 30-s segments,
 ~12 GB of requests; the daemon's memory warm, as after a restart that remembers its
-peaks, docs/store.md "Memory"; without ``--set`` it starts cold). The traffic is stamped as a fleet's would be (it starts one segment before
+peaks, docs/store.md "Memory"; without ``--set`` it starts cold; ``--save-peaks FILE``
+then ``--peaks-from FILE`` is a real restart on the peaks a previous run remembered). The traffic is stamped as a fleet's would be (it starts one segment before
 a minute boundary and is sent from that boundary on), so the daemon's hot window, its
 per-minute rollup and its clock solver do their real work during the run; the figures
 say how much of it they did (clock windows solved/skipped, rollups, evictions), and the
@@ -414,7 +415,18 @@ def main() -> None:
         help="further ingest.yml setting for the daemon (YAML value), e.g. analysis_nice=19",
     )  # fmt: skip
     ap.add_argument("--keep", action="store_true", help="keep the store directory")
+    ap.add_argument(
+        "--peaks-from", type=Path, metavar="FILE",
+        help="start the daemon as restarted on a store whose previous run remembered these "
+        "memory peaks (a <store>/_ingest/memory.json, e.g. written by --save-peaks)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--save-peaks", type=Path, metavar="FILE",
+        help="after the daemon stopped, copy the memory peaks it remembered to FILE",
+    )  # fmt: skip
     args = ap.parse_args()
+    if args.peaks_from and not args.peaks_from.is_file():
+        ap.error(f"--peaks-from {args.peaks_from}: expected a memory.json file")
 
     work = Path(tempfile.mkdtemp(prefix="clockmesh-bench-ingest-"))
     with socket.socket() as s:
@@ -436,6 +448,10 @@ def main() -> None:
     for key, value in args.set:
         cfg[key] = yaml.safe_load(value)
     (work / "ingest.yml").write_text(json.dumps(cfg))
+    peaks_file = work / "store" / "_ingest" / "memory.json"
+    if args.peaks_from:  # a warm restart: the daemon reads them at start (docs/store.md)
+        peaks_file.parent.mkdir(parents=True)
+        shutil.copyfile(args.peaks_from, peaks_file)
     log = open(work / "ingest.log", "wb")  # noqa: SIM115
     started = time.time()
     daemon = subprocess.Popen(
@@ -631,7 +647,7 @@ def main() -> None:
             for kind in ("", "_in_use")
             for pool in ("records", "bodies")
         }
-        for pool in ("records", "bodies"):  # the reserve (reserve_bytes), before any traffic
+        for pool in ("records", "bodies"):  # the reserve (peaks, reserve_bytes), before traffic
             key = f'clockmesh_ingest_slab_bytes{{pool="{pool}"}}'
             slabs["@start", pool] = before.get(key, 0.0) / 2**30
         print(
@@ -639,7 +655,7 @@ def main() -> None:
             f"daemon peak RSS {daemon_rss:.1f} GiB; slab pools at the end: records "
             f"{slabs['', 'records']:.1f} GiB ({slabs['_in_use', 'records']:.1f} in use), "
             f"bodies {slabs['', 'bodies']:.1f} GiB ({slabs['_in_use', 'bodies']:.1f} in use); "
-            f"when sending began (reserve_bytes): records {slabs['@start', 'records']:.1f} GiB, "
+            f"when sending began (the reserve): records {slabs['@start', 'records']:.1f} GiB, "
             f"bodies {slabs['@start', 'bodies']:.1f} GiB"
         )
         print(
@@ -671,6 +687,9 @@ def main() -> None:
         except subprocess.TimeoutExpired:
             daemon.kill()
         log.close()
+        if args.save_peaks and peaks_file.exists():
+            shutil.copyfile(peaks_file, args.save_peaks)
+            print(f"memory peaks saved to {args.save_peaks}: {peaks_file.read_text().strip()}")
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
         else:
