@@ -64,6 +64,7 @@ sys.path.insert(0, str(ROOT))
 from analytics import ingest_body, ingest_load  # noqa: E402
 from analytics.clock import set_mmap_threshold  # noqa: E402
 from analytics.ingest_metrics import stat_cpu_seconds  # noqa: E402
+from analytics.ingest_slabs import PEAKS_FILE  # noqa: E402
 from benchmarks.machine import cpu_ticks, describe, steal_share  # noqa: E402
 from collector import wire  # noqa: E402
 
@@ -448,7 +449,7 @@ def main() -> None:
     for key, value in args.set:
         cfg[key] = yaml.safe_load(value)
     (work / "ingest.yml").write_text(json.dumps(cfg))
-    peaks_file = work / "store" / "_ingest" / "memory.json"
+    peaks_file = work / "store" / "_ingest" / PEAKS_FILE
     if args.peaks_from:  # a warm restart: the daemon reads them at start (docs/store.md)
         peaks_file.parent.mkdir(parents=True)
         shutil.copyfile(args.peaks_from, peaks_file)
