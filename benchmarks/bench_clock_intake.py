@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from analytics.clock import tune_allocator  # noqa: E402
-from analytics.clock_runner import SOURCES, ClockRunner, _Window  # noqa: E402
+from analytics.clock.clock_runner import SOURCES, ClockRunner, _Window  # noqa: E402
 from analytics.store.store_writer import StoreWriter  # noqa: E402
 from benchmarks.bench_ingest import machine  # noqa: E402
 

@@ -21,7 +21,7 @@ per-minute rollup and its clock solver do their real work during the run; the fi
 say how much of it they did (clock windows solved/skipped, rollups, evictions), and the
 ack latencies after the fleet's first round (the daemon's memory grows from cold in it).
 
-What is sent: each host's real segments (:func:`analytics.ingest_load.host_seconds`:
+What is sent: each host's real segments (:func:`analytics.ingest.load.host_seconds`:
 80 probe_tx + 80 probe_rx + 80 echo + 24 netdev counter + 16 health rows, what a collector
 at default settings writes per second, ``--span`` seconds per segment), ``--per-request``
 closed segments of one host concatenated per HTTP request (1 = a shipper that keeps up;
@@ -61,10 +61,11 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from analytics import ingest_body, ingest_load  # noqa: E402
 from analytics.clock import set_mmap_threshold  # noqa: E402
-from analytics.ingest_metrics import stat_cpu_seconds  # noqa: E402
-from analytics.ingest_slabs import PEAKS_FILE  # noqa: E402
+from analytics.ingest import body as ingest_body  # noqa: E402
+from analytics.ingest import load as ingest_load  # noqa: E402
+from analytics.ingest.metrics import stat_cpu_seconds  # noqa: E402
+from analytics.ingest.slabs import PEAKS_FILE  # noqa: E402
 from benchmarks.machine import cpu_ticks, describe, steal_share  # noqa: E402
 from collector import wire  # noqa: E402
 

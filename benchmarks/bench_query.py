@@ -27,7 +27,7 @@ import pyarrow as pa
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from analytics import ingest_load  # noqa: E402
+from analytics.ingest import load as ingest_load  # noqa: E402
 from analytics.store import layout  # noqa: E402
 from analytics.store.catalog import write_catalog  # noqa: E402
 from analytics.store.store_writer import StoreWriter  # noqa: E402

@@ -33,7 +33,7 @@ import pyarrow as pa
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from analytics import ingest_load  # noqa: E402
+from analytics.ingest import load as ingest_load  # noqa: E402
 from analytics.store import layout  # noqa: E402
 from analytics.store.hot_window import query_over, rollup_minute  # noqa: E402
 from benchmarks.bench_ingest import machine  # noqa: E402

@@ -16,7 +16,7 @@ from clockmesh import __version__
 SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "collector": ("collector.cli:collector", "Run or inspect the probe/telemetry collector.", ""),
     "daemon": ("collector.supervise:daemon", "Supervise a clockmesh service without systemd.", ""),
-    "ingest": ("analytics.ingest_cli:ingest", "Run the ops-box ingest daemon.", "opsbox"),
+    "ingest": ("analytics.ingest.cli:ingest", "Run the ops-box ingest daemon.", "opsbox"),
     "sql": ("analytics.sql_cli:sql", "Query the ops-box store with SQL (read-only).", "opsbox"),
     "export": ("analytics.export:export", "Export recent store data as a Parquet set.", "opsbox"),
     "live": ("analytics.live_cli:live", "Show fleet health now, from the ops box.", "opsbox"),

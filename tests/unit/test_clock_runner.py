@@ -18,9 +18,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from analytics import clock_runner
-from analytics.clock import ClockState
-from analytics.clock_runner import ClockRunner
+from analytics.clock import ClockState, clock_runner
+from analytics.clock.clock_runner import ClockRunner
 from analytics.sim.mesh_simulator import GroundTruth, MeshSimulator, SimConfig, SimResult
 from analytics.store import catalog, layout
 from analytics.store.store_writer import StoreWriter

@@ -1,4 +1,4 @@
-"""analytics.ingest_body: one or several segments per body, the same checks as wire.decode."""
+"""analytics.ingest.body: one or several segments per body, the same checks as wire.decode."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import struct
 import numpy as np
 import pytest
 
-from analytics import ingest_body, ingest_load
+from analytics.ingest import body as ingest_body
+from analytics.ingest import load as ingest_load
 from collector import wire
 
 IDS = ingest_load.host_ids(30)

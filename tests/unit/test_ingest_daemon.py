@@ -17,7 +17,7 @@ import duckdb
 import numpy as np
 import pytest
 
-from analytics import ingest_load
+from analytics.ingest import load as ingest_load
 from collector import records, wire
 from tests.unit.ingest_daemon import KEY, ROOT, Daemon, assert_promtool_clean
 

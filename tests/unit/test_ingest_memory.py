@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from analytics import ingest_load
-from analytics.ingest_slabs import PeakTracker, SlabPool, plan_reserve, read_peaks
+from analytics.ingest import load as ingest_load
+from analytics.ingest.slabs import PeakTracker, SlabPool, plan_reserve, read_peaks
 from analytics.store import layout
 from collector import records, wire
 

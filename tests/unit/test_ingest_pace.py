@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analytics.ingest_pace import Pacer
+from analytics.ingest.pace import Pacer
 from collector import records
 from collector.shipper import Shipper
 from collector.spool import Spool

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from analytics import ingest_load
+from analytics.ingest import load as ingest_load
 from tests.unit.ingest_daemon import ROOT, Daemon
 
 HOSTS = 4

@@ -14,7 +14,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from analytics import ingest_config, ingest_load
+from analytics.ingest import config as ingest_config
+from analytics.ingest import load as ingest_load
 from analytics.store import layout
 from analytics.store.catalog import VIEW_NAMES, write_catalog
 from analytics.store.compactor import Compactor

@@ -9,7 +9,7 @@ import sys
 
 import click
 
-from analytics import ingest_config
+from analytics.ingest import config as ingest_config
 from analytics.store.layout import StoreError
 from collector.configfile import ConfigError
 
@@ -59,7 +59,7 @@ def run(config_path: str) -> None:
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
         stream=sys.stderr,
     )
-    from analytics.ingest_server import IngestServer  # heavy: only when running
+    from analytics.ingest.server import IngestServer  # heavy: only when running
 
     server = IngestServer(config, resolved, key)
 

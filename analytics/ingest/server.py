@@ -3,7 +3,7 @@
 HTTP contract (docs/store.md, "Batch contract"):
 
 ``POST /v1/batch``, body = one segment (:mod:`collector.wire`) or several closed segments
-back to back (:mod:`analytics.ingest_body`), header
+back to back (:mod:`analytics.ingest.body`), header
 ``Authorization: CLOCKMESH-HMAC-SHA256 <hex>`` = ``wire.sign(fleet_key, body)``.
 
 =====  ==============================================================================
@@ -49,13 +49,13 @@ import pyarrow.compute as pc
 from aiohttp import web
 from prometheus_client import Gauge
 
-from analytics import ingest_body
-from analytics.clock_runner import SOURCES as CLOCK_SOURCES
-from analytics.clock_runner import ClockRunner
-from analytics.ingest_config import IngestConfig, ResolvedIngest, auto_max_rows
-from analytics.ingest_metrics import FleetView, HostState, IngestMetrics, SlabCollector
-from analytics.ingest_pace import Pacer
-from analytics.ingest_slabs import (
+from analytics.clock.clock_runner import SOURCES as CLOCK_SOURCES
+from analytics.clock.clock_runner import ClockRunner
+from analytics.ingest import body as ingest_body
+from analytics.ingest.config import IngestConfig, ResolvedIngest, auto_max_rows
+from analytics.ingest.metrics import FleetView, HostState, IngestMetrics, SlabCollector
+from analytics.ingest.pace import Pacer
+from analytics.ingest.slabs import (
     PeakTracker,
     SlabPool,
     mem_available,

@@ -38,7 +38,7 @@ class IngestConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     live_refresh_s: float = 5.0  # recompute the live picture this often
     rollup_grace_s: float = 20.0  # a minute is rolled up once it ended this long ago
     metrics_max_pairs: int = 2000  # per-pair series in /metrics: the worst N by loss
-    clock_window_s: float = 2.0  # clock solver window (analytics/clock_runner.py)
+    clock_window_s: float = 2.0  # clock solver window (analytics/clock/clock_runner.py)
     clock_lateness_s: float = 3.0  # a window is solved this long after it ended
     clock_max_rows: int = 0  # memory cap of the clock solver's buffered rows; 0: auto
     max_requests_per_s: float = 420.0  # request budget: acks advise longer segments past it
