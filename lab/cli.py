@@ -164,6 +164,41 @@ def _print_status(st: LabStatus) -> None:
         for lk in st.links:
             if lk.qdisc:
                 click.echo(f"    {lk.name}: shaped ({', '.join(lk.qdisc)})")
+    if st.routers:
+        dead = [
+            f"{r.name}:{d}"
+            for r in st.routers
+            for d in ("zebra", "bgpd", "bfdd")
+            if not r.daemons.get(d)
+        ]
+        click.echo(
+            f"  FRR: {len(st.routers)} routers"
+            + (f", NOT RUNNING: {', '.join(dead)}" if dead else ", zebra+bgpd+bfdd running")
+        )
+    if st.netd_alive is not None:
+        click.echo(
+            "  host network manager (lab.netd): "
+            + ("running" if st.netd_alive else "NOT RUNNING (hosts' routes stay gone after ifdown)")
+        )
+    if st.routing is not None:
+        sess = st.routing.sessions
+        up = [x for x in sess if x.up]
+        bfd_up = [x for x in up if x.bfd == "up"]
+        click.echo(f"  BGP sessions: {len(up)}/{len(sess)} established, BFD up on {len(bfd_up)}")
+        for x in sess:
+            if not x.up:
+                click.echo(f"    {x.router}–{x.peer}: {x.state}")
+        for g in st.routing.groups:
+            if g.router.startswith("leaf"):
+                via = ", ".join(g.have) or "NONE"
+                flag = "" if g.ok else f"   (expected {', '.join(g.want) or 'none'})"
+                click.echo(f"    {g.router} → {g.rack}: via {via}{flag}")
+        if st.routing.converged:
+            click.echo("  fabric converged")
+        else:
+            click.echo(f"  fabric NOT converged ({len(st.routing.problems)}):")
+            for problem in st.routing.problems:
+                click.echo(f"    {problem}")
     if st.faults:
         click.echo("  faults:")
         for f in st.faults:
@@ -179,16 +214,36 @@ def _print_status(st: LabStatus) -> None:
 @lab.command()
 @_lab_options
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option(
+    "--wait",
+    "wait_s",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    help="Wait up to this many seconds for the fabric to converge before reporting.",
+)
 @_user_errors
-def status(name: str, state_dir: Path | None, as_json: bool) -> None:
-    """What exists: namespaces, sshd per host, links up/down, active faults."""
-    st = _make_lab(name, state_dir).status()
+def status(name: str, state_dir: Path | None, as_json: bool, wait_s: float) -> None:
+    """What exists and whether the fabric is converged.
+
+    Namespaces, sshd per host, links up/down, FRR daemons, BGP/BFD sessions, each leaf's
+    ECMP next hops per rack against the topology, black holes and missing paths, active
+    faults. Exits 1 when the fabric is not converged (or the lab is not up), so scripts
+    can wait on it: ``clockmesh lab status --wait 10``.
+    """
+    lab_ = _make_lab(name, state_dir)
+    if wait_s > 0 and lab_.state.exists():
+        lab_.wait_converged(timeout=wait_s)
+    st = lab_.status()
     if as_json:
         from dataclasses import asdict
 
-        click.echo(json.dumps(asdict(st), default=str, indent=2))
+        doc = asdict(st)
+        doc["converged"] = bool(st.routing and st.routing.converged)
+        click.echo(json.dumps(doc, default=str, indent=2))
     else:
         _print_status(st)
+    if st.routing is None or not st.routing.converged:
+        sys.exit(1)
 
 
 @lab.command(name="exec", context_settings={"ignore_unknown_options": True})

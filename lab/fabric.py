@@ -7,9 +7,10 @@ Python API used by the CLI, the tests and other components::
     lab.exec("h1-1", ["ip", "-br", "addr"])
     lab.down()
 
-Netlink work (namespaces, veths, bridge, addresses, multipath routes) goes through
+Netlink work (namespaces, veths, bridge, addresses, host routes) goes through
 pyroute2; sysctls and process launches use ``ip netns exec`` (they need a process
-inside the namespace anyway).
+inside the namespace anyway). Leaves and spines route with FRR (eBGP + BFD, see
+:mod:`lab.frr`): no route between racks is ever installed by the lab itself.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import secrets
 import shutil
 import socket
 import subprocess
+import sys
 import time
 import zlib
 from collections.abc import Iterator
@@ -32,12 +34,14 @@ from typing import Any
 
 from pyroute2 import IPRoute, NetlinkError, netns
 
-from lab import fake_rdma, inventory, plan, processes, sshd
+from lab import convergence, fake_rdma, frr, inventory, plan, processes, sshd
+from lab.convergence import Convergence
 from lab.state import MARKER_FILE, LabState
 from lab.topology import Topology, dumps, load
 
 GLOBAL_LOCK = Path("/run/lock/clockmesh-lab.lock")
 ALIAS_PREFIX = "clockmesh-lab:"
+CONVERGE_TIMEOUT_S = 30.0
 ROUTER_SYSCTLS = [
     "net.ipv4.ip_forward=1",
     "net.ipv4.fib_multipath_hash_policy=1",
@@ -96,6 +100,15 @@ class LabStatus:
     nodes: list[NodeStatus]
     links: list[LinkStatus]
     faults: list[dict[str, Any]]
+    routing: Convergence | None = None
+    routers: list[RouterStatus] = field(default_factory=list)
+    netd_alive: bool | None = None  # the hosts' network manager (lab.netd); None: not recorded
+
+
+@dataclass
+class RouterStatus:
+    name: str
+    daemons: dict[str, bool]  # FRR daemon -> alive
 
 
 @dataclass
@@ -303,7 +316,9 @@ class Lab:
                 h.close()
         self._wait_links_up(topo)
         t_net = time.monotonic() - t0
+        self._start_frr(topo)
         self._start_sshd(topo)
+        self._start_netd()
         t_ssh = time.monotonic() - t0 - t_net
         # Every host gets its fake RDMA sysfs tree (mlx5, RoCE v1 and v2 GIDs) at once, so a
         # collector deployed into a fresh lab reports RDMA config before any job runs.
@@ -320,9 +335,22 @@ class Lab:
             inventory.build(topo, self.private_key, self.known_hosts, fleet_key),
             self.name,
         )
+        t_conv = time.monotonic()
+        routing = self.wait_converged(timeout=CONVERGE_TIMEOUT_S)
+        if not routing.converged:
+            raise LabError(
+                f"the fabric did not converge within {CONVERGE_TIMEOUT_S:.0f}s: "
+                f"{routing.problems[0]} (and {len(routing.problems) - 1} more); "
+                f"FRR logs in {self.dir / 'nodes'}/<router>/frr/"
+            )
         with self.state.update() as st:
             st["complete"] = True
-            st["timing"] = {"network_s": round(t_net, 3), "sshd_s": round(t_ssh, 3)}
+            st["timing"] = {
+                "network_s": round(t_net, 3),
+                "sshd_s": round(t_ssh, 3),
+                "converged_s": round(time.monotonic() - t_conv, 3),
+                "total_s": round(time.monotonic() - t0, 3),
+            }
         return topo
 
     def _wait_links_up(self, topo: Topology, timeout: float = 10.0) -> None:
@@ -399,9 +427,81 @@ class Lab:
             ipr.addr("add", index=idx, address=node.mgmt_address, prefixlen=24)
             ipr.link("set", index=idx, state="up")
         # 3. routes.
-        for ns, rts in static_routes(topo).items():
+        for ns, rts in host_routes(topo).items():
             for rt in rts:
                 h[ns].route("add", **rt)
+
+    def _start_frr(self, topo: Topology) -> None:
+        """Start zebra, bgpd and bfdd in every leaf and spine (recorded by PID)."""
+        frr.require_installed()
+        launches = []
+        run_dirs = []
+        for r in (*topo.leaves, *topo.spines):
+            run_dir = frr.runtime_dir(self.name, r.name)
+            if run_dir.exists():  # sockets of a crashed lab of the same name
+                shutil.rmtree(run_dir, ignore_errors=True)
+            run_dirs.append(run_dir)
+            launches += frr.write_configs(topo, r, self.node_dir(r.name) / "frr", run_dir)
+        # zebra first: bgpd and bfdd connect to its socket and retry only every few seconds.
+        zebras = [la for la in launches if la.daemon == "zebra"]
+        self._launch_frr(zebras)
+        missing = frr.wait_sockets(run_dirs, ("zserv.api",))
+        if not missing:
+            self._launch_frr([la for la in launches if la.daemon != "zebra"])
+            missing = frr.wait_sockets(run_dirs, tuple(f"{d}.vty" for d in frr.DAEMONS))
+        if missing:
+            raise LabError(f"FRR did not start: no {missing[0]} (logs under {self.dir}/nodes/)")
+
+    def _launch_frr(self, launches: list[frr.DaemonLaunch]) -> None:
+        recs = []
+        try:
+            for launch in launches:
+                with open(launch.log, "ab") as log:
+                    proc = subprocess.Popen(
+                        launch.argv,
+                        stdin=subprocess.DEVNULL,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                recs.append(
+                    processes.record(proc.pid, node=launch.node, what="frr", daemon=launch.daemon)
+                )
+        finally:
+            self.state.add("processes", *recs)
+
+    def routing(self) -> Convergence:
+        """The fabric's routing state against its links (see :mod:`lab.convergence`)."""
+        topo = self.topology
+        present = set(self._namespaces())
+        link_up = {lk.name: lk.up for lk in link_states(topo, present)}
+        fibs = convergence.read_fibs(topo)
+        sessions = []
+        for r in (*topo.leaves, *topo.spines):
+            sessions += frr.sessions(self.name, topo, r)
+        return convergence.assess(topo, link_up, fibs, sessions)
+
+    def wait_converged(self, timeout: float = 10.0, interval: float = 0.1) -> Convergence:
+        """Poll :meth:`routing` until the fabric is converged or ``timeout`` passes."""
+        deadline = time.monotonic() + timeout
+        while True:
+            state = self.routing()
+            if state.converged or time.monotonic() >= deadline:
+                return state
+            time.sleep(interval)
+
+    def _start_netd(self) -> None:
+        """The hosts' network manager (:mod:`lab.netd`): re-adds routes after ifdown/ifup."""
+        with open(self.dir / "netd.log", "ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "lab.netd", str(self.topology_path)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=Path(__file__).resolve().parent.parent,
+            )
+        self.state.add("processes", processes.record(proc.pid, node="lab", what="netd"))
 
     def _start_sshd(self, topo: Topology) -> None:
         for target in sshd.PRIVATE_MOUNTS:
@@ -499,7 +599,8 @@ class Lab:
                     except NetlinkError as exc:
                         if exc.code != errno.ENODEV:
                             raise
-        # 5. files.
+        # 5. files: FRR's sockets, then the state dir.
+        shutil.rmtree(frr.RUNTIME_BASE / self.name, ignore_errors=True)
         if not keep_files and (self.dir / MARKER_FILE).exists():
             shutil.rmtree(self.dir, ignore_errors=True)
         elif self.state.exists():
@@ -574,6 +675,8 @@ class Lab:
                 "--",
                 *argv,
             ]
+        if argv and argv[0] == frr.VTYSH and "--vty_socket" not in argv:
+            argv = [argv[0], "--vty_socket", str(frr.runtime_dir(self.name, node)), *argv[1:]]
         return ["ip", "netns", "exec", ns, *argv]
 
     def exec(self, node: str, argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess[Any]:
@@ -625,6 +728,18 @@ class Lab:
         faults = [
             dict(f, alive=processes.alive(f)) if "pid" in f else f for f in data.get("faults", [])
         ]
+        routing = None
+        routers: list[RouterStatus] = []
+        if topo is not None and present:
+            daemons: dict[str, dict[str, bool]] = {}
+            for rec in data.get("processes", []):
+                if rec.get("what") == "frr":
+                    daemons.setdefault(rec["node"], {})[rec["daemon"]] = processes.alive(rec)
+            routers = [
+                RouterStatus(r.name, daemons.get(r.name, {})) for r in (*topo.leaves, *topo.spines)
+            ]
+            routing = self.routing()
+        netd = [r for r in data.get("processes", []) if r.get("what") == "netd"]
         return LabStatus(
             name=self.name,
             state_dir=self.dir,
@@ -636,46 +751,35 @@ class Lab:
             nodes=nodes,
             links=links,
             faults=faults,
+            routing=routing,
+            routers=routers,
+            netd_alive=processes.alive(netd[0]) if netd else None,
         )
 
 
-def static_routes(topo: Topology) -> dict[str, list[dict[str, Any]]]:
-    """The static routes of every namespace (what a routing protocol would install).
+def host_routes(topo: Topology) -> dict[str, list[dict[str, Any]]]:
+    """Every host's static route: the backend 198.18.0.0/16 via its leaf (/31 access link).
 
-    Hosts: 198.18.0.0/16 via their leaf. Leaves: each other leaf's subnet over every
-    spine (ECMP, one nexthop per spine). Spines: each leaf's subnet via that leaf.
+    Leaves and spines have no static routes: BGP installs theirs (:mod:`lab.frr`).
     """
     out: dict[str, list[dict[str, Any]]] = {}
     for host in topo.hosts:
         access = topo.access_link(host.name)
         out.setdefault(host.namespace, []).append(
-            {"dst": "198.18.0.0/16", "gateway": access.b.address}
+            {"dst": convergence.HOST_ROUTE, "gateway": access.b.address}
         )
-    fabric = {(lk.a.node, lk.b.node): lk for lk in topo.links if lk.kind == "fabric"}
-    for leaf in topo.leaves:
-        hops = [{"gateway": fabric[(leaf.name, s.name)].b.address} for s in topo.spines]
-        for other in topo.leaves:
-            if other.name == leaf.name:
-                continue
-            rt: dict[str, Any] = {"dst": other.subnet}
-            if len(hops) == 1:
-                rt["gateway"] = hops[0]["gateway"]
-            else:
-                rt["multipath"] = hops
-            out.setdefault(leaf.namespace, []).append(rt)
-    for spine in topo.spines:
-        for leaf in topo.leaves:
-            gw = fabric[(leaf.name, spine.name)].a.address
-            out.setdefault(spine.namespace, []).append({"dst": leaf.subnet, "gateway": gw})
     return out
 
 
-def restore_routes(topo: Topology, namespaces: set[str] | None = None) -> int:
-    """Re-install missing static routes (the kernel flushes a single-nexthop route when
-    its device goes admin down; a routing protocol would re-add it). Returns routes added.
+def restore_host_routes(topo: Topology, namespaces: set[str] | None = None) -> int:
+    """Re-apply hosts' network configuration (what ``ifup`` does on a real host).
+
+    The kernel deletes a host's static route when its own ``bk0`` is set administratively
+    down; a host's network manager re-adds it when the interface comes back. Only hosts:
+    leaves and spines learn every route from BGP. Returns routes added.
     """
     added = 0
-    for ns, rts in static_routes(topo).items():
+    for ns, rts in host_routes(topo).items():
         if namespaces is not None and ns not in namespaces:
             continue
         with IPRoute(netns=ns, flags=0) as ipr:
@@ -685,7 +789,13 @@ def restore_routes(topo: Topology, namespaces: set[str] | None = None) -> int:
             }
             for rt in rts:
                 if rt["dst"] not in have:
-                    ipr.route("replace", **rt)
+                    try:
+                        ipr.route("replace", **rt)
+                    except NetlinkError as exc:
+                        # Its interface is still down: re-added when it comes back up.
+                        if exc.code not in (errno.ENETUNREACH, errno.ENETDOWN):
+                            raise
+                        continue
                     added += 1
     return added
 

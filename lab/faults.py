@@ -4,11 +4,9 @@ Every fault is recorded in ``state.json`` (``faults``) with the PID of the proce
 keeps it going, so ``heal`` and ``down`` can stop it from another shell.
 
 - flap: the leaf's port of the link is set administratively down, then both ends up,
-  ``count`` times. The leaf drops that nexthop and rehashes its flows onto the other
-  spines; the far end loses carrier, and with ``ignore_routes_with_linkdown=1`` its
-  routes over the link are ignored: a spine whose link to a leaf is down has no usable
-  route to that leaf's subnet, so flows other leaves still hash onto that spine are lost
-  until the link returns (no routing protocol withdraws them, as BGP would).
+  ``count`` times, as an operator's ``shutdown`` or a failing optic would. Nothing else:
+  the fabric's own control plane (BGP with BFD, :mod:`lab.frr`) withdraws the dead next
+  hop on both ends within a second and re-learns it when the link is back.
 - congest: a ``tbf`` qdisc on the link's egress (per direction) plus a paced UDP load
   whose source port was found, by sending bursts and reading the link's packet counters,
   to hash onto that link.
@@ -30,7 +28,7 @@ from typing import Any
 from pyroute2 import IPRoute, NetlinkError, netns
 
 from lab import processes
-from lab.fabric import Lab, LabError, link_states, restore_routes
+from lab.fabric import Lab, LabError, link_states, restore_host_routes
 from lab.topology import Host, Link, LinkEnd, Topology
 
 PROBE_BURST = 64
@@ -70,12 +68,11 @@ def leaf_end(link: Link) -> LinkEnd:
 def set_link(link: Link, up: bool, both: bool = False) -> None:
     """Take ``link`` down (or up) the way a cable pull looks to routing.
 
-    Only the leaf's port is set administratively down: the leaf drops that nexthop at
-    once, and the far end (spine or host) sees its carrier go (``NO-CARRIER``), so its
-    routes over the link are flagged ``linkdown`` and ignored
-    (``ignore_routes_with_linkdown=1``) but kept, ready for when the carrier returns.
-    Bringing it up sets both ends up (``both`` also takes both down) and re-installs any
-    static route the kernel flushed.
+    Only the leaf's port is set administratively down; the far end (spine or host) sees
+    its carrier go (``NO-CARRIER``). Routing reacts by itself: BGP on both ends drops the
+    session at once (fast external failover, BFD as the backstop) and withdraws the path.
+    Bringing it up sets both ends up (``both`` also takes both down); the sessions come
+    back and the path is re-learned.
     """
     ends = (link.a, link.b) if (up or both) else (leaf_end(link),)
     for end in ends:
@@ -124,7 +121,6 @@ def flap(lab: Lab, link_name: str, down_s: float, up_s: float, count: int) -> in
             set_link(link, up=False)
             time.sleep(down_s)
             set_link(link, up=True)
-            restore_routes(topo, {link.a.namespace, link.b.namespace})
             done += 1
             if count == 0 or done < count:
                 time.sleep(up_s)
@@ -134,7 +130,6 @@ def flap(lab: Lab, link_name: str, down_s: float, up_s: float, count: int) -> in
         signal.signal(signal.SIGTERM, old_term)
         with contextlib.suppress(Exception):
             set_link(link, up=True)
-            restore_routes(topo, {link.a.namespace, link.b.namespace})
         _remove_fault(lab, me["pid"])
     return done
 
@@ -198,8 +193,14 @@ def _siblings(topo: Topology, src: Host, egress: LinkEnd, link: Link) -> list[Li
     return [lk.a for lk in topo.links if lk.kind == "fabric" and lk.a.node == leaf]
 
 
-def find_source_port(topo: Topology, src: Host, dst: Host, link: Link, egress: LinkEnd) -> int:
-    """Send bursts from candidate source ports; keep the first whose burst crossed ``link``."""
+def find_source_port(
+    topo: Topology, src: Host, dst: Host, link: Link, egress: LinkEnd, dport: int = LOAD_DPORT
+) -> int:
+    """Send bursts from candidate source ports; keep the first whose burst crossed ``link``.
+
+    The leaf hashes the whole 5-tuple (``fib_multipath_hash_policy=1``): the port found
+    holds for this destination port only.
+    """
     decision = _siblings(topo, src, egress, link)
     # For spine->leaf the choice is made at the source leaf: watch its uplink to our spine.
     watch = egress
@@ -218,7 +219,7 @@ def find_source_port(topo: Topology, src: Host, dst: Host, link: Link, egress: L
             w0 = tx_packets(watch)
             for _ in range(PROBE_BURST):
                 with contextlib.suppress(OSError):
-                    sock.sendto(b"clockmesh-lab-probe", (dst.backend_address, LOAD_DPORT))
+                    sock.sendto(b"clockmesh-lab-probe", (dst.backend_address, dport))
             time.sleep(0.02)
             crossed = tx_packets(watch) - w0
             others = [tx_packets(e) - before[id(e)] for e in decision if e is not watch]
@@ -318,7 +319,7 @@ def heal(lab: Lab) -> dict[str, int]:
                 _tc(end.namespace, ["qdisc", "del", "dev", end.interface, "root"])
                 unshaped += 1
     with contextlib.suppress(NetlinkError, OSError):
-        restore_routes(topo, present)
+        restore_host_routes(topo, present)
     with lab.state.update() as state:
         state["faults"] = []
     return {"stopped": len(stopped), "links_up": relinked, "qdiscs_removed": unshaped}
