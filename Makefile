@@ -1,5 +1,5 @@
 # clockmesh: the two commands a fresh Debian/Ubuntu machine needs, as root:
-#   make demo   build the lab, deploy with Ansible, show live fleet health
+#   make demo   build the lab, deploy with Ansible, show live fleet health, inject a flap, show it found
 #   make test   the whole suite (lint, unit, lab, molecule)
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -14,7 +14,7 @@ APT_PACKAGES := iproute2 openssh-server openssh-client python3-venv procps util-
 .PHONY: help deps venv demo demo-down test lint unit clean
 
 help:
-	@echo "make demo   build the lab, deploy with Ansible, show live fleet health (root)"
+	@echo "make demo   build the lab, deploy with Ansible, show live fleet health, inject a flap and show it found (root)"
 	@echo "make test   run the whole suite: lint, unit, lab and molecule tests (root)"
 	@echo "make lint   ruff, mypy, ansible-lint only"
 	@echo "make demo-down  tear the demo lab down"
@@ -41,6 +41,9 @@ demo: venv
 	$(BIN)/clockmesh lab up --name demo
 	$(BIN)/ansible-playbook -i .lab/demo/inventory.yml playbooks/deploy.yml
 	$(BIN)/clockmesh live --inventory .lab/demo/inventory.yml --wait-hosts 16 --timeout 90
+	@echo "injecting a fault: h1-1's link to leaf1 flaps (3 s down, 5 s up, twice)"
+	$(BIN)/clockmesh lab flap --name demo h1-1-leaf1 --down 3s --up 5s --count 2 --background
+	$(BIN)/clockmesh live --inventory .lab/demo/inventory.yml --wait-anomaly flapping_link --timeout 60
 
 demo-down: venv
 	$(BIN)/clockmesh lab down --name demo

@@ -90,7 +90,27 @@ def render(rows: list[HostHealth], live: dict[str, Any], url: str) -> str:
         f"{healthy}/{len(rows)} hosts healthy; store {'accepting' if store.get('accepting', True) else 'NOT accepting: ' + str(store.get('reason'))}"
     )
     lines.append("raw OWD = receiver clock minus sender clock, before clock solving")
+    anomalies = live.get("anomalies")
+    if isinstance(anomalies, dict):
+        open_ = anomalies.get("open") or []
+        if not open_:
+            lines.append("no open anomalies")
+        else:
+            lines.append(f"open anomalies: {len(open_)}")
+            for a in open_:
+                where = a.get("link") or a.get("job_id") or "-"
+                lines.append(
+                    f"  {a.get('kind', '?'):<14} {where:<14} score {a.get('score', 0):.2f}  "
+                    f"{a.get('anomaly_id', '')}  {a.get('summary', '')}"
+                )
     return "\n".join(lines)
+
+
+def open_anomalies(doc: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+    """Open anomalies of ``kind`` in a /v1/live document."""
+    anomalies = doc.get("anomalies")
+    open_ = anomalies.get("open", []) if isinstance(anomalies, dict) else []
+    return [a for a in open_ if isinstance(a, dict) and a.get("kind") == kind]
 
 
 def url_from_inventory(path: Path) -> str:
@@ -132,11 +152,22 @@ def fetch_live(url: str, timeout_s: float = 5.0) -> dict[str, Any]:
     show_default=True,
     help="Give up waiting after this many seconds (exit 1).",
 )
+@click.option(
+    "--wait-anomaly",
+    type=click.Choice(["flapping_link", "roce_v1_job", "contention"]),
+    help="Wait until the detector has an open anomaly of this class.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the per-host rows as JSON.")
 def live(
-    url: str | None, inventory: Path | None, wait_hosts: int, timeout_s: float, as_json: bool
+    url: str | None,
+    inventory: Path | None,
+    wait_hosts: int,
+    timeout_s: float,
+    wait_anomaly: str | None,
+    as_json: bool,
 ) -> None:
-    """Show fleet health now: telemetry freshness, probe loss and raw delay per host."""
+    """Show fleet health now: telemetry freshness, probe loss and raw delay per host,
+    and the detector's open anomalies."""
     if bool(url) == bool(inventory):
         raise click.UsageError("give exactly one of --url or --inventory")
     base = url or url_from_inventory(inventory)  # type: ignore[arg-type]
@@ -150,7 +181,8 @@ def live(
         else:
             error = ""
         done = not wait_hosts or sum(r.healthy for r in rows) >= wait_hosts
-        if done or time.monotonic() >= deadline:
+        found = not wait_anomaly or bool(open_anomalies(doc, wait_anomaly))
+        if (done and found) or time.monotonic() >= deadline:
             break
         time.sleep(1.0)
     if error:
@@ -159,6 +191,8 @@ def live(
         click.echo(json.dumps([asdict(r) for r in rows], indent=2))
     else:
         click.echo(render(rows, doc, base))
+    if not found:
+        raise click.ClickException(f"no open {wait_anomaly} anomaly after {timeout_s:.0f} s")
     if not done:
         missing = wait_hosts - sum(r.healthy for r in rows)
         raise click.ClickException(

@@ -248,6 +248,10 @@ class Collector:
         )
         fp = rdma_config.fingerprint(rows)
         if fp != self._jobs_fp:
+            if not len(rows):
+                # No job (or the last one ended): say so, or the ops box would think a
+                # job it saw before still runs here.
+                rows = rdma_config.no_jobs_row(self.clock.now(), self.host_id)
             self._jobs_fp = fp
             self.buffers["job_rdma"].extend(rows)
             log.info("event=job_rdma rows=%d", len(rows))

@@ -238,6 +238,11 @@ def job_rows(
     return np.array(rows, dtype=records.JOB_RDMA) if rows else np.zeros(0, records.JOB_RDMA)
 
 
+def no_jobs_row(ts_ns: int, host: int) -> np.ndarray:
+    """The snapshot of a host with no RDMA job: one row with an empty job id."""
+    return np.array([(ts_ns, host, b"", 0, -1, b"none", b"")], dtype=records.JOB_RDMA)
+
+
 def fingerprint(rows: np.ndarray, ignore: tuple[str, ...] = ("ts_ns",)) -> bytes:
     """Content of rows without their timestamps: re-send only when this changes."""
     names = [n for n in rows.dtype.names or () if n not in ignore]

@@ -332,7 +332,9 @@ class Lab:
         fleet_key = secrets.token_hex(32)
         inventory.write(
             self.inventory_path,
-            inventory.build(topo, self.private_key, self.known_hosts, fleet_key),
+            inventory.build(
+                topo, self.private_key, self.known_hosts, fleet_key, self.topology_path
+            ),
             self.name,
         )
         t_conv = time.monotonic()

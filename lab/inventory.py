@@ -16,7 +16,13 @@ from lab.topology import Topology
 INGEST_PORT = 8470
 
 
-def build(topo: Topology, private_key: Path, known_hosts: Path, fleet_key: str) -> dict[str, Any]:
+def build(
+    topo: Topology,
+    private_key: Path,
+    known_hosts: Path,
+    fleet_key: str,
+    topology_file: Path | None = None,
+) -> dict[str, Any]:
     racks: dict[str, dict[str, Any]] = {}
     for host in topo.hosts:
         hostvars: dict[str, Any] = {
@@ -43,6 +49,8 @@ def build(topo: Topology, private_key: Path, known_hosts: Path, fleet_key: str) 
                 "clockmesh_fleet_key": fleet_key,
                 "clockmesh_ingest_url": f"http://{topo.ops.mgmt_address}:{INGEST_PORT}",
                 "clockmesh_lab": True,
+                # The ops box names host ports after their links (detector, reports).
+                "clockmesh_opsbox_topology_file": str(topology_file) if topology_file else "",
             },
             "children": {
                 "collectors": {"children": racks},

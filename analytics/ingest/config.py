@@ -45,6 +45,10 @@ class IngestConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_advised_roll_s: float = 30.0  # longest segment interval the acks advise
     analysis_nice: int = 19  # nice added to the analysis threads (0: same priority)
     reserve_bytes: int = 0  # memory faulted in at start (at least; see docs/store.md)
+    detect_interval_s: float = 0.5  # detector pass period (analytics/detect/detect_runner.py)
+    detect_clear_s: float = 60.0  # an anomaly closes once its condition cleared this long
+    detect_flap_window_s: float = 600.0  # flaps of a link are counted over this window
+    topology_file: str = ""  # lab topology.json (or one built from the inventory): link names
 
 
 class ResolvedIngest(msgspec.Struct, kw_only=True):
@@ -102,6 +106,18 @@ def resolve(config: IngestConfig, path: str | Path) -> ResolvedIngest:
     for key in ("hot_max_rows", "clock_max_rows"):
         if getattr(config, key) < 0:
             fail(key, "expected a row count > 0, or 0 for the memory-based default")
+    for key in ("detect_interval_s", "detect_clear_s", "detect_flap_window_s"):
+        if getattr(config, key) <= 0:
+            fail(key, "expected a number > 0 (seconds)")
+    if config.topology_file:
+        if not Path(config.topology_file).is_file():
+            fail("topology_file", f"no such file: {config.topology_file}")
+        from analytics.detect.detect_runner import port_links
+
+        try:
+            port_links(config.topology_file)
+        except ValueError as exc:
+            fail("topology_file", str(exc))
     if not 0 <= config.analysis_nice <= 19:
         fail("analysis_nice", "expected an integer 0-19 (added to the threads' nice value)")
     if config.max_advised_roll_s < 1:

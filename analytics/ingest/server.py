@@ -51,6 +51,7 @@ from prometheus_client import Gauge
 
 from analytics.clock.clock_runner import SOURCES as CLOCK_SOURCES
 from analytics.clock.clock_runner import ClockRunner
+from analytics.detect.detect_runner import DetectConfig, DetectRunner
 from analytics.ingest import body as ingest_body
 from analytics.ingest.config import IngestConfig, ResolvedIngest, auto_max_rows
 from analytics.ingest.metrics import FleetView, HostState, IngestMetrics, SlabCollector
@@ -144,6 +145,18 @@ class IngestServer:
             nice=config.analysis_nice,
         )
         self.metrics.registry.register(self.clock.collector(self._host_names))
+        self.detect = DetectRunner(
+            self.writer,
+            DetectConfig(
+                interval_s=config.detect_interval_s,
+                clear_s=config.detect_clear_s,
+                flap_window_s=config.detect_flap_window_s,
+                topology_file=config.topology_file,
+            ),
+            host_names=self._host_names,
+            nice=config.analysis_nice,
+        )
+        self.metrics.registry.register(self.detect.collector())
         reg = self.metrics.registry
         self._pace_gauges = (
             Gauge("clockmesh_ingest_advised_roll_seconds",
@@ -221,6 +234,7 @@ class IngestServer:
         gc.freeze()
         gc.set_threshold(_GC_THRESHOLD, 20, 10)
         self.clock.start()
+        self.detect.start()
         self._start_reserve()
         ssl_ctx = None
         if self.config.tls_cert:
@@ -303,6 +317,7 @@ class IngestServer:
         self._side_pool.shutdown(wait=True)
         self._convert_pool.shutdown(wait=True)
         self.clock.stop()
+        self.detect.stop()
         if self._reserver is not None:
             self._reserver.join()
         self.peaks.sample()
@@ -497,6 +512,7 @@ class IngestServer:
                 for p in live.pairs
             ],
             "clock": self.clock.live(names),
+            "anomalies": self.detect.live(),
             "ingest": {
                 "commits": self.writer.committed + 1,
                 "pending_rows": self._pending_rows,
@@ -745,6 +761,7 @@ class IngestServer:
         self.metrics.bytes.inc(sum(x[2] for x in segs))
         self.hot.add(now_ns, clock_rows)  # the fresh numpy records (kept, never changed)
         self.clock.feed(clock_rows)  # solved per window in the clock thread
+        self.detect.feed(tables)  # judged every detect_interval_s in the detector thread
         self.metrics.hot_rows.set(self.hot.rows)
         log.debug("commit %d took %.3fs", number, time.monotonic() - started)
         return nbytes

@@ -139,6 +139,7 @@ DERIVED_VIEWS: dict[str, str] = {
         LEFT JOIN rdma_config c ON c.host = j.host AND c.device = j.device
              AND c.gid_index = j.gid_index
         LEFT JOIN hosts h ON h.host_id = j.host
+        WHERE j.job_id <> ''
         GROUP BY ALL""",
     "job_delay": f"""
         WITH s AS (SELECT * FROM inband WHERE event = 0),
@@ -162,6 +163,18 @@ DERIVED_VIEWS: dict[str, str] = {
         FROM a
         LEFT JOIN probe_minute m ON m.src = a.src AND m.dst = a.dst AND m.minute_ns = a.minute_ns
         LEFT JOIN hosts hs ON hs.host_id = a.src LEFT JOIN hosts hd ON hd.host_id = a.dst""",
+    "anomaly_current": f"""
+        SELECT anomaly_id, kind, link, job_id, src, dst, score,
+               {_ts("opened_ns")} AS opened, opened_ns, closed_ns,
+               CASE WHEN closed_ns = 0 THEN NULL ELSE {_ts("closed_ns")} END AS closed,
+               closed_ns = 0 AS is_open, updated_ns,
+               json_extract_string(detail, '$.summary') AS summary, detail
+        FROM (
+            SELECT *, row_number() OVER (
+                PARTITION BY anomaly_id ORDER BY coalesce(updated_ns, 0) DESC, closed_ns DESC
+            ) AS rn
+            FROM anomalies WHERE date > DATE '1970-01-01'
+        ) WHERE rn = 1""",
     "ingest_rate_minute": f"""
         SELECT {_ts(f"(received_ns // {NS_PER_MIN}) * {NS_PER_MIN}")} AS minute,
                count(*) AS batches, count(DISTINCT host_id) AS hosts, sum(rows) AS rows,

@@ -148,7 +148,7 @@ _DAEMON_TABLES = [
         _schema(
             ("opened_ns", i64), ("closed_ns", i64), ("anomaly_id", s), ("kind", s),
             ("score", f64), ("src", i64), ("dst", i64), ("link", s), ("job_id", s),
-            ("detail", s),
+            ("detail", s), ("updated_ns", i64),
         ),
         "opened_ns", "aggregate", "detector",
     ),

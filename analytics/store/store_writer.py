@@ -80,10 +80,20 @@ class StoreWriter:
         self._load_ledger()
 
     def ensure_placeholder(self, table: str) -> None:
+        """The empty file that gives a table's view its columns, even with no data yet.
+
+        A column added to a table since the store was created (an additive change, same
+        store schema) is added here: the view reads every file with ``union_by_name``, so
+        older files show it as NULL.
+        """
         part = self.root / table / layout.PLACEHOLDER_PARTITION
         path = part / layout.PLACEHOLDER_NAME
         if path.exists():
-            return
+            have = set(pq.read_schema(path).names)
+            if set(TABLES[table].schema.names) <= have:
+                return
+            log.info("event=table_columns_added table=%s columns=%s", table,
+                     sorted(set(TABLES[table].schema.names) - have))  # fmt: skip
         layout.make_dirs_durable(part)
         self._write_parquet(path, layout.empty_table(table))
         layout.fsync_dir(part)

@@ -374,3 +374,25 @@ def test_live_snapshot_worst_pairs_match_a_full_sort() -> None:
     assert snap.pair_count == n and len(snap.pairs) == n
     full = sorted(snap.pairs, key=lambda p: (-p.loss, -(p.owd_raw_p99_ns or 0)))
     assert [(p.src, p.loss) for p in snap.worst(40)] == [(p.src, p.loss) for p in full[:40]]
+
+
+def test_a_store_from_before_a_column_was_added_still_opens(tmp_path: Path) -> None:
+    """anomalies gained updated_ns: a store created earlier opens, its old rows read NULL."""
+    StoreWriter(tmp_path).open()
+    old_schema = pa.schema([f for f in layout.TABLES["anomalies"].schema if f.name != "updated_ns"])
+    placeholder = tmp_path / "anomalies" / layout.PLACEHOLDER_PARTITION / layout.PLACEHOLDER_NAME
+    pq.write_table(old_schema.empty_table(), placeholder)
+    part = tmp_path / "anomalies" / "date=2026-11-25" / "hour=10"
+    part.mkdir(parents=True)
+    row = {f.name: [0 if f.type != pa.string() else "x"] for f in old_schema}
+    row["opened_ns"] = [1_795_000_000_000_000_000]
+    row["anomaly_id"] = ["flap-old"]
+    pq.write_table(pa.table(row, schema=old_schema), part / "r1.parquet")
+    StoreWriter(tmp_path).open()  # adds the column to the placeholder
+    assert "updated_ns" in pq.read_schema(placeholder).names
+    con = duckdb.connect(str(write_catalog(tmp_path)), read_only=True)
+    try:
+        got = con.execute("SELECT anomaly_id, updated_ns FROM anomaly_current").fetchall()
+    finally:
+        con.close()
+    assert got == [("flap-old", None)]

@@ -1,0 +1,250 @@
+"""The ingest daemon's detector loop: rules over committed telemetry, anomalies out.
+
+After every durable group commit the daemon hands the commit's ``counter``,
+``rdma_config`` and ``job_rdma`` tables to :meth:`DetectRunner.feed` (the counter rows
+are filtered to the link-state counters there, a copy: the commit's column buffers are
+reused). One background thread at the analysis priority (nice +19, as the clock solver)
+runs a pass every ``interval_s``: it feeds the rules (:mod:`analytics.detect.flaps`,
+:mod:`analytics.detect.roce`), hands their observations to the
+:class:`~analytics.detect.anomalies.AnomalyBook`, and writes the rows of every anomaly
+opened, updated or closed as one Parquet file into the store's ``anomalies`` table.
+
+Open anomalies are in ``/v1/live`` (``anomalies``), in ``clockmesh live`` and in
+``/metrics`` (``clockmesh_anomalies_open{kind}``, ``clockmesh_anomalies_opened_total``).
+
+A rule that fails on bad input logs one line and the pass goes on: the daemon keeps
+serving everyone else.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from analytics.detect.anomalies import KINDS, AnomalyBook
+from analytics.detect.flaps import NAMES as FLAP_COUNTERS
+from analytics.detect.flaps import LinkFlaps
+from analytics.detect.roce import RoceJobs
+from analytics.store.store_writer import StoreWriter
+from analytics.thread_priority import lower_thread_priority
+from collector import records
+
+log = logging.getLogger("clockmesh.ingest.detect")
+
+SOURCES = ("counter", "rdma_config", "job_rdma", "inband")
+_COUNTER_NAMES = pa.array(sorted(n.decode() for n in FLAP_COUNTERS))
+
+
+@dataclass
+class DetectConfig:
+    interval_s: float = 0.5  # one analysis pass this often
+    clear_s: float = 60.0  # an anomaly closes once its condition has cleared this long
+    flap_window_s: float = 600.0  # flaps counted over this window
+    topology_file: str = ""  # lab topology.json: names host ports after their links
+
+
+def port_links(topology_file: str | Path) -> dict[tuple[int, str], str]:
+    """(host_id, interface) -> link name for every host port of a lab topology file.
+
+    Raises ValueError with one line when the file is not a topology.
+    """
+    path = Path(topology_file)
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        hosts = {h["name"] for h in doc["hosts"]}
+        out = {}
+        for lk in doc["links"]:
+            for end in (lk["a"], lk["b"]):
+                if end["node"] in hosts:
+                    out[(records.host_id(end["node"]), end["interface"])] = lk["name"]
+        return out
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path}: not a clockmesh topology file ({exc})") from exc
+
+
+def arrow_to_numpy(table: str, data: pa.Table) -> np.ndarray:
+    """A collector table's Arrow columns back into its numpy records (text as bytes)."""
+    dtype = records.TABLES[table]
+    out = np.zeros(data.num_rows, dtype)
+    for name in dtype.names or ():
+        if name.startswith("_") or name not in data.column_names:
+            continue
+        col = data.column(name)
+        if dtype[name].kind == "S":
+            out[name] = np.array([v.encode() for v in col.to_pylist()], dtype[name])
+        else:
+            out[name] = col.to_numpy()
+    return out
+
+
+class DetectRunner:
+    def __init__(
+        self,
+        writer: StoreWriter | None,
+        config: DetectConfig | None = None,
+        host_names: Callable[[], dict[int, str]] | None = None,
+        nice: int = 19,
+    ) -> None:
+        self.writer = writer
+        self.config = config or DetectConfig()
+        self._host_names = host_names or dict
+        self.nice = nice
+        names: dict[int, str] = {}
+        links = port_links(self.config.topology_file) if self.config.topology_file else {}
+        self.flaps = LinkFlaps(self.config.flap_window_s, links, names)
+        self.roce = RoceJobs(names)
+        self._names = names  # shared with the rules, refreshed every pass
+        self.book = AnomalyBook(self.config.clear_s)
+        self._queue: list[tuple[str, pa.Table]] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.passes = 0
+        self.errors = 0
+        self.opened: dict[str, int] = dict.fromkeys(KINDS, 0)
+        self.last_pass_s = 0.0
+        self._live: list[dict] = []
+        self._recent: list[dict] = []
+
+    # ---- commit thread -------------------------------------------------------------
+    def feed(self, tables: Mapping[str, pa.Table]) -> None:
+        """Queue copies of what the rules read (cheap: the link-state counters only)."""
+        got = []
+        data = tables.get("counter")
+        if data is not None and data.num_rows:
+            kept = data.filter(pc.is_in(data.column("name"), value_set=_COUNTER_NAMES))
+            if kept.num_rows:
+                got.append(("counter", kept))
+        for name in ("rdma_config", "job_rdma"):
+            data = tables.get(name)
+            if data is not None and data.num_rows:
+                got.append((name, data.take(pa.array(np.arange(data.num_rows)))))
+        data = tables.get("inband")
+        if data is not None and data.num_rows:  # which job was heard on which host, when
+            heard = data.group_by(["host", "job_id"]).aggregate([("ts_ns", "max")])
+            got.append(("inband", heard))
+        if got:
+            with self._lock:
+                self._queue.extend(got)
+
+    # ---- analysis thread -------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="detect", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self.step()  # write what the last pass changed
+
+    def _run(self) -> None:
+        lower_thread_priority(self.nice)
+        while not self._stop.wait(self.config.interval_s):
+            try:
+                self.step()
+            except Exception:  # a bug in a rule must not stop detection for everyone
+                self.errors += 1
+                log.exception("event=detect_pass_failed")
+
+    def step(self, now_ns: int | None = None) -> int:
+        """One pass; returns the number of anomaly rows written."""
+        started = time.monotonic()
+        now_ns = time.time_ns() if now_ns is None else now_ns
+        self._names.clear()
+        self._names.update(self._host_names())
+        with self._lock:
+            queue, self._queue = self._queue, []
+        for name, data in queue:
+            try:
+                if name == "inband":
+                    for host, job, ts in zip(
+                        data.column("host").to_pylist(),
+                        data.column("job_id").to_pylist(),
+                        data.column("ts_ns_max").to_pylist(),
+                        strict=True,
+                    ):
+                        self.roce.feed_activity(host, job, ts)
+                    continue
+                rows = arrow_to_numpy(name, data)
+                if name == "counter":
+                    self.flaps.feed(rows)
+                elif name == "rdma_config":
+                    self.roce.feed_gids(rows)
+                else:
+                    self.roce.feed_jobs(rows)
+            except Exception as exc:  # bad input: one line, the pass goes on
+                self.errors += 1
+                log.warning("event=detect_input_rejected table=%s reason=%r", name, str(exc))
+        before = {a.anomaly_id for a in self.book.open.values()}
+        for obs in [*self.flaps.observations(now_ns), *self.roce.observations(now_ns)]:
+            a = self.book.observe(obs, now_ns)
+            if a.anomaly_id not in before:
+                self.opened[a.kind] = self.opened.get(a.kind, 0) + 1
+                log.warning(
+                    "event=anomaly_opened id=%s kind=%s link=%s job=%s summary=%r",
+                    a.anomaly_id, a.kind, a.link, a.job_id, a.summary,
+                )  # fmt: skip
+        for a in self.book.expire(now_ns):
+            log.info("event=anomaly_closed id=%s kind=%s summary=%r", a.anomaly_id, a.kind,
+                     a.summary)  # fmt: skip
+        written = 0
+        changes = self.book.take_changes()
+        if changes is not None and self.writer is not None:
+            name = f"r{now_ns // 1_000_000}.parquet"
+            self.writer.write_partitioned("anomalies", changes, name)
+            written = changes.num_rows
+        self._live = [a.live(now_ns) for a in self.book.open.values()]
+        self._recent = [a.live(now_ns) for a in self.book.closed[-10:]]
+        self.passes += 1
+        self.last_pass_s = time.monotonic() - started
+        return written
+
+    # ---- readers (event loop) --------------------------------------------------------
+    def live(self) -> dict:
+        open_ = sorted(self._live, key=lambda a: -a["score"])
+        counts = dict.fromkeys(KINDS, 0)
+        for a in open_:
+            counts[a["kind"]] = counts.get(a["kind"], 0) + 1
+        return {"open": open_, "open_by_kind": counts, "recently_closed": self._recent[::-1]}
+
+    def collector(self) -> Collector:
+        return _DetectCollector(self)
+
+
+class _DetectCollector(Collector):
+    def __init__(self, runner: DetectRunner) -> None:
+        self.runner = runner
+
+    def collect(self) -> Iterable[Metric]:
+        r = self.runner
+        g = GaugeMetricFamily(
+            "clockmesh_anomalies_open", "Anomalies open now, by class", labels=["kind"]
+        )
+        for kind, n in r.live()["open_by_kind"].items():
+            g.add_metric([kind], n)
+        yield g
+        c = CounterMetricFamily(
+            "clockmesh_anomalies_opened", "Anomalies opened since start, by class", labels=["kind"]
+        )
+        for kind, n in r.opened.items():
+            c.add_metric([kind], n)
+        yield c
+        yield CounterMetricFamily(
+            "clockmesh_detect_errors", "Detector passes or inputs that failed", value=r.errors
+        )
+        yield GaugeMetricFamily(
+            "clockmesh_detect_pass_seconds", "Duration of the last detector pass",
+            value=r.last_pass_s,
+        )  # fmt: skip

@@ -1,0 +1,197 @@
+"""The detector against real faults: collectors in lab hosts, the real ingest daemon.
+
+Collectors run in the lab hosts' namespaces and ship over the management network to a
+real ``clockmesh ingest run`` on the management bridge. Faults are plain commands, as an
+operator or a dying optic would cause them: the detector sees only telemetry and the
+topology file.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from lab import fake_rdma, jobgen
+from lab.fabric import Lab
+from tests.unit.ingest_daemon import KEY, ROOT, Daemon
+
+pytestmark = [pytest.mark.root, pytest.mark.lab]
+
+
+def _wait(pred: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout}s: {what}")
+
+
+@pytest.fixture(scope="module")
+def opsbox(small_lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    lab = small_lab
+    topo = lab.topology
+    base = tmp_path_factory.mktemp("detect")
+    daemon = Daemon(base)  # then moved onto the management bridge, where collectors ship
+    daemon.port = _free_port(topo.mgmt.gateway)
+    daemon.url = f"http://{topo.mgmt.gateway}:{daemon.port}"
+    daemon.write_config(
+        listen=f"{topo.mgmt.gateway}:{daemon.port}",
+        detect_interval_s=0.2,
+        detect_clear_s=4,
+        topology_file=str(lab.topology_path),
+    )
+    daemon.start()
+    peers = [{"name": h.name, "address": h.backend_address, "rack": h.rack} for h in topo.hosts]
+    procs = []
+    try:
+        for h in topo.hosts:
+            fake_rdma.write_tree(
+                fake_rdma.tree_root(lab.node_dir(h.name)),
+                h.name,
+                h.backend_interface,
+                h.backend_address,
+            )
+            d = base / h.name
+            d.mkdir()
+            (d / "fleet.key").write_bytes(KEY)
+            cfg = {
+                "host": h.name,
+                "rack": h.rack,
+                "lab": True,
+                "fleet_key_file": str(d / "fleet.key"),
+                "backend": {"address": h.backend_address, "interface": h.backend_interface},
+                "peers": peers,
+                "ingest": {"url": daemon.url},
+                "spool": {"dir": str(d / "spool"), "roll_s": 0.5},
+                "counters": {"sysfs_root": fake_rdma.IN_HOST_PATH},
+                "rdma": {
+                    "configfs_root": fake_rdma.IN_HOST_PATH + "/sys/kernel/config",
+                    "pyverbs": False,
+                },
+                "inband": {"socket": "/run/clockmesh/inband.sock"},
+            }
+            (d / "collector.yml").write_text(yaml.safe_dump(cfg))
+            with open(d / "collector.log", "wb") as log:
+                procs.append(
+                    lab.popen(
+                        h.name,
+                        [
+                            sys.executable,
+                            "-m",
+                            "clockmesh.cli",
+                            "collector",
+                            "run",
+                            "--config",
+                            str(d / "collector.yml"),
+                        ],
+                        cwd=ROOT,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                    )
+                )
+        live = lambda: json.loads(daemon.get("/v1/live"))  # noqa: E731
+        _wait(lambda: len(live()["hosts"]) == len(topo.hosts), 30, "every host shipping")
+        yield {"lab": lab, "daemon": daemon, "live": live}
+    finally:
+        jobgen.stop_job(lab, "v1job")
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        daemon.stop()
+
+
+def _free_port(host: str) -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _open(live: Callable[[], dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [a for a in live()["anomalies"]["open"] if a["kind"] == kind]
+
+
+def test_a_plainly_flapped_host_link_is_found_named_and_closed(opsbox: dict[str, Any]) -> None:
+    lab, live = opsbox["lab"], opsbox["live"]
+    link = lab.topology.link("h1-2-leaf1")
+    leaf = link.b  # the switch side: the host sees its carrier go
+    assert not _open(live, "flapping_link")
+
+    def ip(state: str) -> None:
+        subprocess.run(["ip", "-n", leaf.namespace, "link", "set", leaf.interface, state],
+                       check=True)  # fmt: skip
+
+    try:
+        t_down = time.monotonic()
+        ip("down")
+        (a,) = _wait(lambda: _open(live, "flapping_link"), 10, "flap anomaly opened")
+        latency = time.monotonic() - t_down
+        assert a["link"] == "h1-2-leaf1", a
+        assert "down now" in a["summary"]
+        print(f"link down -> open anomaly in /v1/live: {latency:.2f} s")
+        assert latency < 5.0
+        time.sleep(3.0)
+        ip("up")
+        time.sleep(5.0)
+        ip("down")
+        time.sleep(2.0)
+        ip("up")
+
+        def two_flaps() -> dict[str, Any] | None:
+            got = _open(live, "flapping_link")
+            done = got and len(got[0]["evidence"]["outages_s"]) == 2
+            return got[0] if done and got[0]["evidence"]["flaps"] == 2 else None
+
+        a2 = _wait(two_flaps, 10, "the second flap counted on the same anomaly")
+        assert a2["anomaly_id"] == a["anomaly_id"]
+        outages = a2["evidence"]["outages_s"]
+        assert len(outages) == 2 and 2.0 <= outages[0] <= 5.0, outages
+    finally:
+        ip("up")
+    _wait(lambda: not _open(live, "flapping_link"), 20, "anomaly closed once the link is stable")
+    closed = live()["anomalies"]["recently_closed"]
+    assert any(c["anomaly_id"] == a["anomaly_id"] for c in closed)
+
+
+def test_a_job_on_a_roce_v1_gid_index_is_found_from_its_configuration(
+    opsbox: dict[str, Any],
+) -> None:
+    lab, live = opsbox["lab"], opsbox["live"]
+    hosts = [h.name for h in lab.topology.hosts][:2]
+    # Index 2 of the lab's GID tables is the IPv4-mapped GID as RoCE v1 (lab/fake_rdma.py).
+    jobgen.start_job(lab, "v1job", hosts, 2, 20.0, 512)
+    try:
+        (a,) = _wait(lambda: _open(live, "roce_v1_job"), 30, "RoCE v1 job anomaly")
+        assert a["job_id"] == "v1job"
+
+        def both() -> dict[str, Any] | None:
+            got = _open(live, "roce_v1_job")
+            return got[0] if got and len(got[0]["evidence"]["hosts"]) == 2 else None
+
+        a = _wait(both, 30, "the job's second host in the same anomaly")
+        assert sorted(a["evidence"]["hosts"]) == sorted(hosts)
+        assert a["evidence"]["gid_indices"] == [2]
+    finally:
+        jobgen.stop_job(lab, "v1job")
+    _wait(lambda: not _open(live, "roce_v1_job"), 45, "anomaly closed once the job ended")
+    with urllib.request.urlopen(opsbox["daemon"].url + "/metrics", timeout=10) as resp:
+        metrics = resp.read().decode()
+    assert 'clockmesh_anomalies_opened_total{kind="roce_v1_job"} 1.0' in metrics
+    assert Path(opsbox["daemon"].store / "anomalies").is_dir()

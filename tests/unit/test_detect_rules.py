@@ -1,0 +1,141 @@
+"""Detector rules on hand-made telemetry: flaps from counters, RoCE v1 jobs, the book."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from analytics.detect.anomalies import AnomalyBook, Observation
+from analytics.detect.flaps import LinkFlaps
+from analytics.detect.roce import RoceJobs
+from collector import records
+
+S = 1_000_000_000
+H1 = records.host_id("h1-1")
+H2 = records.host_id("h2-1")
+
+
+def _counters(samples: list[tuple[int, int, int]], host: int = H1) -> np.ndarray:
+    """(second, operstate, carrier_down_count delta) per sample of bk0."""
+    rows = []
+    total = 0
+    for sec, oper, down in samples:
+        total += down
+        rows.append((sec * S, host, b"bk0", 0, 0, (0,) * 5, b"operstate", oper, 0))
+        rows.append((sec * S, host, b"bk0", 0, 0, (0,) * 5, b"carrier_down_count", total, down))
+        rows.append((sec * S, host, b"bk0", 0, 0, (0,) * 5, b"rx_bytes", 10 * sec, 10))
+    return np.array(rows, records.COUNTER)
+
+
+def _flaps() -> LinkFlaps:
+    return LinkFlaps(600, {(H1, "bk0"): "h1-1-leaf1"}, {H1: "h1-1"})
+
+
+def test_a_port_going_down_is_a_flapping_link_at_once_named_after_its_link() -> None:
+    flaps = _flaps()
+    flaps.feed(_counters([(1, 6, 0), (2, 6, 0), (3, 2, 1)]))
+    (obs,) = flaps.observations(3 * S)
+    assert obs.kind == "flapping_link" and obs.link == "h1-1-leaf1"
+    assert obs.evidence["down_now"] is True and obs.evidence["flaps"] == 1
+    assert "h1-1-leaf1 flapped 1 time in 10 min" in obs.summary and "down now" in obs.summary
+
+
+def test_outage_durations_and_sub_sample_flaps_are_counted() -> None:
+    flaps = _flaps()
+    # down at 3 s, up at 8 s (5 s: kills a collective); a sub-second flap at 12 s
+    samples = [(1, 6, 0), (2, 6, 0), (3, 2, 1), (4, 2, 0), (8, 6, 0), (12, 6, 1), (13, 6, 0)]
+    flaps.feed(_counters(samples))
+    (obs,) = flaps.observations(13 * S)
+    assert obs.evidence["flaps"] == 2
+    assert obs.evidence["outages_s"] == [5.0, None]
+    assert obs.evidence["outages_over_kill_s"] == 1
+    assert "outages up to 5.0 s" in obs.summary and "longer than the 4 s" in obs.summary
+    # once up and quiet the rule stops observing it (the book then closes it)
+    assert flaps.observations(30 * S) == []
+
+
+def test_a_carrier_loss_counted_before_operstate_shows_it_is_one_outage() -> None:
+    flaps = _flaps()
+    # sysfs read race: the counter already counted the loss, operstate still read "up"
+    flaps.feed(_counters([(1, 6, 0), (2, 6, 1), (3, 2, 0), (5, 6, 0), (6, 6, 0)]))
+    (obs,) = flaps.observations(6 * S)
+    assert obs.evidence["flaps"] == 1 and obs.evidence["outages_s"] == [3.0]
+
+
+def test_unknown_port_is_named_host_and_device_and_order_does_not_matter() -> None:
+    flaps = LinkFlaps(600, {}, {H2: "h2-1"})
+    rows = _counters([(1, 6, 0), (2, 7, 1), (3, 6, 0)], host=H2)
+    flaps.feed(rows[::-1].copy())
+    (obs,) = flaps.observations(3 * S)
+    assert obs.link == "h2-1:bk0" and obs.evidence["outages_s"] == [1.0]
+
+
+def _gids(host: int, ts: int = 1) -> np.ndarray:
+    types = {0: b"IB/RoCE v1", 1: b"RoCE v2", 2: b"IB/RoCE v1", 3: b"RoCE v2"}
+    return np.array(
+        [
+            (ts * S, host, b"mlx5_0", 1, i, (0,) * 4, b"fe80::1", t, b"bk0", b"RoCE v2")
+            for i, t in types.items()
+        ],
+        records.RDMA_CONFIG,
+    )
+
+
+def _jobs(host: int, jobs: list[tuple[bytes, int]], ts: int = 2) -> np.ndarray:
+    return np.array(
+        [(ts * S, host, j, 100, idx, b"environ", b"mlx5_0") for j, idx in jobs],
+        records.JOB_RDMA,
+    )
+
+
+def test_a_job_on_a_roce_v1_index_is_found_and_a_v2_job_is_not() -> None:
+    roce = RoceJobs({H1: "h1-1", H2: "h2-1"})
+    roce.feed_gids(np.concatenate([_gids(H1), _gids(H2)]))
+    roce.feed_jobs(_jobs(H1, [(b"train-a", 2), (b"train-b", 3)]))
+    roce.feed_jobs(_jobs(H2, [(b"train-a", 3), (b"train-b", 3)]))
+    (obs,) = roce.observations(3 * S)
+    assert obs.kind == "roce_v1_job" and obs.job_id == "train-a"
+    assert obs.evidence["hosts"] == ["h1-1"] and obs.evidence["job_hosts"] == 2
+    assert "on 1 of its 2 hosts" in obs.summary
+
+
+def test_a_job_that_sets_no_index_resolves_to_nccls_default() -> None:
+    roce = RoceJobs({H1: "h1-1"})
+    roce.feed_gids(_gids(H1))
+    roce.feed_jobs(_jobs(H1, [(b"no-index", -1)]))
+    (obs,) = roce.observations(3 * S)
+    assert obs.evidence["gid_indices"] == [0]
+    assert "not set; NCCL < 2.21 uses index 0 (assumed)" in obs.evidence["index_source"]
+
+
+def test_a_finished_job_and_a_missing_gid_entry_raise_nothing(caplog) -> None:  # type: ignore[no-untyped-def]
+    roce = RoceJobs({H1: "h1-1"})
+    roce.feed_gids(_gids(H1))
+    roce.feed_jobs(_jobs(H1, [(b"train-a", 2)]))
+    assert len(roce.observations(3 * S)) == 1
+    roce.feed_jobs(_jobs(H1, [(b"", -1)], ts=5))  # the collector's "no jobs" snapshot
+    assert roce.observations(6 * S) == []
+    roce.feed_jobs(_jobs(H1, [(b"odd", 9)], ts=7))  # no GID at index 9
+    assert roce.observations(8 * S) == []
+    assert "no GID entry at index 9 in h1-1's GID table" in caplog.text
+
+
+def test_book_opens_updates_and_closes_after_the_condition_cleared() -> None:
+    book = AnomalyBook(clear_s=5)
+    obs = Observation("flapping_link", "h1-1-leaf1", 0.5, "flapped once", link="h1-1-leaf1")
+    a = book.observe(obs, 1 * S)
+    assert book.observe(obs, 2 * S) is a  # same condition: same anomaly, no new row
+    first = book.take_changes()
+    assert first is not None and first.num_rows == 1
+    assert book.take_changes() is None
+    obs2 = Observation("flapping_link", "h1-1-leaf1", 0.75, "flapped twice", link="h1-1-leaf1")
+    book.observe(obs2, 3 * S)
+    assert book.expire(7 * S) == []  # seen 4 s ago: not cleared yet
+    assert book.expire(8 * S) == [a] and not book.open
+    rows = book.take_changes().to_pylist()  # type: ignore[union-attr]
+    assert [r["closed_ns"] for r in rows] == [8 * S]  # the update and the close: one row
+    assert json.loads(rows[0]["detail"])["summary"] == "flapped twice"
+    assert rows[0]["anomaly_id"] == a.anomaly_id and rows[0]["updated_ns"] == 8 * S
+    again = book.observe(obs, 9 * S)  # it flaps again later: a new anomaly
+    assert again.anomaly_id != a.anomaly_id
