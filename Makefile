@@ -41,8 +41,8 @@ demo: venv
 	$(BIN)/clockmesh lab up --name demo
 	$(BIN)/ansible-playbook -i .lab/demo/inventory.yml playbooks/deploy.yml
 	$(BIN)/clockmesh live --inventory .lab/demo/inventory.yml --wait-hosts 16 --timeout 90
-	@echo "injecting a fault: h1-1's link to leaf1 flaps (3 s down, 5 s up, twice)"
-	$(BIN)/clockmesh lab flap --name demo h1-1-leaf1 --down 3s --up 5s --count 2 --background
+	@echo "injecting a fault: the link leaf2-spine1 flaps (3 s down, 5 s up, twice); no host counter sees it"
+	$(BIN)/clockmesh lab flap --name demo leaf2-spine1 --down 3s --up 5s --count 2 --background
 	$(BIN)/clockmesh live --inventory .lab/demo/inventory.yml --wait-anomaly flapping_link --timeout 60
 
 demo-down: venv

@@ -260,7 +260,8 @@ class Collector:
         mesh = self.mesh
         values: dict[str, int] = {}
         if mesh is not None:
-            for name in ("probes_sent", "probes_received", "echoes_sent", "echoes_received"):
+            for name in ("probes_sent", "probes_received", "echoes_sent", "echoes_received",
+                         "traces_sent", "trace_answers"):  # fmt: skip
                 values[name] = mesh.stats[name]
             values["tx_ts_kernel"] = mesh.stats["tx_ts_kernel"]
             values["tx_ts_user"] = mesh.stats["tx_ts_user"]
@@ -524,6 +525,7 @@ class Collector:
             now = time.monotonic()
             assert self.mesh is not None
             self.mesh.send_due(now, TICK_S)
+            self.mesh.send_traces(now)
             if self.rdma is not None:
                 self.rdma.poll()
             if now >= next_flush:

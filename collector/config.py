@@ -49,6 +49,11 @@ class Probe(_Strict, kw_only=True):
     echo_every: int | None = None
     echo: bool | None = None  # deprecated: false = echo_every 0, true = echo_every 1
     max_age_s: float = 5.0  # probes older than this (by their send time) are stale
+    # Path tracing: every trace_interval_s, one TTL-limited probe per (buddy in another
+    # rack, source port); the router at hop trace_ttl answers with ICMP time exceeded,
+    # naming the ECMP path that port takes (path_hop rows). 0: off.
+    trace_interval_s: float = 2.0
+    trace_ttl: int = 2  # hop 2 of host -> leaf -> spine -> leaf -> host is the spine
 
     def echo_ratio(self) -> int:
         """N of "echo 1 coded pair in N" (0: none), from echo_every or the old echo flag."""
@@ -136,6 +141,12 @@ def validate(config: CollectorConfig, path: str | Path) -> None:
     need(config.probe.ports_per_buddy >= 1, "probe.ports_per_buddy", "expected an int >= 1")
     need(config.probe.buddies_random >= 0, "probe.buddies_random", "expected an int >= 0")
     need(config.probe.rate_per_port > 0, "probe.rate_per_port", "expected a number > 0")
+    need(
+        config.probe.trace_interval_s >= 0,
+        "probe.trace_interval_s",
+        "expected a number >= 0 (seconds; 0 turns path tracing off)",
+    )
+    need(1 <= config.probe.trace_ttl <= 32, "probe.trace_ttl", "expected an int 1-32")
     need(config.probe.echo_ratio() >= 0, "probe.echo_every", "expected an int >= 0 (0: off)")
     need(
         config.probe.echo is None or config.probe.echo_every is None,

@@ -54,6 +54,13 @@ MAX_BATCHES = 8  # recvmmsg calls per socket and drain, so one busy socket canno
 MAX_PAIRS = 1024  # coded pairs per tick: 10,240 pairs/s at 10 ticks/s
 RX_SLOT = 128  # larger datagrams arrive truncated (MSG_TRUNC) and are malformed anyway
 ERR_SLOT = 256  # error-queue messages carry the looped-back packet with its headers
+# A trace probe: magic, destination host_id, send time (raw ns). Not a probe: the router
+# whose hop it is answers it, and it never reaches a collector (other racks only).
+_TRACE = struct.Struct("<4sqq")
+TRACE_MAGIC = b"CMTR"
+# Per packet: the TTL, and no TX timestamp (the socket's timestamp counter must count
+# probes only; a trace would shift every probe's identity after it).
+_NO_TIMESTAMP = struct.pack("i", 0)
 _ARANGE4 = np.arange(4)
 _ARANGE8_SEQ = np.arange(8, 16)
 _ICMP_ERRNOS = {errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN}
@@ -126,12 +133,23 @@ class ProbeMesh:
         self.tx_socks: list[socket.socket] = []
         self._tx_ids = np.zeros((0, RING), np.uint64)  # [socket, send counter % RING] -> seq
         self._tx_count = np.zeros(0, np.int64)  # per socket: datagrams the kernel took
+        self.trace_every = cfg.probe.trace_interval_s
+        self.trace_ttl = cfg.probe.trace_ttl
+        self.trace_note = ""
+        self.icmp_sock: socket.socket | None = None
+        self.next_trace = time.monotonic() + 1.0
         self.set_buddies(buddies)
         self.next_due = time.monotonic()
 
     # ---- set-up ---------------------------------------------------------------------
     def set_buddies(self, buddies: list[Peer]) -> None:
         self.buddies = buddies
+        # Traced: buddies in other racks (in the own rack, hop 2 would be the buddy itself).
+        self._trace_to = [
+            (records.host_id(p.name), p.address)
+            for p in buddies
+            if not (p.rack and p.rack == self.cfg.rack)
+        ]
         self._dst = [(records.host_id(p.name), p.address) for p in buddies]
         self._dst_ids = np.array([d for d, _a in self._dst], np.int64)
         self._templates_qpn = -1  # rebuilt on the next send
@@ -152,6 +170,13 @@ class ProbeMesh:
     def open(self) -> list[socket.socket]:
         addr = self.cfg.backend.address
         self.rx_sock = timestamping.udp_socket(addr, self.port, tx_timestamps=False)
+        if self.trace_every and self.icmp_sock is None:
+            try:
+                self.icmp_sock = timestamping.icmp_socket()
+            except OSError as exc:  # no CAP_NET_RAW: probes go on, paths stay unknown
+                self.trace_every = 0
+                self.trace_note = f"path tracing off: no raw ICMP socket ({exc})"
+                log.warning("event=trace_off reason=%r", str(exc))
         try:
             for i in range(self.cfg.probe.ports_per_buddy):
                 sock = timestamping.udp_socket(
@@ -166,10 +191,11 @@ class ProbeMesh:
         return [self.rx_sock, *self.tx_socks]
 
     def close(self) -> None:
-        for sock in [self.rx_sock, *self.tx_socks]:
+        for sock in [self.rx_sock, *self.tx_socks, self.icmp_sock]:
             if sock is not None:
                 sock.close()
         self.rx_sock = None
+        self.icmp_sock = None
         self.tx_socks = []
         self._tx_count = np.zeros(0, np.int64)
 
@@ -408,6 +434,7 @@ class ProbeMesh:
             return
         socks = list(enumerate(self.tx_socks))
         self._drain(self._errb, socks, timestamping.MSG_ERRQUEUE, self._on_tx_timestamps)
+        self.drain_traces()
         self._drain(self._rxb, [*socks, (-1, self.rx_sock)], 0, self._on_received)
 
     def _drain(
@@ -598,6 +625,65 @@ class ProbeMesh:
         self.stats["echoes_sent"] += sent
         if errors:
             self.stats["echo_send_errors"] += errors
+
+    def send_traces(self, now: float) -> None:
+        """Every trace interval: one TTL-limited probe per (traced buddy, source port)."""
+        if not self.trace_every or now < self.next_trace or not self.tx_socks:
+            return
+        self.next_trace = now + self.trace_every
+        ttl = struct.pack("i", self.trace_ttl)
+        anc = [
+            (socket.IPPROTO_IP, timestamping.IP_TTL, ttl),
+            (socket.SOL_SOCKET, timestamping.SO_TIMESTAMPING, _NO_TIMESTAMP),
+        ]
+        sent = 0
+        for dst, address in self._trace_to:
+            payload = _TRACE.pack(TRACE_MAGIC, dst, time.time_ns())
+            for sock in self.tx_socks:
+                try:
+                    sock.sendmsg([payload], anc, 0, (address, self.port))
+                    sent += 1
+                except BlockingIOError:
+                    self.stats["trace_send_errors"] += 1
+                except OSError as exc:
+                    if exc.errno in (errno.EINVAL, errno.ENOPROTOOPT):
+                        self.trace_every = 0
+                        self.trace_note = f"path tracing off: the kernel refused it ({exc})"
+                        log.warning("event=trace_off reason=%r", str(exc))
+                        return
+                    self.stats["trace_send_errors"] += 1
+        self.stats["traces_sent"] += sent
+
+    def drain_traces(self) -> None:
+        """Answers to trace probes from the raw ICMP socket: one path_hop row each."""
+        sock = self.icmp_sock
+        if sock is None:
+            return
+        now = self.clock.now()
+        raw = time.time_ns()
+        base = self.cfg.probe.base_sport
+        ports = range(base, base + len(self.tx_socks))
+        for _ in range(4096):
+            try:
+                packet = sock.recv(2048)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                self.stats["trace_recv_errors"] += 1
+                return
+            got = timestamping.parse_time_exceeded(packet)
+            if got is None:
+                continue
+            router, _dst_addr, sport, dport, payload = got
+            if dport != self.port or sport not in ports or len(payload) < _TRACE.size:
+                continue
+            magic, dst, sent = _TRACE.unpack_from(payload)
+            if magic != TRACE_MAGIC:
+                continue
+            self.buffers["path_hop"].append(
+                now, self.me, dst, sport, self.trace_ttl, router.encode(), raw - sent
+            )
+            self.stats["trace_answers"] += 1
 
     def _on_tx_timestamps(self, n: int) -> None:
         b = self._errb

@@ -169,6 +169,22 @@ HEALTH = np.dtype(
     ]
 )
 
+# One row per answer to a TTL-limited trace probe: which router a (destination, source
+# port) path crosses at hop ``ttl`` (the ICMP time-exceeded's source address). In a
+# two-tier leaf-spine fabric hop 2 is the spine, and its address the uplink it arrived on.
+PATH_HOP = np.dtype(
+    [
+        ("ts_ns", "<i8"),  # when the answer arrived (recording clock)
+        ("src", "<i8"),  # host_id of the tracing host
+        ("dst", "<i8"),  # host_id of the destination traced
+        ("sport", "<u2"),  # UDP source port: the ECMP path
+        ("ttl", "u1"),  # hop number that answered
+        ("_pad", "u1", (5,)),
+        ("hop", "S16"),  # IPv4 address of the router that answered
+        ("rtt_ns", "<i8"),  # send to answer, this host's clock
+    ]
+)
+
 TABLES: dict[str, np.dtype] = {
     "probe_tx": PROBE_TX,
     "probe_rx": PROBE_RX,
@@ -178,6 +194,7 @@ TABLES: dict[str, np.dtype] = {
     "job_rdma": JOB_RDMA,
     "inband": INBAND,
     "health": HEALTH,
+    "path_hop": PATH_HOP,  # appended: table ids are positions, never reordered
 }
 
 # Stable small integers for the wire format; never reuse a number.

@@ -38,6 +38,7 @@ IP_RECVERR = 11
 IP_RECVTTL = 12
 IP_TTL = 2
 SO_EE_ORIGIN_TIMESTAMPING = 4
+ICMP_TIME_EXCEEDED = 11
 MSG_ERRQUEUE = int(getattr(socket, "MSG_ERRQUEUE", 0x2000))  # plain int: IntFlag | is slow
 
 RX_FLAGS = (
@@ -73,8 +74,9 @@ def udp_socket(address: str, port: int, *, tx_timestamps: bool) -> socket.socket
             sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, RCVBUF_BYTES)
         except PermissionError:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF_BYTES)
-        if tx_timestamps:
-            sock.setsockopt(socket.IPPROTO_IP, IP_RECVERR, 1)
+        # No IP_RECVERR: TX timestamps reach the error queue without it, and with it an
+        # ICMP error (a trace probe's answer, an unreachable buddy) would fail the next
+        # send on this socket. Trace answers are read from a raw ICMP socket instead.
         sock.setblocking(False)
     except BaseException:
         sock.close()
@@ -289,3 +291,28 @@ def _tx_meta_one(ancdata: list[tuple[int, int, bytes]]) -> tuple[int, int, int]:
             if origin == SO_EE_ORIGIN_TIMESTAMPING:
                 ident = ee_data
     return ident, ts, kind
+
+
+def icmp_socket() -> socket.socket:
+    """A raw ICMP socket (needs CAP_NET_RAW): answers to trace probes arrive here."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
+    sock.setblocking(False)
+    return sock
+
+
+def parse_time_exceeded(packet: bytes) -> tuple[str, str, int, int, bytes] | None:
+    """An ICMP time-exceeded packet (IP header included, as a raw socket reads it) ->
+    (router address, original destination, original UDP source port, destination port,
+    original UDP payload), or None for any other ICMP message."""
+    if len(packet) < 20:
+        return None
+    ihl = (packet[0] & 0x0F) * 4
+    if len(packet) < ihl + 8 + 20 or packet[ihl] != ICMP_TIME_EXCEEDED:
+        return None
+    inner = packet[ihl + 8 :]
+    ihl2 = (inner[0] & 0x0F) * 4
+    if len(inner) < ihl2 + 8 or inner[9] != socket.IPPROTO_UDP:
+        return None
+    sport, dport = struct.unpack_from("!HH", inner, ihl2)
+    router = socket.inet_ntoa(packet[12:16])
+    return router, socket.inet_ntoa(inner[16:20]), sport, dport, inner[ihl2 + 8 :]

@@ -45,6 +45,10 @@ CONVERGE_TIMEOUT_S = 30.0
 ROUTER_SYSCTLS = [
     "net.ipv4.ip_forward=1",
     "net.ipv4.fib_multipath_hash_policy=1",
+    # Collectors trace every (buddy, source port) path with TTL-limited probes; a switch
+    # answers those in hardware or polices them generously, the kernel's default per-source
+    # limit (1 answer/s after a burst of 6) would hide paths.
+    "net.ipv4.icmp_ratelimit=0",
 ]
 COMMON_SYSCTLS = [
     # No IPv6: router solicitations and MLD reports would pollute link counters.

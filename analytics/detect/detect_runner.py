@@ -35,6 +35,7 @@ from prometheus_client.registry import Collector
 from analytics.detect.anomalies import KINDS, AnomalyBook
 from analytics.detect.flaps import NAMES as FLAP_COUNTERS
 from analytics.detect.flaps import LinkFlaps
+from analytics.detect.paths import FabricLink, FabricPaths
 from analytics.detect.roce import RoceJobs
 from analytics.store.store_writer import StoreWriter
 from analytics.thread_priority import lower_thread_priority
@@ -42,7 +43,7 @@ from collector import records
 
 log = logging.getLogger("clockmesh.ingest.detect")
 
-SOURCES = ("counter", "rdma_config", "job_rdma", "inband")
+SOURCES = ("counter", "rdma_config", "job_rdma", "inband", "path_hop")
 _COUNTER_NAMES = pa.array(sorted(n.decode() for n in FLAP_COUNTERS))
 
 
@@ -54,23 +55,40 @@ class DetectConfig:
     topology_file: str = ""  # lab topology.json: names host ports after their links
 
 
-def port_links(topology_file: str | Path) -> dict[tuple[int, str], str]:
-    """(host_id, interface) -> link name for every host port of a lab topology file.
+@dataclass
+class TopologyMaps:
+    port_links: dict[tuple[int, str], str]  # (host_id, interface) -> link name
+    fabric: list[FabricLink]  # leaf-spine links with the spine's address on each
+    host_rack: dict[int, str]  # host_id -> its leaf
+
+
+def load_topology(topology_file: str | Path) -> TopologyMaps:
+    """What the detector needs of a topology file (the lab's ``topology.json``).
 
     Raises ValueError with one line when the file is not a topology.
     """
     path = Path(topology_file)
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
-        hosts = {h["name"] for h in doc["hosts"]}
-        out = {}
+        hosts = {h["name"]: h for h in doc["hosts"]}
+        ports = {}
+        fabric = []
         for lk in doc["links"]:
             for end in (lk["a"], lk["b"]):
                 if end["node"] in hosts:
-                    out[(records.host_id(end["node"]), end["interface"])] = lk["name"]
-        return out
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+                    ports[(records.host_id(end["node"]), end["interface"])] = lk["name"]
+            if lk.get("kind") == "fabric":
+                fabric.append(FabricLink(lk["name"], lk["a"]["node"], lk["b"]["node"],
+                                         lk["b"]["address"]))  # fmt: skip
+        racks = {records.host_id(n): str(h.get("rack", "")) for n, h in hosts.items()}
+        return TopologyMaps(ports, fabric, racks)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"{path}: not a clockmesh topology file ({exc})") from exc
+
+
+def port_links(topology_file: str | Path) -> dict[tuple[int, str], str]:
+    """(host_id, interface) -> link name for every host port of a topology file."""
+    return load_topology(topology_file).port_links
 
 
 def arrow_to_numpy(table: str, data: pa.Table) -> np.ndarray:
@@ -101,8 +119,13 @@ class DetectRunner:
         self._host_names = host_names or dict
         self.nice = nice
         names: dict[int, str] = {}
-        links = port_links(self.config.topology_file) if self.config.topology_file else {}
-        self.flaps = LinkFlaps(self.config.flap_window_s, links, names)
+        topo = (
+            load_topology(self.config.topology_file)
+            if self.config.topology_file
+            else TopologyMaps({}, [], {})
+        )
+        self.flaps = LinkFlaps(self.config.flap_window_s, topo.port_links, names)
+        self.paths = FabricPaths(topo.fabric, topo.host_rack, self.config.flap_window_s)
         self.roce = RoceJobs(names)
         self._names = names  # shared with the rules, refreshed every pass
         self.book = AnomalyBook(self.config.clear_s)
@@ -126,7 +149,7 @@ class DetectRunner:
             kept = data.filter(pc.is_in(data.column("name"), value_set=_COUNTER_NAMES))
             if kept.num_rows:
                 got.append(("counter", kept))
-        for name in ("rdma_config", "job_rdma"):
+        for name in ("rdma_config", "job_rdma", "path_hop"):
             data = tables.get(name)
             if data is not None and data.num_rows:
                 got.append((name, data.take(pa.array(np.arange(data.num_rows)))))
@@ -180,6 +203,8 @@ class DetectRunner:
                 rows = arrow_to_numpy(name, data)
                 if name == "counter":
                     self.flaps.feed(rows)
+                elif name == "path_hop":
+                    self.paths.feed(rows)
                 elif name == "rdma_config":
                     self.roce.feed_gids(rows)
                 else:
@@ -188,7 +213,12 @@ class DetectRunner:
                 self.errors += 1
                 log.warning("event=detect_input_rejected table=%s reason=%r", name, str(exc))
         before = {a.anomaly_id for a in self.book.open.values()}
-        for obs in [*self.flaps.observations(now_ns), *self.roce.observations(now_ns)]:
+        observed = [
+            *self.flaps.observations(now_ns),
+            *self.paths.observations(now_ns),
+            *self.roce.observations(now_ns),
+        ]
+        for obs in observed:
             a = self.book.observe(obs, now_ns)
             if a.anomaly_id not in before:
                 self.opened[a.kind] = self.opened.get(a.kind, 0) + 1

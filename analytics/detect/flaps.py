@@ -131,12 +131,7 @@ class LinkFlaps:
     def observations(self, now_ns: int) -> list[Observation]:
         out = []
         for (host, dev), port in self.ports.items():
-            while (
-                port.outages
-                and port.outages[0].up_ns
-                and (now_ns - port.outages[0].up_ns > self.window_ns)
-            ):
-                port.outages.popleft()
+            prune(port.outages, now_ns, self.window_ns)
             if not port.outages:
                 continue
             last = port.outages[-1]
@@ -153,41 +148,67 @@ class LinkFlaps:
     ) -> Observation:
         name = self.host_names.get(host, f"host {host}")
         link = self.port_links.get((host, dev), f"{name}:{dev}")
-        n = len(port.outages)
-        # Only finished outages: the row changes when something happens, not every pass.
-        durations = [o.duration_s(now_ns) for o in port.outages if o.up_ns]
-        known = [d for d in durations if d is not None]
-        longest = max(known) if known else None
-        killing = sum(1 for d in known if d >= COLLECTIVE_KILL_S)
-        window_min = self.window_ns / 60e9
-        parts = [f"{link} flapped {n} time{'s' if n != 1 else ''} in {window_min:.0f} min"]
-        if longest is not None:
-            parts.append(f"outages up to {longest:.1f} s")
-        if down_now:
-            parts.append("down now")
-        if killing:
-            parts.append(
-                f"{killing} longer than the {COLLECTIVE_KILL_S:.0f} s a collective survives"
-            )
-        score = 1.0 - 0.5 ** (n + (1 if killing else 0))
-        return Observation(
-            kind="flapping_link",
-            key=link,
-            score=score,
-            summary="; ".join(parts),
-            link=link,
-            src=host,
-            evidence={
+        obs = flap_observation(
+            link,
+            list(port.outages),
+            port.down_since,
+            now_ns,
+            self.window_ns,
+            {
                 "host": name,
                 "device": dev,
-                "flaps": n,
-                "down_now": down_now,
-                "outages_s": [None if d is None else round(d, 2) for d in durations],
-                "longest_outage_s": None if longest is None else round(longest, 2),
-                "collective_kill_s": COLLECTIVE_KILL_S,
-                "outages_over_kill_s": killing,
-                "last_down_ns": last.down_ns,
-                "down_since_ns": port.down_since,
                 "source": "host counters (operstate, carrier_down_count, link_downed)",
             },
         )
+        obs.src = host
+        return obs
+
+
+def prune(outages: collections.deque[Outage], now_ns: int, window_ns: int) -> None:
+    """Forget outages that ended more than ``window_ns`` ago."""
+    while outages and outages[0].up_ns and now_ns - outages[0].up_ns > window_ns:
+        outages.popleft()
+
+
+def flap_observation(
+    link: str,
+    outages: list[Outage],
+    down_since: int,
+    now_ns: int,
+    window_ns: int,
+    extra: dict,
+) -> Observation:
+    """The ``flapping_link`` observation of a link with these outages (any source)."""
+    n = len(outages)
+    # Only finished outages: the row changes when something happens, not every pass.
+    durations = [o.duration_s(now_ns) for o in outages if o.up_ns]
+    known = [d for d in durations if d is not None]
+    longest = max(known) if known else None
+    killing = sum(1 for d in known if d >= COLLECTIVE_KILL_S)
+    window_min = window_ns / 60e9
+    parts = [f"{link} flapped {n} time{'s' if n != 1 else ''} in {window_min:.0f} min"]
+    if longest is not None:
+        parts.append(f"outages up to {longest:.1f} s")
+    if down_since:
+        parts.append("down now")
+    if killing:
+        parts.append(f"{killing} longer than the {COLLECTIVE_KILL_S:.0f} s a collective survives")
+    score = 1.0 - 0.5 ** (n + (1 if killing else 0))
+    return Observation(
+        kind="flapping_link",
+        key=link,
+        score=score,
+        summary="; ".join(parts),
+        link=link,
+        evidence={
+            **extra,
+            "flaps": n,
+            "down_now": bool(down_since),
+            "outages_s": [None if d is None else round(d, 2) for d in durations],
+            "longest_outage_s": None if longest is None else round(longest, 2),
+            "collective_kill_s": COLLECTIVE_KILL_S,
+            "outages_over_kill_s": killing,
+            "last_down_ns": outages[-1].down_ns if outages else 0,
+            "down_since_ns": down_since,
+        },
+    )

@@ -9,6 +9,7 @@ topology file.
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 import time
@@ -38,8 +39,11 @@ def _wait(pred: Callable[[], Any], timeout: float, what: str) -> Any:
 
 
 @pytest.fixture(scope="module")
-def opsbox(small_lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    lab = small_lab
+def opsbox(
+    lab_factory: Callable[..., Lab], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
+    # Three racks: with two, a missing path leaves its two fabric links indistinguishable.
+    lab = lab_factory("d", spines=2, leaves=3, hosts_per_leaf=1)
     topo = lab.topology
     base = tmp_path_factory.mktemp("detect")
     daemon = Daemon(base)  # then moved onto the management bridge, where collectors ship
@@ -73,6 +77,7 @@ def opsbox(small_lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator
                 "backend": {"address": h.backend_address, "interface": h.backend_interface},
                 "peers": peers,
                 "ingest": {"url": daemon.url},
+                "probe": {"trace_interval_s": 1.0},
                 "spool": {"dir": str(d / "spool"), "roll_s": 0.5},
                 "counters": {"sysfs_root": fake_rdma.IN_HOST_PATH},
                 "rdma": {
@@ -130,7 +135,7 @@ def _open(live: Callable[[], dict[str, Any]], kind: str) -> list[dict[str, Any]]
 
 def test_a_plainly_flapped_host_link_is_found_named_and_closed(opsbox: dict[str, Any]) -> None:
     lab, live = opsbox["lab"], opsbox["live"]
-    link = lab.topology.link("h1-2-leaf1")
+    link = lab.topology.link("h2-1-leaf2")
     leaf = link.b  # the switch side: the host sees its carrier go
     assert not _open(live, "flapping_link")
 
@@ -143,7 +148,7 @@ def test_a_plainly_flapped_host_link_is_found_named_and_closed(opsbox: dict[str,
         ip("down")
         (a,) = _wait(lambda: _open(live, "flapping_link"), 10, "flap anomaly opened")
         latency = time.monotonic() - t_down
-        assert a["link"] == "h1-2-leaf1", a
+        assert a["link"] == "h2-1-leaf2", a
         assert "down now" in a["summary"]
         print(f"link down -> open anomaly in /v1/live: {latency:.2f} s")
         assert latency < 5.0
@@ -168,6 +173,51 @@ def test_a_plainly_flapped_host_link_is_found_named_and_closed(opsbox: dict[str,
     _wait(lambda: not _open(live, "flapping_link"), 20, "anomaly closed once the link is stable")
     closed = live()["anomalies"]["recently_closed"]
     assert any(c["anomaly_id"] == a["anomaly_id"] for c in closed)
+
+
+def test_a_spine_side_link_down_is_found_by_the_paths_that_lose_it(
+    opsbox: dict[str, Any],
+) -> None:
+    """No host counter sees this one: only the traced paths (hop 2 per source port) do."""
+    lab, live = opsbox["lab"], opsbox["live"]
+    seed = int(time.time_ns() % 100_000)
+    fabric = [lk for lk in lab.topology.links if lk.kind == "fabric"]
+    link = random.Random(seed).choice(fabric)
+    spine = link.b
+
+    def ip(state: str) -> None:
+        subprocess.run(["ip", "-n", spine.namespace, "link", "set", spine.interface, state],
+                       check=True)  # fmt: skip
+
+    def on_link() -> dict[str, Any] | None:
+        got = [a for a in _open(live, "flapping_link") if a["link"] == link.name]
+        return got[0] if got else None
+
+    time.sleep(3.0)  # a few healthy trace rounds first
+    assert on_link() is None, f"seed {seed}"
+    try:
+        t_down = time.monotonic()
+        ip("down")
+        a = _wait(on_link, 15, f"seed {seed}: anomaly naming {link.name}")
+        print(
+            f"spine-side {link.name} down -> anomaly in /v1/live: {time.monotonic() - t_down:.2f} s"
+        )
+        assert a["evidence"]["down_now"] and a["evidence"]["spine"] == link.b.node
+        assert a["evidence"]["candidates"] == [link.name] and a["evidence"]["confidence"] == 1.0
+        others = [x for x in _open(live, "flapping_link") if x["link"] != link.name]
+        assert others == [], f"seed {seed}: blamed more than {link.name}: {others}"
+        time.sleep(3.0)
+    finally:
+        ip("up")
+
+    def back() -> dict[str, Any] | None:
+        got = on_link()
+        return got if got and not got["evidence"]["down_now"] else None
+
+    a = _wait(back, 20, f"seed {seed}: {link.name} back in the traced paths")
+    (outage,) = a["evidence"]["outages_s"]
+    assert 2.0 <= outage <= 9.0, (seed, outage)
+    _wait(lambda: on_link() is None, 30, f"seed {seed}: anomaly closed once stable")
 
 
 def test_a_job_on_a_roce_v1_gid_index_is_found_from_its_configuration(

@@ -139,3 +139,87 @@ def test_book_opens_updates_and_closes_after_the_condition_cleared() -> None:
     assert rows[0]["anomaly_id"] == a.anomaly_id and rows[0]["updated_ns"] == 8 * S
     again = book.observe(obs, 9 * S)  # it flaps again later: a new anomaly
     assert again.anomaly_id != a.anomaly_id
+
+
+def _fabric(racks: int) -> tuple[list, dict[int, str], dict[str, list[int]]]:
+    from analytics.detect.paths import FabricLink
+
+    links, host_rack, hosts = [], {}, {}
+    for leaf in range(1, racks + 1):
+        for spine in (1, 2):
+            k = (leaf - 1) * 2 + (spine - 1)
+            addr = f"198.18.128.{2 * k + 1}"
+            links.append(
+                FabricLink(f"leaf{leaf}-spine{spine}", f"leaf{leaf}", f"spine{spine}", addr)
+            )
+        hosts[f"leaf{leaf}"] = [records.host_id(f"h{leaf}-{n}") for n in (1, 2)]
+        for h in hosts[f"leaf{leaf}"]:
+            host_rack[h] = f"leaf{leaf}"
+    return links, host_rack, hosts
+
+
+def _round(links: list, hosts: dict[str, list[int]], sec: float, down: set[str]) -> np.ndarray:
+    """One trace round of every host: 4 ports to one host of every other rack, each port
+    on the spine it hashes to, or on the other one when that path is gone."""
+    spine_of = {(lk.leaf, lk.spine): lk for lk in links}
+    rows = []
+    for rack, members in hosts.items():
+        for src in members:
+            for other, dsts in hosts.items():
+                if other == rack:
+                    continue
+                for port in range(4):
+                    want = f"spine{1 + port % 2}"
+                    ok = [
+                        s
+                        for s in (want, "spine2" if want == "spine1" else "spine1")
+                        if spine_of[(rack, s)].name not in down
+                        and spine_of[(other, s)].name not in down
+                    ]
+                    if not ok:
+                        continue
+                    hop = spine_of[(rack, ok[0])].hop.encode()
+                    ts = int(sec * S) + len(rows)
+                    rows.append((ts, src, dsts[0], 40000 + port, 2, (0,) * 5, hop, 50_000))
+    return np.array(rows, records.PATH_HOP)
+
+
+def test_tomography_names_the_one_fabric_link_that_explains_the_missing_paths() -> None:
+    from analytics.detect.paths import FabricPaths
+
+    t = [0.0]
+    links, host_rack, hosts = _fabric(3)
+    paths = FabricPaths(links, host_rack, clock=lambda: t[0])
+    for sec in (0, 2):
+        paths.feed(_round(links, hosts, sec, set()))
+    t[0] = 10.0
+    assert paths.observations(3 * S) == []
+    paths.feed(_round(links, hosts, 4, {"leaf1-spine2"}))
+    t[0] = 20.0
+    (obs,) = paths.observations(5 * S)
+    assert obs.link == "leaf1-spine2" and obs.evidence["down_now"] is True
+    assert obs.evidence["confidence"] == 1.0 and obs.evidence["racks_exposed"] == ["leaf1"]
+    paths.feed(_round(links, hosts, 7, set()))
+    t[0] = 30.0
+    (obs,) = paths.observations(8 * S)
+    assert obs.evidence["down_now"] is False and obs.evidence["outages_s"] == [3.0]
+    assert "leaf1-spine2 flapped 1 time" in obs.summary
+
+
+def test_with_two_racks_the_two_ends_cannot_be_told_apart_and_both_are_named() -> None:
+    from analytics.detect.paths import FabricPaths
+
+    t = [0.0]
+    links, host_rack, hosts = _fabric(2)
+    paths = FabricPaths(links, host_rack, clock=lambda: t[0])
+    paths.feed(_round(links, hosts, 0, set()))
+    paths.feed(_round(links, hosts, 2, {"leaf2-spine2"}))
+    t[0] = 10.0
+    (obs,) = paths.observations(3 * S)
+    assert obs.evidence["candidates"] == ["leaf1-spine2", "leaf2-spine2"]
+    assert obs.evidence["confidence"] == 0.5
+    assert obs.summary.startswith("leaf1-spine2 or leaf2-spine2 flapped 1 time")
+    paths.feed(_round(links, hosts, 5, set()))
+    t[0] = 20.0
+    (obs,) = paths.observations(6 * S)  # back: still one anomaly for the pair, not two
+    assert obs.key == "leaf1-spine2 or leaf2-spine2" and obs.evidence["down_now"] is False
