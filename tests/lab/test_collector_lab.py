@@ -9,18 +9,17 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 import pytest
-import yaml
 
 from collector import records
-from lab import fake_rdma, jobgen
-from tests.unit.collector_procs import KEY, ROOT
+from lab import jobgen
+from tests.lab import lab_collectors
+from tests.unit.collector_procs import KEY
 from tests.unit.collector_receiver import Receiver
 
 pytestmark = [pytest.mark.root, pytest.mark.lab]
@@ -29,73 +28,16 @@ pytestmark = [pytest.mark.root, pytest.mark.lab]
 @pytest.fixture(scope="module")
 def fleet(small_lab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     lab = small_lab
-    topo = lab.topology
-    receiver = Receiver(KEY, host=topo.mgmt.gateway)
+    receiver = Receiver(KEY, host=lab.topology.mgmt.gateway)
     base = tmp_path_factory.mktemp("fleet")
-    (base / "fleet.key").write_bytes(KEY)
-    peers = [{"name": h.name, "address": h.backend_address, "rack": h.rack} for h in topo.hosts]
-    procs: dict[str, subprocess.Popen[bytes]] = {}
     started = time.time()
+    procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
-        for h in topo.hosts:
-            tree = fake_rdma.write_tree(
-                fake_rdma.tree_root(lab.node_dir(h.name)),
-                h.name,
-                h.backend_interface,
-                h.backend_address,
-            )
-            d = base / h.name
-            d.mkdir()
-            cfg = {
-                "host": h.name,
-                "rack": h.rack,
-                "lab": True,
-                "fleet_key_file": str(base / "fleet.key"),
-                "backend": {"address": h.backend_address, "interface": h.backend_interface},
-                "peers": peers,
-                "probe": {"buddies_random": 10},
-                "ingest": {"url": receiver.url},
-                "spool": {"dir": str(d / "spool"), "roll_s": 0.5},
-                "counters": {"sysfs_root": fake_rdma.IN_HOST_PATH},
-                "rdma": {
-                    "configfs_root": fake_rdma.IN_HOST_PATH + "/sys/kernel/config",
-                    "pyverbs": False,
-                },
-                "inband": {"socket": "/run/clockmesh/inband.sock"},
-                "status_file": str(d / "status.json"),
-            }
-            if h.clock is not None:
-                cfg["lab_clock"] = {"offset_ns": h.clock.offset_ns, "drift_ppm": h.clock.drift_ppm}
-            (d / "collector.yml").write_text(yaml.safe_dump(cfg))
-            assert tree.exists()
-            with open(d / "collector.log", "wb") as log:
-                procs[h.name] = lab.popen(
-                    h.name,
-                    [
-                        sys.executable,
-                        "-m",
-                        "clockmesh.cli",
-                        "collector",
-                        "run",
-                        "--config",
-                        str(d / "collector.yml"),
-                    ],
-                    cwd=ROOT,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                )
+        procs = lab_collectors.start(lab, base, KEY, receiver.url)
         yield {"lab": lab, "receiver": receiver, "procs": procs, "base": base, "started": started}
     finally:
         jobgen.stop_job(lab, "cmtest")
-        for p in procs.values():
-            if p.poll() is None:
-                p.terminate()
-        for p in procs.values():
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        lab_collectors.stop(procs)
         receiver.close()
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import random
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -19,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from lab import fake_rdma, jobgen
+from lab import jobgen
 from lab.fabric import Lab
-from tests.unit.ingest_daemon import KEY, ROOT, Daemon
+from tests.lab import lab_collectors
+from tests.unit.ingest_daemon import KEY, Daemon
 
 pytestmark = [pytest.mark.root, pytest.mark.lab]
 
@@ -56,68 +55,15 @@ def opsbox(
         topology_file=str(lab.topology_path),
     )
     daemon.start()
-    peers = [{"name": h.name, "address": h.backend_address, "rack": h.rack} for h in topo.hosts]
-    procs = []
+    procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
-        for h in topo.hosts:
-            fake_rdma.write_tree(
-                fake_rdma.tree_root(lab.node_dir(h.name)),
-                h.name,
-                h.backend_interface,
-                h.backend_address,
-            )
-            d = base / h.name
-            d.mkdir()
-            (d / "fleet.key").write_bytes(KEY)
-            cfg = {
-                "host": h.name,
-                "rack": h.rack,
-                "lab": True,
-                "fleet_key_file": str(d / "fleet.key"),
-                "backend": {"address": h.backend_address, "interface": h.backend_interface},
-                "peers": peers,
-                "ingest": {"url": daemon.url},
-                "probe": {"trace_interval_s": 1.0},
-                "spool": {"dir": str(d / "spool"), "roll_s": 0.5},
-                "counters": {"sysfs_root": fake_rdma.IN_HOST_PATH},
-                "rdma": {
-                    "configfs_root": fake_rdma.IN_HOST_PATH + "/sys/kernel/config",
-                    "pyverbs": False,
-                },
-                "inband": {"socket": "/run/clockmesh/inband.sock"},
-            }
-            (d / "collector.yml").write_text(yaml.safe_dump(cfg))
-            with open(d / "collector.log", "wb") as log:
-                procs.append(
-                    lab.popen(
-                        h.name,
-                        [
-                            sys.executable,
-                            "-m",
-                            "clockmesh.cli",
-                            "collector",
-                            "run",
-                            "--config",
-                            str(d / "collector.yml"),
-                        ],
-                        cwd=ROOT,
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                    )
-                )
+        procs = lab_collectors.start(lab, base, KEY, daemon.url, {"trace_interval_s": 1.0})
         live = lambda: json.loads(daemon.get("/v1/live"))  # noqa: E731
         _wait(lambda: len(live()["hosts"]) == len(topo.hosts), 30, "every host shipping")
         yield {"lab": lab, "daemon": daemon, "live": live}
     finally:
         jobgen.stop_job(lab, "v1job")
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        lab_collectors.stop(procs)
         daemon.stop()
 
 
