@@ -20,6 +20,11 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "sql": ("analytics.sql_cli:sql", "Query the ops-box store with SQL (read-only).", "opsbox"),
     "export": ("analytics.export:export", "Export recent store data as a Parquet set.", "opsbox"),
     "live": ("analytics.live_cli:live", "Show fleet health now, from the ops box.", "opsbox"),
+    "detector": (
+        "analytics.detect.cli:detector",
+        "Evaluate the detector on labelled lab runs.",
+        "opsbox",
+    ),
     "lab": ("lab.cli:lab", "Build and break a leaf-spine lab fabric in namespaces.", "lab"),
 }
 

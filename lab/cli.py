@@ -413,3 +413,62 @@ def job_list(name: str, state_dir: Path | None) -> None:
         click.echo(
             f"{rec['job']} {rec['node']} pid {rec['pid']} gid_index {rec['gid_index']} {state}"
         )
+
+
+@lab.group()
+def scenario() -> None:
+    """Labelled scenarios: random faults with the ground truth, for the detector."""
+
+
+@scenario.command("run")
+@click.option(
+    "--seed",
+    type=int,
+    required=True,
+    help="Seeds the fault mix (never reuse eval seeds for training).",
+)
+@click.option("--minutes", type=click.FloatRange(min=1.0), default=10.0, show_default=True)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="Run directory: store/, truth.json, topology.json, logs.",
+)
+@click.option("--spines", type=int, default=2, show_default=True)
+@click.option("--leaves", type=int, default=3, show_default=True)
+@click.option("--hosts-per-leaf", type=int, default=2, show_default=True)
+@click.option(
+    "--kinds",
+    default=",".join(
+        ("fabric_flap", "host_flap", "roce_v1_job", "healthy_job", "contention", "clean")
+    ),
+    show_default=True,
+    help="Comma list of fault kinds to draw from.",
+)
+@_user_errors
+def scenario_run(
+    seed: int, minutes: float, out: Path, spines: int, leaves: int, hosts_per_leaf: int, kinds: str
+) -> None:
+    """Build a lab, run a fleet in it, inject a seeded random fault mix, record the truth.
+
+    The lab (named sc<seed>) is torn down at the end, even on failure; the run directory
+    keeps the ops box's store and truth.json for `clockmesh detector eval OUT`.
+    """
+    from lab import scenario as sc
+
+    chosen = tuple(k.strip() for k in kinds.split(",") if k.strip())
+    unknown = [k for k in chosen if k not in sc.KINDS]
+    if unknown or not chosen:
+        raise click.ClickException(
+            f"--kinds: expected some of {', '.join(sc.KINDS)}, got {kinds!r}"
+        )
+    if (out / "truth.json").exists():
+        raise click.ClickException(f"{out}: already holds a run (truth.json); choose another --out")
+    name = f"sc{seed % 10_000_000}"
+    the_lab = Lab(name, out / "lab")
+    the_lab.up(spines, leaves, hosts_per_leaf)
+    try:
+        truth = sc.Scenario(the_lab, out, seed, log=click.echo).run(minutes, chosen)
+    finally:
+        the_lab.down()
+    click.echo(f"truth: {truth}")

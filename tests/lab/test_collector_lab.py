@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from collector import records
+from lab import fleet as lab_fleet
 from lab import jobgen
-from tests.lab import lab_collectors
 from tests.unit.collector_procs import KEY
 from tests.unit.collector_receiver import Receiver
 
@@ -33,11 +33,11 @@ def fleet(small_lab: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     started = time.time()
     procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
-        procs = lab_collectors.start(lab, base, KEY, receiver.url)
+        procs = lab_fleet.start(lab, base, KEY, receiver.url)
         yield {"lab": lab, "receiver": receiver, "procs": procs, "base": base, "started": started}
     finally:
         jobgen.stop_job(lab, "cmtest")
-        lab_collectors.stop(procs)
+        lab_fleet.stop(procs)
         receiver.close()
 
 

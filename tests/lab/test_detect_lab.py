@@ -19,9 +19,8 @@ from typing import Any
 
 import pytest
 
-from lab import jobgen
+from lab import fleet, jobgen
 from lab.fabric import Lab
-from tests.lab import lab_collectors
 from tests.unit.ingest_daemon import KEY, Daemon
 
 pytestmark = [pytest.mark.root, pytest.mark.lab]
@@ -57,13 +56,13 @@ def opsbox(
     daemon.start()
     procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
-        procs = lab_collectors.start(lab, base, KEY, daemon.url, {"trace_interval_s": 1.0})
+        procs = fleet.start(lab, base, KEY, daemon.url, {"trace_interval_s": 1.0})
         live = lambda: json.loads(daemon.get("/v1/live"))  # noqa: E731
         _wait(lambda: len(live()["hosts"]) == len(topo.hosts), 30, "every host shipping")
         yield {"lab": lab, "daemon": daemon, "live": live}
     finally:
         jobgen.stop_job(lab, "v1job")
-        lab_collectors.stop(procs)
+        fleet.stop(procs)
         daemon.stop()
 
 

@@ -1,13 +1,21 @@
-"""Start real collectors in lab hosts (their network and mount namespaces); stop them all.
+"""A fleet in a lab without Ansible: collectors in the hosts, an ingest daemon beside.
 
-Shared by the lab tests that need a fleet: each collector gets its own config, spool and
-log under ``base/<host>/`` and ships to ``url`` over the management network.
+Used by the lab tests and by ``clockmesh lab scenario run``: each collector gets its own
+config, spool and log under ``base/<host>/`` (in its host's network and mount
+namespaces) and ships to ``url`` over the management network; :func:`start_opsbox` runs
+``clockmesh ingest run`` in the root namespace on the management bridge. ``make demo``
+deploys the same programs with Ansible instead.
 """
 
 from __future__ import annotations
 
+import json
+import socket
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -84,3 +92,59 @@ def stop(procs: dict[str, subprocess.Popen[bytes]]) -> None:
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def start_opsbox(
+    lab: Any, base: Path, key: bytes, **config: Any
+) -> tuple[subprocess.Popen[bytes], str]:
+    """``clockmesh ingest run`` on the lab's management bridge, the store in ``base/store``
+    and the lab's topology file for link names. Returns (process, base URL)."""
+    gateway = lab.topology.mgmt.gateway
+    port = free_port(gateway)
+    base.mkdir(parents=True, exist_ok=True)
+    (base / "opsbox.key").write_bytes(key + b"\n")
+    cfg = {
+        "listen": f"{gateway}:{port}",
+        "store_dir": str(base / "store"),
+        "fleet_key_file": str(base / "opsbox.key"),
+        "min_free_bytes": 0,
+        "live_refresh_s": 1,
+        "topology_file": str(lab.topology_path),
+        **config,
+    }
+    (base / "ingest.yml").write_text(json.dumps(cfg))
+    url = f"http://{gateway}:{port}"
+    with open(base / "ingest.log", "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "clockmesh.cli", "ingest", "run", "--config",
+             str(base / "ingest.yml")],
+            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"ingest daemon exited; see {base / 'ingest.log'}")
+        try:
+            urllib.request.urlopen(url + "/healthz", timeout=1).read()
+            return proc, url
+        except (OSError, urllib.error.HTTPError):
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(f"ingest daemon did not answer on {url}; see {base / 'ingest.log'}")
+
+
+def stop_opsbox(proc: subprocess.Popen[bytes] | None) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

@@ -1,0 +1,169 @@
+"""Score the detector against labelled runs: confusion matrix, precision, recall,
+localisation, latency.
+
+A run directory (``clockmesh lab scenario run``) holds ``truth.json`` (the faults, each
+with its class, place and wall-clock start/end) and ``store/`` (what the ops box wrote,
+anomalies included). Matching, per run:
+
+- a fault's *window* is [start − 2 s, end + ``grace_s``];
+- the fault is *detected as* the class of the first anomaly opened in its window (or
+  ``none``); it is *localised* if an anomaly of its class in the window names its place
+  (the link, among the candidates of an ambiguous one, or the job);
+- an anomaly opened in no fault's window, or of another class than every fault whose
+  window it falls in, is a false alarm of its class (row ``none`` of the matrix);
+- precision of a class = its anomalies matched to a fault of that class / all its
+  anomalies; recall = its faults detected as that class / its faults;
+- latency = first anomaly of the right class opened − fault start.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from analytics.detect.anomalies import KINDS
+
+CLASSES = ("flapping_link", "roce_v1_job", "contention")
+LABELS = (*CLASSES, "none")
+BEFORE_NS = 2_000_000_000
+
+
+class EvalError(Exception):
+    """A run directory cannot be evaluated; ``str()`` is one line naming it."""
+
+
+@dataclass
+class Report:
+    runs: int = 0
+    hours_clean: float = 0.0
+    confusion: dict[str, dict[str, int]] = field(
+        default_factory=lambda: {t: dict.fromkeys(LABELS, 0) for t in LABELS}
+    )
+    localised: dict[str, list[bool]] = field(default_factory=dict)
+    latencies_s: dict[str, list[float]] = field(default_factory=dict)
+
+    def precision(self, cls: str) -> float | None:
+        predicted = sum(self.confusion[t][cls] for t in LABELS)
+        return self.confusion[cls][cls] / predicted if predicted else None
+
+    def recall(self, cls: str) -> float | None:
+        actual = sum(self.confusion[cls][p] for p in LABELS)
+        return self.confusion[cls][cls] / actual if actual else None
+
+    def false_alarms(self) -> int:
+        return sum(self.confusion["none"][c] for c in CLASSES)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "runs": self.runs,
+            "confusion": self.confusion,
+            "precision": {c: self.precision(c) for c in CLASSES},
+            "recall": {c: self.recall(c) for c in CLASSES},
+            "localisation": {
+                c: (sum(v) / len(v) if v else None) for c, v in self.localised.items()
+            },
+            "latency_s": {c: sorted(v) for c, v in self.latencies_s.items()},
+            "false_alarms": self.false_alarms(),
+            "clean_hours": round(self.hours_clean, 3),
+        }
+
+
+def _anomalies(run: Path) -> list[dict[str, Any]]:
+    store = run / "store"
+    if not (store / "anomalies").is_dir():
+        raise EvalError(f"{run}: no store with an anomalies table (store/anomalies/)")
+    glob = str(store / "anomalies" / "*" / "*" / "*.parquet").replace("'", "''")
+    con = duckdb.connect()
+    try:
+        rows = con.execute(
+            f"""SELECT anomaly_id, kind, link, job_id, min(opened_ns) AS opened_ns,
+                       arg_max(detail, coalesce(updated_ns, 0)) AS detail
+                FROM read_parquet('{glob}', union_by_name = true)
+                WHERE opened_ns > 0 GROUP BY ALL ORDER BY opened_ns"""
+        ).fetchall()
+    finally:
+        con.close()
+    out = []
+    for anomaly_id, kind, link, job_id, opened_ns, detail in rows:
+        try:
+            evidence = json.loads(detail or "{}").get("evidence", {})
+        except ValueError:
+            evidence = {}
+        out.append(
+            {"id": anomaly_id, "kind": kind, "link": link, "job_id": job_id,
+             "opened_ns": opened_ns, "evidence": evidence}
+        )  # fmt: skip
+    return out
+
+
+def _names(a: dict[str, Any]) -> set[str]:
+    return {a["link"], a["job_id"], *a["evidence"].get("candidates", [])} - {""}
+
+
+def evaluate(runs: list[Path], grace_s: float = 15.0) -> Report:
+    report = Report()
+    grace_ns = int(grace_s * 1e9)
+    for run in runs:
+        try:
+            truth = json.loads((run / "truth.json").read_text())
+            faults = truth["faults"]
+        except (OSError, ValueError, KeyError) as exc:
+            raise EvalError(f"{run}: no readable truth.json ({exc})") from None
+        anomalies = [a for a in _anomalies(run) if a["kind"] in KINDS]
+        report.runs += 1
+        used: set[str] = set()
+        for f in faults:
+            lo, hi = f["start_ns"] - BEFORE_NS, (f["end_ns"] or f["start_ns"]) + grace_ns
+            inside = [a for a in anomalies if lo <= a["opened_ns"] <= hi]
+            label = f["label"]
+            if label == "none":
+                report.hours_clean += (hi - grace_ns - f["start_ns"]) / 3.6e12
+                continue  # anomalies here are false alarms, counted below
+            predicted = inside[0]["kind"] if inside else "none"
+            report.confusion[label][predicted] += 1
+            right = [a for a in inside if a["kind"] == label]
+            used |= {a["id"] for a in right}
+            if right:
+                report.latencies_s.setdefault(label, []).append(
+                    round((right[0]["opened_ns"] - f["start_ns"]) / 1e9, 2)
+                )
+                report.localised.setdefault(label, []).append(f["where"] in _names(right[0]))
+            else:
+                report.localised.setdefault(label, []).append(False)
+        for a in anomalies:
+            if a["id"] not in used:
+                report.confusion["none"][a["kind"] if a["kind"] in CLASSES else "none"] += 1
+    return report
+
+
+def render(report: Report) -> str:
+    d = report.as_dict()
+    w = max(len(x) for x in LABELS) + 2
+    lines = [f"{report.runs} run(s); rows: truth, columns: detected"]
+    lines.append("".ljust(w) + "".join(p.rjust(w) for p in LABELS))
+    for t in LABELS:
+        lines.append(t.ljust(w) + "".join(str(report.confusion[t][p]).rjust(w) for p in LABELS))
+    lines.append("")
+
+    def fmt(x: float | None) -> str:
+        return "-" if x is None else f"{x:.2f}"
+
+    lines.append(
+        f"{'class':<16}{'precision':>10}{'recall':>8}{'located':>9}  latency s (median, max)"
+    )
+    for c in CLASSES:
+        lat = d["latency_s"].get(c) or []
+        med = f"{lat[len(lat) // 2]:.1f}, {lat[-1]:.1f}" if lat else "-"
+        lines.append(
+            f"{c:<16}{fmt(d['precision'][c]):>10}{fmt(d['recall'][c]):>8}"
+            f"{fmt(d['localisation'].get(c)):>9}  {med}"
+        )
+    lines.append(
+        f"false alarms: {d['false_alarms']} over {d['clean_hours']:.3f} h of clean stretches "
+        "(and every anomaly outside a fault's window)"
+    )
+    return "\n".join(lines)

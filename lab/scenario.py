@@ -1,0 +1,209 @@
+"""Labelled scenarios: random faults in a lab fleet, with the ground truth beside the data.
+
+``clockmesh lab scenario run --seed S --minutes M --out DIR`` builds a lab, starts an ops
+box (``clockmesh ingest run``, store in ``DIR/store``) and a collector in every host
+(:mod:`lab.fleet`), lets the fleet settle, then injects a random mix drawn from
+``random.Random(S)``, one fault at a time with quiet gaps between:
+
+- ``fabric_flap``: a leaf–spine link flaps 1–4 times (down 1.5–5 s, up 3–6 s), by plain
+  ``ip link set`` on a random end — what an optic or an operator does;
+- ``host_flap``: a host's link flaps the same way, from the leaf's port;
+- ``roce_v1_job``: a job on 2–3 hosts of different racks on a RoCE v1 GID: index 2 (the
+  IPv4-mapped v1 GID of the lab's tables) or no index at all (NCCL's old default, 0);
+- ``healthy_job``: the same on RoCE v2 (index 3): must raise nothing;
+- ``contention``: ``lab congest`` on a random fabric link (a ``tbf`` and a load that
+  hashes onto it) for 20–30 s;
+- ``clean``: nothing, 20–40 s.
+
+Every fault is written to ``DIR/truth.json`` with its class, place and wall-clock start
+and end (the same clock the ops box stamps anomalies with). The detector never reads it:
+``clockmesh detector eval DIR`` compares the anomalies in ``DIR/store`` with it.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import secrets
+import subprocess
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lab import faults, fleet, jobgen
+from lab.fabric import Lab
+
+KINDS = ("fabric_flap", "host_flap", "roce_v1_job", "healthy_job", "contention", "clean")
+WEIGHTS = (3, 2, 2, 1, 1, 1)
+CLASS_OF = {
+    "fabric_flap": "flapping_link",
+    "host_flap": "flapping_link",
+    "roce_v1_job": "roce_v1_job",
+    "contention": "contention",
+    "healthy_job": "none",
+    "clean": "none",
+}
+WARMUP_S = 20.0
+GAP_S = 25.0  # quiet time after each fault: its anomaly closes (detect_clear_s) before the next
+DETECT_CLEAR_S = 10.0
+
+
+@dataclass
+class Fault:
+    kind: str  # one of KINDS
+    label: str  # the detector class it should raise, or "none"
+    where: str  # link name or job id ("" for clean)
+    start_ns: int
+    end_ns: int = 0
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+def _ip(namespace: str, interface: str, state: str) -> None:
+    subprocess.run(["ip", "-n", namespace, "link", "set", interface, state], check=True)
+
+
+class Scenario:
+    def __init__(self, lab: Lab, out: Path, seed: int, log: Callable[[str], None] = print):
+        self.lab = lab
+        self.out = out
+        self.rng = random.Random(seed)
+        self.seed = seed
+        self.log = log
+        self.faults: list[Fault] = []
+        self._jobs = 0
+
+    # ---- the faults -------------------------------------------------------------------
+    def _flap(self, kind: str, link_names: list[str]) -> Fault:
+        link = self.lab.topology.link(self.rng.choice(link_names))
+        end = link.b if kind == "host_flap" else self.rng.choice([link.a, link.b])
+        count = self.rng.randint(1, 4)
+        downs = [round(self.rng.uniform(1.5, 5.0), 1) for _ in range(count)]
+        ups = [round(self.rng.uniform(3.0, 6.0), 1) for _ in range(count)]
+        f = Fault(kind, "flapping_link", link.name, time.time_ns(), detail={
+            "side": end.node, "downs_s": downs, "ups_s": ups, "how": "ip link set"})  # fmt: skip
+        try:
+            for down, up in zip(downs, ups, strict=True):
+                _ip(end.namespace, end.interface, "down")
+                time.sleep(down)
+                _ip(end.namespace, end.interface, "up")
+                f.end_ns = time.time_ns()
+                time.sleep(up)
+        finally:
+            _ip(end.namespace, end.interface, "up")
+        return f
+
+    def _job(self, kind: str) -> Fault:
+        topo = self.lab.topology
+        racks = sorted({h.rack for h in topo.hosts})
+        chosen = self.rng.sample(racks, k=min(len(racks), self.rng.randint(2, 3)))
+        hosts = [self.rng.choice([h.name for h in topo.hosts if h.rack == r]) for r in chosen]
+        gid: int | None = 3
+        if kind == "roce_v1_job":
+            gid = self.rng.choice([2, None])
+        self._jobs += 1
+        job = f"sc{self.seed}j{self._jobs}"
+        seconds = self.rng.uniform(20, 30)
+        f = Fault(kind, CLASS_OF[kind], job, time.time_ns(), detail={
+            "hosts": hosts, "gid_index": gid, "seconds": round(seconds, 1)})  # fmt: skip
+        jobgen.start_job(self.lab, job, hosts, gid, 20.0, 512)
+        try:
+            time.sleep(seconds)
+        finally:
+            jobgen.stop_job(self.lab, job)
+            f.end_ns = time.time_ns()
+        return f
+
+    def _contention(self, fabric: list[str]) -> Fault:
+        link = self.rng.choice(fabric)
+        seconds = self.rng.uniform(20, 30)
+        f = Fault("contention", "contention", link, time.time_ns(), detail={
+            "rate": "20mbit", "seconds": round(seconds, 1), "how": "lab congest"})  # fmt: skip
+        faults.congest(self.lab, link, "20mbit", "a2b")
+        try:
+            time.sleep(seconds)
+        finally:
+            faults.heal(self.lab)
+            f.end_ns = time.time_ns()
+        return f
+
+    def _clean(self) -> Fault:
+        f = Fault("clean", "none", "", time.time_ns())
+        time.sleep(self.rng.uniform(20, 40))
+        f.end_ns = time.time_ns()
+        return f
+
+    def inject(self, kind: str) -> Fault:
+        topo = self.lab.topology
+        fabric = [lk.name for lk in topo.links if lk.kind == "fabric"]
+        access = [lk.name for lk in topo.links if lk.kind == "access"]
+        if kind == "fabric_flap":
+            return self._flap(kind, fabric)
+        if kind == "host_flap":
+            return self._flap(kind, access)
+        if kind in ("roce_v1_job", "healthy_job"):
+            return self._job(kind)
+        if kind == "contention":
+            return self._contention(fabric)
+        return self._clean()
+
+    # ---- the run ------------------------------------------------------------------------
+    def run(self, minutes: float, kinds: tuple[str, ...] = KINDS) -> Path:
+        weights = [WEIGHTS[KINDS.index(k)] for k in kinds]
+        key = secrets.token_hex(32).encode()
+        self.out.mkdir(parents=True, exist_ok=True)
+        opsbox = None
+        procs: dict[str, subprocess.Popen[bytes]] = {}
+        started = time.time_ns()
+        try:
+            opsbox, url = fleet.start_opsbox(
+                self.lab, self.out, key, detect_clear_s=DETECT_CLEAR_S, detect_interval_s=0.5
+            )
+            procs = fleet.start(self.lab, self.out / "hosts", key, url, {"trace_interval_s": 1.0})
+            self._wait_shipping(url, len(self.lab.topology.hosts))
+            self.log(f"fleet shipping; warm-up {WARMUP_S:.0f} s")
+            time.sleep(WARMUP_S)
+            deadline = time.monotonic() + minutes * 60
+            while time.monotonic() < deadline - GAP_S:
+                kind = self.rng.choices(kinds, weights)[0]
+                f = self.inject(kind)
+                self.faults.append(f)
+                self.log(f"{kind}: {f.where or '-'} ({(f.end_ns - f.start_ns) / 1e9:.1f} s)")
+                self._write(started, minutes)
+                time.sleep(GAP_S)
+        finally:
+            fleet.stop(procs)
+            fleet.stop_opsbox(opsbox)
+            self._write(started, minutes)
+        return self.out / "truth.json"
+
+    def _wait_shipping(self, url: str, hosts: int, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(url + "/v1/live", timeout=5) as resp:
+                    if len(json.load(resp)["hosts"]) >= hosts:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError(f"not every host shipped within {timeout:.0f} s")
+
+    def _write(self, started: int, minutes: float) -> None:
+        doc = {
+            "seed": self.seed,
+            "minutes": minutes,
+            "started_ns": started,
+            "ended_ns": time.time_ns(),
+            "lab": self.lab.name,
+            "topology": str(self.lab.topology_path),
+            "store": str(self.out / "store"),
+            "faults": [asdict(f) for f in self.faults],
+        }
+        tmp = self.out / "truth.json.tmp"
+        tmp.write_text(json.dumps(doc, indent=2))
+        tmp.replace(self.out / "truth.json")
+        # the topology beside the truth: the lab (and its state dir) is gone after the run
+        (self.out / "topology.json").write_bytes(self.lab.topology_path.read_bytes())
