@@ -469,6 +469,8 @@ def scenario_run(
     the_lab.up(spines, leaves, hosts_per_leaf)
     try:
         truth = sc.Scenario(the_lab, out, seed, log=click.echo).run(minutes, chosen)
+    except (RuntimeError, OSError, ValueError) as exc:
+        raise click.ClickException(f"scenario {seed}: {exc} (logs in {out})") from None
     finally:
         the_lab.down()
     click.echo(f"truth: {truth}")

@@ -31,6 +31,7 @@ def start(
 ) -> dict[str, subprocess.Popen[bytes]]:
     """One collector per lab host; returns host name -> process (stop with :func:`stop`)."""
     topo = lab.topology
+    base.mkdir(parents=True, exist_ok=True)
     (base / "fleet.key").write_bytes(key)
     peers = [{"name": h.name, "address": h.backend_address, "rack": h.rack} for h in topo.hosts]
     procs: dict[str, subprocess.Popen[bytes]] = {}

@@ -103,7 +103,9 @@ def test_a_job_on_a_roce_v1_index_is_found_and_a_v2_job_is_not() -> None:
 def test_a_job_that_sets_no_index_resolves_to_nccls_default() -> None:
     roce = RoceJobs({H1: "h1-1"})
     roce.feed_gids(_gids(H1))
-    roce.feed_jobs(_jobs(H1, [(b"no-index", -1)]))
+    rows = _jobs(H1, [(b"no-index", -1)])
+    rows["device"] = b"uverbs0"  # the scanner names the device file the process holds
+    roce.feed_jobs(rows)
     (obs,) = roce.observations(3 * S)
     assert obs.evidence["gid_indices"] == [0]
     assert "not set; NCCL < 2.21 uses index 0 (assumed)" in obs.evidence["index_source"]
