@@ -176,6 +176,8 @@ class ClockRunner:
         self._watermark = -(1 << 62)  # windows <= this were solved or skipped
         self._stop = False
         self._thread: threading.Thread | None = None
+        # each solved window's owd table is handed here (the daemon's detector)
+        self.on_owd: Callable[[pa.Table], None] | None = None
 
     # ---- lifecycle -----------------------------------------------------------------
     def start(self) -> None:
@@ -337,6 +339,11 @@ class ClockRunner:
         solve_s = time.monotonic() - started
         self.state = sol.state
         self._write(start_ns, tables)
+        if self.on_owd is not None:  # the detector's per-path delays (it copies what it keeps)
+            try:
+                self.on_owd(tables["owd"])
+            except Exception:
+                log.exception("event=owd_consumer_failed window_start_ns=%d", start_ns)
         self.counters.windows_solved += 1
         self._publish(sol, solve_s)
         log.info(

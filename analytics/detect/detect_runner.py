@@ -33,6 +33,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from analytics.detect.anomalies import KINDS, AnomalyBook
+from analytics.detect.contention import PathDelays
 from analytics.detect.flaps import NAMES as FLAP_COUNTERS
 from analytics.detect.flaps import LinkFlaps
 from analytics.detect.paths import FabricLink, FabricPaths
@@ -126,6 +127,7 @@ class DetectRunner:
         )
         self.flaps = LinkFlaps(self.config.flap_window_s, topo.port_links, names)
         self.paths = FabricPaths(topo.fabric, topo.host_rack, self.config.flap_window_s)
+        self.delays = PathDelays(topo.host_rack, self.paths.by_ends, self.paths.spine_of, names)
         self.roce = RoceJobs(names)
         self._names = names  # shared with the rules, refreshed every pass
         self.book = AnomalyBook(self.config.clear_s)
@@ -161,6 +163,15 @@ class DetectRunner:
             with self._lock:
                 self._queue.extend(got)
 
+    def feed_owd(self, owd: pa.Table) -> None:
+        """A solved clock window's corrected one-way delays (clock thread): their median per
+        path (src, dst, source port) is queued."""
+        if not owd.num_rows:
+            return
+        agg = owd.group_by(["src", "dst", "sport"]).aggregate([("owd_ns", "approximate_median")])
+        with self._lock:
+            self._queue.append(("owd", agg))
+
     # ---- analysis thread -------------------------------------------------------------
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="detect", daemon=True)
@@ -191,6 +202,14 @@ class DetectRunner:
             queue, self._queue = self._queue, []
         for name, data in queue:
             try:
+                if name == "owd":
+                    self.delays.feed(
+                        data.column("src").to_numpy(),
+                        data.column("dst").to_numpy(),
+                        data.column("sport").to_numpy(),
+                        data.column("owd_ns_approximate_median").to_numpy(zero_copy_only=False),
+                    )
+                    continue
                 if name == "inband":
                     for host, job, ts in zip(
                         data.column("host").to_pylist(),
@@ -216,6 +235,7 @@ class DetectRunner:
         observed = [
             *self.flaps.observations(now_ns),
             *self.paths.observations(now_ns),
+            *self.delays.observations(now_ns),
             *self.roce.observations(now_ns),
         ]
         for obs in observed:

@@ -85,6 +85,7 @@ class FabricPaths:
         self.baseline: set[tuple[str, str, str]] = set()  # (src rack, dst rack, spine) seen
         self.state = {name: _LinkState() for name in self.links}
         self.unknown_hops: collections.Counter[str] = collections.Counter()
+        self.spine_of: dict[tuple[int, int, int], str] = {}  # (src, dst, sport) -> spine now
 
     def feed(self, rows: np.ndarray) -> None:
         """``path_hop`` records (numpy, :data:`collector.records.PATH_HOP`)."""
@@ -92,10 +93,11 @@ class FabricPaths:
             return
         rows = rows[np.argsort(rows["ts_ns"], kind="stable")]
         now = self._clock()  # type: ignore[operator]
-        for ts, src, dst, hop in zip(
+        for ts, src, dst, sport, hop in zip(
             rows["ts_ns"].tolist(),
             rows["src"].tolist(),
             rows["dst"].tolist(),
+            rows["sport"].tolist(),
             rows["hop"].tolist(),
             strict=True,
         ):
@@ -113,6 +115,7 @@ class FabricPaths:
                 self.unknown_hops[hop.decode(errors="replace")] += 1
             else:
                 cur.seen.add((rack, lk.spine))
+                self.spine_of[(src, dst, sport)] = lk.spine
 
     def _complete(self, src: int, rnd: _Round) -> None:
         if rnd.answers >= MIN_ROUND_ANSWERS:

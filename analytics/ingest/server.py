@@ -157,6 +157,7 @@ class IngestServer:
             nice=config.analysis_nice,
         )
         self.metrics.registry.register(self.detect.collector())
+        self.clock.on_owd = self.detect.feed_owd
         reg = self.metrics.registry
         self._pace_gauges = (
             Gauge("clockmesh_ingest_advised_roll_seconds",

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from lab import fleet, jobgen
+from lab import faults, fleet, jobgen
 from lab.fabric import Lab
 from tests.unit.ingest_daemon import KEY, Daemon
 
@@ -163,6 +163,31 @@ def test_a_spine_side_link_down_is_found_by_the_paths_that_lose_it(
     (outage,) = a["evidence"]["outages_s"]
     assert 2.0 <= outage <= 9.0, (seed, outage)
     _wait(lambda: on_link() is None, 45, f"seed {seed}: anomaly closed once stable")
+
+
+def test_a_congested_fabric_link_is_named_from_the_paths_it_slows(
+    opsbox: dict[str, Any],
+) -> None:
+    lab, live = opsbox["lab"], opsbox["live"]
+    seed = int(time.time_ns() % 100_000)
+    link = random.Random(seed).choice([lk for lk in lab.topology.links if lk.kind == "fabric"])
+
+    def on_link() -> dict[str, Any] | None:
+        got = [a for a in _open(live, "contention") if a["link"] == link.name]
+        return got[0] if got else None
+
+    assert not _open(live, "contention")
+    try:
+        t0 = time.monotonic()
+        faults.congest(lab, link.name, "20mbit", "a2b")  # leaf -> spine, as lab congest does
+        a = _wait(on_link, 40, f"seed {seed}: contention anomaly naming {link.name}")
+        print(f"congested {link.name} -> anomaly in {time.monotonic() - t0:.1f} s: {a['summary']}")
+        assert a["evidence"]["direction"] == "leaf→spine", a
+        others = [x for x in _open(live, "contention") if x["link"] != link.name]
+        assert others == [], f"seed {seed}: blamed more than {link.name}: {others}"
+    finally:
+        faults.heal(lab)
+    _wait(lambda: on_link() is None, 60, f"seed {seed}: contention closed after heal")
 
 
 def test_a_job_on_a_roce_v1_gid_index_is_found_from_its_configuration(
