@@ -4,7 +4,8 @@ After every durable group commit the daemon hands the commit's ``probe_tx``,
 ``probe_rx`` and ``echo`` rows to :meth:`ClockRunner.feed` (O(1): they are queued,
 nothing is converted on the commit path). The daemon hands the collector's numpy
 records it decoded the commit from (an array the runner may keep: no Arrow -> numpy
-round trip); Arrow tables are accepted too and converted with :func:`arrow_to_records`.
+round trip); Arrow tables are accepted too and converted with
+:func:`analytics.store.layout.arrow_to_records`.
 One background thread drains that queue and buckets the records into windows
 ``[k·W, (k+1)·W)`` by their own time column (``tx_ns``, ``rx_ns``, ``t1_ns``: the
 recording host's clock), as views of the runs of consecutive rows in one window
@@ -71,16 +72,6 @@ DEFAULT_MAX_BACKLOG = 4
 DEFAULT_MAX_ROWS = 30_000_000
 FUTURE_S = 60.0  # rows stamped further ahead of the ops-box clock are dropped
 _MIN_RUN = 32  # fewer rows per run on average: split by mask instead (_window_runs)
-
-
-def arrow_to_records(table: str, data: pa.Table) -> np.ndarray:
-    """Store columns of ``table`` back into the collector's numpy records (padding zero)."""
-    dtype = SOURCES[table][0]
-    out = np.zeros(data.num_rows, dtype)
-    for name in dtype.names or ():
-        if not name.startswith("_"):
-            out[name] = data.column(name).to_numpy()
-    return out
 
 
 def _window_runs(rows: np.ndarray, widx: np.ndarray) -> list[tuple[int, np.ndarray]]:
@@ -259,7 +250,7 @@ class ClockRunner:
                 tables = self._inbox.popleft()
                 self._inbox_rows -= sum(_rows(d) for d in tables.values())
             for name, data in tables.items():
-                rows = data if isinstance(data, np.ndarray) else arrow_to_records(name, data)
+                rows = data if isinstance(data, np.ndarray) else layout.arrow_to_records(name, data)
                 self._bucket(name, rows)
 
     def _bucket(self, name: str, rows: np.ndarray) -> None:

@@ -38,13 +38,13 @@ from analytics.detect.flaps import NAMES as FLAP_COUNTERS
 from analytics.detect.flaps import LinkFlaps
 from analytics.detect.paths import FabricLink, FabricPaths
 from analytics.detect.roce import RoceJobs
+from analytics.store import layout
 from analytics.store.store_writer import StoreWriter
 from analytics.thread_priority import lower_thread_priority
 from collector import records
 
 log = logging.getLogger("clockmesh.ingest.detect")
 
-SOURCES = ("counter", "rdma_config", "job_rdma", "inband", "path_hop")
 _COUNTER_NAMES = pa.array(sorted(n.decode() for n in FLAP_COUNTERS))
 
 
@@ -85,26 +85,6 @@ def load_topology(topology_file: str | Path) -> TopologyMaps:
         return TopologyMaps(ports, fabric, racks)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"{path}: not a clockmesh topology file ({exc})") from exc
-
-
-def port_links(topology_file: str | Path) -> dict[tuple[int, str], str]:
-    """(host_id, interface) -> link name for every host port of a topology file."""
-    return load_topology(topology_file).port_links
-
-
-def arrow_to_numpy(table: str, data: pa.Table) -> np.ndarray:
-    """A collector table's Arrow columns back into its numpy records (text as bytes)."""
-    dtype = records.TABLES[table]
-    out = np.zeros(data.num_rows, dtype)
-    for name in dtype.names or ():
-        if name.startswith("_") or name not in data.column_names:
-            continue
-        col = data.column(name)
-        if dtype[name].kind == "S":
-            out[name] = np.array([v.encode() for v in col.to_pylist()], dtype[name])
-        else:
-            out[name] = col.to_numpy()
-    return out
 
 
 class DetectRunner:
@@ -219,7 +199,7 @@ class DetectRunner:
                     ):
                         self.roce.feed_activity(host, job, ts)
                     continue
-                rows = arrow_to_numpy(name, data)
+                rows = layout.arrow_to_records(name, data)
                 if name == "counter":
                     self.flaps.feed(rows)
                 elif name == "path_hop":

@@ -112,10 +112,10 @@ def resolve(config: IngestConfig, path: str | Path) -> ResolvedIngest:
     if config.topology_file:
         if not Path(config.topology_file).is_file():
             fail("topology_file", f"no such file: {config.topology_file}")
-        from analytics.detect.detect_runner import port_links
+        from analytics.detect.detect_runner import load_topology
 
         try:
-            port_links(config.topology_file)
+            load_topology(config.topology_file)
         except ValueError as exc:
             fail("topology_file", str(exc))
     if not 0 <= config.analysis_nice <= 19:

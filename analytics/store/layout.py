@@ -256,6 +256,22 @@ def strings_from_fixed(column: np.ndarray) -> pa.Array:
 _BLOCK_BYTES = 1 << 20  # rows are columnised per block of this size (stays in L2 cache)
 
 
+def arrow_to_records(table: str, data: pa.Table) -> np.ndarray:
+    """The inverse of :func:`records_to_arrow`: a collector table's store columns back into
+    its numpy records (padding zero, text re-encoded to its fixed width)."""
+    dtype = records.TABLES[table]
+    out = np.zeros(data.num_rows, dtype)
+    for name in dtype.names or ():
+        if name.startswith("_"):
+            continue
+        col = data.column(name)
+        if dtype[name].kind == "S":
+            out[name] = np.array([v.encode() for v in col.to_pylist()], dtype[name])
+        else:
+            out[name] = col.to_numpy()
+    return out
+
+
 def records_to_arrow(
     table: str, rows: np.ndarray, columns: dict[str, np.ndarray] | None = None
 ) -> pa.Table:
