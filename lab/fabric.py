@@ -461,26 +461,18 @@ class Lab:
     def _launch_frr(self, launches: list[frr.DaemonLaunch]) -> None:
         recs = []
         try:
-            for launch in launches:
-                with open(launch.log, "ab") as log:
-                    proc = subprocess.Popen(
-                        launch.argv,
-                        stdin=subprocess.DEVNULL,
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        start_new_session=True,
-                    )
-                recs.append(
-                    processes.record(proc.pid, node=launch.node, what="frr", daemon=launch.daemon)
-                )
+            for la in launches:
+                recs.append(_spawn(la.argv, la.log, node=la.node, what="frr", daemon=la.daemon))
         finally:
             self.state.add("processes", *recs)
 
-    def routing(self) -> Convergence:
-        """The fabric's routing state against its links (see :mod:`lab.convergence`)."""
+    def routing(self, links: list[LinkStatus] | None = None) -> Convergence:
+        """The fabric's routing state against its links (see :mod:`lab.convergence`);
+        ``links``: their states if the caller has just read them."""
         topo = self.topology
-        present = set(self._namespaces())
-        link_up = {lk.name: lk.up for lk in link_states(topo, present)}
+        if links is None:
+            links = link_states(topo, set(self._namespaces()))
+        link_up = {lk.name: lk.up for lk in links}
         fibs = convergence.read_fibs(topo)
         sessions = []
         for r in (*topo.leaves, *topo.spines):
@@ -498,16 +490,10 @@ class Lab:
 
     def _start_netd(self) -> None:
         """The hosts' network manager (:mod:`lab.netd`): re-adds routes after ifdown/ifup."""
-        with open(self.dir / "netd.log", "ab") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "lab.netd", str(self.topology_path)],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                cwd=Path(__file__).resolve().parent.parent,
-            )
-        self.state.add("processes", processes.record(proc.pid, node="lab", what="netd"))
+        argv = [sys.executable, "-m", "lab.netd", str(self.topology_path)]
+        rec = _spawn(argv, self.dir / "netd.log", cwd=Path(__file__).resolve().parent.parent,
+                     node="lab", what="netd")  # fmt: skip
+        self.state.add("processes", rec)
 
     def _start_sshd(self, topo: Topology) -> None:
         for target in sshd.PRIVATE_MOUNTS:
@@ -545,15 +531,8 @@ class Lab:
             conf.write_text(
                 sshd.sshd_config(addr, ndir / "ssh_host_ed25519_key", authorized, ndir / "sshd.pid")
             )
-            with open(ndir / "sshd.log", "ab") as log:
-                proc = subprocess.Popen(
-                    sshd.launch_command(ns, ndir, conf),
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            recs.append(processes.record(proc.pid, node=node, what="sshd"))
+            argv = sshd.launch_command(ns, ndir, conf)
+            recs.append(_spawn(argv, ndir / "sshd.log", node=node, what="sshd"))
         self.state.add("processes", *recs)
         missing = sshd.wait_listening([addr for _, _, addr in nodes])
         if missing:
@@ -744,7 +723,7 @@ class Lab:
             routers = [
                 RouterStatus(r.name, daemons.get(r.name, {})) for r in (*topo.leaves, *topo.spines)
             ]
-            routing = self.routing()
+            routing = self.routing(links)
         netd = [r for r in data.get("processes", []) if r.get("what") == "netd"]
         return LabStatus(
             name=self.name,
@@ -761,6 +740,20 @@ class Lab:
             routers=routers,
             netd_alive=processes.alive(netd[0]) if netd else None,
         )
+
+
+def _spawn(argv: list[str], log: Path, cwd: Path | None = None, **info: Any) -> dict[str, Any]:
+    """Start a lab daemon in its own session, output appended to ``log``; its record."""
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=cwd,
+        )
+    return processes.record(proc.pid, **info)
 
 
 def host_routes(topo: Topology) -> dict[str, list[dict[str, Any]]]:
