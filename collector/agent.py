@@ -384,6 +384,7 @@ class Collector:
                 else None
             ),
             "pyverbs": self.verbs_note,
+            "path_tracing": self._tracing_note(),
             "rdma": (
                 {
                     **dict(self.rdma.stats),
@@ -396,6 +397,16 @@ class Collector:
             "reloads": self.reloads,
             "reload_errors": self.reload_errors,
         }
+
+    def _tracing_note(self) -> str:
+        mesh = self.mesh
+        if mesh is None:
+            return ""
+        if mesh.trace_note:  # it was on and had to be turned off: say why
+            return mesh.trace_note
+        if not mesh.trace_every:
+            return "off (probe.trace_interval_s: 0)"
+        return f"every {mesh.trace_every:g} s at TTL {mesh.trace_ttl}"
 
     def write_status(self) -> None:
         path = Path(self.cfg.status_file)

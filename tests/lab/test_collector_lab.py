@@ -79,6 +79,7 @@ def test_every_host_ships_within_5s_and_probes_every_buddy_on_every_path(
         _wait(lambda h=h: bool(_status(fleet, h)), 10, f"{h} status")
         since_start = first[h] - _status(fleet, h)["started_unix"]
         assert since_start < 5.0, (h, since_start)
+        assert _status(fleet, h)["path_tracing"] == "every 2 s at TTL 2", h
     for name in hosts:
         _wait(
             lambda n=name: _status(fleet, n).get("probes_received", 0) >= 100,
