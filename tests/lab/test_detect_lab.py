@@ -21,7 +21,6 @@ import pytest
 
 from lab import faults, fleet, jobgen
 from lab.fabric import Lab
-from tests.unit.ingest_daemon import KEY, Daemon
 
 pytestmark = [pytest.mark.root, pytest.mark.lab]
 
@@ -44,34 +43,29 @@ def opsbox(
     lab = lab_factory("d", spines=2, leaves=3, hosts_per_leaf=1)
     topo = lab.topology
     base = tmp_path_factory.mktemp("detect")
-    daemon = Daemon(base)  # then moved onto the management bridge, where collectors ship
-    daemon.port = _free_port(topo.mgmt.gateway)
-    daemon.url = f"http://{topo.mgmt.gateway}:{daemon.port}"
-    daemon.write_config(
-        listen=f"{topo.mgmt.gateway}:{daemon.port}",
-        detect_interval_s=0.2,
-        detect_clear_s=10,  # longer than the 5 s between the flaps below: one anomaly
-        topology_file=str(lab.topology_path),
-    )
-    daemon.start()
+    key = b"detect-lab-fleet-key-0123456789"
+    opsbox_proc = None
     procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
-        procs = fleet.start(lab, base, KEY, daemon.url, {"trace_interval_s": 1.0})
-        live = lambda: json.loads(daemon.get("/v1/live"))  # noqa: E731
+        opsbox_proc, url = fleet.start_opsbox(
+            lab,
+            base,
+            key,
+            detect_interval_s=0.2,
+            detect_clear_s=10,  # longer than the 5 s between the flaps below: one anomaly
+        )
+        procs = fleet.start(lab, base / "hosts", key, url, {"trace_interval_s": 1.0})
+
+        def live() -> dict[str, Any]:
+            with urllib.request.urlopen(url + "/v1/live", timeout=10) as resp:
+                return json.load(resp)
+
         _wait(lambda: len(live()["hosts"]) == len(topo.hosts), 30, "every host shipping")
-        yield {"lab": lab, "daemon": daemon, "live": live}
+        yield {"lab": lab, "url": url, "store": base / "store", "live": live}
     finally:
         jobgen.stop_job(lab, "v1job")
         fleet.stop(procs)
-        daemon.stop()
-
-
-def _free_port(host: str) -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+        fleet.stop_opsbox(opsbox_proc)
 
 
 def _open(live: Callable[[], dict[str, Any]], kind: str) -> list[dict[str, Any]]:
@@ -211,7 +205,7 @@ def test_a_job_on_a_roce_v1_gid_index_is_found_from_its_configuration(
     finally:
         jobgen.stop_job(lab, "v1job")
     _wait(lambda: not _open(live, "roce_v1_job"), 45, "anomaly closed once the job ended")
-    with urllib.request.urlopen(opsbox["daemon"].url + "/metrics", timeout=10) as resp:
+    with urllib.request.urlopen(opsbox["url"] + "/metrics", timeout=10) as resp:
         metrics = resp.read().decode()
     assert 'clockmesh_anomalies_opened_total{kind="roce_v1_job"} 1.0' in metrics
-    assert Path(opsbox["daemon"].store / "anomalies").is_dir()
+    assert Path(opsbox["store"] / "anomalies").is_dir()
