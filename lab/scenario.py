@@ -154,6 +154,8 @@ class Scenario:
         weights = [WEIGHTS[KINDS.index(k)] for k in kinds]
         key = secrets.token_hex(32).encode()
         self.out.mkdir(parents=True, exist_ok=True)
+        # the topology beside the truth: the lab (and its state dir) is gone after the run
+        (self.out / "topology.json").write_bytes(self.lab.topology_path.read_bytes())
         opsbox = None
         procs: dict[str, subprocess.Popen[bytes]] = {}
         started = time.time_ns()
@@ -198,12 +200,10 @@ class Scenario:
             "started_ns": started,
             "ended_ns": time.time_ns(),
             "lab": self.lab.name,
-            "topology": str(self.lab.topology_path),
+            "topology": str(self.out / "topology.json"),
             "store": str(self.out / "store"),
             "faults": [asdict(f) for f in self.faults],
         }
         tmp = self.out / "truth.json.tmp"
         tmp.write_text(json.dumps(doc, indent=2))
         tmp.replace(self.out / "truth.json")
-        # the topology beside the truth: the lab (and its state dir) is gone after the run
-        (self.out / "topology.json").write_bytes(self.lab.topology_path.read_bytes())
