@@ -134,18 +134,14 @@ class LinkFlaps:
             prune(port.outages, now_ns, self.window_ns)
             if not port.outages:
                 continue
-            last = port.outages[-1]
-            down_now = port.down_since != 0
             # Observed while down, and in the pass that sees an outage end.
             recent = now_ns - max(o.up_ns for o in port.outages) < 2_000_000_000
-            if not (down_now or recent):
+            if not (port.down_since or recent):
                 continue
-            out.append(self._observation(host, dev, port, now_ns, down_now, last))
+            out.append(self._observation(host, dev, port, now_ns))
         return out
 
-    def _observation(
-        self, host: int, dev: str, port: _Port, now_ns: int, down_now: bool, last: Outage
-    ) -> Observation:
+    def _observation(self, host: int, dev: str, port: _Port, now_ns: int) -> Observation:
         name = self.host_names.get(host, f"host {host}")
         link = self.port_links.get((host, dev), f"{name}:{dev}")
         obs = flap_observation(
