@@ -244,7 +244,11 @@ class Collector:
             self._jobs = rdma_config.JobScanner(same_netns=self.cfg.lab)
         found = self._jobs.scan(time.monotonic())
         rows = rdma_config.job_rows(
-            self.cfg.rdma.nccl_conf, self.clock.now(), self.host_id, found=found
+            self.cfg.rdma.nccl_conf,
+            self.clock.now(),
+            self.host_id,
+            found=found,
+            sysfs_root=self.cfg.counters.sysfs_root,
         )
         fp = rdma_config.fingerprint(rows)
         if fp != self._jobs_fp:

@@ -217,8 +217,14 @@ def job_rows(
     same_netns: bool = False,
     device: str = "",
     found: list[tuple[int, str]] | None = None,
+    sysfs_root: str | Path | None = None,
 ) -> np.ndarray:
-    """JOB_RDMA rows: one from nccl.conf (if it sets the index), one per RDMA process."""
+    """JOB_RDMA rows: one from nccl.conf (if it sets the index), one per RDMA process.
+
+    A process's device is the RDMA device behind the verbs file it holds
+    (``sys/class/infiniband_verbs/uverbsN/ibdev`` under ``sysfs_root``: ``mlx5_0``, the
+    name the GID table uses), or the file's own name when that is not known.
+    """
     rows: list[tuple[object, ...]] = []
     text = _text(Path(nccl_conf))
     if text is not None:
@@ -231,9 +237,12 @@ def job_rows(
         env = _environ(str(pid), Path(proc))
         job = env.get("CLOCKMESH_JOB_ID") or env.get("SLURM_JOB_ID") or f"pid-{pid}"
         uverbs = target.rsplit("/", 1)[-1]
+        ibdev = None
+        if sysfs_root is not None:
+            ibdev = _text(Path(sysfs_root) / "sys/class/infiniband_verbs" / uverbs / "ibdev")
         rows.append(
             (ts_ns, host, job.encode()[:32], pid, _gid_from_env(env), b"environ",
-             (device or uverbs).encode()[:16])
+             (device or ibdev or uverbs).encode()[:16])
         )  # fmt: skip
     return np.array(rows, dtype=records.JOB_RDMA) if rows else np.zeros(0, records.JOB_RDMA)
 

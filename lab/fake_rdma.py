@@ -9,6 +9,7 @@ the kernel's formats (see tests/data/sysfs/README.md)::
     sys/class/infiniband/mlx5_0/ports/1/{counters,hw_counters}/*
     sys/kernel/config/rdma_cm/mlx5_0/ports/1/default_roce_mode     "RoCE v2"
     dev/infiniband/uverbs0        a plain file; lab jobs hold it open like a real verbs fd
+    sys/class/infiniband_verbs/uverbs0/ibdev                       "mlx5_0"
     sys/class/net -> /sys/class/net   the host's real netdevs (its real veth counters)
 
 GIDs like a Mellanox NIC with one IPv4 address: 0/1 the link-local GID as RoCE v1 /
@@ -138,6 +139,7 @@ def write_tree(root: str | Path, host: str, netdev: str, address: str) -> Path:
     uverbs = root / "dev/infiniband/uverbs0"
     uverbs.parent.mkdir(parents=True, exist_ok=True)
     uverbs.touch()
+    _write(root / "sys/class/infiniband_verbs/uverbs0/ibdev", DEVICE)
     net = root / "sys/class/net"
     if not net.is_symlink():
         net.parent.mkdir(parents=True, exist_ok=True)

@@ -115,8 +115,9 @@ class RoceJobs:
             index = UNSET_DEFAULT_INDEX
             how = f"not set; NCCL < 2.21 uses index {UNSET_DEFAULT_INDEX} (assumed)"
         table = self.gids.get(host, {})
-        # The scanner names the device file a process holds (uverbs0), the GID table the
-        # RDMA device (mlx5_0): a name the table does not know means "this host's device".
+        # Collectors name the RDMA device (mlx5_0) where sysfs says which one a verbs file
+        # belongs to, else the file (uverbs0): a name the table does not know means "this
+        # host's device".
         if on.device and any(dev == on.device for dev, _ in table):
             gtype = table.get((on.device, index))
         else:

@@ -68,7 +68,14 @@ def test_job_from_a_real_process_holding_uverbs(tmp_path: Path) -> None:
         mine = [r for r in rows if r["pid"] == proc.pid]
         assert len(mine) == 1
         assert mine[0]["job_id"] == b"allreduce-7" and mine[0]["gid_index"] == 1
-        assert mine[0]["device"] == b"uverbs0"
+        assert mine[0]["device"] == b"uverbs0"  # no sysfs to resolve it: the file's name
+        sysfs = tmp_path / "sysfs"
+        ibdev = sysfs / "sys/class/infiniband_verbs/uverbs0/ibdev"
+        ibdev.parent.mkdir(parents=True)
+        ibdev.write_text("mlx5_0\n")
+        rows = rdma_config.job_rows("/nonexistent", 9, HOST, same_netns=True, sysfs_root=sysfs)
+        (mine,) = [r for r in rows if r["pid"] == proc.pid]
+        assert mine["device"] == b"mlx5_0"  # the RDMA device, as the GID table names it
     finally:
         proc.kill()
         proc.wait()
