@@ -22,7 +22,12 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "live": ("analytics.live_cli:live", "Show fleet health now, from the ops box.", "opsbox"),
     "detector": (
         "analytics.detect.cli:detector",
-        "Evaluate the detector on labelled lab runs.",
+        "Train and evaluate the detector on labelled lab runs.",
+        "opsbox",
+    ),
+    "remediate": (
+        "analytics.remediate.cli:remediate",
+        "Fix an anomaly safely: preview, confirm, run, record, undo.",
         "opsbox",
     ),
     "lab": ("lab.cli:lab", "Build and break a leaf-spine lab fabric in namespaces.", "lab"),

@@ -1,7 +1,8 @@
 """Open, update and close anomalies; their rows in the ``anomalies`` table.
 
-An anomaly is one condition at one place: a link that flaps, a job on RoCE v1. Rules and
-models *observe* conditions every analysis pass (:meth:`AnomalyBook.observe`); the book
+An anomaly is one condition at one place: a link that flaps, a job on RoCE v1. Rules find
+candidates, the model (:mod:`~analytics.detect.model`) judges their class, and they
+*observe* conditions every analysis pass (:meth:`AnomalyBook.observe`); the book
 opens an anomaly the first time a key is seen, updates it while it is seen again, and
 closes it once nothing has observed it for ``clear_s`` (the condition has cleared for
 that long). Every change is a row: the ``anomalies`` table is aggregate and append-only,
@@ -36,6 +37,11 @@ class Observation:
     src: int = 0
     dst: int = 0
     evidence: dict[str, Any] = field(default_factory=dict)
+    rule: str = ""  # the rule that found it, when a model has re-judged its kind
+
+    @property
+    def book_key(self) -> tuple[str, str]:
+        return (self.rule or self.kind, self.key)
 
 
 @dataclass
@@ -54,6 +60,8 @@ class Anomaly:
     dst: int = 0
     evidence: dict[str, Any] = field(default_factory=dict)
     closed_ns: int = 0
+    book_key: tuple[str, str] = ("", "")
+    closed_by: str = ""  # the remediation that dealt with it, when one did
 
     @property
     def open(self) -> bool:
@@ -65,6 +73,7 @@ class Anomaly:
             "key": self.key,
             "last_seen_ns": self.last_seen_ns,
             "evidence": self.evidence,
+            **({"closed_by": self.closed_by} if self.closed_by else {}),
         }
 
     def live(self, now_ns: int) -> dict[str, Any]:
@@ -100,7 +109,7 @@ class AnomalyBook:
         self._changed: list[Anomaly] = []
 
     def observe(self, obs: Observation, now_ns: int) -> Anomaly:
-        key = (obs.kind, obs.key)
+        key = obs.book_key
         a = self.open.get(key)
         if a is None:
             a = Anomaly(
@@ -117,17 +126,19 @@ class AnomalyBook:
                 src=obs.src,
                 dst=obs.dst,
                 evidence=obs.evidence,
+                book_key=key,
             )
             self.open[key] = a
             self._changed.append(a)
             return a
         a.last_seen_ns = now_ns
-        if (a.summary, a.evidence, round(a.score, 3)) != (
+        if (a.kind, a.summary, a.evidence, round(a.score, 3)) != (
+            obs.kind,
             obs.summary,
             obs.evidence,
             round(obs.score, 3),
         ):
-            a.summary, a.evidence, a.score = obs.summary, obs.evidence, obs.score
+            a.kind, a.summary, a.evidence, a.score = obs.kind, obs.summary, obs.evidence, obs.score
             a.updated_ns = now_ns
             if a not in self._changed:
                 self._changed.append(a)
@@ -137,13 +148,18 @@ class AnomalyBook:
         """Close every anomaly not observed for ``clear_s``; returns those closed."""
         done = [a for a in self.open.values() if now_ns - a.last_seen_ns >= self.clear_ns]
         for a in done:
-            del self.open[(a.kind, a.key)]
-            a.closed_ns = a.updated_ns = now_ns
-            self.closed.append(a)
-            if a not in self._changed:
-                self._changed.append(a)
-        del self.closed[: max(0, len(self.closed) - self.keep_closed)]
+            self.close(a, now_ns)
         return done
+
+    def close(self, a: Anomaly, now_ns: int, closed_by: str = "") -> None:
+        """Close ``a`` now (cleared, or dealt with by the remediation ``closed_by``)."""
+        del self.open[a.book_key]
+        a.closed_ns = a.updated_ns = now_ns
+        a.closed_by = closed_by
+        self.closed.append(a)
+        if a not in self._changed:
+            self._changed.append(a)
+        del self.closed[: max(0, len(self.closed) - self.keep_closed)]
 
     def take_changes(self) -> pa.Table | None:
         """Rows for every anomaly opened, updated or closed since the last call."""

@@ -12,7 +12,7 @@ from analytics.detect.evaluate import EvalError, evaluate, render
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def detector() -> None:
-    """The detector: evaluate it on labelled lab runs (clockmesh lab scenario run)."""
+    """The detector: train and evaluate it on labelled lab runs (clockmesh lab scenario run)."""
 
 
 @detector.command("eval")
@@ -36,3 +36,48 @@ def eval_(runs: tuple[Path, ...], grace_s: float, as_json: bool) -> None:
     except EvalError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(json.dumps(report.as_dict(), indent=2) if as_json else render(report))
+
+
+@detector.command("train")
+@click.argument("runs", nargs=-1, type=click.Path(file_okay=False, path_type=Path))
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="Model file to write (skops); its model card is written beside it (.md).",
+)
+@click.option(
+    "--sim",
+    "sim_per_class",
+    type=click.IntRange(min=0),
+    default=400,
+    show_default=True,
+    help="Simulated candidates per class added to the lab runs' (0: lab runs only).",
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seeds simulator and forest.")
+def train_(runs: tuple[Path, ...], out: Path, sim_per_class: int, seed: int) -> None:
+    """Fit the detector's models on labelled RUNS and write a model file and its card.
+
+    Each RUN is a directory written by `clockmesh lab scenario run` with a training seed
+    (below 1000: evaluation seeds are refused). Point the ops box at the file with
+    `detect_model_file` in ingest.yml (through the role: clockmesh_opsbox_extra_config).
+    """
+    from analytics.detect.model import load
+    from analytics.detect.train import TrainError, model_card, train
+
+    try:
+        model, card = train(list(runs), sim_per_class, seed)
+    except TrainError as exc:
+        raise click.ClickException(str(exc)) from None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    model.save(tmp)
+    load(tmp)  # what we ship must load through the same trusted-types check
+    tmp.replace(out)
+    card_path = out.with_suffix(".md")
+    card_path.write_text(model_card(card, out.name), encoding="utf-8")
+    click.echo(
+        f"wrote {out} and {card_path}: {sum(card['lab_candidates'].values())} lab candidates "
+        f"from {len(card['run_seeds'])} run(s), {sum(card['sim_candidates'].values())} simulated, "
+        f"{card['healthy_vectors']} healthy vectors"
+    )

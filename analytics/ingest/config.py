@@ -49,6 +49,7 @@ class IngestConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     detect_clear_s: float = 60.0  # an anomaly closes once its condition cleared this long
     detect_flap_window_s: float = 600.0  # flaps of a link are counted over this window
     topology_file: str = ""  # lab topology.json (or one built from the inventory): link names
+    detect_model_file: str = ""  # detector model (skops); "" = shipped, "none" = rules only
 
 
 class ResolvedIngest(msgspec.Struct, kw_only=True):

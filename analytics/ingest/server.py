@@ -152,6 +152,7 @@ class IngestServer:
                 clear_s=config.detect_clear_s,
                 flap_window_s=config.detect_flap_window_s,
                 topology_file=config.topology_file,
+                model_file=config.detect_model_file,
             ),
             host_names=self._host_names,
             nice=config.analysis_nice,
