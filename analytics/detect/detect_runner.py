@@ -32,12 +32,16 @@ import pyarrow.compute as pc
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from analytics.detect.anomalies import KINDS, AnomalyBook
+from analytics.detect import features
+from analytics.detect.anomalies import KINDS, AnomalyBook, Observation
 from analytics.detect.contention import PathDelays
 from analytics.detect.flaps import NAMES as FLAP_COUNTERS
 from analytics.detect.flaps import LinkFlaps
+from analytics.detect.model import Detector, ModelError
+from analytics.detect.model import load as load_model
 from analytics.detect.paths import FabricLink, FabricPaths
 from analytics.detect.roce import RoceJobs
+from analytics.remediate import records as remediations
 from analytics.store import layout
 from analytics.store.store_writer import StoreWriter
 from analytics.thread_priority import lower_thread_priority
@@ -54,6 +58,7 @@ class DetectConfig:
     clear_s: float = 60.0  # an anomaly closes once its condition has cleared this long
     flap_window_s: float = 600.0  # flaps counted over this window
     topology_file: str = ""  # lab topology.json: names host ports after their links
+    model_file: str = ""  # skops model; "" = the one shipped in the package, "none" = rules only
 
 
 @dataclass
@@ -111,6 +116,15 @@ class DetectRunner:
         self.roce = RoceJobs(names)
         self._names = names  # shared with the rules, refreshed every pass
         self.book = AnomalyBook(self.config.clear_s)
+        self.model: Detector | None = None
+        self.model_note = "rules only (detect_model_file: none)"
+        if self.config.model_file != "none":
+            try:
+                self.model = load_model(self.config.model_file or None)
+                self.model_note = f"model trained {self.model.card.get('trained', '?')}"
+            except ModelError as exc:  # the daemon serves on, judging with the rules alone
+                self.model_note = f"rules only: {exc}"
+                log.warning("event=detect_model_refused reason=%r", str(exc))
         self._queue: list[tuple[str, pa.Table]] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -120,6 +134,8 @@ class DetectRunner:
         self.opened: dict[str, int] = dict.fromkeys(KINDS, 0)
         self.last_pass_s = 0.0
         self._live: list[dict] = []
+        self._remediation_files: frozenset[str] = frozenset()
+        self._applied: set[str] = set()  # remediation ids already acted on
         self._recent: list[dict] = []
 
     # ---- commit thread -------------------------------------------------------------
@@ -211,6 +227,7 @@ class DetectRunner:
             except Exception as exc:  # bad input: one line, the pass goes on
                 self.errors += 1
                 log.warning("event=detect_input_rejected table=%s reason=%r", name, str(exc))
+        self._sync_remediations(now_ns)
         before = {a.anomaly_id for a in self.book.open.values()}
         observed = [
             *self.flaps.observations(now_ns),
@@ -218,6 +235,7 @@ class DetectRunner:
             *self.delays.observations(now_ns),
             *self.roce.observations(now_ns),
         ]
+        self.judge(observed)
         for obs in observed:
             a = self.book.observe(obs, now_ns)
             if a.anomaly_id not in before:
@@ -241,13 +259,72 @@ class DetectRunner:
         self.last_pass_s = time.monotonic() - started
         return written
 
+    def _sync_remediations(self, now_ns: int) -> None:
+        """Remediations in force (the store's ``remediations`` table, written by
+        ``clockmesh remediate record``): a link taken out of service is out of the path
+        tomography, and the anomaly a remediation dealt with closes now, naming it."""
+        if self.writer is None:
+            return
+        root = self.writer.root / "remediations"
+        files = (
+            frozenset(p.name for p in root.glob("*/*/*.parquet")) if root.is_dir() else frozenset()
+        )
+        if files == self._remediation_files:
+            return
+        self._remediation_files = files
+        try:
+            in_force = remediations.active(self.writer.root)
+        except remediations.RecordError as exc:
+            self.errors += 1
+            log.warning("event=detect_remediations_unreadable reason=%r", str(exc))
+            return
+        links_out = {r.target: r for r in in_force if r.action == "fabric_link_out"}
+        self.paths.maintenance = set(links_out)
+        for r in in_force:
+            if r.remediation_id in self._applied:
+                continue
+            self._applied.add(r.remediation_id)
+            for a in list(self.book.open.values()):
+                if a.anomaly_id == r.anomaly_id or (
+                    a.kind == "flapping_link" and a.link == r.target
+                ):
+                    self.book.close(a, now_ns, closed_by=r.remediation_id)
+                    log.info("event=anomaly_closed id=%s kind=%s by=%s", a.anomaly_id, a.kind,
+                             r.remediation_id)  # fmt: skip
+
+    def judge(self, observed: list[Observation]) -> None:
+        """The model names each candidate's class, with its probability and evidence in
+        words; the rule that found it stays in the evidence (``rule``)."""
+        if self.model is None or not observed:
+            return
+        try:
+            verdicts = self.model.judge(features.matrix([o.evidence for o in observed]))
+        except Exception as exc:  # a model that cannot score: rules alone, said once per pass
+            self.errors += 1
+            log.warning("event=detect_model_failed reason=%r", str(exc))
+            return
+        for obs, v in zip(observed, verdicts, strict=True):
+            obs.rule = obs.kind
+            obs.kind = v.kind
+            obs.score = round(v.severity, 2)
+            obs.evidence = {
+                **obs.evidence,
+                "rule": obs.rule,
+                "model": {"class": v.kind, "probability": round(v.probability, 2), "why": v.why},
+            }
+
     # ---- readers (event loop) --------------------------------------------------------
     def live(self) -> dict:
         open_ = sorted(self._live, key=lambda a: -a["score"])
         counts = dict.fromkeys(KINDS, 0)
         for a in open_:
             counts[a["kind"]] = counts.get(a["kind"], 0) + 1
-        return {"open": open_, "open_by_kind": counts, "recently_closed": self._recent[::-1]}
+        return {
+            "open": open_,
+            "open_by_kind": counts,
+            "recently_closed": self._recent[::-1],
+            "model": self.model_note,
+        }
 
     def collector(self) -> Collector:
         return _DetectCollector(self)

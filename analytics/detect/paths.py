@@ -84,6 +84,8 @@ class FabricPaths:
         self.latest: dict[int, _Round] = {}  # src -> last complete round
         self.baseline: set[tuple[str, str, str]] = set()  # (src rack, dst rack, spine) seen
         self.state = {name: _LinkState() for name in self.links}
+        # Links taken out of service by a remediation: their missing paths are expected.
+        self.maintenance: set[str] = set()
         self.unknown_hops: collections.Counter[str] = collections.Counter()
         self.spine_of: dict[tuple[int, int, int], str] = {}  # (src, dst, sport) -> spine now
 
@@ -148,7 +150,13 @@ class FabricPaths:
         cleared = set()
         for x, z, y in seen:
             cleared |= {self.by_ends.get((x, y), ""), self.by_ends.get((z, y), "")}
-        missing = [(x, z, y) for x, z, y in self.baseline - seen if (x, z) in traced]
+        missing = [
+            (x, z, y)
+            for x, z, y in self.baseline - seen
+            if (x, z) in traced
+            and self.by_ends.get((x, y)) not in self.maintenance
+            and self.by_ends.get((z, y)) not in self.maintenance
+        ]
         explains: dict[str, set[tuple[str, str, str]]] = collections.defaultdict(set)
         for x, z, y in missing:
             for end in (x, z):
@@ -174,6 +182,8 @@ class FabricPaths:
         for twins, n in groups:
             for name in twins:
                 suspected[name] = (twins, n)
+        for name in self.maintenance & set(self.state):  # out of service: no flap history
+            self.state[name] = _LinkState()
         for name, st in self.state.items():
             if name in suspected and not st.down_since:
                 st.down_since = newest
