@@ -193,6 +193,8 @@ def _print_status(st: LabStatus) -> None:
                 via = ", ".join(g.have) or "NONE"
                 flag = "" if g.ok else f"   (expected {', '.join(g.want) or 'none'})"
                 click.echo(f"    {g.router} → {g.rack}: via {via}{flag}")
+        for name in sorted(st.routing.out_of_service):
+            click.echo(f"  {name}: out of service (BGP shut by an operator: a remediation)")
         if st.routing.converged:
             click.echo("  fabric converged")
         else:
@@ -239,7 +241,8 @@ def status(name: str, state_dir: Path | None, as_json: bool, wait_s: float) -> N
 
         doc = asdict(st)
         doc["converged"] = bool(st.routing and st.routing.converged)
-        click.echo(json.dumps(doc, default=str, indent=2))
+        plain = lambda o: sorted(o) if isinstance(o, set) else str(o)  # noqa: E731
+        click.echo(json.dumps(doc, default=plain, indent=2))
     else:
         _print_status(st)
     if st.routing is None or not st.routing.converged:

@@ -7,6 +7,8 @@ links allow:
   (its ECMP group), and over no other spine (that would be a black hole);
 - a spine reaches each leaf's subnet over its link to that leaf iff that link is up;
 - every BGP session on a link that is up is Established, with its BFD session up;
+- a link whose BGP session an operator shut (``neighbor ... shutdown``: a remediation) is
+  *out of service*: no path is expected over it and its sessions are not problems;
 - every host whose access link is up has its route to the backend via its leaf.
 
 :func:`assess` is pure (tests feed it tables); :func:`read_fib` reads one namespace's
@@ -50,6 +52,7 @@ class Convergence:
     groups: list[EcmpGroup] = field(default_factory=list)
     sessions: list[Session] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    out_of_service: set[str] = field(default_factory=set)  # links with BGP shut by an operator
 
     @property
     def converged(self) -> bool:
@@ -109,9 +112,16 @@ def assess(
     """
     fabric = {(lk.a.node, lk.b.node): lk for lk in topo.links if lk.kind == "fabric"}
     result = Convergence(sessions=list(sessions))
+    # A session an operator shut (a remediation taking the link out of service) is not a
+    # fault: the link carries no traffic on purpose and the ECMP groups go without it.
+    for sess in sessions:
+        on = fabric.get((sess.router, sess.peer)) or fabric.get((sess.peer, sess.router))
+        if on is not None and "admin" in sess.state.lower():
+            result.out_of_service.add(on.name)
 
     def up(leaf: str, spine: str) -> bool:
-        return bool(link_up.get(fabric[(leaf, spine)].name, False))
+        name = fabric[(leaf, spine)].name
+        return bool(link_up.get(name, False)) and name not in result.out_of_service
 
     for leaf in topo.leaves:
         gw_to_spine = {fabric[(leaf.name, s.name)].b.address: s.name for s in topo.spines}
@@ -166,7 +176,7 @@ def assess(
             )
     for sess in sessions:
         on = fabric.get((sess.router, sess.peer)) or fabric.get((sess.peer, sess.router))
-        if on is None or not link_up.get(on.name, False):
+        if on is None or not link_up.get(on.name, False) or on.name in result.out_of_service:
             continue
         if not sess.up:
             result.problems.append(

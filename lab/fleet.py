@@ -149,3 +149,23 @@ def stop_opsbox(proc: subprocess.Popen[bytes] | None) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def opsbox_inventory(lab: Any, store: Path, out: Path) -> Path:
+    """The lab's inventory with its ``opsbox`` replaced by this machine, where
+    :func:`start_opsbox` runs the daemon: the remediation playbooks' preflight and record
+    then read and write ``store`` with this checkout's ``clockmesh``. Returns ``out``."""
+
+    inv = yaml.safe_load(Path(lab.inventory_path).read_text())
+    python = Path(sys.executable)
+    inv["all"]["children"]["opsbox"] = {
+        "hosts": {"ops": {"ansible_connection": "local", "ansible_python_interpreter": str(python)}}
+    }
+    inv["all"]["vars"].update(
+        clockmesh_remediate_cli=str(python.with_name("clockmesh")),
+        clockmesh_remediate_store_dir=str(store),
+        clockmesh_remediate_topology_file=str(lab.topology_path),
+    )
+    out.write_text(yaml.safe_dump(inv, sort_keys=False))
+    out.chmod(0o600)  # holds the fleet key
+    return out

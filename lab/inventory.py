@@ -1,7 +1,8 @@
 """``inventory.yml``: the contract between the lab and the Ansible roles.
 
-Groups: ``collectors`` (children: one group per rack, named after its leaf) and
-``opsbox``. Keep these names and variables stable: the roles depend on them.
+Groups: ``collectors`` (children: one group per rack, named after its leaf), ``opsbox``
+and ``fabric`` (the leaf and spine routers: FRR in namespaces on this machine, reached
+with a local connection and ``ip netns exec ... vtysh``; the remediation roles use it). Keep these names and variables stable: the roles depend on them.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from lab import frr
 from lab.topology import Topology
 
 INGEST_PORT = 8470
@@ -37,6 +39,17 @@ def build(
                 "drift_ppm": host.clock.drift_ppm,
             }
         racks.setdefault(host.rack, {"hosts": {}})["hosts"][host.name] = hostvars
+    # Inventory names differ from the routers' (a rack group is named after its leaf);
+    # clockmesh_switch_name is the topology's name, what remediation plans name.
+    switches = {
+        f"switch-{r.name}": {
+            "ansible_connection": "local",
+            "clockmesh_switch_name": r.name,
+            "clockmesh_fabric_link_vtysh": frr.vtysh_argv(topo.lab, r, "")[:-2],
+            "clockmesh_fabric_link_save": False,  # the lab writes its configs at every up
+        }
+        for r in (*topo.leaves, *topo.spines)
+    }
     return {
         "all": {
             "vars": {
@@ -57,6 +70,7 @@ def build(
                 "opsbox": {
                     "hosts": {topo.ops.name: {"ansible_host": topo.ops.mgmt_address}},
                 },
+                "fabric": {"hosts": switches},
             },
         }
     }

@@ -1,0 +1,249 @@
+"""``clockmesh remediate``: open anomalies and their fix; preview, confirm, run, record, undo."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from analytics.remediate import records, runner
+from analytics.remediate.plan import Caps, Refused, plan, plan_undo, read_topology
+from analytics.sql_cli import DEFAULT_STORE
+
+DEFAULT_TOPOLOGY = "/etc/clockmesh/topology.json"
+
+_store = click.option(
+    "--store",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=DEFAULT_STORE,
+    show_default=True,
+    help="The ops box's store directory.",
+)
+_topology = click.option(
+    "--topology",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=DEFAULT_TOPOLOGY,
+    show_default=True,
+    help="Fabric topology (the ops box's copy; a lab's topology.json).",
+)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def remediate() -> None:
+    """Fix what the detector found, safely: preview, confirm, run, record, undo.
+
+    `list` shows open anomalies with the action for each; `run ID` previews the change in
+    check mode, asks, runs playbooks/remediate.yml and streams it; `undo REM` restores.
+    """
+
+
+def _open_anomalies(store: Path) -> list[dict[str, Any]]:
+    import duckdb
+
+    glob = str(store / "anomalies" / "*" / "*" / "*.parquet").replace("'", "''")
+    if not any((store / "anomalies").glob("*/*/*.parquet")):
+        return []
+    con = duckdb.connect()
+    try:
+        rows = con.execute(
+            f"""SELECT anomaly_id, kind, link, job_id, closed_ns, opened_ns,
+                       json_extract_string(detail, '$.summary')
+                FROM (SELECT *, row_number() OVER (PARTITION BY anomaly_id
+                        ORDER BY coalesce(updated_ns, 0) DESC, closed_ns DESC) AS rn
+                      FROM read_parquet('{glob}', union_by_name = true))
+                WHERE rn = 1 AND closed_ns = 0 ORDER BY opened_ns"""
+        ).fetchall()
+    finally:
+        con.close()
+    return [
+        {"anomaly_id": a, "kind": k, "where": link or job, "opened_ns": o, "summary": s}
+        for a, k, link, job, _, o, s in rows
+    ]
+
+
+@remediate.command("list")
+@_store
+@_topology
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def list_(store: Path, topology: Path, as_json: bool) -> None:
+    """Open anomalies, each with its recommended action (or why there is none)."""
+    try:
+        topo = read_topology(topology)
+        out = []
+        for a in _open_anomalies(store):
+            try:
+                p = plan(store, topo, anomaly_id=a["anomaly_id"])
+                a["action"], a["plan"] = p.action, p.summary
+            except Refused as exc:
+                a["action"], a["plan"] = "", str(exc)
+            out.append(a)
+    except (Refused, records.RecordError) as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps(out, indent=2))
+        return
+    if not out:
+        click.echo("no open anomalies")
+    for a in out:
+        click.echo(f"{a['anomaly_id']}  {a['kind']:<14} {a['where']}: {a['summary']}")
+        click.echo(f"    {'→ ' + a['action'] + ': ' if a['action'] else '✗ '}{a['plan']}")
+
+
+@remediate.command("plan")
+@_store
+@_topology
+@click.option("--anomaly", "anomaly_id", default="", help="Anomaly id to remediate.")
+@click.option("--action", default="", help="Or an action by name (fabric_link_out) ...")
+@click.option("--target", default="", help="... on this target (a link name).")
+@click.option("--undo", "undo_id", default="", help="Or the remediation id to undo.")
+@click.option("--max-uplinks-out-share", type=click.FloatRange(0, 1), default=0.5,
+              show_default=True, help="Cap: share of a leaf's uplinks out at once.")  # fmt: skip
+@click.option("--max-fabric-links-out-share", type=click.FloatRange(0, 1), default=0.25,
+              show_default=True, help="Cap: share of all fabric links out at once.")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON (the playbook's).")
+def plan_(
+    store: Path,
+    topology: Path,
+    anomaly_id: str,
+    action: str,
+    target: str,
+    undo_id: str,
+    max_uplinks_out_share: float,
+    max_fabric_links_out_share: float,
+    as_json: bool,
+) -> None:
+    """The preflight: what would change, where, and the blast-radius cap (exit 1: refused)."""
+    try:
+        topo = read_topology(topology)
+        if undo_id:
+            p = plan_undo(store, topo, undo_id)
+        else:
+            caps = Caps(max_uplinks_out_share, max_fabric_links_out_share)
+            p = plan(store, topo, anomaly_id, action, target, caps)
+    except (Refused, records.RecordError) as exc:
+        raise click.ClickException(f"refused: {exc}") from None
+    if as_json:
+        click.echo(json.dumps(p.as_dict()))
+        return
+    click.echo(f"{p.remediation_id}: {p.action} {p.target}")
+    click.echo(f"  {p.summary}")
+    for s in p.switches:
+        click.echo(f"  {s.name}: BGP neighbour {s.neighbor}")
+    if p.cap:
+        click.echo(f"  cap: {json.dumps(p.cap)}")
+
+
+@remediate.command("record")
+@_store
+@click.option("--plan", "plan_json", required=True, help="The plan (JSON) the playbook ran.")
+@click.option("--results", "results_json", default="[]", help="Per target results (JSON).")
+@click.option("--check/--real", "check", required=True, help="Check-mode preview or real run.")
+def record_(store: Path, plan_json: str, results_json: str, check: bool) -> None:
+    """Write a run's remediations and audits rows (the playbook's last play calls it)."""
+    try:
+        p = json.loads(plan_json)
+        results = json.loads(results_json)
+        targets = [s["name"] for s in p["switches"]]
+        rid = p["remediation_id"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise click.ClickException(f"--plan/--results: not a clockmesh plan ({exc})") from None
+    done = {r.get("switch") for r in results}
+    status = "ok" if done >= set(targets) else "failed"
+    if check:  # a preview never replaces the state of a remediation in force
+        rid = records.new_id(p.get("anomaly_id", ""), p["action"], p["target"])
+    detail = {"summary": p.get("summary", ""), "results": results, "cap": p.get("cap", {}),
+              "switches": p["switches"], "undo_of": p.get("undo_of", "")}  # fmt: skip
+    rem = records.Remediation(
+        rid, p.get("anomaly_id", ""), p["action"], p["target"], list(p.get("hosts", [])),
+        check, status, records.actor(), json.dumps(p.get("undo", {})), detail,
+    )  # fmt: skip
+    try:
+        records.write_remediation(store, rem)
+        if p.get("undo_of") and not check and status == "ok":
+            known = {r.remediation_id: r for r in records.read_remediations(store)}
+            orig = known.get(p["undo_of"])
+            if orig is not None:
+                orig.status, orig.ts_ns = "undone", 0
+                orig.detail = {**orig.detail, "undone_by": rid}
+                records.write_remediation(store, orig)
+        verb = "undo" if p.get("undo_of") else "remediate"
+        records.write_audit(
+            store,
+            f"{verb}{' (check mode)' if check else ''}",
+            p["target"],
+            {"remediation_id": rid, "status": status, "anomaly_id": p.get("anomaly_id", ""),
+             "changed": [r.get("switch") for r in results if r.get("changed")]},
+        )  # fmt: skip
+    except records.RecordError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"recorded {rid}: {p['action']} {p['target']} {status}"
+               f"{' (check mode)' if check else ''}")  # fmt: skip
+
+
+@remediate.command("history")
+@_store
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def history(store: Path, as_json: bool) -> None:
+    """Every remediation, preview or real, with its state now."""
+    try:
+        rows = records.read_remediations(store)
+    except records.RecordError as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps([r.__dict__ for r in rows], indent=2, default=str))
+        return
+    if not rows:
+        click.echo("no remediations yet")
+    for r in rows:
+        mode = "preview" if r.check_mode else r.status
+        click.echo(f"{r.remediation_id}  {r.action:<16} {r.target:<16} {mode:<8} by {r.actor} "
+                   f"(anomaly {r.anomaly_id or '-'})")  # fmt: skip
+
+
+def _run(inventory: Path, playbook: str, extra: dict[str, str], yes: bool) -> None:
+    if not runner.PLAYBOOKS.is_dir():
+        raise click.ClickException(
+            f"{runner.PLAYBOOKS}: no playbooks here: run from a clockmesh checkout"
+        )
+    click.echo(f"== preview (check mode): {playbook} {extra}")
+    preview = runner.stream(runner.playbook_argv(inventory, playbook, extra, check=True),
+                            click.echo)  # fmt: skip
+    if not preview.ok:
+        raise click.ClickException(
+            f"{playbook}: the preview failed or was refused: nothing changed"
+        )
+    changes = {h: n for h, n in preview.changed.items() if n}
+    click.echo(f"== the real run would change: {changes or 'nothing'}")
+    if not yes and not click.confirm("Run it for real?", default=False):
+        raise click.ClickException("not confirmed: nothing changed")
+    real = runner.stream(runner.playbook_argv(inventory, playbook, extra, check=False),
+                         click.echo)  # fmt: skip
+    if not real.ok:
+        raise click.ClickException(f"{playbook}: the run failed (recorded as failed)")
+
+
+_inventory = click.option(
+    "-i", "--inventory", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    required=True, help="Ansible inventory of the fleet (and its fabric switches).",
+)  # fmt: skip
+_yes = click.option("--yes", is_flag=True, help="Do not ask (automation); never the default.")
+
+
+@remediate.command("run")
+@click.argument("anomaly_id")
+@_inventory
+@_yes
+def run(anomaly_id: str, inventory: Path, yes: bool) -> None:
+    """Preview ANOMALY_ID's remediation in check mode, ask, then run it for real."""
+    _run(inventory, "remediate.yml", {"anomaly_id": anomaly_id}, yes)
+
+
+@remediate.command("undo")
+@click.argument("remediation_id")
+@_inventory
+@_yes
+def undo(remediation_id: str, inventory: Path, yes: bool) -> None:
+    """Preview the undo of REMEDIATION_ID in check mode, ask, then restore for real."""
+    _run(inventory, "undo.yml", {"remediation_id": remediation_id}, yes)

@@ -1,0 +1,233 @@
+"""What to change for an anomaly, where, and whether the blast-radius cap allows it.
+
+:func:`plan` is the preflight of ``playbooks/remediate.yml`` (through ``clockmesh
+remediate plan --json``): it reads the anomaly from the store, refuses one that is unknown,
+closed (unless a remediation closed it: then a re-run is the idempotent no-op), or of a
+class with no action yet, maps it to an action with its targets, and checks the cap
+against what is already out of service (the active remediations in the store):
+
+- ``fabric_link_out`` — a flapping leaf–spine link: its BGP session shut on both ends
+  (leaf and spine), so both route around it on the remaining ECMP next hops. Cap: a leaf
+  keeps more than ``(1 − max_uplinks_out_share)`` of its uplinks (default 0.5: with two
+  spines, one link per leaf at most) and at most ``max_fabric_links_out_share`` of all
+  fabric links are out (default 0.25, at least one).
+
+Like a PodDisruptionBudget, the cap counts what is already out: a second link on the same
+leaf is refused while the first is out, with the cap and the count named.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from analytics.remediate import records
+
+ACTIONS = ("fabric_link_out",)
+
+
+class Refused(Exception):
+    """The preflight refuses; ``str()`` is one line naming why (cap and count)."""
+
+
+@dataclass
+class Caps:
+    max_uplinks_out_share: float = 0.5
+    max_fabric_links_out_share: float = 0.25
+
+
+@dataclass
+class Switch:
+    name: str  # inventory name of the switch (the lab's router name)
+    neighbor: str  # the BGP neighbour address to shut: the other end of the link
+
+
+@dataclass
+class Plan:
+    remediation_id: str
+    anomaly_id: str
+    action: str
+    target: str
+    summary: str
+    switches: list[Switch] = field(default_factory=list)
+    hosts: list[str] = field(default_factory=list)  # exposed: behind the link
+    cap: dict[str, Any] = field(default_factory=dict)
+    undo: dict[str, str] = field(default_factory=dict)
+    undo_of: str = ""  # the remediation this plan undoes
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class StoredAnomaly:
+    anomaly_id: str
+    kind: str
+    link: str
+    job_id: str
+    closed_ns: int
+    detail: dict[str, Any]
+
+
+def read_anomaly(store: Path, anomaly_id: str) -> StoredAnomaly:
+    glob = str(store / "anomalies" / "*" / "*" / "*.parquet").replace("'", "''")
+    if not (store / "anomalies").is_dir():
+        raise Refused(f"{store}: no anomalies table: is this an ops box store?")
+    con = duckdb.connect()
+    try:
+        row = con.execute(
+            f"""SELECT anomaly_id, kind, link, job_id, closed_ns, detail
+                FROM read_parquet('{glob}', union_by_name = true)
+                WHERE anomaly_id = ?
+                ORDER BY coalesce(updated_ns, 0) DESC, closed_ns DESC LIMIT 1""",
+            [anomaly_id],
+        ).fetchone()
+    except duckdb.Error as exc:
+        raise Refused(f"{store}/anomalies: cannot be read ({exc})") from None
+    finally:
+        con.close()
+    if row is None:
+        raise Refused(f"anomaly {anomaly_id}: not in {store} (clockmesh remediate list shows them)")
+    aid, kind, link, job, closed, detail = row
+    try:
+        doc = json.loads(detail or "{}")
+    except ValueError:
+        doc = {}
+    return StoredAnomaly(aid, kind, link, job, int(closed or 0), doc)
+
+
+def read_topology(path: Path) -> dict[str, Any]:
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        _ = [(lk["name"], lk["a"]["node"], lk["b"]["address"]) for lk in doc["links"]]
+        return doc
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise Refused(f"{path}: not a clockmesh topology file ({exc})") from None
+
+
+def plan(
+    store: Path,
+    topology: dict[str, Any],
+    anomaly_id: str = "",
+    action: str = "",
+    target: str = "",
+    caps: Caps | None = None,
+) -> Plan:
+    caps = caps or Caps()
+    in_force = records.active(store)
+    if anomaly_id:
+        a = read_anomaly(store, anomaly_id)
+        closed_by = a.detail.get("closed_by", "")
+        if a.closed_ns and not closed_by:
+            raise Refused(f"anomaly {anomaly_id} is closed (its condition cleared): nothing to do")
+        if a.kind == "flapping_link":
+            action, target = "fabric_link_out", a.link
+        elif a.kind in ("roce_v1_job", "contention"):
+            raise Refused(
+                f"anomaly {anomaly_id} ({a.kind}): no automated remediation for this class yet; "
+                "see docs/remediate.md for the manual fix"
+            )
+        else:
+            raise Refused(f"anomaly {anomaly_id} ({a.kind}): no remediation for this class")
+    if action not in ACTIONS:
+        raise Refused(f"action {action!r}: expected one of {', '.join(ACTIONS)}")
+    return _fabric_link_out(topology, anomaly_id, target, caps, in_force)
+
+
+def plan_undo(store: Path, topology: dict[str, Any], remediation_id: str) -> Plan:
+    """The exact inverse of a remediation in force, on the same targets."""
+    known = {r.remediation_id: r for r in records.read_remediations(store)}
+    r = known.get(remediation_id)
+    if r is None:
+        raise Refused(f"remediation {remediation_id}: not in {store}/remediations")
+    if r.check_mode:
+        raise Refused(f"remediation {remediation_id} was a check-mode preview: nothing to undo")
+    if r.status != "ok":
+        raise Refused(f"remediation {remediation_id} is {r.status}: nothing in force to undo")
+    if r.action != "fabric_link_out":
+        raise Refused(f"remediation {remediation_id} ({r.action}): no undo for this action")
+    out = _link_ends(topology, r.target)
+    leaf, spine, leaf_addr, spine_addr = out
+    return Plan(
+        remediation_id=records.new_id(r.anomaly_id, "fabric_link_in", r.target),
+        anomaly_id=r.anomaly_id,
+        action="fabric_link_in",
+        target=r.target,
+        summary=f"restore the BGP session of {r.target} on {leaf} and {spine} "
+        f"(undoes {remediation_id})",
+        switches=[Switch(leaf, spine_addr), Switch(spine, leaf_addr)],
+        hosts=list(r.hosts),
+        undo_of=remediation_id,
+    )
+
+
+def _link_ends(topology: dict[str, Any], target: str) -> tuple[str, str, str, str]:
+    for lk in topology["links"]:
+        if lk.get("kind") == "fabric" and lk["name"] == target:
+            return lk["a"]["node"], lk["b"]["node"], lk["a"]["address"], lk["b"]["address"]
+    hint = " (a host's access link: drain the host instead)" if target else ""
+    raise Refused(f"link {target!r}: not a leaf–spine link of the topology{hint}")
+
+
+def _fabric_link_out(
+    topology: dict[str, Any],
+    anomaly_id: str,
+    target: str,
+    caps: Caps,
+    in_force: list[records.Remediation],
+) -> Plan:
+    fabric = {lk["name"]: lk for lk in topology["links"] if lk.get("kind") == "fabric"}
+    leaf, spine, leaf_addr, spine_addr = _link_ends(topology, target)
+    out = {r.target for r in in_force if r.action == "fabric_link_out"} | {target}
+    leaf_links = [n for n, lk in fabric.items() if lk["a"]["node"] == leaf]
+    leaf_out = sorted(n for n in leaf_links if n in out)
+    max_leaf = min(len(leaf_links) - 1, math.floor(caps.max_uplinks_out_share * len(leaf_links)))
+    if len(leaf_out) > max_leaf:
+        raise Refused(
+            f"blast-radius cap: {leaf} would have {len(leaf_out)} of its {len(leaf_links)} "
+            f"uplinks out ({', '.join(leaf_out)}); the cap is {max_leaf} "
+            f"(max_uplinks_out_share {caps.max_uplinks_out_share})"
+        )
+    all_out = sorted(n for n in fabric if n in out)
+    max_all = max(1, math.floor(caps.max_fabric_links_out_share * len(fabric)))
+    if len(all_out) > max_all:
+        raise Refused(
+            f"blast-radius cap: {len(all_out)} of {len(fabric)} fabric links would be out "
+            f"({', '.join(all_out)}); the cap is {max_all} "
+            f"(max_fabric_links_out_share {caps.max_fabric_links_out_share})"
+        )
+    hosts = sorted(h["name"] for h in topology.get("hosts", []) if h.get("rack") == leaf)
+    # Already out through a remediation in force: the same one again (a no-op re-run).
+    same = [r for r in in_force if r.action == "fabric_link_out" and r.target == target]
+    return Plan(
+        remediation_id=(
+            same[-1].remediation_id
+            if same
+            else records.new_id(anomaly_id, "fabric_link_out", target)
+        ),
+        anomaly_id=anomaly_id,
+        action="fabric_link_out",
+        target=target,
+        summary=(
+            f"shut the BGP session of {target} on {leaf} and {spine}: both route around it on "
+            f"their other ECMP next hops; {len(hosts)} host(s) behind {leaf} keep "
+            f"{len(leaf_links) - len(leaf_out)} of {len(leaf_links)} uplinks"
+        ),
+        switches=[Switch(leaf, spine_addr), Switch(spine, leaf_addr)],
+        hosts=hosts,
+        cap={
+            "leaf": leaf,
+            "leaf_uplinks": len(leaf_links),
+            "leaf_out_after": len(leaf_out),
+            "leaf_max_out": max_leaf,
+            "fabric_links": len(fabric),
+            "fabric_out_after": len(all_out),
+            "fabric_max_out": max_all,
+        },
+        undo={"action": "fabric_link_in", "target": target},
+    )

@@ -1,0 +1,211 @@
+"""Remediation end to end in the lab: a link flaps (plain ``ip link set`` on the spine
+side, as a dying optic would), the live detector opens the anomaly, the real
+``playbooks/remediate.yml`` takes the link out of service on both switches through FRR,
+the anomaly closes, traffic stops suffering while the link goes on flapping, a re-run
+changes nothing, the undo restores the switches exactly, and the blast-radius cap and
+check mode never touch a switch."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lab import fleet, frr
+from lab.fabric import Lab
+from lab.traffic import Mesh
+
+pytestmark = [pytest.mark.root, pytest.mark.lab]
+
+LINK = "leaf1-spine2"
+ROOT = Path(__file__).resolve().parents[2]
+ANSIBLE = str(Path(sys.executable).with_name("ansible-playbook"))
+
+
+def _wait(pred: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout}s: {what}")
+
+
+@pytest.fixture(scope="module")
+def site(
+    lab_factory: Callable[..., Lab], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
+    lab = lab_factory("r", spines=2, leaves=3, hosts_per_leaf=1)
+    base = tmp_path_factory.mktemp("remediate")
+    key = b"remediate-lab-fleet-key-012345678"
+    opsbox = None
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    try:
+        opsbox, url = fleet.start_opsbox(lab, base, key, detect_interval_s=0.2, detect_clear_s=30)
+        procs = fleet.start(lab, base / "hosts", key, url, {"trace_interval_s": 1.0})
+
+        def live() -> dict[str, Any]:
+            with urllib.request.urlopen(url + "/v1/live", timeout=10) as resp:
+                return json.load(resp)
+
+        _wait(lambda: len(live()["hosts"]) == len(lab.topology.hosts), 30, "hosts shipping")
+        inventory = fleet.opsbox_inventory(lab, base / "store", base / "inventory.yml")
+        yield {"lab": lab, "live": live, "store": base / "store", "inventory": inventory}
+    finally:
+        fleet.stop(procs)
+        fleet.stop_opsbox(opsbox)
+
+
+def _playbook(site: dict[str, Any], name: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [ANSIBLE, "-i", str(site["inventory"]), str(ROOT / "playbooks" / name), *extra],
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
+    )  # fmt: skip
+
+
+def _clockmesh(*argv: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(Path(sys.executable).with_name("clockmesh")), *argv],
+        input=stdin, capture_output=True, text=True, cwd=ROOT, timeout=300,
+    )  # fmt: skip
+
+
+def _changed(out: str) -> dict[str, int]:
+    recap = out[out.rindex("PLAY RECAP") :]
+    return {
+        line.split()[0]: int(line.split("changed=")[1].split()[0])
+        for line in recap.splitlines()[1:]
+        if "changed=" in line
+    }
+
+
+def _configs(lab: Lab) -> dict[str, str]:
+    """Every router's running configuration (what a remediation may change)."""
+    topo = lab.topology
+    out = {}
+    for r in (*topo.leaves, *topo.spines):
+        res = subprocess.run(frr.vtysh_argv(topo.lab, r, "show running-config"),
+                             capture_output=True, text=True, check=True)  # fmt: skip
+        out[r.name] = res.stdout
+    return out
+
+
+def _open(live: Callable[[], dict[str, Any]], link: str) -> list[dict[str, Any]]:
+    return [
+        a for a in live()["anomalies"]["open"] if a["kind"] == "flapping_link" and a["link"] == link
+    ]
+
+
+class Optic(threading.Thread):
+    """A dying optic on the spine side of a link: down 1.5 s, up 3 s, until stopped."""
+
+    def __init__(self, namespace: str, interface: str) -> None:
+        super().__init__(daemon=True)
+        self.argv = ["ip", "-n", namespace, "link", "set", interface]
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        while not self.halt.is_set():
+            subprocess.run([*self.argv, "down"], check=True)
+            self.halt.wait(1.5)
+            subprocess.run([*self.argv, "up"], check=True)
+            self.halt.wait(3.0)
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.join(10)
+        subprocess.run([*self.argv, "up"], check=True)
+
+
+def test_flapping_link_is_taken_out_of_service_then_restored_exactly(
+    site: dict[str, Any],
+) -> None:
+    lab, live = site["lab"], site["live"]
+    link = lab.topology.link(LINK)
+    original = _configs(lab)
+
+    # Check mode before anything: previews both switches, changes nothing anywhere.
+    preview = _playbook(site, "remediate.yml", "-e", "action=fabric_link_out",
+                        "-e", f"target={LINK}", "--check", "--diff")  # fmt: skip
+    assert preview.returncode == 0, preview.stdout[-3000:]
+    assert "neighbor " in preview.stdout and " shutdown" in preview.stdout
+    assert _changed(preview.stdout) == {"ops": 0, "switch-leaf1": 1, "switch-spine2": 1}
+    assert _configs(lab) == original, "check mode changed a switch"
+
+    optic = Optic(link.b.namespace, link.b.interface)
+    optic.start()
+    try:
+        (a,) = _wait(lambda: _open(live, LINK), 30, f"flapping_link anomaly on {LINK}")
+        assert a["evidence"]["model"]["class"] == "flapping_link", a
+
+        # What an operator at 3 a.m. types: the list names the fix; saying no changes nothing.
+        listed = _clockmesh("remediate", "list", "--store", str(site["store"]),
+                            "--topology", str(lab.topology_path))  # fmt: skip
+        assert f"→ fabric_link_out: shut the BGP session of {LINK}" in listed.stdout, listed
+        declined = _clockmesh("remediate", "run", a["anomaly_id"], "-i", str(site["inventory"]),
+                              stdin="n\n")  # fmt: skip
+        assert declined.returncode == 1, declined.stdout[-2000:]
+        assert "== the real run would change: {'switch-leaf1': 1, 'switch-spine2': 1}" in (
+            declined.stdout
+        )
+        assert "not confirmed: nothing changed" in declined.stderr
+        assert _configs(lab) == original, "a declined remediation changed a switch"
+
+        t0 = time.monotonic()
+        run = _playbook(site, "remediate.yml", "-e", f"anomaly_id={a['anomaly_id']}")
+        assert run.returncode == 0, run.stdout[-3000:]
+        assert _changed(run.stdout) == {"ops": 0, "switch-leaf1": 1, "switch-spine2": 1}
+
+        def closed() -> dict[str, Any] | None:
+            done = [c for c in live()["anomalies"]["recently_closed"]
+                    if c["anomaly_id"] == a["anomaly_id"]]  # fmt: skip
+            return done[0] if done else None
+
+        _wait(closed, 10, "the anomaly closed after the remediation")
+        print(f"playbook start -> anomaly closed: {time.monotonic() - t0:.1f} s")
+
+        # The symptom is gone while the optic goes on flapping: every flow is delivered.
+        assert lab.wait_converged(timeout=5).converged
+        with Mesh(lab.topology, ports=4) as mesh:
+            time.sleep(12.0)  # more than two more flaps of the optic
+            t_end = time.monotonic() - 0.3
+        assert mesh.sent(0, t_end) > 1000
+        assert mesh.lost(0, t_end) == {}, "loss while the flapping link is out of service"
+        assert not _open(live, LINK), "the flapping link was reported again while out of service"
+
+        # Idempotent: the same anomaly again changes nothing.
+        again = _playbook(site, "remediate.yml", "-e", f"anomaly_id={a['anomaly_id']}")
+        assert again.returncode == 0, again.stdout[-3000:]
+        assert _changed(again.stdout) == {"ops": 0, "switch-leaf1": 0, "switch-spine2": 0}
+
+        # The cap: leaf1's other uplink would leave it cut off; refused before any switch.
+        before = _configs(lab)
+        capped = _playbook(site, "remediate.yml", "-e", "action=fabric_link_out",
+                           "-e", "target=leaf1-spine1")  # fmt: skip
+        assert capped.returncode != 0
+        assert "blast-radius cap: leaf1 would have 2 of its 2 uplinks out" in capped.stdout
+        assert "switch-leaf1" not in capped.stdout.split("PLAY RECAP")[-1]
+        assert _configs(lab) == before
+    finally:
+        optic.stop()
+
+    history = _clockmesh("remediate", "history", "--json", "--store", str(site["store"]))
+    rows = json.loads(history.stdout)
+    real = [r for r in rows if r["action"] == "fabric_link_out" and not r["check_mode"]]
+    assert len(real) == 1 and real[0]["status"] == "ok" and real[0]["anomaly_id"] == a["anomaly_id"]
+    assert any(r["check_mode"] for r in rows), "the check-mode preview was not recorded"
+
+    undo = _playbook(site, "undo.yml", "-e", f"remediation_id={real[0]['remediation_id']}")
+    assert undo.returncode == 0, undo.stdout[-3000:]
+    routing = lab.wait_converged(timeout=10)
+    assert routing.converged and not routing.out_of_service, routing.problems
+    assert _configs(lab) == original, "the undo did not restore the switches exactly"

@@ -1,0 +1,178 @@
+"""The remediation preflight: anomaly → action and targets, refusals, the blast-radius cap,
+records, and the detector closing an anomaly a remediation dealt with."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from analytics.detect.anomalies import Observation
+from analytics.detect.detect_runner import DetectRunner
+from analytics.remediate import records
+from analytics.remediate.cli import remediate
+from analytics.remediate.plan import Caps, Refused, plan, plan_undo
+from analytics.store.store_writer import StoreWriter
+
+S = 1_000_000_000
+
+
+def _topology(leaves: int = 3, spines: int = 2) -> dict[str, Any]:
+    links, hosts, n = [], [], 0
+    for li in range(1, leaves + 1):
+        hosts.append({"name": f"h{li}-1", "rack": f"leaf{li}"})
+        links.append({"name": f"h{li}-1-leaf{li}", "kind": "access",
+                      "a": {"node": f"h{li}-1", "address": f"198.18.{li}.1"},
+                      "b": {"node": f"leaf{li}", "address": f"198.18.{li}.254"}})  # fmt: skip
+        for si in range(1, spines + 1):
+            links.append({"name": f"leaf{li}-spine{si}", "kind": "fabric",
+                          "a": {"node": f"leaf{li}", "address": f"198.18.128.{n}"},
+                          "b": {"node": f"spine{si}", "address": f"198.18.128.{n + 1}"}})  # fmt: skip
+            n += 2
+    return {"hosts": hosts, "links": links}
+
+
+def _anomaly(store: Path, aid: str, kind: str, link: str = "", closed_ns: int = 0,
+             closed_by: str = "") -> None:  # fmt: skip
+    book_row = {
+        "opened_ns": 1_795_000_000 * S, "closed_ns": closed_ns, "anomaly_id": aid,
+        "kind": kind, "score": 0.9, "src": 0, "dst": 0, "link": link, "job_id": "",
+        "detail": json.dumps({"summary": "x", **({"closed_by": closed_by} if closed_by else {})}),
+        "updated_ns": 1_795_000_000 * S + 1,
+    }  # fmt: skip
+    import pyarrow as pa
+
+    from analytics.store import layout
+
+    table = pa.table(
+        {k: [v] for k, v in book_row.items()}, schema=layout.TABLES["anomalies"].schema
+    )
+    StoreWriter(store).write_partitioned("anomalies", table, f"{aid}.parquet")
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    s = tmp_path / "store"
+    s.mkdir()
+    return s
+
+
+def test_flapping_fabric_link_plans_both_ends(store: Path) -> None:
+    _anomaly(store, "flapping-1", "flapping_link", "leaf2-spine1")
+    p = plan(store, _topology(), anomaly_id="flapping-1")
+    assert p.action == "fabric_link_out" and p.target == "leaf2-spine1"
+    # Each end shuts its session to the *other* end's address.
+    assert [(s.name, s.neighbor) for s in p.switches] == [
+        ("leaf2", "198.18.128.5"), ("spine1", "198.18.128.4"),
+    ]  # fmt: skip
+    assert p.hosts == ["h2-1"]
+    assert p.cap["leaf_out_after"] == 1 and p.cap["leaf_max_out"] == 1
+
+
+@pytest.mark.parametrize(
+    ("kind", "link", "closed", "message"),
+    [
+        ("flapping_link", "h1-1-leaf1", 0, "not a leaf–spine link .* drain the host"),
+        ("roce_v1_job", "", 0, "no automated remediation for this class yet"),
+        ("flapping_link", "leaf1-spine1", 5, "is closed \\(its condition cleared\\)"),
+    ],
+)
+def test_refusals_name_the_reason(
+    store: Path, kind: str, link: str, closed: int, message: str
+) -> None:
+    _anomaly(store, "a-1", kind, link, closed_ns=closed)
+    with pytest.raises(Refused, match=message):
+        plan(store, _topology(), anomaly_id="a-1")
+
+
+def test_unknown_anomaly_is_refused(store: Path) -> None:
+    _anomaly(store, "a-1", "flapping_link", "leaf1-spine1")
+    with pytest.raises(Refused, match="anomaly nope: not in"):
+        plan(store, _topology(), anomaly_id="nope")
+
+
+def _in_force(store: Path, target: str, rid: str = "") -> records.Remediation:
+    r = records.Remediation(rid or records.new_id("", "fabric_link_out", target), "",
+                            "fabric_link_out", target, [], False, "ok", "test", "{}")  # fmt: skip
+    records.write_remediation(store, r)
+    return r
+
+
+def test_cap_counts_what_is_already_out(store: Path) -> None:
+    _in_force(store, "leaf1-spine1")
+    with pytest.raises(Refused, match=r"leaf1 would have 2 of its 2 uplinks out .* cap is 1"):
+        plan(store, _topology(), action="fabric_link_out", target="leaf1-spine2")
+    # Another leaf is fine per leaf, but the fleet cap (0.25 of 6 links -> 1) is not.
+    with pytest.raises(Refused, match=r"2 of 6 fabric links would be out"):
+        plan(store, _topology(), action="fabric_link_out", target="leaf2-spine1")
+    ok = plan(store, _topology(), action="fabric_link_out", target="leaf2-spine1",
+              caps=Caps(max_fabric_links_out_share=0.5))  # fmt: skip
+    assert ok.cap["fabric_out_after"] == 2
+
+
+def test_rerun_on_a_link_already_out_is_the_same_remediation(store: Path) -> None:
+    r = _in_force(store, "leaf1-spine1")
+    _anomaly(
+        store,
+        "flapping-1",
+        "flapping_link",
+        "leaf1-spine1",
+        closed_ns=9,
+        closed_by=r.remediation_id,
+    )
+    p = plan(store, _topology(), anomaly_id="flapping-1")
+    assert p.remediation_id == r.remediation_id
+
+
+def test_undo_inverts_and_refuses_twice(store: Path) -> None:
+    r = _in_force(store, "leaf3-spine2")
+    u = plan_undo(store, _topology(), r.remediation_id)
+    assert u.action == "fabric_link_in" and u.undo_of == r.remediation_id
+    assert [s.name for s in u.switches] == ["leaf3", "spine2"]
+    res = CliRunner().invoke(remediate, ["record", "--store", str(store), "--plan",
+                                         json.dumps(u.as_dict()), "--results",
+                                         json.dumps([{"switch": "leaf3"}, {"switch": "spine2"}]),
+                                         "--real"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    with pytest.raises(Refused, match="is undone"):
+        plan_undo(store, _topology(), r.remediation_id)
+
+
+def test_record_marks_a_partial_run_failed_and_check_mode_apart(store: Path) -> None:
+    p = plan(store, _topology(), action="fabric_link_out", target="leaf1-spine1")
+    args = ["record", "--store", str(store), "--plan", json.dumps(p.as_dict())]
+    res = CliRunner().invoke(remediate, [*args, "--results", '[{"switch": "leaf1"}]', "--real"])
+    assert "failed" in res.output
+    res = CliRunner().invoke(remediate, [*args, "--check"])
+    rows = records.read_remediations(store)
+    assert [(r.status, r.check_mode) for r in rows] == [("failed", False), ("failed", True)]
+    assert records.active(store) == []
+    assert len(list((store / "audits").glob("*/*/*.parquet"))) == 2
+
+
+def test_plan_cli_refusal_is_one_line(store: Path, tmp_path: Path) -> None:
+    topo = tmp_path / "topology.json"
+    topo.write_text(json.dumps(_topology()))
+    args = ["plan", "--store", str(store), "--topology", str(topo), "--anomaly", "missing-1"]
+    res = CliRunner().invoke(remediate, args)
+    assert res.exit_code == 1 and "no anomalies table: is this an ops box store?" in res.output
+    _anomaly(store, "a-1", "flapping_link", "leaf1-spine1")
+    res = CliRunner().invoke(remediate, ["plan", "--store", str(store), "--topology", str(topo),
+                                         "--anomaly", "missing-1"])  # fmt: skip
+    assert res.exit_code == 1
+    assert res.output.strip().count("\n") == 0 and "refused: anomaly missing-1" in res.output
+
+
+def test_detector_closes_the_anomaly_a_remediation_dealt_with(store: Path) -> None:
+    runner = DetectRunner(StoreWriter(store))
+    obs = Observation("flapping_link", "leaf1-spine2", 0.9, "flapped", link="leaf1-spine2")
+    a = runner.book.observe(obs, 10 * S)
+    r = _in_force(store, "leaf1-spine2")
+    runner.step(now_ns=11 * S)
+    assert not runner.book.open
+    closed = runner.book.closed[-1]
+    assert closed.anomaly_id == a.anomaly_id and closed.closed_by == r.remediation_id
+    assert runner.paths.maintenance == {"leaf1-spine2"}
