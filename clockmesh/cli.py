@@ -30,6 +30,11 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
         "Fix an anomaly safely: preview, confirm, run, record, undo.",
         "opsbox",
     ),
+    "audit": (
+        "analytics.audit.cli:audit",
+        "Record and show the fleet audit (playbooks/audit.yml).",
+        "opsbox",
+    ),
     "lab": ("lab.cli:lab", "Build and break a leaf-spine lab fabric in namespaces.", "lab"),
 }
 

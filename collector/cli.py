@@ -168,3 +168,62 @@ def status(config_path: str | None, status_file: str | None, as_json: bool) -> N
             f"  lab clock      offset {lc['offset_ns']} ns, drift {lc['drift_ppm']} ppm, t0 {lc['t0_ns']}"
         )
     click.echo("\n".join(lines))
+
+
+@collector.command("audit")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    default=str(collector_config.DEFAULT_PATH),
+    show_default=True,
+    help="collector.yml: backend interface and address, peers, ops box, sysfs root.",
+)
+@click.option("--nccl-conf", default=None, help="nccl.conf to read (default: the config's).")
+@click.option("--min-mtu", type=int, default=1500, show_default=True, help="Backend MTU floor.")
+@click.option("--max-rtt-ms", type=float, default=1.0, show_default=True,
+              help="Mesh RTT threshold to every peer.")  # fmt: skip
+@click.option("--min-mem-gib", type=float, default=0.0, show_default=True, help="Memory floor.")
+@click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON.")
+def audit(
+    config_path: str,
+    nccl_conf: str | None,
+    min_mtu: int,
+    max_rtt_ms: float,
+    min_mem_gib: float,
+    as_json: bool,
+) -> None:
+    """Audit this host before a long job: every check pass, fail or skipped, with a reason.
+
+    Needs root for the mesh check (ICMP echo on a raw socket). playbooks/audit.yml runs
+    it on every collector and stores the results on the ops box.
+    """
+    from collector import audit as host_audit
+
+    try:
+        cfg = collector_config.load(Path(config_path))
+    except ConfigError as exc:
+        click.echo(str(exc), err=True)
+        raise SystemExit(2) from None
+    args = host_audit.AuditArgs(
+        backend_interface=cfg.backend.interface,
+        backend_address=cfg.backend.address,
+        peers={p.name: p.address for p in cfg.peers if p.name != cfg.host},
+        ingest_url=cfg.ingest.url,
+        sysfs_root=cfg.counters.sysfs_root,
+        nccl_conf=nccl_conf or cfg.rdma.nccl_conf,
+        status_file=cfg.status_file,
+        min_mtu=min_mtu,
+        min_mem_gib=min_mem_gib,
+        max_rtt_ms=max_rtt_ms,
+        lab=cfg.lab,
+    )
+    checks = host_audit.run(args)
+    if as_json:
+        click.echo(host_audit.as_json(checks))
+        return
+    for c in checks:
+        click.echo(
+            f"{c.status:<8} {c.category}/{c.check}: {c.reason}"
+            + (f" [{c.value}]" if c.value else "")
+        )

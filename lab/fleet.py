@@ -162,9 +162,9 @@ def opsbox_inventory(lab: Any, store: Path, out: Path) -> Path:
         "hosts": {"ops": {"ansible_connection": "local", "ansible_python_interpreter": str(python)}}
     }
     inv["all"]["vars"].update(
-        clockmesh_remediate_cli=str(python.with_name("clockmesh")),
-        clockmesh_remediate_store_dir=str(store),
-        clockmesh_remediate_topology_file=str(lab.topology_path),
+        clockmesh_ops_cli=str(python.with_name("clockmesh")),
+        clockmesh_ops_store_dir=str(store),
+        clockmesh_ops_topology_file=str(lab.topology_path),
     )
     out.write_text(yaml.safe_dump(inv, sort_keys=False))
     out.chmod(0o600)  # holds the fleet key

@@ -54,7 +54,8 @@ def new_id(anomaly_id: str, action: str, target: str) -> str:
     return "rem-" + hashlib.blake2b(seed.encode(), digest_size=5).hexdigest()
 
 
-def _write(store: Path, table: str, cols: dict[str, list[Any]], name: str) -> Path:
+def write_table(store: Path, table: str, cols: dict[str, list[Any]], name: str) -> Path:
+    """One durable Parquet file of ``cols`` in ``table``'s hour partition of its first row."""
     spec = layout.TABLES[table]
     if not store.is_dir():
         raise RecordError(f"{store}: no such store directory")
@@ -86,7 +87,7 @@ def write_remediation(store: Path, r: Remediation) -> Path:
         "undo": [r.undo],
         "detail": [json.dumps(r.detail, sort_keys=True)],
     }
-    return _write(store, "remediations", cols, f"{r.remediation_id}-{r.ts_ns}.parquet")
+    return write_table(store, "remediations", cols, f"{r.remediation_id}-{r.ts_ns}.parquet")
 
 
 def write_audit(store: Path, action: str, target: str, detail: dict[str, Any]) -> Path:
@@ -98,7 +99,7 @@ def write_audit(store: Path, action: str, target: str, detail: dict[str, Any]) -
         "target": [target],
         "detail": [json.dumps(detail, sort_keys=True)],
     }
-    return _write(store, "audits", cols, f"audit-{ts}.parquet")
+    return write_table(store, "audits", cols, f"audit-{ts}.parquet")
 
 
 def _glob(store: Path, table: str) -> str:

@@ -166,6 +166,14 @@ _DAEMON_TABLES = [
         _schema(("ts_ns", i64), ("actor", s), ("action", s), ("target", s), ("detail", s)),
         "ts_ns", "aggregate", "remediation",
     ),
+    TableSpec(
+        "fleet_audit",
+        _schema(
+            ("ts_ns", i64), ("run_id", s), ("host", s), ("category", s), ("check", s),
+            ("status", s), ("reason", s), ("value", s),
+        ),
+        "ts_ns", "aggregate", "audit",
+    ),
 ]  # fmt: skip
 for _spec in _DAEMON_TABLES:
     TABLES[_spec.name] = _spec

@@ -1,0 +1,71 @@
+"""The host audit's RDMA checks on a fake sysfs tree, and `clockmesh audit record/show`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from analytics.audit.cli import audit
+from collector.audit import AuditArgs, _rdma
+from lab import fake_rdma
+
+
+def _tree(tmp_path: Path) -> Path:
+    return fake_rdma.write_tree(tmp_path / "sysfs", "h1-1", "bk0", "198.18.1.1")
+
+
+def _gid(checks: list) -> object:
+    (c,) = [c for c in checks if c.check.startswith("gid ")]
+    return c
+
+
+def test_gid_index_v2_passes_v1_fails_naming_the_v2_indices(tmp_path: Path) -> None:
+    root, conf = _tree(tmp_path), tmp_path / "nccl.conf"
+    conf.write_text("# site default\nNCCL_IB_GID_INDEX=3\n")
+    c = _gid(_rdma(AuditArgs(sysfs_root=str(root), nccl_conf=str(conf), lab=True)))
+    assert (c.status, c.value) == ("pass", "3")
+    conf.write_text("NCCL_IB_GID_INDEX=2\n")
+    c = _gid(_rdma(AuditArgs(sysfs_root=str(root), nccl_conf=str(conf))))
+    assert c.status == "fail" and "IB/RoCE v1, not RoCE v2; RoCE v2 indices here: 1, 3" in c.reason
+
+
+def test_unset_index_is_resolved_to_nccls_default_not_passed(tmp_path: Path) -> None:
+    root = _tree(tmp_path)
+    c = _gid(_rdma(AuditArgs(sysfs_root=str(root), nccl_conf=str(tmp_path / "absent.conf"))))
+    assert c.status == "fail" and "unset" in c.reason and "uses index 0" in c.reason
+
+
+def test_no_rdma_devices_is_skipped_not_passed(tmp_path: Path) -> None:
+    (c,) = _rdma(AuditArgs(sysfs_root=str(tmp_path)))
+    assert (c.check, c.status) == ("rdma_devices", "skipped")
+
+
+def test_record_and_show(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    results = {
+        "h1": [{"category": "backend", "check": "mtu", "status": "pass", "reason": "ok", "value": "9000"}],
+        "h2": [{"category": "backend", "check": "mtu", "status": "fail", "reason": "at least 4200", "value": "1500"}],
+    }  # fmt: skip
+    res = CliRunner().invoke(
+        audit, ["record", "--store", str(store), "--results", json.dumps(results)]
+    )
+    assert res.exit_code == 0, res.output
+    assert "2 host(s), 1 pass, 1 fail, 0 skipped" in res.output
+    shown = CliRunner().invoke(audit, ["show", "--store", str(store)])
+    assert (
+        "FAIL    mtu: 1 pass, 1 fail" in shown.output and "h2: at least 4200 [1500]" in shown.output
+    )
+
+
+def test_bad_results_and_empty_store_are_one_line(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    res = CliRunner().invoke(audit, ["record", "--store", str(store), "--results",
+                                     '{"h1": [{"category": "x", "check": "y", "status": "ok", "reason": ""}]}'])  # fmt: skip
+    assert res.exit_code == 1 and "status 'ok': expected pass, fail or skipped" in res.output
+    assert not (store / "fleet_audit").exists()
+    res = CliRunner().invoke(audit, ["show", "--store", str(store)])
+    assert res.exit_code == 1 and "no fleet audit yet" in res.output
