@@ -35,6 +35,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
         "Record and show the fleet audit (playbooks/audit.yml).",
         "opsbox",
     ),
+    "tui": ("tui.cli:tui", "The terminal UI: fleet, anomalies, audit, remediation.", "opsbox"),
     "lab": ("lab.cli:lab", "Build and break a leaf-spine lab fabric in namespaces.", "lab"),
 }
 

@@ -83,6 +83,10 @@ def latest(store: Path) -> tuple[str, list[tuple[str, ...]]]:
         ).fetchall()
     finally:
         con.close()
+    if not rows:  # only the store's empty placeholder file
+        raise click.ClickException(
+            f"{store}: no fleet audit yet: run ansible-playbook playbooks/audit.yml"
+        )
     return rows[0][0], [tuple(r[1:]) for r in rows]
 
 

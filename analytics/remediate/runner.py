@@ -25,7 +25,8 @@ class RunResult:
 
     @property
     def ok(self) -> bool:
-        return self.rc == 0 and not any(self.failed.values())
+        """Exit 0, no host failed, and some host ran at all (a recap was printed)."""
+        return self.rc == 0 and bool(self.changed) and not any(self.failed.values())
 
 
 def playbook_argv(
@@ -44,8 +45,13 @@ def playbook_argv(
     return argv
 
 
-def stream(argv: list[str], echo: Callable[[str], None]) -> RunResult:
-    """Run ``argv``, hand every output line to ``echo`` as it comes, parse the recap."""
+def stream(
+    argv: list[str],
+    echo: Callable[[str], None],
+    on_start: Callable[[subprocess.Popen[str]], None] | None = None,
+) -> RunResult:
+    """Run ``argv``, hand every output line to ``echo`` as it comes, parse the recap.
+    ``on_start`` gets the process (to cancel it: ``terminate()``)."""
     env = {**os.environ, "ANSIBLE_FORCE_COLOR": "0", "PYTHONUNBUFFERED": "1"}
     result = RunResult(rc=-1)
     with subprocess.Popen(
@@ -53,6 +59,8 @@ def stream(argv: list[str], echo: Callable[[str], None]) -> RunResult:
         cwd=PLAYBOOKS.parent,
     ) as proc:  # fmt: skip
         assert proc.stdout is not None
+        if on_start is not None:
+            on_start(proc)
         for line in _lines(proc.stdout):
             result.lines.append(line)
             echo(line)

@@ -7,7 +7,9 @@ check mode never touch a switch."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -59,7 +61,8 @@ def site(
 
         _wait(lambda: len(live()["hosts"]) == len(lab.topology.hosts), 30, "hosts shipping")
         inventory = fleet.opsbox_inventory(lab, base / "store", base / "inventory.yml")
-        yield {"lab": lab, "live": live, "store": base / "store", "inventory": inventory}
+        yield {"lab": lab, "live": live, "store": base / "store", "inventory": inventory,
+               "url": url}  # fmt: skip
     finally:
         fleet.stop(procs)
         fleet.stop_opsbox(opsbox)
@@ -138,7 +141,12 @@ def test_flapping_link_is_taken_out_of_service_then_restored_exactly(
                         "-e", f"target={LINK}", "--check", "--diff")  # fmt: skip
     assert preview.returncode == 0, preview.stdout[-3000:]
     assert "neighbor " in preview.stdout and " shutdown" in preview.stdout
-    assert _changed(preview.stdout) == {"ops": 0, "switch-leaf1": 1, "switch-spine2": 1}
+    assert _changed(preview.stdout) == {
+        "localhost": 0,
+        "ops": 0,
+        "switch-leaf1": 1,
+        "switch-spine2": 1,
+    }
     assert _configs(lab) == original, "check mode changed a switch"
 
     optic = Optic(link.b.namespace, link.b.interface)
@@ -163,7 +171,12 @@ def test_flapping_link_is_taken_out_of_service_then_restored_exactly(
         t0 = time.monotonic()
         run = _playbook(site, "remediate.yml", "-e", f"anomaly_id={a['anomaly_id']}")
         assert run.returncode == 0, run.stdout[-3000:]
-        assert _changed(run.stdout) == {"ops": 0, "switch-leaf1": 1, "switch-spine2": 1}
+        assert _changed(run.stdout) == {
+            "localhost": 0,
+            "ops": 0,
+            "switch-leaf1": 1,
+            "switch-spine2": 1,
+        }
 
         def closed() -> dict[str, Any] | None:
             done = [c for c in live()["anomalies"]["recently_closed"]
@@ -185,7 +198,12 @@ def test_flapping_link_is_taken_out_of_service_then_restored_exactly(
         # Idempotent: the same anomaly again changes nothing.
         again = _playbook(site, "remediate.yml", "-e", f"anomaly_id={a['anomaly_id']}")
         assert again.returncode == 0, again.stdout[-3000:]
-        assert _changed(again.stdout) == {"ops": 0, "switch-leaf1": 0, "switch-spine2": 0}
+        assert _changed(again.stdout) == {
+            "localhost": 0,
+            "ops": 0,
+            "switch-leaf1": 0,
+            "switch-spine2": 0,
+        }
 
         # The cap: leaf1's other uplink would leave it cut off; refused before any switch.
         before = _configs(lab)
@@ -209,3 +227,80 @@ def test_flapping_link_is_taken_out_of_service_then_restored_exactly(
     routing = lab.wait_converged(timeout=10)
     assert routing.converged and not routing.out_of_service, routing.problems
     assert _configs(lab) == original, "the undo did not restore the switches exactly"
+
+
+def test_the_tui_runs_a_real_remediation_and_its_undo(site: dict[str, Any]) -> None:
+    """The TUI against the live daemon: the flap appears in its anomaly list, the preview
+    runs the real playbook in check mode, confirmation runs it for real, the anomaly
+    closes; screenshots of the three screens go to docs/img/ (the README shows them)."""
+    from textual.widgets import Button, DataTable, Log
+
+    from tui.app import ClockmeshApp, ConfirmScreen, RemediationScreen
+    from tui.data import LiveSource, load_racks
+
+    lab, live = site["lab"], site["live"]
+    link = lab.topology.link(LINK)
+    # CLOCKMESH_SCREENSHOTS=docs/img refreshes the README's screenshots from this run.
+    img = Path(os.environ.get("CLOCKMESH_SCREENSHOTS") or site["store"].parent / "screenshots")
+    img.mkdir(parents=True, exist_ok=True)
+    app = ClockmeshApp(LiveSource(site["url"]), racks=load_racks(lab.topology_path),
+                       store=site["store"], inventory=site["inventory"],
+                       topology=lab.topology_path)  # fmt: skip
+
+    async def drive() -> str:
+        async with app.run_test(size=(130, 36)) as pilot:
+            for _ in range(150):
+                await pilot.pause(0.2)
+                if any(a["link"] == LINK for a in app.fleet.anomalies):
+                    break
+            (anomaly,) = [a for a in app.fleet.anomalies if a["link"] == LINK]
+            (img / "tui-fleet.svg").write_text(app.export_screenshot(title="clockmesh tui"))
+            await pilot.press("a")
+            await pilot.pause(0.3)
+            (img / "tui-anomalies.svg").write_text(app.export_screenshot(title="clockmesh tui"))
+            table = app.query_one("#anomaly-table", DataTable)
+            row = next(i for i in range(table.row_count) if table.get_row_at(i)[1] == LINK)
+            table.focus()
+            table.move_cursor(row=row)
+            await pilot.press("enter")
+            screen = app.screen
+            assert isinstance(screen, RemediationScreen)
+
+            async def until(pred, what: str, timeout: float = 120.0) -> None:
+                for _ in range(int(timeout / 0.2)):
+                    await pilot.pause(0.2)
+                    if pred():
+                        return
+                raise AssertionError(f"timed out: {what}")
+
+            preview = screen.query_one("#preview", Button)
+            await until(lambda: not preview.disabled, "the plan")
+            await pilot.click("#preview")
+            output = screen.query_one("#output", Log)
+            await until(lambda: any("the real run would change" in x for x in output.lines),
+                        "the preview")  # fmt: skip
+            assert any("'switch-leaf1': 1" in x for x in output.lines), output.lines[-20:]
+            (img / "tui-remediation-preview.svg").write_text(
+                app.export_screenshot(title="clockmesh tui: remediation preview"))  # fmt: skip
+            await pilot.click("#run")
+            await pilot.pause(0.3)
+            assert isinstance(app.screen, ConfirmScreen)
+            await pilot.click("#yes")
+            await until(lambda: any(x.startswith("== done") for x in output.lines), "the run")
+            return str(anomaly["anomaly_id"])
+
+    optic = Optic(link.b.namespace, link.b.interface)
+    optic.start()
+    try:
+        anomaly_id = asyncio.run(drive())
+        _wait(lambda: [c for c in live()["anomalies"]["recently_closed"]
+                       if c["anomaly_id"] == anomaly_id], 10, "the anomaly closed")  # fmt: skip
+        assert lab.wait_converged(timeout=5).out_of_service == {LINK}
+    finally:
+        optic.stop()
+        rows = json.loads(_clockmesh("remediate", "history", "--json", "--store",
+                                     str(site["store"])).stdout)  # fmt: skip
+        for r in rows:
+            if r["action"] == "fabric_link_out" and r["status"] == "ok" and not r["check_mode"]:
+                _playbook(site, "undo.yml", "-e", f"remediation_id={r['remediation_id']}")
+    assert not lab.wait_converged(timeout=10).out_of_service

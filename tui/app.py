@@ -1,0 +1,640 @@
+"""``clockmesh tui``: the fleet at a glance, drill-down, anomalies, audit, remediation.
+
+Live state comes from the ingest daemon's ``/v1/live`` over HTTP, fetched once a second in
+a thread worker (never on the UI thread); history from the store's read-only views. When
+the daemon cannot be reached the last picture stays, under a red "STALE since …" banner,
+and the TUI keeps retrying by itself. Remediation runs the same code as ``clockmesh
+remediate``: check-mode preview → explicit confirmation → real run, streamed, cancellable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar
+
+from rich.text import Text
+from textual import on, work
+from textual.app import App, ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.css.query import NoMatches
+from textual.screen import ModalScreen, Screen
+from textual.widgets import (
+    Button,
+    DataTable,
+    Footer,
+    Header,
+    Input,
+    Label,
+    Log,
+    Sparkline,
+    Static,
+    TabbedContent,
+    TabPane,
+    Tree,
+)
+
+from tui.data import AMBER, GREEN, GREY, RED, Fleet, LiveSource, Thresholds, fleet, matches
+
+# Rows of the hosts table: the NICs needing attention first, the rest behind the filter.
+# (Textual's DataTable measures every cell of every new row: 1,024 rows cost ~180 ms.)
+TABLE_ROWS = 100
+STYLE = {GREEN: "bold green", AMBER: "bold yellow", RED: "bold red", GREY: "dim"}
+GLYPH = {GREEN: "●", AMBER: "▲", RED: "✖", GREY: "○"}
+
+
+def _us(x: float | None) -> str:
+    return "—" if x is None else f"{x:.1f}"
+
+
+def fill(table: DataTable, rows: list[tuple[str, tuple[Any, ...]]]) -> None:
+    """Show ``rows`` (key, cells): when the keys are the same rows in the same order, only
+    the cells that changed are updated (DataTable measures every cell it is given, so a
+    rebuild of every row each second would cost more than the refresh budget)."""
+    keys = [k for k, _ in rows]
+    if keys != [r.value for r in table.rows] or table.columns is None:
+        cursor = table.cursor_row
+        table.clear()
+        for key, cells in rows:
+            table.add_row(*cells, key=key)
+        if rows:
+            table.move_cursor(row=min(cursor, len(rows) - 1))
+        return
+    columns = list(table.columns)
+    for key, cells in rows:
+        old = table.get_row(key)
+        for col, new, was in zip(columns, cells, old, strict=True):
+            if str(new) != str(was):
+                table.update_cell(key, col, new)  # columns have fixed widths: no re-measure
+
+
+class FleetPane(Vertical):
+    """NICs grouped by rack (an ECMP group), coloured by worst corrected OWD and loss."""
+
+    def compose(self) -> ComposeResult:
+        yield Input(placeholder="filter: name, address, rack or state (ok/slow/loss/silent)",
+                    id="filter")  # fmt: skip
+        with VerticalScroll(id="tiles-box"):
+            yield Static(id="tiles")
+        yield DataTable(id="hosts", cursor_type="row", zebra_stripes=True)
+        yield Label("", id="more")
+
+    def on_mount(self) -> None:
+        t = self.query_one("#hosts", DataTable)
+        for label, width in (("rack", 10), ("host", 20), ("state", 6), ("worst OWD µs", 12),
+                             ("loss", 7), ("worst peer", 20), ("clock σ ns", 10),
+                             ("last batch", 10)):  # fmt: skip
+            t.add_column(label, width=width)
+
+    _tiles_key: tuple[Any, ...] = ()
+
+    def show(self, f: Fleet, query: str) -> None:
+        # The tile map changes when a NIC changes state, not every second: rebuilding it
+        # (and the layout it triggers) only then keeps a refresh within its budget.
+        key = (query, tuple((t.rack, t.host, t.state) for t in f.tiles))
+        if key != self._tiles_key:
+            self._tiles_key = key
+            self._show_tiles(f, query)
+        self._show_table(f, query)
+
+    def _show_tiles(self, f: Fleet, query: str) -> None:
+        text = Text()
+        for rack in sorted(f.racks):
+            tiles = [t for t in f.racks[rack] if matches(t, query)]
+            if not tiles:
+                continue
+            bad = sum(1 for t in tiles if t.state != GREEN)
+            text.append(f"{rack:<12}", style="bold")
+            text.append(f"{len(tiles) - bad:>4}/{len(tiles):<4} ")
+            for t in tiles:
+                text.append(f"{GLYPH[t.state]} {t.host}  ", style=STYLE[t.state])
+            text.append("\n")
+        text.rstrip()
+        self.query_one("#tiles", Static).update(text or Text("no host matches the filter"))
+
+    def _show_table(self, f: Fleet, query: str) -> None:
+        table = self.query_one("#hosts", DataTable)
+        rows = [t for t in f.tiles if matches(t, query)]
+        rows.sort(key=lambda t: (t.state == GREEN, t.rack, t.host))
+        more = len(rows) - TABLE_ROWS
+        rows = rows[:TABLE_ROWS]  # problems first; the filter narrows the rest
+        note = f"{more} more NIC(s) not listed: type in the filter to narrow" if more > 0 else ""
+        label = self.query_one("#more", Label)
+        if str(label.render()) != note:
+            label.update(note)
+        fill(table, [
+            (t.host, (t.rack, t.host, Text(t.state, style=STYLE[t.state]), _us(t.worst_owd_us),
+                      f"{t.worst_loss:.2%}", t.worst_peer,
+                      "—" if t.uncertainty_ns is None else f"{t.uncertainty_ns:.0f}",
+                      f"{t.age_s:.0f} s"))
+            for t in rows
+        ])  # fmt: skip
+
+
+class AnomaliesPane(Vertical):
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("s", "sort", "Sort by column"),
+        Binding("enter", "remediate", "Remediate", show=True),
+    ]
+
+    def compose(self) -> ComposeResult:
+        yield Label("open anomalies — enter: remediate (preview first) · s: sort by column",
+                    id="anom-help")  # fmt: skip
+        yield DataTable(id="anomaly-table", cursor_type="row", zebra_stripes=True)
+
+    def on_mount(self) -> None:
+        t = self.query_one(DataTable)
+        for label, width in (("class", 13), ("where", 24), ("since", 7), ("outages s", 16),
+                             ("score", 5), ("probability", 11), ("summary", 80)):  # fmt: skip
+            t.add_column(label, width=width)
+        self.sort_column = 0
+
+    def show(self, f: Fleet, now_s: float) -> None:
+        rows = []
+        for a in f.anomalies:
+            ev = a.get("evidence") or {}
+            outages = ev.get("outages_s") or []
+            since = max(0.0, now_s - a.get("opened_ns", 0) / 1e9)
+            prob = (ev.get("model") or {}).get("probability")
+            rows.append((str(a.get("anomaly_id")), (
+                a.get("kind", ""), a.get("link") or a.get("job_id") or "", f"{since:.0f} s",
+                ", ".join(f"{o:.1f}" if o is not None else "?" for o in outages[-5:]) or "—",
+                f"{a.get('score', 0):.2f}", "—" if prob is None else f"{prob:.2f}",
+                a.get("summary", ""),
+            )))  # fmt: skip
+        fill(self.query_one(DataTable), rows)
+
+    def action_sort(self) -> None:
+        table = self.query_one(DataTable)
+        self.sort_column = (self.sort_column + 1) % len(table.columns)
+        key = list(table.columns)[self.sort_column]
+        table.sort(key)
+        self.app.notify(f"sorted by {table.columns[key].label}")
+
+    def action_remediate(self) -> None:
+        table = self.query_one(DataTable)
+        if table.row_count == 0:
+            return
+        key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+        app = self.app
+        assert isinstance(app, ClockmeshApp)
+        anomaly = next((a for a in app.fleet.anomalies if a.get("anomaly_id") == key), None)
+        if anomaly is not None:
+            app.push_screen(RemediationScreen(anomaly))
+
+
+class AuditPane(Vertical):
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("R", "reload", "Reload audit")]
+
+    def compose(self) -> ComposeResult:
+        yield Label("", id="audit-summary")
+        yield Tree("fleet audit", id="audit-tree")
+
+    def on_mount(self) -> None:
+        self.action_reload()
+
+    def action_reload(self) -> None:
+        app = self.app
+        assert isinstance(app, ClockmeshApp)
+        tree = self.query_one(Tree)
+        tree.clear()
+        label = self.query_one("#audit-summary", Label)
+        if app.store is None:
+            label.update("no store given (--store): the audit is read from the ops box's store")
+            return
+        import click
+
+        from analytics.audit.cli import STATUSES, latest
+
+        try:
+            run_id, rows = latest(app.store)
+        except click.ClickException as exc:
+            label.update(exc.message)
+            return
+        counts = {s: sum(1 for r in rows if r[3] == s) for s in STATUSES}
+        label.update(f"{run_id}: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+        tree.root.set_label(f"fleet audit {run_id}")
+        cats: dict[str, Any] = {}
+        checks: dict[tuple[str, str], Any] = {}
+        style = {"pass": "green", "fail": "bold red", "skipped": "dim"}
+        for host, category, check, status, reason, value in rows:
+            if category not in cats:
+                n = {s: sum(1 for r in rows if r[1] == category and r[3] == s) for s in STATUSES}
+                cats[category] = tree.root.add(
+                    f"{category} ({n['pass']} pass, {n['fail']} fail, {n['skipped']} skipped)",
+                    expand=True,
+                )
+            if (category, check) not in checks:
+                bad = any(r[1] == category and r[2] == check and r[3] == "fail" for r in rows)
+                checks[(category, check)] = cats[category].add(
+                    Text(check, style="bold red" if bad else ""), expand=bad
+                )
+            checks[(category, check)].add_leaf(
+                Text(
+                    f"{host}: {status} — {reason}" + (f" [{value}]" if value else ""),
+                    style=style.get(status, ""),
+                )
+            )
+        tree.root.expand()
+
+
+class HostScreen(Screen[None]):
+    """One host: its pairs now (raw and corrected OWD, loss), its clock, OWD history."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "app.pop_screen", "Back")]
+
+    def __init__(self, host: str) -> None:
+        super().__init__()
+        self.host = host
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield Static(id="host-head")
+        yield Label("corrected one-way delay p50 per minute (µs), last hour:", id="hist-label")
+        yield Sparkline([], id="history")
+        yield DataTable(id="peers", zebra_stripes=True)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#peers", DataTable).add_columns(
+            "direction", "peer", "sent", "loss", "raw p50 µs", "raw p99 µs", "corrected p50 µs"
+        )
+        self.render_now()
+        self.load_history()
+        self.set_interval(1.0, self.render_now)
+
+    def render_now(self) -> None:
+        app = self.app
+        assert isinstance(app, ClockmeshApp)
+        live = app.snapshot or {}
+        clock = {h["host"]: h for h in (live.get("clock") or {}).get("hosts", [])}
+        me = clock.get(self.host, {})
+        tile = next((t for t in app.fleet.tiles if t.host == self.host), None)
+        head = Text(f"{self.host}", style="bold")
+        if tile is not None:
+            head.append(f"  rack {tile.rack}  ")
+            head.append(f"{GLYPH[tile.state]} {tile.state}", style=STYLE[tile.state])
+        head.append(
+            f"\nclock: offset {me.get('offset_ns', '—')} ns ± {me.get('uncertainty_ns', '—')} ns, "
+            f"drift {me.get('drift_ppm', '—')} ppm, {me.get('status', 'not solved yet')}"
+        )
+        if app.stale_since is not None:
+            head.append("\nSTALE: the daemon is not answering; showing the last picture",
+                        style="bold red")  # fmt: skip
+        self.query_one("#host-head", Static).update(head)
+        offs = {n: h.get("offset_ns") for n, h in clock.items()}
+        table = self.query_one("#peers", DataTable)
+        table.clear()
+        for p in live.get("pairs", []):
+            if self.host not in (p["src"], p["dst"]):
+                continue
+            out = p["src"] == self.host
+            raw = p.get("owd_raw_p50_us")
+            corr = None
+            if (
+                raw is not None
+                and offs.get(p["src"]) is not None
+                and offs.get(p["dst"]) is not None
+            ):
+                corr = raw - (offs[p["dst"]] - offs[p["src"]]) / 1e3
+            table.add_row("→" if out else "←", p["dst"] if out else p["src"], p.get("sent", 0),
+                          f"{p.get('loss', 0):.2%}", _us(raw), _us(p.get("owd_raw_p99_us")),
+                          _us(corr))  # fmt: skip
+
+    @work(thread=True, exclusive=True, group="history")
+    def load_history(self) -> None:
+        app = self.app
+        assert isinstance(app, ClockmeshApp)
+        label = "corrected one-way delay p50 per minute (µs), last hour:"
+        values: list[float] = []
+        if app.store is None:
+            label = "history: no store given (--store)"
+        else:
+            try:
+                import duckdb
+
+                con = duckdb.connect(str(app.store / "catalog.duckdb"), read_only=True)
+                try:
+                    rows = con.execute(
+                        """SELECT minute, max(owd_p50_us) FROM owd_corrected_minute
+                           WHERE (src_host = ? OR dst_host = ?)
+                             AND minute > now() - INTERVAL 1 HOUR
+                           GROUP BY minute ORDER BY minute""",
+                        [self.host, self.host],
+                    ).fetchall()
+                finally:
+                    con.close()
+                values = [float(v) for _, v in rows if v is not None]
+                if not values:
+                    label = "history: no corrected delays for this host in the last hour yet"
+            except Exception as exc:  # a store being written or absent: say so, keep going
+                label = f"history unavailable: {str(exc).splitlines()[0][:120]}"
+        self.app.call_from_thread(self._show_history, label, values)
+
+    def _show_history(self, label: str, values: list[float]) -> None:
+        self.query_one("#hist-label", Label).update(label)
+        self.query_one("#history", Sparkline).data = values
+
+
+class ConfirmScreen(ModalScreen[bool]):
+    def __init__(self, question: str) -> None:
+        super().__init__()
+        self.question = question
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="confirm"):
+            yield Label(self.question)
+            with Horizontal():
+                yield Button("No", id="no", variant="primary")
+                yield Button("Yes, run it", id="yes", variant="error")
+
+    @on(Button.Pressed)
+    def answer(self, event: Button.Pressed) -> None:
+        self.dismiss(event.button.id == "yes")
+
+
+class RemediationScreen(ModalScreen[None]):
+    """Plan → check-mode preview → explicit confirmation → real run (streamed, cancellable)."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel / close")]
+
+    def __init__(self, anomaly: dict[str, Any]) -> None:
+        super().__init__()
+        self.anomaly = anomaly
+        self.plan: dict[str, Any] | None = None
+        self.proc: subprocess.Popen[str] | None = None
+        self.previewed = False
+
+    def compose(self) -> ComposeResult:
+        a = self.anomaly
+        with Vertical(id="remediation"):
+            yield Label(f"{a.get('anomaly_id')}  {a.get('kind')}  {a.get('link') or a.get('job_id')}",
+                        id="rem-title")  # fmt: skip
+            yield Static("planning…", id="plan")
+            with Horizontal(id="rem-buttons"):
+                yield Button("Preview (check mode)", id="preview", disabled=True)
+                yield Button("Run for real", id="run", variant="error", disabled=True)
+                yield Button("Cancel", id="cancel")
+            yield Log(id="output", highlight=False)
+
+    def on_mount(self) -> None:
+        self.make_plan()
+
+    @work(thread=True, exclusive=True, group="plan")
+    def make_plan(self) -> None:
+        app = self.app
+        assert isinstance(app, ClockmeshApp)
+        text, ok = app.plan_text(self.anomaly["anomaly_id"])
+        self.app.call_from_thread(self._planned, text, ok)
+
+    def _planned(self, text: str, ok: bool) -> None:
+        app = self.app
+        assert isinstance(app, ClockmeshApp)
+        plan = self.query_one("#plan", Static)
+        if not ok:
+            plan.update(Text(f"refused: {text}", style="bold red"))
+            return
+        if app.inventory is None:
+            plan.update(Text(f"{text}\nstart the TUI with --inventory to run playbooks",
+                             style="yellow"))  # fmt: skip
+            return
+        plan.update(text)
+        self.query_one("#preview", Button).disabled = False
+
+    @on(Button.Pressed, "#preview")
+    def preview(self) -> None:
+        self.query_one("#preview", Button).disabled = True
+        self.run_playbook(check=True)
+
+    @on(Button.Pressed, "#run")
+    def confirm_run(self) -> None:
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.query_one("#run", Button).disabled = True
+                self.run_playbook(check=False)
+            else:
+                self.query_one("#output", Log).write_line("not confirmed: nothing changed")
+
+        self.app.push_screen(
+            ConfirmScreen(f"Run {self.anomaly.get('anomaly_id')}'s remediation for real?"), answered
+        )
+
+    @on(Button.Pressed, "#cancel")
+    def action_cancel(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.query_one("#output", Log).write_line("cancelled: the playbook was stopped")
+            return
+        self.dismiss(None)
+
+    @work(thread=True, exclusive=True, group="playbook")
+    def run_playbook(self, check: bool) -> None:
+        from analytics.remediate import runner
+
+        app = self.app
+        assert isinstance(app, ClockmeshApp) and app.inventory is not None
+        log = self.query_one("#output", Log)
+        argv = runner.playbook_argv(app.inventory, "remediate.yml",
+                                    {"anomaly_id": self.anomaly["anomaly_id"]}, check=check)  # fmt: skip
+
+        def started(p: subprocess.Popen[str]) -> None:
+            self.proc = p
+
+        def echo(line: str) -> None:
+            self.app.call_from_thread(log.write_line, line)
+
+        result = runner.stream(argv, echo, on_start=started)
+        self.proc = None
+        self.app.call_from_thread(self._finished, check, result.ok, result.changed)
+
+    def _finished(self, check: bool, ok: bool, changed: dict[str, int]) -> None:
+        log = self.query_one("#output", Log)
+        if check and ok:
+            self.previewed = True
+            log.write_line(
+                f"== the real run would change: {({h: n for h, n in changed.items() if n}) or 'nothing'}"
+            )
+            self.query_one("#run", Button).disabled = False
+        elif check:
+            log.write_line("== the preview failed or was refused: nothing changed")
+        else:
+            log.write_line("== done" if ok else "== the run failed (recorded as failed)")
+
+
+class ClockmeshApp(App[None]):
+    TITLE = "clockmesh"
+    CSS_PATH = "app.tcss"
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("f", "show_tab('fleet')", "Fleet"),
+        Binding("a", "show_tab('anomalies')", "Anomalies"),
+        Binding("u", "show_tab('audit')", "Audit"),
+        Binding("slash", "focus_filter", "Filter"),
+        Binding("question_mark", "toggle_help", "Help"),
+        Binding("t", "toggle_theme", "Light/dark"),
+        Binding("q", "quit", "Quit"),
+    ]
+
+    def __init__(
+        self,
+        source: Callable[[], dict[str, Any]],
+        racks: dict[str, str] | None = None,
+        store: Path | None = None,
+        inventory: Path | None = None,
+        topology: Path | None = None,
+        refresh_s: float = 1.0,
+        thresholds: Thresholds | None = None,
+        now: Callable[[], float] = time.time,
+    ) -> None:
+        super().__init__()
+        self.source = source
+        self.racks = racks or {}
+        self.store = store
+        self.inventory = inventory
+        self.topology = topology
+        self.refresh_s = refresh_s
+        self.thresholds = thresholds or Thresholds()
+        self.now = now
+        self.snapshot: dict[str, Any] | None = None
+        self.fleet = Fleet()
+        self.fetched_at: float | None = None
+        self.stale_since: float | None = None
+        self.error = ""
+        self.query_text = ""
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield Static(id="banner")
+        yield Static("connecting to the ingest daemon…", id="summary")
+        with TabbedContent(initial="fleet"):
+            with TabPane("Fleet", id="fleet"):
+                yield FleetPane()
+            with TabPane("Anomalies", id="anomalies"):
+                yield AnomaliesPane()
+            with TabPane("Audit", id="audit"):
+                yield AuditPane()
+        yield Footer()
+
+    def on_mount(self) -> None:
+        # References, not queries: a pushed screen (drill-down, remediation) is on top
+        # while the main screen keeps refreshing underneath.
+        self.banner = self.query_one("#banner", Static)
+        self.summary = self.query_one("#summary", Static)
+        self.fleet_pane = self.query_one(FleetPane)
+        self.anomalies_pane = self.query_one(AnomaliesPane)
+        self.tabs = self.query_one(TabbedContent)
+        self.banner.display = False
+        self.poll()
+        self.set_interval(self.refresh_s, self.poll)
+
+    # ---- live data ---------------------------------------------------------------
+    @work(thread=True, exclusive=True, group="live")
+    def poll(self) -> None:
+        try:
+            live = self.source()
+        except Exception as exc:  # daemon down, refused, bad JSON: keep the last picture
+            self.call_from_thread(self.apply, None, str(exc).splitlines()[0][:160] or repr(exc))
+            return
+        self.call_from_thread(self.apply, live, "")
+
+    def apply(self, live: dict[str, Any] | None, error: str) -> None:
+        now = self.now()
+        if live is not None:
+            self.snapshot, self.fetched_at, self.stale_since, self.error = live, now, None, ""
+            self.fleet = fleet(live, self.racks, self.thresholds)
+        else:
+            self.error = error
+            if self.stale_since is None:
+                self.stale_since = now
+        with contextlib.suppress(NoMatches):  # a fetch that lands while the app shuts down
+            self.render_all()
+
+    def render_all(self) -> None:
+        now = self.now()
+        banner = self.banner
+        if self.stale_since is not None:
+            when = time.strftime("%H:%M:%S UTC", time.gmtime(self.stale_since))
+            what = "showing the last picture" if self.snapshot else "no data yet"
+            banner.update(f" STALE since {when} — the ingest daemon does not answer ({self.error});"
+                          f" {what}, retrying every {self.refresh_s:g} s ")  # fmt: skip
+            banner.display = True
+        else:
+            banner.display = False
+        f = self.fleet
+        kinds = ", ".join(f"{k} {n}" for k, n in sorted(f.anomalies_by_kind.items())) or "none"
+        sigma = "—" if f.clock_sigma_ns is None else f"{f.clock_sigma_ns:.0f} ns"
+        summary = Text()
+        summary.append(f" {f.healthy}/{len(f.tiles)} NICs healthy ", style="bold")
+        summary.append(f"· open anomalies: {kinds} · jobs flagged: {f.jobs} · clock: "
+                       f"{f.clock_solved}/{f.clock_hosts} solved, median σ {sigma}")  # fmt: skip
+        if self.fetched_at is not None:
+            summary.append(f" · updated {max(0.0, now - self.fetched_at):.0f} s ago", style="dim")
+        if self.snapshot is not None and not self.snapshot.get("hosts"):
+            summary.append(" · no host has shipped yet", style="yellow")
+        self.summary.update(summary)
+        # Only the pane on screen is rendered; the other catches up when it is shown.
+        if self.tabs.active == "anomalies":
+            self.anomalies_pane.show(f, now)
+        else:
+            self.fleet_pane.show(f, self.query_text)
+
+    @on(TabbedContent.TabActivated)
+    def tab_shown(self) -> None:
+        with contextlib.suppress(NoMatches):
+            self.render_all()
+
+    # ---- actions ---------------------------------------------------------------------
+    @on(Input.Changed, "#filter")
+    def filter_changed(self, event: Input.Changed) -> None:
+        self.query_text = event.value
+        self.fleet_pane.show(self.fleet, self.query_text)
+
+    @on(DataTable.RowSelected, "#hosts")
+    def host_selected(self, event: DataTable.RowSelected) -> None:
+        host = event.data_table.get_row_at(event.cursor_row)[1]
+        self.push_screen(HostScreen(str(host)))
+
+    @on(DataTable.RowSelected, "#anomaly-table")
+    def anomaly_selected(self, event: DataTable.RowSelected) -> None:
+        self.anomalies_pane.action_remediate()
+
+    def action_show_tab(self, tab: str) -> None:
+        self.query_one(TabbedContent).active = tab
+
+    def action_focus_filter(self) -> None:
+        self.action_show_tab("fleet")
+        self.query_one("#filter", Input).focus()
+
+    def action_toggle_help(self) -> None:
+        if self.screen.query("HelpPanel"):
+            self.action_hide_help_panel()
+        else:
+            self.action_show_help_panel()
+
+    def action_toggle_theme(self) -> None:
+        self.theme = "textual-light" if self.theme == "textual-dark" else "textual-dark"
+
+    def plan_text(self, anomaly_id: str) -> tuple[str, bool]:
+        """The remediation plan in words (same preflight as the playbook), or the refusal."""
+        if self.store is None or self.topology is None:
+            return "start the TUI with --store and --topology to plan remediations", False
+        from analytics.remediate.plan import Refused, plan, read_topology
+        from analytics.remediate.records import RecordError
+
+        try:
+            p = plan(self.store, read_topology(self.topology), anomaly_id=anomaly_id)
+        except (Refused, RecordError) as exc:
+            return str(exc), False
+        lines = [f"{p.action} {p.target}: {p.summary}"]
+        lines += [f"  {s.name}: BGP neighbour {s.neighbor} shutdown" for s in p.switches]
+        if p.cap:
+            lines.append(f"  blast radius: {json.dumps(p.cap)}")
+        return "\n".join(lines), True
+
+
+def main_app(url: str, **kw: Any) -> ClockmeshApp:
+    return ClockmeshApp(LiveSource(url), **kw)

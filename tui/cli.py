@@ -1,0 +1,45 @@
+"""``clockmesh tui``: the Textual terminal UI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from analytics.sql_cli import DEFAULT_STORE
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--url", default="http://127.0.0.1:8470", show_default=True,
+              help="Ingest daemon base URL (/v1/live over HTTP: runs from the controller too).")  # fmt: skip
+@click.option("--store", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_STORE,
+              show_default=True, help="Store for history, audits and remediation (read-only).")  # fmt: skip
+@click.option("--topology", type=click.Path(dir_okay=False, path_type=Path),
+              default="/etc/clockmesh/topology.json", show_default=True,
+              help="Topology: racks for grouping, links for remediation.")  # fmt: skip
+@click.option("-i", "--inventory", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              default=None, help="Ansible inventory: enables remediation playbooks.")  # fmt: skip
+@click.option("--refresh", "refresh_s", type=click.FloatRange(min=0.2), default=1.0,
+              show_default=True, help="Seconds between /v1/live fetches.")  # fmt: skip
+@click.option("--amber-us", type=float, default=5.0, show_default=True,
+              help="Worst corrected one-way delay above which a NIC is amber.")  # fmt: skip
+def tui(url: str, store: Path, topology: Path, inventory: Path | None, refresh_s: float,
+        amber_us: float) -> None:  # fmt: skip
+    """The fleet at a glance: NICs by rack, anomalies, audit, remediation with a preview.
+
+    Keys: f fleet · a anomalies · u audit · / filter · enter drill down / remediate ·
+    ? help · t light/dark · ctrl+p command palette · q quit.
+    """
+    from tui.app import ClockmeshApp
+    from tui.data import LiveSource, Thresholds, load_racks
+
+    topo = topology if topology.is_file() else None
+    try:
+        racks = load_racks(topo)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    ClockmeshApp(
+        LiveSource(url), racks=racks, store=store if store.is_dir() else None,
+        inventory=inventory, topology=topo, refresh_s=refresh_s,
+        thresholds=Thresholds(amber_us=amber_us),
+    ).run()  # fmt: skip

@@ -1,0 +1,142 @@
+"""What the TUI shows, computed from the ingest daemon's ``/v1/live`` (no Textual here).
+
+:class:`LiveSource` fetches ``/v1/live`` over HTTP (so the TUI runs on the controller as
+well as on the ops box); :func:`fleet` turns one answer into NIC tiles grouped by rack
+(an ECMP group), each coloured by its worst *corrected* one-way delay and its loss, and a
+header: healthy/total NICs, jobs, open anomalies by class, clock-sync quality.
+
+Corrected one-way delay of a pair = raw (receiver clock − sender clock) − (offset of the
+receiver − offset of the sender), with the clock solver's offsets from the same answer.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+GREEN, AMBER, RED, GREY = "ok", "slow", "loss", "silent"
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    amber_us: float = 5.0  # worst corrected one-way delay above this: amber
+    red_loss: float = 0.001  # loss above this (0.1 %): red
+    silent_s: float = 10.0  # no batch for this long: grey
+
+
+@dataclass
+class Tile:
+    host: str
+    rack: str
+    worst_owd_us: float | None  # corrected, over the pairs it sends or receives
+    worst_loss: float
+    worst_peer: str
+    offset_ns: float | None
+    uncertainty_ns: float | None
+    clock_status: str
+    age_s: float
+    state: str  # GREEN, AMBER, RED, GREY
+
+
+@dataclass
+class Fleet:
+    tiles: list[Tile] = field(default_factory=list)
+    racks: dict[str, list[Tile]] = field(default_factory=dict)
+    healthy: int = 0
+    anomalies_by_kind: dict[str, int] = field(default_factory=dict)
+    anomalies: list[dict[str, Any]] = field(default_factory=list)
+    jobs: int = 0
+    clock_solved: int = 0
+    clock_hosts: int = 0
+    clock_sigma_ns: float | None = None
+    model: str = ""
+
+
+class LiveSource:
+    """``/v1/live`` of one ingest daemon."""
+
+    def __init__(self, url: str, timeout_s: float = 2.0) -> None:
+        self.url = url.rstrip("/") + "/v1/live"
+        self.timeout_s = timeout_s
+
+    def __call__(self) -> dict[str, Any]:
+        with urllib.request.urlopen(self.url, timeout=self.timeout_s) as resp:
+            return dict(json.load(resp))
+
+
+def load_racks(topology: Path | None) -> dict[str, str]:
+    """host -> rack (its leaf) from a topology file; {} when none is given."""
+    if topology is None:
+        return {}
+    try:
+        doc = json.loads(Path(topology).read_text(encoding="utf-8"))
+        return {h["name"]: str(h.get("rack", "")) for h in doc["hosts"]}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{topology}: not a clockmesh topology file ({exc})") from None
+
+
+def _rack_of(host: str, racks: dict[str, str]) -> str:
+    return racks.get(host) or "(no rack)"
+
+
+def fleet(live: dict[str, Any], racks: dict[str, str], th: Thresholds | None = None) -> Fleet:
+    th = th or Thresholds()
+    clock = {h["host"]: h for h in (live.get("clock") or {}).get("hosts", [])}
+    offsets = {n: h.get("offset_ns") for n, h in clock.items()}
+    worst: dict[str, tuple[float, str]] = {}
+    loss: dict[str, tuple[float, str]] = {}
+    for p in live.get("pairs", []):
+        src, dst = p["src"], p["dst"]
+        raw = p.get("owd_raw_p50_us")
+        if raw is not None and offsets.get(src) is not None and offsets.get(dst) is not None:
+            owd = raw - (offsets[dst] - offsets[src]) / 1e3
+            for me, peer in ((src, dst), (dst, src)):
+                if owd > worst.get(me, (-1e18, ""))[0]:
+                    worst[me] = (owd, peer)
+        lo = float(p.get("loss") or 0.0)
+        for me, peer in ((src, dst), (dst, src)):
+            if lo > loss.get(me, (-1.0, ""))[0]:
+                loss[me] = (lo, peer)
+    out = Fleet()
+    for h in live.get("hosts", []):
+        name = h["host"]
+        w = worst.get(name)
+        lo, lo_peer = loss.get(name, (0.0, ""))
+        c = clock.get(name, {})
+        age = float(h.get("last_batch_age_s") or 0.0)
+        if age > th.silent_s:
+            state = GREY
+        elif lo > th.red_loss:
+            state = RED
+        elif w is not None and w[0] > th.amber_us:
+            state = AMBER
+        else:
+            state = GREEN
+        tile = Tile(name, _rack_of(name, racks), None if w is None else round(w[0], 2),
+                    lo, lo_peer if lo > th.red_loss else (w[1] if w else ""),
+                    c.get("offset_ns"), c.get("uncertainty_ns"), str(c.get("status", "")),
+                    age, state)  # fmt: skip
+        out.tiles.append(tile)
+        out.racks.setdefault(tile.rack, []).append(tile)
+    out.healthy = sum(1 for t in out.tiles if t.state == GREEN)
+    anomalies = live.get("anomalies") or {}
+    out.anomalies = list(anomalies.get("open", []))
+    out.anomalies_by_kind = {k: n for k, n in (anomalies.get("open_by_kind") or {}).items() if n}
+    out.model = str(anomalies.get("model", ""))
+    out.jobs = len({a["job_id"] for a in out.anomalies if a.get("job_id")})
+    statuses = Counter(h.get("status") for h in clock.values())
+    out.clock_hosts = len(clock)
+    out.clock_solved = statuses.get("solved", 0)
+    sig = sorted(h["uncertainty_ns"] for h in clock.values() if h.get("uncertainty_ns") is not None)
+    out.clock_sigma_ns = sig[len(sig) // 2] if sig else None
+    return out
+
+
+def matches(tile: Tile, query: str, addresses: dict[str, str] | None = None) -> bool:
+    """Filter: every word must appear in the host name, its rack, its address or state."""
+    hay = f"{tile.host} {tile.rack} {tile.state} {(addresses or {}).get(tile.host, '')}".lower()
+    return all(word in hay for word in query.lower().split())
