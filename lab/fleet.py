@@ -24,6 +24,7 @@ import yaml
 from lab import fake_rdma
 
 ROOT = Path(__file__).resolve().parents[2]
+NCCL_CONF = "/etc/clockmesh/nccl.conf"  # inside a lab host's mount namespace
 
 
 def start(
@@ -60,6 +61,8 @@ def start(
                 "rdma": {
                     "configfs_root": fake_rdma.IN_HOST_PATH + "/sys/kernel/config",
                     "pyverbs": False,
+                    # Lab hosts share /etc: each reads its private /etc/clockmesh (as deployed).
+                    "nccl_conf": NCCL_CONF,
                 },
                 "inband": {"socket": "/run/clockmesh/inband.sock"},
                 "status_file": str(d / "status.json"),
@@ -151,10 +154,12 @@ def stop_opsbox(proc: subprocess.Popen[bytes] | None) -> None:
         proc.wait()
 
 
-def opsbox_inventory(lab: Any, store: Path, out: Path) -> Path:
+def opsbox_inventory(lab: Any, store: Path, out: Path, hosts: Path | None = None) -> Path:
     """The lab's inventory with its ``opsbox`` replaced by this machine, where
     :func:`start_opsbox` runs the daemon: the remediation playbooks' preflight and record
-    then read and write ``store`` with this checkout's ``clockmesh``. Returns ``out``."""
+    then read and write ``store`` with this checkout's ``clockmesh``. With ``hosts`` (the
+    base :func:`start` was given), each host's playbooks use this checkout's CLI and the
+    collector.yml :func:`start` wrote for it. Returns ``out``."""
 
     inv = yaml.safe_load(Path(lab.inventory_path).read_text())
     python = Path(sys.executable)
@@ -166,6 +171,11 @@ def opsbox_inventory(lab: Any, store: Path, out: Path) -> Path:
         clockmesh_ops_store_dir=str(store),
         clockmesh_ops_topology_file=str(lab.topology_path),
     )
+    if hosts is not None:
+        for rack in inv["all"]["children"]["collectors"]["children"].values():
+            for name, hv in rack["hosts"].items():
+                hv["clockmesh_host_cli"] = str(python.with_name("clockmesh"))
+                hv["clockmesh_host_collector_config"] = str(hosts / name / "collector.yml")
     out.write_text(yaml.safe_dump(inv, sort_keys=False))
     out.chmod(0o600)  # holds the fleet key
     return out

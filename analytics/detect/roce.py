@@ -7,8 +7,9 @@ job sets none) as a snapshot of that host's jobs whenever the set changes.
 
 A job whose index resolves to a RoCE v1 GID on any of its hosts is a ``roce_v1_job``: its
 traffic carries no IP header, so a routed fabric cannot give it the RDMA traffic class.
-A job that sets no index is resolved to the index its library would pick. NCCL before
-2.21 takes ``NCCL_IB_GID_INDEX``'s default, 0, which on ConnectX ports is the link-local
+A job that sets no index in its environment takes the host's ``nccl.conf`` one, as NCCL
+does (the collector sends it as a row with an empty job id); with none there either, it is
+resolved to the index its library would pick. NCCL before 2.21 takes ``NCCL_IB_GID_INDEX``'s default, 0, which on ConnectX ports is the link-local
 RoCE v1 GID; this is the commonest way a job lands on RoCE v1. (NCCL 2.21 and later
 choose a RoCE v2 GID themselves; the collector cannot yet tell the NCCL version, so the
 older default is assumed and the evidence says so.)
@@ -49,6 +50,8 @@ class RoceJobs:
         # host -> job_id -> how it runs there, from the host's latest snapshot
         self.jobs: dict[int, dict[str, _JobOnHost]] = {}
         self._job_ts: dict[int, int] = {}
+        # host -> NCCL_IB_GID_INDEX in its nccl.conf (the default for jobs that set none)
+        self.conf_index: dict[int, int] = {}
         # Jobs that announced their index through the in-band hook, and when each was last
         # heard from (announcement or in-band records): they run while they report.
         self.inband_jobs: dict[tuple[int, str], _JobOnHost] = {}
@@ -97,9 +100,12 @@ class RoceJobs:
                 continue
             self._job_ts[host] = ts
             jobs: dict[str, _JobOnHost] = {}
+            self.conf_index.pop(host, None)
             for r in mine[mine["ts_ns"] == ts]:
                 job = r["job_id"].decode(errors="replace")
-                if not job:  # the collector's "no RDMA jobs here" marker
+                if not job:  # nccl.conf's index, or the collector's "no RDMA jobs here"
+                    if r["source"] == b"nccl.conf" and int(r["gid_index"]) >= 0:
+                        self.conf_index[host] = int(r["gid_index"])
                     continue
                 jobs[job] = _JobOnHost(
                     int(r["gid_index"]),
@@ -111,6 +117,9 @@ class RoceJobs:
     def _resolve(self, host: int, job: str, on: _JobOnHost) -> tuple[int, str | None, str]:
         """(index used, its GID type or None, how the index was found)."""
         index, how = on.gid_index, f"set in {on.source}"
+        if index < 0 and host in self.conf_index:
+            index = self.conf_index[host]
+            how = f"not set by the job; the host's nccl.conf sets {index}"
         if index < 0:
             index = UNSET_DEFAULT_INDEX
             how = f"not set; NCCL < 2.21 uses index {UNSET_DEFAULT_INDEX} (assumed)"

@@ -111,6 +111,24 @@ def test_a_job_that_sets_no_index_resolves_to_nccls_default() -> None:
     assert "not set; NCCL < 2.21 uses index 0 (assumed)" in obs.evidence["index_source"]
 
 
+def test_a_job_that_sets_no_index_takes_the_hosts_nccl_conf() -> None:
+    roce = RoceJobs({H1: "h1-1"})
+    roce.feed_gids(_gids(H1))
+    rows = _jobs(H1, [(b"", 3), (b"no-index", -1)])
+    rows["source"][0] = b"nccl.conf"  # the collector's host-level row
+    roce.feed_jobs(rows)
+    assert roce.observations(3 * S) == []  # nccl.conf's index 3 is RoCE v2
+    rows = _jobs(H1, [(b"", 2), (b"no-index", -1)], ts=4)
+    rows["source"][0] = b"nccl.conf"
+    roce.feed_jobs(rows)
+    (obs,) = roce.observations(5 * S)
+    assert obs.evidence["gid_indices"] == [2]
+    assert obs.evidence["index_source"] == ["not set by the job; the host's nccl.conf sets 2"]
+    roce.feed_jobs(_jobs(H1, [(b"no-index", -1)], ts=6))  # nccl.conf gone: NCCL's default
+    (obs,) = roce.observations(7 * S)
+    assert obs.evidence["gid_indices"] == [0]
+
+
 def test_a_finished_job_and_a_missing_gid_entry_raise_nothing(caplog) -> None:  # type: ignore[no-untyped-def]
     roce = RoceJobs({H1: "h1-1"})
     roce.feed_gids(_gids(H1))
