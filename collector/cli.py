@@ -7,6 +7,7 @@ by the collector work.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -227,3 +228,57 @@ def audit(
             f"{c.status:<8} {c.category}/{c.check}: {c.reason}"
             + (f" [{c.value}]" if c.value else "")
         )
+
+
+@collector.command("gids")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    default=str(collector_config.DEFAULT_PATH),
+    show_default=True,
+    help="collector.yml: sysfs and configfs roots, backend interface, nccl.conf.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def gids(config_path: str, as_json: bool) -> None:
+    """This host's GID table, the RoCE v2 index a job should use, and nccl.conf's index.
+
+    `recommended` is the RoCE v2 GID on the backend interface that carries its IPv4
+    address (routable), else the first RoCE v2 GID on it: read from the table, never a
+    fixed number. The remediation role for RoCE v1 jobs uses it.
+    """
+    from collector import rdma_config
+
+    try:
+        cfg = collector_config.load(Path(config_path))
+    except ConfigError as exc:
+        click.echo(str(exc), err=True)
+        raise SystemExit(2) from None
+    rows = rdma_config.gid_table(cfg.counters.sysfs_root, cfg.rdma.configfs_root, 0, 0)
+    table = [
+        {"device": r["device"].decode(), "port": int(r["port"]), "index": int(r["gid_index"]),
+         "gid": r["gid"].decode(), "type": r["gid_type"].decode(), "ndev": r["ndev"].decode(),
+         "default_roce_mode": r["default_roce_mode"].decode()}
+        for r in rows
+    ]  # fmt: skip
+    mine = [g for g in table if g["ndev"] == cfg.backend.interface and g["type"] == "RoCE v2"]
+    routable = [g for g in mine if g["gid"].startswith("0000:0000:0000:0000:0000:ffff:")]
+    pick = (routable or mine)[0] if (routable or mine) else None
+    text = None
+    with contextlib.suppress(OSError):
+        text = Path(cfg.rdma.nccl_conf).read_text()
+    doc = {
+        "gids": table,
+        "recommended": pick,
+        "nccl_conf": cfg.rdma.nccl_conf,
+        "nccl_conf_index": rdma_config.parse_nccl_conf(text) if text is not None else None,
+        "configfs_root": cfg.rdma.configfs_root,
+    }
+    if as_json:
+        click.echo(json.dumps(doc))
+        return
+    for g in table:
+        mark = "  <- recommended" if g is pick else ""
+        click.echo(f"{g['device']}/{g['port']} index {g['index']:>3} {g['type']:<11} "
+                   f"{g['ndev']:<8} {g['gid']}{mark}")  # fmt: skip
+    click.echo(f"{cfg.rdma.nccl_conf}: NCCL_IB_GID_INDEX={doc['nccl_conf_index']}")

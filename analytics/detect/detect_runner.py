@@ -52,6 +52,12 @@ log = logging.getLogger("clockmesh.ingest.detect")
 _COUNTER_NAMES = pa.array(sorted(n.decode() for n in FLAP_COUNTERS))
 
 
+# After a remediation closed an anomaly, the rule that found it is not listened to for
+# this long: collectors report the changed configuration at their next scan (jobs and
+# nccl.conf every 5 s), plus shipping. Still seen after that, it is a new anomaly.
+REMEDIATION_SETTLE_S = 20.0
+
+
 @dataclass
 class DetectConfig:
     interval_s: float = 0.5  # one analysis pass this often
@@ -136,6 +142,9 @@ class DetectRunner:
         self._live: list[dict] = []
         self._remediation_files: frozenset[str] = frozenset()
         self._applied: set[str] = set()  # remediation ids already acted on
+        # (rule, key) of anomalies a remediation closed -> until when the rule's view of
+        # them is not trusted: collectors report the fixed configuration at their next scan.
+        self._settling: dict[tuple[str, str], int] = {}
         self._recent: list[dict] = []
 
     # ---- commit thread -------------------------------------------------------------
@@ -235,6 +244,9 @@ class DetectRunner:
             *self.delays.observations(now_ns),
             *self.roce.observations(now_ns),
         ]
+        self._settling = {k: t for k, t in self._settling.items() if t > now_ns}
+        if self._settling:  # still true after the grace: a new anomaly (the fix did not take)
+            observed = [o for o in observed if o.book_key not in self._settling]
         self.judge(observed)
         for obs in observed:
             a = self.book.observe(obs, now_ns)
@@ -289,6 +301,7 @@ class DetectRunner:
                     a.kind == "flapping_link" and a.link == r.target
                 ):
                     self.book.close(a, now_ns, closed_by=r.remediation_id)
+                    self._settling[a.book_key] = now_ns + int(REMEDIATION_SETTLE_S * 1e9)
                     log.info("event=anomaly_closed id=%s kind=%s by=%s", a.anomaly_id, a.kind,
                              r.remediation_id)  # fmt: skip
 

@@ -102,6 +102,8 @@ def list_(store: Path, topology: Path, as_json: bool) -> None:
               show_default=True, help="Cap: share of a leaf's uplinks out at once.")  # fmt: skip
 @click.option("--max-fabric-links-out-share", type=click.FloatRange(0, 1), default=0.25,
               show_default=True, help="Cap: share of all fabric links out at once.")  # fmt: skip
+@click.option("--max-hosts-share", type=click.FloatRange(0, 1), default=0.5,
+              show_default=True, help="Cap: share of the fleet's hosts one run may change.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON (the playbook's).")
 def plan_(
     store: Path,
@@ -112,6 +114,7 @@ def plan_(
     undo_id: str,
     max_uplinks_out_share: float,
     max_fabric_links_out_share: float,
+    max_hosts_share: float,
     as_json: bool,
 ) -> None:
     """The preflight: what would change, where, and the blast-radius cap (exit 1: refused)."""
@@ -120,7 +123,7 @@ def plan_(
         if undo_id:
             p = plan_undo(store, topo, undo_id)
         else:
-            caps = Caps(max_uplinks_out_share, max_fabric_links_out_share)
+            caps = Caps(max_uplinks_out_share, max_fabric_links_out_share, max_hosts_share)
             p = plan(store, topo, anomaly_id, action, target, caps)
     except (Refused, records.RecordError) as exc:
         raise click.ClickException(f"refused: {exc}") from None
@@ -145,11 +148,11 @@ def record_(store: Path, plan_json: str, results_json: str, check: bool) -> None
     try:
         p = json.loads(plan_json)
         results = json.loads(results_json)
-        targets = [s["name"] for s in p["switches"]]
+        targets = p.get("targets") or [s["name"] for s in p["switches"]]
         rid = p["remediation_id"]
     except (ValueError, KeyError, TypeError) as exc:
         raise click.ClickException(f"--plan/--results: not a clockmesh plan ({exc})") from None
-    done = {r.get("switch") for r in results}
+    done = {r.get("target") or r.get("switch") for r in results}
     status = "ok" if done >= set(targets) else "failed"
     if check:  # a preview never replaces the state of a remediation in force
         rid = records.new_id(p.get("anomaly_id", ""), p["action"], p["target"])
@@ -174,7 +177,8 @@ def record_(store: Path, plan_json: str, results_json: str, check: bool) -> None
             f"{verb}{' (check mode)' if check else ''}",
             p["target"],
             {"remediation_id": rid, "status": status, "anomaly_id": p.get("anomaly_id", ""),
-             "changed": [r.get("switch") for r in results if r.get("changed")]},
+             "changed": [r.get("target") or r.get("switch") for r in results
+                         if str(r.get("changed")).lower() == "true"]},
         )  # fmt: skip
     except records.RecordError as exc:
         raise click.ClickException(str(exc)) from None

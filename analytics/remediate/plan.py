@@ -12,6 +12,12 @@ against what is already out of service (the active remediations in the store):
   spines, one link per leaf at most) and at most ``max_fabric_links_out_share`` of all
   fabric links are out (default 0.25, at least one).
 
+- ``roce_v2_gid`` — a job on RoCE v1 whose index comes from nccl.conf or NCCL's default:
+  each of its hosts' nccl.conf points at that host's RoCE v2 GID (read from its GID table
+  on the host) and rdma_cm's default_roce_mode at RoCE v2. A job that sets the index in
+  its own environment is refused (nccl.conf cannot override it). Cap: at most
+  ``max_hosts_share`` of the fleet's hosts (default 0.5).
+
 Like a PodDisruptionBudget, the cap counts what is already out: a second link on the same
 leaf is refused while the first is out, with the cap and the count named.
 """
@@ -28,7 +34,7 @@ import duckdb
 
 from analytics.remediate import records
 
-ACTIONS = ("fabric_link_out",)
+ACTIONS = ("fabric_link_out", "roce_v2_gid")
 
 
 class Refused(Exception):
@@ -39,6 +45,7 @@ class Refused(Exception):
 class Caps:
     max_uplinks_out_share: float = 0.5
     max_fabric_links_out_share: float = 0.25
+    max_hosts_share: float = 0.5  # hosts one remediation may change, share of the fleet
 
 
 @dataclass
@@ -55,7 +62,9 @@ class Plan:
     target: str
     summary: str
     switches: list[Switch] = field(default_factory=list)
-    hosts: list[str] = field(default_factory=list)  # exposed: behind the link
+    hosts: list[str] = field(default_factory=list)  # exposed: behind the link, or changed
+    targets: list[str] = field(default_factory=list)  # what the playbook changes
+    restore: dict[str, dict[str, Any]] = field(default_factory=dict)  # per target, for undo
     cap: dict[str, Any] = field(default_factory=dict)
     undo: dict[str, str] = field(default_factory=dict)
     undo_of: str = ""  # the remediation this plan undoes
@@ -127,16 +136,58 @@ def plan(
             raise Refused(f"anomaly {anomaly_id} is closed (its condition cleared): nothing to do")
         if a.kind == "flapping_link":
             action, target = "fabric_link_out", a.link
-        elif a.kind in ("roce_v1_job", "contention"):
+        elif a.kind == "roce_v1_job":
+            return _roce_v2_gid(topology, a, caps)
+        elif a.kind == "contention":
             raise Refused(
                 f"anomaly {anomaly_id} ({a.kind}): no automated remediation for this class yet; "
                 "see docs/remediate.md for the manual fix"
             )
         else:
             raise Refused(f"anomaly {anomaly_id} ({a.kind}): no remediation for this class")
-    if action not in ACTIONS:
-        raise Refused(f"action {action!r}: expected one of {', '.join(ACTIONS)}")
+    if action != "fabric_link_out":
+        raise Refused(
+            f"action {action!r}: expected fabric_link_out with a target "
+            "(roce_v2_gid needs its anomaly: -e anomaly_id=...)"
+        )
     return _fabric_link_out(topology, anomaly_id, target, caps, in_force)
+
+
+def _roce_v2_gid(topology: dict[str, Any], a: StoredAnomaly, caps: Caps) -> Plan:
+    """nccl.conf → the RoCE v2 index on the job's hosts (each host finds its own index)."""
+    ev = a.detail.get("evidence") or {}
+    hosts = sorted(ev.get("hosts") or [])
+    if not hosts:
+        raise Refused(f"anomaly {a.anomaly_id}: names no hosts (evidence.hosts is empty)")
+    own = [s for s in ev.get("index_source") or [] if s.startswith("set in ")]
+    if own:
+        raise Refused(
+            f"job {a.job_id} sets NCCL_IB_GID_INDEX itself ({', '.join(own)}): nccl.conf "
+            "cannot override a job's environment; restart it with a RoCE v2 index "
+            "(clockmesh collector gids on a host names it)"
+        )
+    fleet = len(topology.get("hosts", [])) or len(hosts)
+    cap = max(1, math.floor(caps.max_hosts_share * fleet))
+    if len(hosts) > cap:
+        raise Refused(
+            f"blast-radius cap: {len(hosts)} of {fleet} hosts would change; the cap is {cap} "
+            f"(max_hosts_share {caps.max_hosts_share})"
+        )
+    return Plan(
+        remediation_id=records.new_id(a.anomaly_id, "roce_v2_gid", a.job_id),
+        anomaly_id=a.anomaly_id,
+        action="roce_v2_gid",
+        target=a.job_id,
+        summary=(
+            f"set NCCL_IB_GID_INDEX in nccl.conf to each host's RoCE v2 GID (from its GID "
+            f"table) on the {len(hosts)} host(s) of job {a.job_id} on RoCE v1: "
+            f"{', '.join(hosts)}; jobs that set no index pick it up when they start"
+        ),
+        hosts=hosts,
+        targets=hosts,
+        cap={"hosts": len(hosts), "fleet": fleet, "max_hosts": cap},
+        undo={"action": "roce_gid_restore", "target": a.job_id},
+    )
 
 
 def plan_undo(store: Path, topology: dict[str, Any], remediation_id: str) -> Plan:
@@ -149,6 +200,27 @@ def plan_undo(store: Path, topology: dict[str, Any], remediation_id: str) -> Pla
         raise Refused(f"remediation {remediation_id} was a check-mode preview: nothing to undo")
     if r.status != "ok":
         raise Refused(f"remediation {remediation_id} is {r.status}: nothing in force to undo")
+    if r.action == "roce_v2_gid":
+        before = {x["host"]: x for x in r.detail.get("results", []) if x.get("host")}
+        return Plan(
+            remediation_id=records.new_id(r.anomaly_id, "roce_gid_restore", r.target),
+            anomaly_id=r.anomaly_id,
+            action="roce_gid_restore",
+            target=r.target,
+            summary=f"restore nccl.conf and default_roce_mode on {', '.join(sorted(before))} "
+            f"(undoes {remediation_id})",
+            hosts=sorted(before),
+            targets=sorted(before),
+            restore={
+                h: {
+                    "index": int(x.get("index_before", -1)),
+                    "roce_mode": str(x.get("roce_mode_before", "")),
+                    "conf_existed": str(x.get("conf_existed", True)).lower() == "true",
+                }
+                for h, x in before.items()
+            },
+            undo_of=remediation_id,
+        )
     if r.action != "fabric_link_out":
         raise Refused(f"remediation {remediation_id} ({r.action}): no undo for this action")
     out = _link_ends(topology, r.target)
@@ -162,6 +234,7 @@ def plan_undo(store: Path, topology: dict[str, Any], remediation_id: str) -> Pla
         f"(undoes {remediation_id})",
         switches=[Switch(leaf, spine_addr), Switch(spine, leaf_addr)],
         hosts=list(r.hosts),
+        targets=[leaf, spine],
         undo_of=remediation_id,
     )
 
@@ -220,6 +293,7 @@ def _fabric_link_out(
         ),
         switches=[Switch(leaf, spine_addr), Switch(spine, leaf_addr)],
         hosts=hosts,
+        targets=[leaf, spine],
         cap={
             "leaf": leaf,
             "leaf_uplinks": len(leaf_links),

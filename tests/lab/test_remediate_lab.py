@@ -60,7 +60,8 @@ def site(
                 return json.load(resp)
 
         _wait(lambda: len(live()["hosts"]) == len(lab.topology.hosts), 30, "hosts shipping")
-        inventory = fleet.opsbox_inventory(lab, base / "store", base / "inventory.yml")
+        inventory = fleet.opsbox_inventory(lab, base / "store", base / "inventory.yml",
+                                           base / "hosts")  # fmt: skip
         yield {"lab": lab, "live": live, "store": base / "store", "inventory": inventory,
                "url": url}  # fmt: skip
     finally:
@@ -304,3 +305,70 @@ def test_the_tui_runs_a_real_remediation_and_its_undo(site: dict[str, Any]) -> N
             if r["action"] == "fabric_link_out" and r["status"] == "ok" and not r["check_mode"]:
                 _playbook(site, "undo.yml", "-e", f"remediation_id={r['remediation_id']}")
     assert not lab.wait_converged(timeout=10).out_of_service
+
+
+def test_roce_v1_job_gets_the_v2_index_from_the_gid_table_then_restored_exactly(
+    site: dict[str, Any],
+) -> None:
+    """A job that sets no GID index lands on NCCL's default, index 0: RoCE v1 in the lab's
+    GID tables. The remediation writes each host's RoCE v2 index (read from its table) to
+    its nccl.conf; the detector closes the anomaly and, the job now inheriting a v2 index,
+    does not reopen it; the undo removes the nccl.conf it created."""
+    from lab import jobgen
+
+    lab, live = site["lab"], site["live"]
+    hosts = [h.name for h in lab.topology.hosts][:2]
+    confs = {h: lab.node_dir(h) / "etc" / "nccl.conf" for h in hosts}  # /etc/clockmesh inside
+    assert not any(c.exists() for c in confs.values())
+    jobgen.start_job(lab, "unsetjob", hosts, None, 20.0, 512)
+    try:
+        (a,) = _wait(lambda: [x for x in live()["anomalies"]["open"]
+                              if x["job_id"] == "unsetjob"], 30, "roce_v1_job anomaly")  # fmt: skip
+        assert a["kind"] == "roce_v1_job" and "NCCL < 2.21 uses index 0" in str(a["evidence"])
+        # 2 of the lab's 3 hosts: past the default cap (half the fleet), refused untouched.
+        capped = _playbook(site, "remediate.yml", "-e", f"anomaly_id={a['anomaly_id']}",
+                           "-e", "clockmesh_remediate_max_hosts_share=0.5")  # fmt: skip
+        assert capped.returncode != 0
+        assert "blast-radius cap: 2 of 3 hosts would change; the cap is 1" in capped.stdout
+        cap = ("-e", "clockmesh_remediate_max_hosts_share=0.7")
+        preview = _playbook(site, "remediate.yml", "-e", f"anomaly_id={a['anomaly_id']}", *cap,
+                            "--check", "--diff")  # fmt: skip
+        assert preview.returncode == 0, preview.stdout[-3000:]
+        assert "+NCCL_IB_GID_INDEX=3" in preview.stdout  # the diff: index 3 = v4-mapped v2 GID
+        assert not any(c.exists() for c in confs.values()), "check mode wrote nccl.conf"
+        run = _playbook(site, "remediate.yml", "-e", f"anomaly_id={a['anomaly_id']}", *cap)
+        assert run.returncode == 0, run.stdout[-3000:]
+        assert {h: n for h, n in _changed(run.stdout).items() if n} == dict.fromkeys(hosts, 1)
+        assert all(c.read_text() == "NCCL_IB_GID_INDEX=3\n" for c in confs.values())
+        _wait(lambda: not [x for x in live()["anomalies"]["open"] if x["job_id"] == "unsetjob"],
+              10, "the anomaly closed")  # fmt: skip
+        time.sleep(4.0)  # collectors re-read nccl.conf: the job now resolves to RoCE v2
+        assert not [x for x in live()["anomalies"]["open"] if x["job_id"] == "unsetjob"]
+    finally:
+        jobgen.stop_job(lab, "unsetjob")
+    rows = json.loads(_clockmesh("remediate", "history", "--json", "--store",
+                                 str(site["store"])).stdout)  # fmt: skip
+    (rem,) = [r for r in rows if r["action"] == "roce_v2_gid" and not r["check_mode"]]
+    undo = _playbook(site, "undo.yml", "-e", f"remediation_id={rem['remediation_id']}")
+    assert undo.returncode == 0, undo.stdout[-3000:]
+    assert not any(c.exists() for c in confs.values()), "the undo left nccl.conf behind"
+    assert {h: n for h, n in _changed(undo.stdout).items() if n} == dict.fromkeys(hosts, 1)
+
+
+def test_a_job_that_sets_its_own_v1_index_is_refused_with_the_reason(
+    site: dict[str, Any],
+) -> None:
+    from lab import jobgen
+
+    lab, live = site["lab"], site["live"]
+    hosts = [h.name for h in lab.topology.hosts][1:3]
+    jobgen.start_job(lab, "envjob", hosts, 2, 20.0, 512)
+    try:
+        (a,) = _wait(lambda: [x for x in live()["anomalies"]["open"]
+                              if x["job_id"] == "envjob"], 30, "roce_v1_job anomaly")  # fmt: skip
+        run = _playbook(site, "remediate.yml", "-e", f"anomaly_id={a['anomaly_id']}")
+        assert run.returncode != 0
+        assert "sets NCCL_IB_GID_INDEX itself" in run.stdout, run.stdout[-2000:]
+        assert "PLAY RECAP" in run.stdout and "collectors" not in run.stdout.split("PLAY RECAP")[1]
+    finally:
+        jobgen.stop_job(lab, "envjob")

@@ -76,7 +76,8 @@ def test_flapping_fabric_link_plans_both_ends(store: Path) -> None:
     ("kind", "link", "closed", "message"),
     [
         ("flapping_link", "h1-1-leaf1", 0, "not a leaf–spine link .* drain the host"),
-        ("roce_v1_job", "", 0, "no automated remediation for this class yet"),
+        ("contention", "leaf1-spine1", 0, "no automated remediation for this class yet"),
+        ("roce_v1_job", "", 0, "names no hosts"),
         ("flapping_link", "leaf1-spine1", 5, "is closed \\(its condition cleared\\)"),
     ],
 )
@@ -176,3 +177,39 @@ def test_detector_closes_the_anomaly_a_remediation_dealt_with(store: Path) -> No
     closed = runner.book.closed[-1]
     assert closed.anomaly_id == a.anomaly_id and closed.closed_by == r.remediation_id
     assert runner.paths.maintenance == {"leaf1-spine2"}
+
+
+def _roce(store: Path, source: str, hosts: list[str]) -> None:
+    import pyarrow as pa
+
+    from analytics.store import layout
+
+    ev = {"hosts": hosts, "gid_indices": [0], "index_source": [source], "job_hosts": len(hosts)}
+    row = {"opened_ns": 1_795_000_000 * S, "closed_ns": 0, "anomaly_id": "roce-1",
+           "kind": "roce_v1_job", "score": 0.9, "src": 0, "dst": 0, "link": "", "job_id": "j1",
+           "detail": json.dumps({"summary": "x", "evidence": ev}), "updated_ns": 1}  # fmt: skip
+    table = pa.table({k: [v] for k, v in row.items()}, schema=layout.TABLES["anomalies"].schema)
+    StoreWriter(store).write_partitioned("anomalies", table, "roce.parquet")
+
+
+def test_roce_job_plans_its_hosts_and_undo_restores_what_was_there(store: Path) -> None:
+    _roce(store, "not set; NCCL < 2.21 uses index 0 (assumed)", ["h1-1", "h2-1"])
+    p = plan(store, _topology(), anomaly_id="roce-1", caps=Caps(max_hosts_share=1.0))
+    assert (p.action, p.targets, p.switches) == ("roce_v2_gid", ["h1-1", "h2-1"], [])
+    with pytest.raises(Refused, match="2 of 3 hosts would change; the cap is 1"):
+        plan(store, _topology(), anomaly_id="roce-1")
+    results = [{"target": h, "host": h, "index_before": -1, "roce_mode_before": "RoCE v2",
+                "conf_existed": "False", "changed": "True"} for h in p.targets]  # fmt: skip
+    res = CliRunner().invoke(remediate, ["record", "--store", str(store), "--plan",
+                                         json.dumps(p.as_dict()), "--results",
+                                         json.dumps(results), "--real"])  # fmt: skip
+    assert "ok" in res.output, res.output
+    u = plan_undo(store, _topology(), p.remediation_id)
+    assert u.action == "roce_gid_restore" and u.targets == ["h1-1", "h2-1"]
+    assert u.restore["h1-1"] == {"index": -1, "roce_mode": "RoCE v2", "conf_existed": False}
+
+
+def test_a_job_that_sets_its_own_index_is_refused(store: Path) -> None:
+    _roce(store, "set in environ", ["h1-1"])
+    with pytest.raises(Refused, match=r"j1 sets NCCL_IB_GID_INDEX itself \(set in environ\)"):
+        plan(store, _topology(), anomaly_id="roce-1")
