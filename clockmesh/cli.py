@@ -35,6 +35,11 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
         "Record and show the fleet audit (playbooks/audit.yml).",
         "opsbox",
     ),
+    "report": (
+        "analytics.report.cli:report",
+        "Write the fleet report (HTML, Markdown, JSON) for a time range.",
+        "opsbox",
+    ),
     "tui": ("tui.cli:tui", "The terminal UI: fleet, anomalies, audit, remediation.", "opsbox"),
     "lab": ("lab.cli:lab", "Build and break a leaf-spine lab fabric in namespaces.", "lab"),
 }

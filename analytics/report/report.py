@@ -1,0 +1,470 @@
+"""A fleet report for a time range, from the store's views (DuckDB), with plots.
+
+:func:`collect` queries the store (the same views ``clockmesh sql`` offers) for one range
+and returns the facts as plain data; :func:`write` renders them as a self-contained HTML
+page (plots inline as SVG: viewable with no network), Markdown (plots as SVG files beside
+it) and JSON (the same facts). Plots with matplotlib.
+
+GPU-hours at risk, stated with its assumption: for every flapping link, the hosts behind it
+(its rack for a leaf–spine link, the host for an access link) × the sum of its outages ×
+GPUs per host — every GPU of an exposed host stalls for each outage, and an outage longer
+than a collective survives (~4 s) kills the job (the restart from checkpoint is not
+counted, so this is a floor).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import html
+import io
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from analytics.store.catalog import DERIVED_VIEWS, table_view_sql
+from analytics.store.layout import TABLES
+
+COLLECTIVE_KILL_S = 4.0
+KIND_COLOURS = {"flapping_link": "#d62728", "roce_v1_job": "#9467bd", "contention": "#ff7f0e",
+                "unknown": "#7f7f7f"}  # fmt: skip
+
+
+class ReportError(Exception):
+    """The report cannot be made; ``str()`` is one line naming the store or range."""
+
+
+@dataclass
+class Range:
+    since_ns: int
+    until_ns: int
+
+    def label(self) -> str:
+        f = "%Y-%m-%d %H:%M:%S UTC"
+        a = dt.datetime.fromtimestamp(self.since_ns / 1e9, dt.UTC).strftime(f)
+        b = dt.datetime.fromtimestamp(self.until_ns / 1e9, dt.UTC).strftime(f)
+        return f"{a} – {b}"
+
+
+def _when(ns: int | None) -> str:
+    if not ns:
+        return "—"
+    return dt.datetime.fromtimestamp(ns / 1e9, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+_DUCK = {"int64": "BIGINT", "int32": "INTEGER", "double": "DOUBLE", "string": "VARCHAR",
+         "bool": "BOOLEAN", "float": "FLOAT", "uint64": "UBIGINT", "int16": "SMALLINT",
+         "uint8": "UTINYINT", "int8": "TINYINT", "uint16": "USMALLINT", "uint32": "UINTEGER"}  # fmt: skip
+
+
+def _connect(store: Path) -> duckdb.DuckDBPyConnection:
+    """An in-memory connection with the store's views (as ``clockmesh sql`` has them); a
+    table with no file yet (an older or fresh store) is an empty view of its schema."""
+    if not store.is_dir() or not (store / "store.json").exists():
+        raise ReportError(f"{store}: not a clockmesh store (no store.json)")
+    con = duckdb.connect()
+    for table, spec in TABLES.items():
+        if any((store / table).glob("*/*/*.parquet")):
+            con.execute(table_view_sql(store, table))
+        else:
+            cols = ", ".join(
+                f'CAST(NULL AS {_DUCK.get(str(f.type), "VARCHAR")}) AS "{f.name}"'
+                for f in spec.schema
+            )
+            con.execute(f"CREATE VIEW {table} AS SELECT {cols}, CAST(NULL AS DATE) AS date, "
+                        "CAST(NULL AS INTEGER) AS hour WHERE false")  # fmt: skip
+    for name, body in DERIVED_VIEWS.items():
+        con.execute(f"CREATE OR REPLACE VIEW {name} AS {body}")
+    return con
+
+
+def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any]) -> list[dict[str, Any]]:
+    cur = con.execute(sql, params)
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+
+
+def collect(
+    store: Path, rng: Range, topology: Path | None = None, gpus_per_host: int = 8
+) -> dict[str, Any]:
+    racks: dict[str, str] = {}
+    if topology is not None:
+        try:
+            racks = {h["name"]: str(h.get("rack", "")) for h in
+                     json.loads(topology.read_text())["hosts"]}  # fmt: skip
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ReportError(f"{topology}: not a clockmesh topology file ({exc})") from None
+    con = _connect(store)
+    try:
+        a, b = rng.since_ns, rng.until_ns
+        days = "date BETWEEN CAST(make_timestamp(?::BIGINT // 1000) AS DATE) AND CAST(make_timestamp(?::BIGINT // 1000) AS DATE)"
+        fleet = _rows(con, f"""
+            SELECT count(DISTINCT src) AS hosts, coalesce(sum(sent), 0) AS sent,
+                   coalesce(sum(received), 0) AS received
+            FROM probe_minute WHERE {days} AND minute_ns >= ? AND minute_ns < ?""",
+            [a, b, a, b])[0]  # fmt: skip
+        names = {r["host_id"]: r["host"] for r in _rows(con, "SELECT host_id, host FROM hosts", [])}
+        anomalies = _rows(con, """
+            SELECT anomaly_id, kind, link, job_id, opened_ns, closed_ns, score, summary, detail
+            FROM anomaly_current
+            WHERE opened_ns < ? AND (closed_ns = 0 OR closed_ns >= ?)
+            ORDER BY opened_ns""", [b, a])  # fmt: skip
+        pairs = _rows(con, f"""
+            SELECT src, dst, sum(sent) AS sent, sum(received) AS received,
+                   1 - sum(received) / greatest(sum(sent), 1) AS loss,
+                   quantile_cont(delay_p50_ns, 0.5) / 1e3 AS p50_us,
+                   max(delay_p99_ns) / 1e3 AS p99_us
+            FROM probe_minute WHERE {days} AND minute_ns >= ? AND minute_ns < ?
+            GROUP BY src, dst ORDER BY loss DESC, p99_us DESC""", [a, b, a, b])  # fmt: skip
+        minutes = _rows(con, f"""
+            SELECT minute_ns, 1 - sum(received) / greatest(sum(sent), 1) AS loss
+            FROM probe_minute WHERE {days} AND minute_ns >= ? AND minute_ns < ?
+            GROUP BY minute_ns ORDER BY minute_ns""", [a, b, a, b])  # fmt: skip
+        worst = pairs[:3]
+        series: dict[str, list[tuple[int, float]]] = {}
+        for p in worst:
+            key = f"{names.get(p['src'], p['src'])}→{names.get(p['dst'], p['dst'])}"
+            series[key] = [(r["minute_ns"], r["p50"]) for r in _rows(con, f"""
+                SELECT minute_ns, delay_p50_ns / 1e3 AS p50 FROM probe_minute
+                WHERE {days} AND minute_ns >= ? AND minute_ns < ? AND src = ? AND dst = ?
+                ORDER BY minute_ns""", [a, b, a, b, p["src"], p["dst"]])]  # fmt: skip
+        clock = _rows(con, f"""
+            SELECT count(DISTINCT host) AS hosts, count(*) AS estimates,
+                   quantile_cont(uncertainty_ns, 0.5) AS median_ns,
+                   quantile_cont(uncertainty_ns, 0.99) AS p99_ns
+            FROM clock WHERE {days} AND window_start_ns >= ? AND window_start_ns < ?
+              AND isfinite(uncertainty_ns)""", [a, b, a, b])[0]  # fmt: skip
+        remediations = _rows(con, """
+            SELECT remediation_id, arg_max(action, ts_ns) AS action, arg_max(target, ts_ns) AS target,
+                   arg_max(status, ts_ns) AS status, bool_or(check_mode) AS check_mode,
+                   arg_max(actor, ts_ns) AS actor, arg_max(anomaly_id, ts_ns) AS anomaly_id,
+                   min(ts_ns) AS ts_ns
+            FROM remediations WHERE ts_ns >= ? AND ts_ns < ? AND remediation_id <> ''
+            GROUP BY remediation_id ORDER BY ts_ns""", [a, b])  # fmt: skip
+        audit = _rows(con, """
+            SELECT run_id, status, count(*) AS n FROM fleet_audit
+            WHERE run_id = (SELECT arg_max(run_id, ts_ns) FROM fleet_audit WHERE run_id <> '')
+            GROUP BY ALL ORDER BY status""", [])  # fmt: skip
+        audit_fails = _rows(con, """
+            SELECT host, category, "check", reason FROM fleet_audit
+            WHERE run_id = (SELECT arg_max(run_id, ts_ns) FROM fleet_audit WHERE run_id <> '')
+              AND status = 'fail' ORDER BY category, "check", host LIMIT 50""", [])  # fmt: skip
+    except duckdb.Error as exc:
+        raise ReportError(f"{store}: cannot be read ({str(exc).splitlines()[0]})") from None
+    finally:
+        con.close()
+
+    for x in anomalies:
+        doc = json.loads(x.pop("detail") or "{}")
+        ev = doc.get("evidence") or {}
+        x["where"] = x["link"] or x["job_id"]
+        x["outages_s"] = [o for o in ev.get("outages_s") or [] if o is not None]
+        x["closed_by"] = doc.get("closed_by", "")
+        end = x["closed_ns"] or b
+        x["duration_s"] = round(max(0, min(end, b) - max(x["opened_ns"], a)) / 1e9, 1)
+        exposed = [h for h, r in racks.items() if r in (ev.get("racks_exposed") or [])]
+        if not exposed and ev.get("host"):
+            exposed = [ev["host"]]
+        x["hosts_exposed"] = len(exposed)
+    # A link's flap window (10 min) carries its earlier outages into a later anomaly on the
+    # same link: count each outage once (a list that extends an earlier one replaces it).
+    seen: dict[str, list[dict[str, Any]]] = {}
+    for x in anomalies:
+        if x["kind"] != "flapping_link":
+            continue
+        mine = seen.setdefault(x["where"], [])
+        prev = mine[-1] if mine else None
+        if prev is not None and x["outages_s"][: len(prev["outages_s"])] == prev["outages_s"]:
+            x["new_outages_s"] = x["outages_s"][len(prev["outages_s"]) :]
+        else:
+            x["new_outages_s"] = list(x["outages_s"])
+        mine.append(x)
+    for x in anomalies:
+        new = x.get("new_outages_s", [])
+        x["gpu_hours"] = round(x["hosts_exposed"] * sum(new) * gpus_per_host / 3600, 3)
+    by_class: dict[str, int] = {}
+    for x in anomalies:
+        by_class[x["kind"]] = by_class.get(x["kind"], 0) + 1
+    pair_rows = [
+        {"pair": f"{names.get(p['src'], p['src'])}→{names.get(p['dst'], p['dst'])}",
+         "loss": round(p["loss"], 5), "p50_us": round(p["p50_us"] or 0, 2),
+         "p99_us": round(p["p99_us"] or 0, 2), "sent": p["sent"]}
+        for p in pairs[:10]
+    ]  # fmt: skip
+    heat: dict[tuple[str, str], list[float]] = {}
+    for p in pairs:
+        s, d = names.get(p["src"], ""), names.get(p["dst"], "")
+        if s in racks and d in racks and p["p50_us"] is not None:
+            heat.setdefault((racks[s], racks[d]), []).append(p["p50_us"])
+    outages = sorted((o for x in anomalies for o in x.get("new_outages_s", [])), reverse=True)
+    return {
+        "range": {"since": _when(a), "until": _when(b), "since_ns": a, "until_ns": b},
+        "fleet": {
+            "hosts": fleet["hosts"],
+            "probes_sent": int(fleet["sent"]),
+            "loss": round(1 - fleet["received"] / fleet["sent"], 6) if fleet["sent"] else None,
+        },
+        "anomalies": anomalies,
+        "anomalies_by_class": by_class,
+        "worst_pairs": pair_rows,
+        "loss_by_minute": [(m["minute_ns"], m["loss"]) for m in minutes],
+        "owd_series_us": series,
+        "rack_heatmap_us": {f"{k[0]}→{k[1]}": sorted(v)[len(v) // 2] for k, v in heat.items()},
+        "flap_outages_s": outages,
+        "flap_outages_over_kill": sum(1 for o in outages if o >= COLLECTIVE_KILL_S),
+        "collective_kill_s": COLLECTIVE_KILL_S,
+        "clock": {k: (round(v, 1) if isinstance(v, float) else v) for k, v in clock.items()},
+        "remediations": remediations,
+        "audit": {
+            "run_id": audit[0]["run_id"] if audit else "",
+            "counts": {r["status"]: r["n"] for r in audit},
+            "failures": audit_fails,
+        },
+        "gpu_hours_at_risk": round(sum(x["gpu_hours"] for x in anomalies), 3),
+        "gpus_per_host": gpus_per_host,
+        "assumption": (
+            "GPU-hours at risk = for each flapping link, hosts behind it × sum of its outages "
+            f"× {gpus_per_host} GPUs per host: every GPU of an exposed host stalls for each "
+            f"outage; an outage over {COLLECTIVE_KILL_S:.0f} s kills the job, and the restart "
+            "from checkpoint is not counted (a floor)."
+        ),
+    }
+
+
+# ---- plots ---------------------------------------------------------------------------
+def _svg(fig: Any) -> str:
+    import matplotlib.pyplot as plt
+
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
+    plt.close(fig)
+    text = buf.getvalue()
+    return text[text.index("<svg") :]
+
+
+def plots(facts: dict[str, Any]) -> dict[str, str]:
+    """name -> SVG text: the timeline, the worst pairs' delay, the rack heatmap."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    matplotlib.rcParams["svg.fonttype"] = "none"
+    matplotlib.rcParams["svg.hashsalt"] = "clockmesh"
+    import matplotlib.pyplot as plt
+
+    out = {}
+    a, b = facts["range"]["since_ns"], facts["range"]["until_ns"]
+
+    def t(ns: int) -> dt.datetime:
+        return dt.datetime.fromtimestamp(ns / 1e9, dt.UTC)
+
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 4.5), sharex=True,
+                                   gridspec_kw={"height_ratios": [1, 2]})  # fmt: skip
+    lm = facts["loss_by_minute"]
+    if lm:
+        ax1.plot([t(m) for m, _ in lm], [100 * x for _, x in lm], color="#1f77b4", lw=1,
+                 marker="o", ms=2)  # fmt: skip
+    ax1.set_ylabel("probe loss %")
+    ax1.set_title("loss and anomalies")
+    rows = facts["anomalies"]
+    for i, x in enumerate(rows):
+        start, end = max(x["opened_ns"], a), (x["closed_ns"] or b)
+        ax2.barh(i, (t(end) - t(start)), left=t(start), height=0.6,
+                 color=KIND_COLOURS.get(x["kind"], "#333"))  # fmt: skip
+    ax2.set_yticks(range(len(rows)), [f"{x['kind']} {x['where']}" for x in rows], fontsize=7)
+    ax2.invert_yaxis()
+    ax2.set_xlim(t(a), t(b))
+    if not rows:
+        ax2.text(0.5, 0.5, "no anomalies in this range", transform=ax2.transAxes, ha="center")
+    fig.autofmt_xdate()
+    out["timeline"] = _svg(fig)
+
+    fig, ax = plt.subplots(figsize=(10, 3.5))
+    for name, pts in facts["owd_series_us"].items():
+        if pts:
+            ax.plot([t(m) for m, _ in pts], [v for _, v in pts], lw=1.2, marker="o", ms=2,
+                    label=name)  # fmt: skip
+    ax.set_xlim(t(a), t(b))
+    ax.set_ylabel("one-way delay p50 (µs, raw)")
+    ax.set_title("worst pairs: one-way delay per minute")
+    if facts["owd_series_us"]:
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no probe data in this range", transform=ax.transAxes, ha="center")
+    fig.autofmt_xdate()
+    out["owd"] = _svg(fig)
+
+    heat = facts["rack_heatmap_us"]
+    racks = sorted({k.split("→")[0] for k in heat} | {k.split("→")[1] for k in heat})
+    fig, ax = plt.subplots(figsize=(5.5, 4.5))
+    if racks:
+        import numpy as np
+
+        grid = np.full((len(racks), len(racks)), np.nan)
+        for k, v in heat.items():
+            s, d = k.split("→")
+            grid[racks.index(s), racks.index(d)] = v
+        im = ax.imshow(grid, cmap="viridis")
+        ax.set_xticks(range(len(racks)), racks, rotation=45, fontsize=8)
+        ax.set_yticks(range(len(racks)), racks, fontsize=8)
+        ax.set_xlabel("to rack")
+        ax.set_ylabel("from rack")
+        fig.colorbar(im, ax=ax, label="median one-way delay p50 (µs, raw)")
+    else:
+        ax.text(0.5, 0.5, "no rack data (give --topology)", transform=ax.transAxes, ha="center")
+    ax.set_title("rack × rack delay")
+    out["heatmap"] = _svg(fig)
+    return out
+
+
+# ---- rendering ------------------------------------------------------------------------
+def markdown(facts: dict[str, Any], svg_names: dict[str, str]) -> str:
+    f = facts
+    loss = "—" if f["fleet"]["loss"] is None else f"{100 * f['fleet']['loss']:.3f} %"
+    lines = [
+        f"# clockmesh fleet report, {f['range']['since']} – {f['range']['until']} UTC",
+        "",
+        f"- hosts probing: {f['fleet']['hosts']}, probes: {f['fleet']['probes_sent']:,}, "
+        f"loss: {loss}",
+        f"- anomalies: {len(f['anomalies'])} "
+        + (
+            f"({', '.join(f'{k} {n}' for k, n in sorted(f['anomalies_by_class'].items()))})"
+            if f["anomalies"]
+            else "(none in this range)"
+        ),
+        f"- GPU-hours at risk: {f['gpu_hours_at_risk']} ({f['assumption']})",
+        "",
+        "## Anomalies",
+        "",
+    ]
+    if f["anomalies"]:
+        lines += ["| class | where | opened | closed | in range s | outages s | summary |",
+                  "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+        for x in f["anomalies"]:
+            closed = _when(x["closed_ns"]) + (f" by {x['closed_by']}" if x["closed_by"] else "")
+            outs = ", ".join(f"{o:.1f}" for o in x["outages_s"]) or "—"
+            lines.append(f"| {x['kind']} | {x['where']} | {_when(x['opened_ns'])} | {closed} | "
+                         f"{x['duration_s']} | {outs} | {x['summary']} |")  # fmt: skip
+    else:
+        lines.append("No anomaly was open in this range.")
+    lines += ["", f"![timeline]({svg_names['timeline']})", "", "## Flap outages", "",
+              f"{len(f['flap_outages_s'])} outage(s); {f['flap_outages_over_kill']} longer than "
+              f"the {f['collective_kill_s']:.0f} s a collective survives: "
+              + (", ".join(f"{o:.1f} s" for o in f["flap_outages_s"][:30]) or "none"),
+              "", "## Worst pairs", ""]  # fmt: skip
+    if f["worst_pairs"]:
+        lines += ["| pair | loss | p50 µs | p99 µs | probes |", "| --- | --- | --- | --- | --- |"]
+        lines += [f"| {p['pair']} | {100 * p['loss']:.3f} % | {p['p50_us']} | {p['p99_us']} | "
+                  f"{p['sent']:,} |" for p in f["worst_pairs"]]  # fmt: skip
+    else:
+        lines.append("No probe data in this range.")
+    c = f["clock"]
+    lines += ["", f"![one-way delay]({svg_names['owd']})", "",
+              f"![rack heatmap]({svg_names['heatmap']})", "", "## Clock sync", "",
+              f"{c.get('estimates') or 0} host estimates for {c.get('hosts') or 0} hosts; solver "
+              f"uncertainty median {c.get('median_ns') or '—'} ns, p99 {c.get('p99_ns') or '—'} ns. "
+              "(Disagreement with RTT/2 is not in this report yet.)",
+              "", "## Remediations", ""]  # fmt: skip
+    if f["remediations"]:
+        lines += ["| id | action | target | status | by | anomaly |",
+                  "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+        lines += [f"| {r['remediation_id']} | {r['action']} | {r['target']} | "
+                  f"{'preview' if r['check_mode'] else r['status']} | {r['actor']} | "
+                  f"{r['anomaly_id'] or '—'} |" for r in f["remediations"]]  # fmt: skip
+    else:
+        lines.append("None in this range.")
+    au = f["audit"]
+    lines += ["", "## Latest fleet audit", ""]
+    if au["run_id"]:
+        lines.append(f"{au['run_id']}: " + ", ".join(f"{n} {s}" for s, n in au["counts"].items()))
+        lines += [f"- {x['host']} {x['category']}/{x['check']}: {x['reason']}"
+                  for x in au["failures"]]  # fmt: skip
+    else:
+        lines.append("No fleet audit in the store (ansible-playbook playbooks/audit.yml).")
+    return "\n".join(lines) + "\n"
+
+
+def to_html(md_text: str, svgs: dict[str, str], svg_names: dict[str, str]) -> str:
+    """The Markdown as HTML, with the plots inline (no network, no external files)."""
+    body: list[str] = []
+    table: list[str] = []
+
+    def flush() -> None:
+        if table:
+            rows = [r.strip("|").split(" | ") for r in table if not r.startswith("| ---")]
+            body.append("<table><thead><tr>" + "".join(f"<th>{html.escape(c.strip())}</th>"
+                        for c in rows[0]) + "</tr></thead><tbody>")  # fmt: skip
+            for r in rows[1:]:
+                body.append("<tr>" + "".join(f"<td>{html.escape(c.strip())}</td>" for c in r)
+                            + "</tr>")  # fmt: skip
+            body.append("</tbody></table>")
+            table.clear()
+
+    by_file = {v: k for k, v in svg_names.items()}
+    for line in md_text.splitlines():
+        if line.startswith("|"):
+            table.append(line)
+            continue
+        flush()
+        if line.startswith("# "):
+            body.append(f"<h1>{html.escape(line[2:])}</h1>")
+        elif line.startswith("## "):
+            body.append(f"<h2>{html.escape(line[3:])}</h2>")
+        elif line.startswith("!["):
+            name = line[line.index("(") + 1 : -1]
+            body.append(
+                f'<figure class="plot" id="plot-{by_file[name]}">{svgs[by_file[name]]}</figure>'
+            )
+        elif line.startswith("- "):
+            body.append(f"<li>{html.escape(line[2:])}</li>")
+        elif line:
+            body.append(f"<p>{html.escape(line)}</p>")
+    flush()
+    style = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}"
+             "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;"
+             "padding:3px 6px;text-align:left}th{background:#f3f3f3}figure{margin:1em 0}"
+             "figure svg{max-width:100%;height:auto}")  # fmt: skip
+    return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>clockmesh fleet report</title><style>{style}</style></head><body>"
+            + "\n".join(body) + "</body></html>\n")  # fmt: skip
+
+
+def write(facts: dict[str, Any], out: Path) -> dict[str, Path]:
+    """Write report.html, report.md (+ its SVGs) and report.json into ``out`` atomically:
+    a new directory renamed over the old one, so a failed run leaves the last report."""
+    svgs = plots(facts)
+    names = {k: f"report-{k}.svg" for k in svgs}
+    md_text = markdown(facts, names)
+    out = out.resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        for k, text in svgs.items():
+            (tmp / names[k]).write_text(text, encoding="utf-8")
+        (tmp / "report.md").write_text(md_text, encoding="utf-8")
+        (tmp / "report.html").write_text(to_html(md_text, svgs, names), encoding="utf-8")
+        (tmp / "report.json").write_text(json.dumps(facts, indent=2, default=str), encoding="utf-8")
+        os.chmod(tmp, 0o755)
+        if out.exists():
+            old = out.with_name(f".{out.name}.old")
+            if old.exists():
+                _rmtree(old)
+            out.rename(old)
+            tmp.rename(out)
+            _rmtree(old)
+        else:
+            tmp.rename(out)
+    except BaseException:
+        if tmp.exists():
+            _rmtree(tmp)
+        raise
+    return {"html": out / "report.html", "md": out / "report.md", "json": out / "report.json"}
+
+
+def _rmtree(p: Path) -> None:
+    import shutil
+
+    shutil.rmtree(p, ignore_errors=True)

@@ -1,0 +1,93 @@
+"""`clockmesh report` on stores a test can make: no store, an empty range, anomalies."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+from click.testing import CliRunner
+
+from analytics.report.cli import report
+from analytics.store import layout
+from analytics.store.store_writer import StoreWriter
+
+S = 1_000_000_000
+T0 = 1_795_000_000 * S
+
+
+def _store(tmp_path: Path, anomalies: bool) -> Path:
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "store.json").write_text(json.dumps({"schema": layout.STORE_SCHEMA}))
+    w = StoreWriter(store)
+    if anomalies:
+        ev = {"outages_s": [2.0, 5.0], "racks_exposed": ["leaf1"], "flaps": 2}
+        row = {"opened_ns": T0 + 60 * S, "closed_ns": T0 + 200 * S, "anomaly_id": "flapping-1",
+               "kind": "flapping_link", "score": 0.9, "src": 0, "dst": 0, "link": "leaf1-spine2",
+               "job_id": "", "detail": json.dumps({"summary": "leaf1-spine2 flapped 2 times",
+                                                   "evidence": ev}), "updated_ns": T0 + 200 * S}  # fmt: skip
+        w.write_partitioned("anomalies", pa.table({k: [v] for k, v in row.items()},
+                            schema=layout.TABLES["anomalies"].schema), "a.parquet")  # fmt: skip
+    minutes = [T0 + m * 60 * S for m in range(5)]
+    pm = {"minute_ns": minutes, "src": [1] * 5, "dst": [2] * 5, "paths": [8] * 5,
+          "sent": [600] * 5, "received": [600, 600, 570, 600, 600], "delay_min_ns": [5000] * 5,
+          "delay_p50_ns": [5500.0] * 5, "delay_p90_ns": [6000.0] * 5, "delay_p99_ns": [9000.0] * 5,
+          "delay_max_ns": [20000] * 5, "delay_mean_ns": [5600.0] * 5}  # fmt: skip
+    w.write_partitioned("probe_minute", pa.table(pm, schema=layout.TABLES["probe_minute"].schema),
+                        "p.parquet")  # fmt: skip
+    names = {"ts_ns": [T0, T0], "host_id": [1, 2], "host": ["h1-1", "h2-1"]}
+    w.write_partitioned("host_names", pa.table(names, schema=layout.TABLES["host_names"].schema),
+                        "n.parquet")  # fmt: skip
+    return store
+
+
+def _topology(tmp_path: Path) -> Path:
+    p = tmp_path / "topology.json"
+    p.write_text(json.dumps({"hosts": [{"name": "h1-1", "rack": "leaf1"},
+                                       {"name": "h1-2", "rack": "leaf1"},
+                                       {"name": "h2-1", "rack": "leaf2"}]}))  # fmt: skip
+    return p
+
+
+def _run(tmp_path: Path, store: Path, *args: str):  # type: ignore[no-untyped-def]
+    return CliRunner().invoke(report, ["--store", str(store), "--out", str(tmp_path / "out"),
+                                       "--topology", str(_topology(tmp_path)), *args])  # fmt: skip
+
+
+def test_report_lists_the_anomaly_plots_and_gpu_hours(tmp_path: Path) -> None:
+    store = _store(tmp_path, anomalies=True)
+    res = _run(tmp_path, store, "--since", "2026-11-18T00:00:00", "--until", "2026-11-19T00:00:00")
+    assert res.exit_code == 0, res.output
+    facts = json.loads((tmp_path / "out" / "report.json").read_text())
+    (a,) = facts["anomalies"]
+    assert (a["kind"], a["where"], a["outages_s"]) == ("flapping_link", "leaf1-spine2", [2.0, 5.0])
+    # leaf1's 2 hosts x 7 s of outages x 8 GPUs = 112 GPU-seconds
+    assert facts["gpu_hours_at_risk"] == round(2 * 7 * 8 / 3600, 3)
+    assert facts["flap_outages_over_kill"] == 1 and facts["fleet"]["hosts"] == 1
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert html.count("<svg") == 3 and "http://" not in html.split("<svg")[0]
+    assert "leaf1-spine2" in html and "GPU-hours at risk" in html
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "| flapping_link | leaf1-spine2 |" in md and "![timeline](report-timeline.svg)" in md
+
+
+def test_empty_range_and_no_anomalies_give_a_clear_report(tmp_path: Path) -> None:
+    store = _store(tmp_path, anomalies=False)
+    res = _run(tmp_path, store, "--since", "2020-01-01T00:00:00", "--until", "2020-01-02T00:00:00")
+    assert res.exit_code == 0, res.output
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "No anomaly was open in this range." in md and "No probe data in this range." in md
+    assert "no anomalies" in res.output or "0 anomalies" in res.output
+
+
+def test_missing_store_and_bad_range_are_one_line_and_keep_the_last_report(tmp_path: Path) -> None:
+    store = _store(tmp_path, anomalies=True)
+    assert _run(tmp_path, store).exit_code == 0
+    before = (tmp_path / "out" / "report.json").read_text()
+    res = _run(tmp_path, tmp_path / "nope")
+    assert res.exit_code == 1 and "nope: not a clockmesh store" in res.output
+    assert res.output.strip().count("\n") == 0
+    res = _run(tmp_path, store, "--since", "yesterday")
+    assert res.exit_code == 2 and "expected a duration ago" in res.output
+    assert (tmp_path / "out" / "report.json").read_text() == before
