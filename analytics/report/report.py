@@ -258,8 +258,10 @@ def plots(facts: dict[str, Any]) -> dict[str, str]:
     out = {}
     a, b = facts["range"]["since_ns"], facts["range"]["until_ns"]
 
-    def t(ns: int) -> dt.datetime:
-        return dt.datetime.fromtimestamp(ns / 1e9, dt.UTC)
+    import matplotlib.dates as mdates
+
+    def t(ns: int) -> float:  # matplotlib's date number (days), shown as UTC times
+        return float(mdates.date2num(dt.datetime.fromtimestamp(ns / 1e9, dt.UTC)))
 
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 4.5), sharex=True,
                                    gridspec_kw={"height_ratios": [1, 2]})  # fmt: skip
@@ -277,6 +279,7 @@ def plots(facts: dict[str, Any]) -> dict[str, str]:
     ax2.set_yticks(range(len(rows)), [f"{x['kind']} {x['where']}" for x in rows], fontsize=7)
     ax2.invert_yaxis()
     ax2.set_xlim(t(a), t(b))
+    ax2.xaxis_date()
     if not rows:
         ax2.text(0.5, 0.5, "no anomalies in this range", transform=ax2.transAxes, ha="center")
     fig.autofmt_xdate()
@@ -288,6 +291,7 @@ def plots(facts: dict[str, Any]) -> dict[str, str]:
             ax.plot([t(m) for m, _ in pts], [v for _, v in pts], lw=1.2, marker="o", ms=2,
                     label=name)  # fmt: skip
     ax.set_xlim(t(a), t(b))
+    ax.xaxis_date()
     ax.set_ylabel("one-way delay p50 (µs, raw)")
     ax.set_title("worst pairs: one-way delay per minute")
     if facts["owd_series_us"]:
