@@ -64,6 +64,8 @@ def build(
                 "clockmesh_lab": True,
                 # The ops box names host ports after their links (detector, reports).
                 "clockmesh_opsbox_topology_file": str(topology_file) if topology_file else "",
+                # Lab hosts share /etc: the report's cron file goes to the ops box's own.
+                "clockmesh_opsbox_report_cron_file": "/etc/clockmesh/cron.d-clockmesh-report",
             },
             "children": {
                 "collectors": {"children": racks},
