@@ -138,6 +138,24 @@ def collect(
                    quantile_cont(uncertainty_ns, 0.99) AS p99_ns
             FROM clock WHERE {days} AND window_start_ns >= ? AND window_start_ns < ?
               AND isfinite(uncertainty_ns)""", [a, b, a, b])[0]  # fmt: skip
+        # The classic estimate beside the solver's: each echo's RTT/2 offset
+        # ((t2 - t1) - (t4 - t3)) / 2 against the solver's offset difference in that window
+        # (path asymmetry shows here: ECMP sends the echo back on another path).
+        rtt = _rows(con, f"""
+            WITH e AS (
+                SELECT * FROM (
+                    SELECT src, dst, t1_ns, ((t2_ns - t1_ns) - (t4_ns - t3_ns)) / 2.0 AS theta
+                    FROM echo WHERE {days} AND t1_ns >= ? AND t1_ns < ?
+                ) USING SAMPLE reservoir(200000 ROWS) REPEATABLE (7))
+            SELECT count(*) AS echoes,
+                   quantile_cont(abs(e.theta - (cd.offset_ns - cs.offset_ns)), 0.5) AS median_ns,
+                   quantile_cont(abs(e.theta - (cd.offset_ns - cs.offset_ns)), 0.99) AS p99_ns
+            FROM e
+            JOIN clock cs ON cs.host = e.src AND e.t1_ns >= cs.window_start_ns
+                         AND e.t1_ns < cs.window_end_ns
+            JOIN clock cd ON cd.host = e.dst AND e.t1_ns >= cd.window_start_ns
+                         AND e.t1_ns < cd.window_end_ns
+            WHERE isfinite(cs.offset_ns) AND isfinite(cd.offset_ns)""", [a, b, a, b])[0]  # fmt: skip
         remediations = _rows(con, """
             SELECT remediation_id, arg_max(action, ts_ns) AS action, arg_max(target, ts_ns) AS target,
                    arg_max(status, ts_ns) AS status, bool_or(check_mode) AS check_mode,
@@ -218,6 +236,7 @@ def collect(
         "flap_outages_over_kill": sum(1 for o in outages if o >= COLLECTIVE_KILL_S),
         "collective_kill_s": COLLECTIVE_KILL_S,
         "clock": {k: (round(v, 1) if isinstance(v, float) else v) for k, v in clock.items()},
+        "rtt_half": {k: (round(v, 1) if isinstance(v, float) else v) for k, v in rtt.items()},
         "remediations": remediations,
         "audit": {
             "run_id": audit[0]["run_id"] if audit else "",
@@ -370,7 +389,11 @@ def markdown(facts: dict[str, Any], svg_names: dict[str, str]) -> str:
               f"![rack heatmap]({svg_names['heatmap']})", "", "## Clock sync", "",
               f"{c.get('estimates') or 0} host estimates for {c.get('hosts') or 0} hosts; solver "
               f"uncertainty median {c.get('median_ns') or '—'} ns, p99 {c.get('p99_ns') or '—'} ns. "
-              "(Disagreement with RTT/2 is not in this report yet.)",
+              + (f"Disagreement with RTT/2 over {r['echoes']:,} echoes: median "
+                 f"{r['median_ns']} ns, p99 {r['p99_ns']} ns (RTT/2 assumes symmetric paths; "
+                 "ECMP often returns an echo on another path)."
+                 if (r := f["rtt_half"]).get("echoes") else "No echoes in this range to "
+                 "compare the solver with RTT/2."),
               "", "## Remediations", ""]  # fmt: skip
     if f["remediations"]:
         lines += ["| id | action | target | status | by | anomaly |",
