@@ -54,3 +54,29 @@ def test_molecule_scenario_converges_idempotently_and_verifies(tmp_path: Path) -
     # The converge run really deployed: every collector and the ops box changed something.
     assert "Start the collector under clockmesh daemon" in output
     assert not (ROOT / ".lab" / "molecule" / "inventory.yml").exists()
+
+
+@pytest.mark.timeout(900)
+def test_molecule_fabric_link_scenario_routes_around_and_restores() -> None:
+    """The remediation role against the lab's FRR routers: converge (leaf1-spine2 out of
+    service on both ends) -> idempotence -> verify (converged around it; restored)."""
+    needs_root()
+    env = tool_env()
+    env.pop("ANSIBLE_CONFIG")
+    try:
+        result = subprocess.run(
+            [str(BIN / "molecule"), "test", "--scenario-name", "fabric_link"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=800,
+        )  # fmt: skip
+    finally:
+        subprocess.run(
+            [str(BIN / "clockmesh"), "lab", "down", "--name", "molfab"],
+            cwd=ROOT, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+    output = re.sub(r"\x1b\[[0-9;]*m", "", result.stdout + result.stderr)
+    assert result.returncode == 0, output[-6000:]
+    for action in ("create", "converge", "idempotence", "verify", "destroy"):
+        assert re.search(rf"fabric_link > {action}: Executed: Successful", output), action
+    # converge really changed both switches (idempotence then found nothing to change)
+    for switch in ("switch-leaf1", "switch-spine2"):
+        assert re.search(rf"{switch}\s*:\s*ok=\d+\s+changed=1", output), switch

@@ -1,0 +1,1 @@
+../../default/inventory/lab_inventory.py
