@@ -20,6 +20,15 @@ import click
 
 DEFAULT_STORE = "/var/lib/clockmesh/store"
 
+# ``--store`` as the ops-box commands that read or write the store take it.
+store_option = click.option(
+    "--store",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=DEFAULT_STORE,
+    show_default=True,
+    help="The ops box's store directory.",
+)
+
 
 def _plain(value: Any) -> Any:
     if isinstance(value, dt.datetime | dt.date | dt.time | dt.timedelta):

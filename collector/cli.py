@@ -12,7 +12,9 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import click
 import msgspec
@@ -21,6 +23,27 @@ from collector import config as collector_config
 from collector.configfile import ConfigError
 
 STALE_S = 5.0
+F = TypeVar("F", bound=Callable[..., object])
+
+
+def _config_option(help_text: str) -> Callable[[F], F]:
+    return click.option(
+        "--config",
+        "config_path",
+        type=click.Path(dir_okay=False),
+        default=str(collector_config.DEFAULT_PATH),
+        show_default=True,
+        help=help_text,
+    )
+
+
+def _load_or_exit(config_path: str) -> collector_config.CollectorConfig:
+    """The config, or its one-line error on stderr and exit 2."""
+    try:
+        return collector_config.load(Path(config_path))
+    except ConfigError as exc:
+        click.echo(str(exc), err=True)
+        raise SystemExit(2) from None
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -172,14 +195,7 @@ def status(config_path: str | None, status_file: str | None, as_json: bool) -> N
 
 
 @collector.command("audit")
-@click.option(
-    "--config",
-    "config_path",
-    type=click.Path(dir_okay=False),
-    default=str(collector_config.DEFAULT_PATH),
-    show_default=True,
-    help="collector.yml: backend interface and address, peers, ops box, sysfs root.",
-)
+@_config_option("collector.yml: backend interface and address, peers, ops box, sysfs root.")
 @click.option("--nccl-conf", default=None, help="nccl.conf to read (default: the config's).")
 @click.option("--min-mtu", type=int, default=1500, show_default=True, help="Backend MTU floor.")
 @click.option("--max-rtt-ms", type=float, default=1.0, show_default=True,
@@ -201,11 +217,7 @@ def audit(
     """
     from collector import audit as host_audit
 
-    try:
-        cfg = collector_config.load(Path(config_path))
-    except ConfigError as exc:
-        click.echo(str(exc), err=True)
-        raise SystemExit(2) from None
+    cfg = _load_or_exit(config_path)
     args = host_audit.AuditArgs(
         backend_interface=cfg.backend.interface,
         backend_address=cfg.backend.address,
@@ -231,14 +243,7 @@ def audit(
 
 
 @collector.command("gids")
-@click.option(
-    "--config",
-    "config_path",
-    type=click.Path(dir_okay=False),
-    default=str(collector_config.DEFAULT_PATH),
-    show_default=True,
-    help="collector.yml: sysfs and configfs roots, backend interface, nccl.conf.",
-)
+@_config_option("collector.yml: sysfs and configfs roots, backend interface, nccl.conf.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def gids(config_path: str, as_json: bool) -> None:
     """This host's GID table, the RoCE v2 index a job should use, and nccl.conf's index.
@@ -249,11 +254,7 @@ def gids(config_path: str, as_json: bool) -> None:
     """
     from collector import rdma_config
 
-    try:
-        cfg = collector_config.load(Path(config_path))
-    except ConfigError as exc:
-        click.echo(str(exc), err=True)
-        raise SystemExit(2) from None
+    cfg = _load_or_exit(config_path)
     rows = rdma_config.gid_table(cfg.counters.sysfs_root, cfg.rdma.configfs_root, 0, 0)
     table = [
         {"device": r["device"].decode(), "port": int(r["port"]), "index": int(r["gid_index"]),

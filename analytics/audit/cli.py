@@ -12,17 +12,11 @@ import click
 import duckdb
 
 from analytics.remediate import records
-from analytics.sql_cli import DEFAULT_STORE
+from analytics.sql_cli import store_option
 
 STATUSES = ("pass", "fail", "skipped")
 
-_store = click.option(
-    "--store",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=DEFAULT_STORE,
-    show_default=True,
-    help="The ops box's store directory.",
-)
+_store = store_option
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

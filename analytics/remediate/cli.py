@@ -10,17 +10,11 @@ import click
 
 from analytics.remediate import records, runner
 from analytics.remediate.plan import Caps, Refused, plan, plan_undo, read_topology
-from analytics.sql_cli import DEFAULT_STORE
+from analytics.sql_cli import store_option
 
 DEFAULT_TOPOLOGY = "/etc/clockmesh/topology.json"
 
-_store = click.option(
-    "--store",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=DEFAULT_STORE,
-    show_default=True,
-    help="The ops box's store directory.",
-)
+_store = store_option
 _topology = click.option(
     "--topology",
     type=click.Path(dir_okay=False, path_type=Path),

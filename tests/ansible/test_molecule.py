@@ -29,28 +29,35 @@ def frozen_source(target: Path) -> Path:
     return target
 
 
-@pytest.mark.timeout(1800)
-def test_molecule_scenario_converges_idempotently_and_verifies(tmp_path: Path) -> None:
-    needs_root()
-    env = tool_env()
-    env.pop("ANSIBLE_CONFIG")  # molecule writes its own ansible.cfg (molecule.yml)
-    env["CLOCKMESH_WHEELHOUSE_SOURCE_DIR"] = str(frozen_source(tmp_path / "src"))
-    env["CLOCKMESH_WHEELHOUSE_DIR"] = str(tmp_path / "wheelhouse")
+def molecule_test(scenario: str, lab: str, env: dict[str, str], timeout: float) -> str:
+    """``molecule test`` of one scenario (its lab torn down whatever happens); returns the
+    output without colours after checking every step of the sequence succeeded."""
+    env.pop("ANSIBLE_CONFIG", None)  # molecule writes its own ansible.cfg (molecule.yml)
     try:
         result = subprocess.run(
-            [str(BIN / "molecule"), "test", "--scenario-name", "default"],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=1700,
+            [str(BIN / "molecule"), "test", "--scenario-name", scenario],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
         )  # fmt: skip
     finally:
         # molecule destroys on failure too; this covers a molecule that died or timed out.
         subprocess.run(
-            [str(BIN / "clockmesh"), "lab", "down", "--name", "molecule"],
+            [str(BIN / "clockmesh"), "lab", "down", "--name", lab],
             cwd=ROOT, capture_output=True, text=True, timeout=300,
         )  # fmt: skip
     output = re.sub(r"\x1b\[[0-9;]*m", "", result.stdout + result.stderr)
     assert result.returncode == 0, output[-6000:]
     for action in ("create", "converge", "idempotence", "verify", "destroy"):
-        assert re.search(rf"default > {action}: Executed: Successful", output), action
+        assert re.search(rf"{scenario} > {action}: Executed: Successful", output), action
+    return output
+
+
+@pytest.mark.timeout(1800)
+def test_molecule_scenario_converges_idempotently_and_verifies(tmp_path: Path) -> None:
+    needs_root()
+    env = tool_env()
+    env["CLOCKMESH_WHEELHOUSE_SOURCE_DIR"] = str(frozen_source(tmp_path / "src"))
+    env["CLOCKMESH_WHEELHOUSE_DIR"] = str(tmp_path / "wheelhouse")
+    output = molecule_test("default", "molecule", env, 1700)
     # The converge run really deployed: every collector and the ops box changed something.
     assert "Start the collector under clockmesh daemon" in output
     assert not (ROOT / ".lab" / "molecule" / "inventory.yml").exists()
@@ -61,22 +68,7 @@ def test_molecule_fabric_link_scenario_routes_around_and_restores() -> None:
     """The remediation role against the lab's FRR routers: converge (leaf1-spine2 out of
     service on both ends) -> idempotence -> verify (converged around it; restored)."""
     needs_root()
-    env = tool_env()
-    env.pop("ANSIBLE_CONFIG")
-    try:
-        result = subprocess.run(
-            [str(BIN / "molecule"), "test", "--scenario-name", "fabric_link"],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=800,
-        )  # fmt: skip
-    finally:
-        subprocess.run(
-            [str(BIN / "clockmesh"), "lab", "down", "--name", "molfab"],
-            cwd=ROOT, capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
-    output = re.sub(r"\x1b\[[0-9;]*m", "", result.stdout + result.stderr)
-    assert result.returncode == 0, output[-6000:]
-    for action in ("create", "converge", "idempotence", "verify", "destroy"):
-        assert re.search(rf"fabric_link > {action}: Executed: Successful", output), action
+    output = molecule_test("fabric_link", "molfab", tool_env(), 800)
     # converge really changed both switches (idempotence then found nothing to change)
     for switch in ("switch-leaf1", "switch-spine2"):
         assert re.search(rf"{switch}\s*:\s*ok=\d+\s+changed=1", output), switch

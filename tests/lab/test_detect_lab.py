@@ -21,18 +21,12 @@ import pytest
 
 from lab import faults, fleet, jobgen
 from lab.fabric import Lab
+from tests.lab.helpers import wait_for
 
 pytestmark = [pytest.mark.root, pytest.mark.lab]
 
 
-def _wait(pred: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s: {what}")
+_wait = wait_for
 
 
 @pytest.fixture(scope="module")

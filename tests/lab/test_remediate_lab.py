@@ -24,6 +24,7 @@ import pytest
 from lab import fleet, frr
 from lab.fabric import Lab
 from lab.traffic import Mesh
+from tests.lab.helpers import wait_for
 
 pytestmark = [pytest.mark.root, pytest.mark.lab]
 
@@ -32,14 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ANSIBLE = str(Path(sys.executable).with_name("ansible-playbook"))
 
 
-def _wait(pred: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s: {what}")
+_wait = wait_for
 
 
 @pytest.fixture(scope="module")

@@ -112,6 +112,15 @@ async def test_no_daemon_and_no_data_yet_at_80x24() -> None:
         assert "no store given" in str(app.query_one("#audit-summary").render())
 
 
+async def _open_first_anomaly(app: ClockmeshApp, pilot: Any) -> None:
+    """Anomalies tab, first row, enter: the remediation dialog, planned."""
+    await pilot.pause(0.3)
+    await pilot.press("a")
+    app.query_one("#anomaly-table", DataTable).focus()
+    await pilot.press("enter")
+    await pilot.pause(0.5)
+
+
 def _store_with(tmp_path: Path, live: dict[str, Any]) -> tuple[Path, Path]:
     """A store holding the sample's flapping anomaly, and a matching topology."""
     import pyarrow as pa
@@ -175,11 +184,7 @@ async def test_remediation_past_the_cap_is_refused_with_nothing_to_run(tmp_path:
     inventory.write_text("all: {}\n")
     app = _app(Feed(live), store=store, topology=topo, inventory=inventory)
     async with app.run_test(size=(120, 40)) as pilot:
-        await pilot.pause(0.3)
-        await pilot.press("a")
-        app.query_one("#anomaly-table", DataTable).focus()
-        await pilot.press("enter")
-        await pilot.pause(0.5)
+        await _open_first_anomaly(app, pilot)
         plan = str(app.screen.query_one("#plan", Static).render())
         assert "refused: blast-radius cap: leaf1 would have 2 of its 2 uplinks out" in plan
         assert app.screen.query_one("#preview", Button).disabled
@@ -194,11 +199,7 @@ async def test_preview_then_cancel_runs_nothing_for_real(tmp_path: Path, monkeyp
     inventory.write_text("all: {}\n")
     app = _app(Feed(live), store=store, topology=topo, inventory=inventory)
     async with app.run_test(size=(120, 40)) as pilot:
-        await pilot.pause(0.3)
-        await pilot.press("a")
-        app.query_one("#anomaly-table", DataTable).focus()
-        await pilot.press("enter")
-        await pilot.pause(0.5)
+        await _open_first_anomaly(app, pilot)
         screen = app.screen
         assert not screen.query_one("#preview", Button).disabled
         await pilot.click("#preview")

@@ -18,7 +18,12 @@ import yaml
 ROLES_DIR = Path(__file__).resolve().parents[2] / "roles"
 ROLES = sorted(p.name for p in ROLES_DIR.iterdir() if (p / "tasks" / "main.yml").is_file())
 PUBLIC_VAR = re.compile(r"\b(clockmesh_[a-z]+_[a-z0-9_]*[a-z0-9])\b")
-TAG_SUFFIXES = ("install", "configure", "run", "report")  # <role>_install etc. are tags, not variables
+TAG_SUFFIXES = (
+    "install",
+    "configure",
+    "run",
+    "report",
+)  # <role>_install etc. are tags, not variables
 
 
 def _yaml(path: Path) -> Any:
