@@ -147,3 +147,32 @@ def test_train_cli_writes_model_and_card(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     assert load(out).judge(features.matrix([ROCE]))[0].kind == "roce_v1_job"
     assert "## Training data" in out.with_suffix(".md").read_text()
+
+
+def test_daemon_with_a_model_of_another_version_judges_with_rules_and_says_why(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import skops.io as sio
+
+    from analytics.detect.anomalies import Observation
+    from analytics.detect.detect_runner import DetectConfig, DetectRunner
+
+    model = _small_model()
+    old = tmp_path / "old.skops"
+    sio.dump({"format": 0, "features": ["flaps"], "baseline": model.baseline,
+              "classifier": model.classifier}, old)  # fmt: skip
+    runner = DetectRunner(None, DetectConfig(model_file=str(old)))
+    assert runner.model is None
+    assert "rules only:" in runner.live()["model"] and "retrain" in runner.live()["model"]
+    assert "detect_model_refused" in caplog.text
+    obs = Observation("flapping_link", "h1-1-leaf1", 0.5, "flapped", link="h1-1-leaf1",
+                      evidence={"flaps": 1})  # fmt: skip
+    runner.judge([obs])  # no model: the rule's class stands
+    assert obs.kind == "flapping_link" and "model" not in obs.evidence
+    shipped = DetectRunner(None)
+    assert shipped.model is not None and shipped.live()["model"].startswith("model trained")
+    shipped.judge([obs])
+    assert (
+        obs.evidence["model"]["class"] == "flapping_link"
+        and obs.evidence["rule"] == "flapping_link"
+    )
