@@ -69,3 +69,26 @@ def test_bad_results_and_empty_store_are_one_line(tmp_path: Path) -> None:
     assert not (store / "fleet_audit").exists()
     res = CliRunner().invoke(audit, ["show", "--store", str(store)])
     assert res.exit_code == 1 and "no fleet audit yet" in res.output
+
+
+def test_collector_gids_recommends_the_routable_v2_gid_and_reads_nccl_conf(tmp_path: Path) -> None:
+    import yaml
+
+    from collector.cli import collector
+
+    root = fake_rdma.write_tree(tmp_path / "sysfs", "h1-1", "bk0", "198.18.1.1")
+    conf = tmp_path / "nccl.conf"
+    conf.write_text("NCCL_IB_GID_INDEX=0\n")
+    cfg = {"host": "h1-1", "backend": {"address": "198.18.1.1", "interface": "bk0"},
+           "ingest": {"url": "http://127.0.0.1:1"}, "counters": {"sysfs_root": str(root)},
+           "rdma": {"configfs_root": f"{root}/sys/kernel/config", "nccl_conf": str(conf),
+                    "pyverbs": False}}  # fmt: skip
+    path = tmp_path / "collector.yml"
+    path.write_text(yaml.safe_dump(cfg))
+    res = CliRunner().invoke(collector, ["gids", "--json", "--config", str(path)])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    assert doc["recommended"]["index"] == 3 and doc["recommended"]["type"] == "RoCE v2"
+    assert doc["nccl_conf_index"] == 0 and len(doc["gids"]) == 4
+    bad = CliRunner().invoke(collector, ["gids", "--config", str(tmp_path / "missing.yml")])
+    assert bad.exit_code == 2 and "missing.yml" in bad.output
