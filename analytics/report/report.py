@@ -228,6 +228,7 @@ def collect(
         },
         "anomalies": anomalies,
         "anomalies_by_class": by_class,
+        "worst_links": worst_links(anomalies),
         "worst_pairs": pair_rows,
         "loss_by_minute": [(m["minute_ns"], m["loss"]) for m in minutes],
         "owd_series_us": series,
@@ -252,6 +253,26 @@ def collect(
             "from checkpoint is not counted (a floor)."
         ),
     }
+
+
+def worst_links(anomalies: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Links by what they cost: outage seconds (each once), then anomalies, then time open."""
+    links: dict[str, dict[str, Any]] = {}
+    for x in anomalies:
+        if not x["link"]:
+            continue
+        e = links.setdefault(x["link"], {"link": x["link"], "anomalies": 0, "kinds": set(),
+                                         "outage_s": 0.0, "open_s": 0.0})  # fmt: skip
+        e["anomalies"] += 1
+        e["kinds"].add(x["kind"])
+        e["outage_s"] += sum(x.get("new_outages_s", []))
+        e["open_s"] += x["duration_s"]
+    out = sorted(links.values(), key=lambda e: (-e["outage_s"], -e["anomalies"], -e["open_s"]))
+    for e in out:
+        e["kinds"] = sorted(e["kinds"])
+        e["outage_s"] = round(e["outage_s"], 1)
+        e["open_s"] = round(e["open_s"], 1)
+    return out[:10]
 
 
 # ---- plots ---------------------------------------------------------------------------
@@ -377,7 +398,15 @@ def markdown(facts: dict[str, Any], svg_names: dict[str, str]) -> str:
               f"{len(f['flap_outages_s'])} outage(s); {f['flap_outages_over_kill']} longer than "
               f"the {f['collective_kill_s']:.0f} s a collective survives: "
               + (", ".join(f"{o:.1f} s" for o in f["flap_outages_s"][:30]) or "none"),
-              "", "## Worst pairs", ""]  # fmt: skip
+              "", "## Worst links", ""]  # fmt: skip
+    if f["worst_links"]:
+        lines += ["| link | anomalies | classes | outage s | open s |",
+                  "| --- | --- | --- | --- | --- |"]  # fmt: skip
+        lines += [f"| {e['link']} | {e['anomalies']} | {', '.join(e['kinds'])} | "
+                  f"{e['outage_s']} | {e['open_s']} |" for e in f["worst_links"]]  # fmt: skip
+    else:
+        lines.append("No link had an anomaly in this range.")
+    lines += ["", "## Worst pairs", ""]
     if f["worst_pairs"]:
         lines += ["| pair | loss | p50 µs | p99 µs | probes |", "| --- | --- | --- | --- | --- |"]
         lines += [f"| {p['pair']} | {100 * p['loss']:.3f} % | {p['p50_us']} | {p['p99_us']} | "

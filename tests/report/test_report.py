@@ -70,6 +70,10 @@ def test_report_lists_the_anomaly_plots_and_gpu_hours(tmp_path: Path) -> None:
     assert "leaf1-spine2" in html and "GPU-hours at risk" in html
     md = (tmp_path / "out" / "report.md").read_text()
     assert "| flapping_link | leaf1-spine2 |" in md and "![timeline](report-timeline.svg)" in md
+    assert facts["worst_links"] == [{"link": "leaf1-spine2", "anomalies": 1,
+                                     "kinds": ["flapping_link"], "outage_s": 7.0,
+                                     "open_s": 140.0}]  # fmt: skip
+    assert "| leaf1-spine2 | 1 | flapping_link | 7.0 | 140.0 |" in md
 
 
 def test_empty_range_and_no_anomalies_give_a_clear_report(tmp_path: Path) -> None:
