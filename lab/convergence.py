@@ -7,8 +7,9 @@ links allow:
   (its ECMP group), and over no other spine (that would be a black hole);
 - a spine reaches each leaf's subnet over its link to that leaf iff that link is up;
 - every BGP session on a link that is up is Established, with its BFD session up;
-- a link whose BGP session an operator shut (``neighbor ... shutdown``: a remediation) is
-  *out of service*: no path is expected over it and its sessions are not problems;
+- a link whose BGP session an operator shut on both ends (``neighbor ... shutdown``: a
+  remediation) is *out of service*: no path is expected over it and its sessions are not
+  problems (shut on one end only, it is named like any session down);
 - every host whose access link is up has its route to the backend via its leaf.
 
 :func:`assess` is pure (tests feed it tables); :func:`read_fib` reads one namespace's
@@ -112,12 +113,17 @@ def assess(
     """
     fabric = {(lk.a.node, lk.b.node): lk for lk in topo.links if lk.kind == "fabric"}
     result = Convergence(sessions=list(sessions))
-    # A session an operator shut (a remediation taking the link out of service) is not a
-    # fault: the link carries no traffic on purpose and the ECMP groups go without it.
+    # A link whose session an operator shut on *both* ends (a remediation taking it out of
+    # service) is not a fault: it carries no traffic on purpose and the ECMP groups go
+    # without it. Shut on one end only, it is a half-done change and stays a problem.
+    admin_ends: dict[str, set[str]] = {}
     for sess in sessions:
         on = fabric.get((sess.router, sess.peer)) or fabric.get((sess.peer, sess.router))
         if on is not None and "admin" in sess.state.lower():
-            result.out_of_service.add(on.name)
+            admin_ends.setdefault(on.name, set()).add(sess.router)
+    for lk in fabric.values():
+        if admin_ends.get(lk.name, set()) >= {lk.a.node, lk.b.node}:
+            result.out_of_service.add(lk.name)
 
     def up(leaf: str, spine: str) -> bool:
         name = fabric[(leaf, spine)].name

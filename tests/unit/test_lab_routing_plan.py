@@ -130,3 +130,34 @@ def test_sessions_down_on_an_up_link_and_missing_host_route_are_named() -> None:
         p.startswith(f"BFD {sessions[1].router}–{sessions[1].peer} is down") for p in problems
     )
     assert any(p.startswith("missing path: h2-1 has no route to the fabric") for p in problems)
+
+
+def test_link_shut_on_both_ends_is_out_of_service_on_one_end_a_problem() -> None:
+    import dataclasses
+
+    topo = _topo()
+    link_up, fibs, sessions = _healthy(topo)
+    lk = topo.link("leaf1-spine2")
+    # Routed around, as after the remediation: nobody uses the link.
+    for other in ("leaf2", "leaf3"):
+        fibs[other][str(topo.leaves[0].subnet)] -= {topo.link(f"{other}-spine2").b.address}
+    for o in topo.leaves[1:]:
+        fibs["leaf1"][str(o.subnet)] -= {lk.b.address}
+    del fibs["spine2"][str(topo.leaves[0].subnet)]
+
+    def shut(on: set[str]) -> list:
+        return [
+            dataclasses.replace(s, state="Idle (Admin)")
+            if {s.router, s.peer} == {"leaf1", "spine2"} and s.router in on
+            else dataclasses.replace(s, state="Active")
+            if {s.router, s.peer} == {"leaf1", "spine2"}
+            else s
+            for s in sessions
+        ]
+
+    both = convergence.assess(topo, link_up, fibs, shut({"leaf1", "spine2"}))
+    assert both.converged, both.problems
+    assert both.out_of_service == {"leaf1-spine2"}
+    one = convergence.assess(topo, link_up, fibs, shut({"leaf1"}))
+    assert not one.converged and not one.out_of_service
+    assert any(p.startswith("BGP leaf1–spine2 is Idle (Admin)") for p in one.problems)
