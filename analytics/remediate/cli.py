@@ -9,7 +9,14 @@ from typing import Any
 import click
 
 from analytics.remediate import records, runner
-from analytics.remediate.plan import Caps, Refused, plan, plan_undo, read_topology
+from analytics.remediate.plan import (
+    Caps,
+    Refused,
+    latest_anomalies,
+    plan,
+    plan_undo,
+    read_topology,
+)
 from analytics.sql_cli import store_option
 
 DEFAULT_TOPOLOGY = "/etc/clockmesh/topology.json"
@@ -34,27 +41,13 @@ def remediate() -> None:
 
 
 def _open_anomalies(store: Path) -> list[dict[str, Any]]:
-    import duckdb
-
-    glob = str(store / "anomalies" / "*" / "*" / "*.parquet").replace("'", "''")
-    if not any((store / "anomalies").glob("*/*/*.parquet")):
+    if not (store / "anomalies").is_dir():
         return []
-    con = duckdb.connect()
-    try:
-        rows = con.execute(
-            f"""SELECT anomaly_id, kind, link, job_id, closed_ns, opened_ns,
-                       json_extract_string(detail, '$.summary')
-                FROM (SELECT *, row_number() OVER (PARTITION BY anomaly_id
-                        ORDER BY coalesce(updated_ns, 0) DESC, closed_ns DESC) AS rn
-                      FROM read_parquet('{glob}', union_by_name = true))
-                WHERE rn = 1 AND closed_ns = 0 ORDER BY opened_ns"""
-        ).fetchall()
-    finally:
-        con.close()
     return [
-        {"anomaly_id": a, "kind": k, "where": link or job, "opened_ns": o, "summary": s}
-        for a, k, link, job, _, o, s in rows
-    ]
+        {"anomaly_id": a.anomaly_id, "kind": a.kind, "where": a.link or a.job_id,
+         "opened_ns": a.opened_ns, "summary": a.detail.get("summary", "")}
+        for a in latest_anomalies(store, open_only=True)
+    ]  # fmt: skip
 
 
 @remediate.command("list")

@@ -81,33 +81,53 @@ class StoredAnomaly:
     job_id: str
     closed_ns: int
     detail: dict[str, Any]
+    opened_ns: int = 0
 
 
-def read_anomaly(store: Path, anomaly_id: str) -> StoredAnomaly:
+def latest_anomalies(
+    store: Path, anomaly_id: str = "", open_only: bool = False
+) -> list[StoredAnomaly]:
+    """Each anomaly's latest row (as the ``anomaly_current`` view picks it), oldest first:
+    one anomaly by id, or every open one."""
     glob = str(store / "anomalies" / "*" / "*" / "*.parquet").replace("'", "''")
     if not (store / "anomalies").is_dir():
         raise Refused(f"{store}: no anomalies table: is this an ops box store?")
+    if not any((store / "anomalies").glob("*/*/*.parquet")):
+        return []
+    where = (
+        ["rn = 1"]
+        + (["anomaly_id = ?"] if anomaly_id else [])
+        + (["closed_ns = 0"] if open_only else [])
+    )
     con = duckdb.connect()
     try:
-        row = con.execute(
-            f"""SELECT anomaly_id, kind, link, job_id, closed_ns, detail
-                FROM read_parquet('{glob}', union_by_name = true)
-                WHERE anomaly_id = ?
-                ORDER BY coalesce(updated_ns, 0) DESC, closed_ns DESC LIMIT 1""",
-            [anomaly_id],
-        ).fetchone()
+        rows = con.execute(
+            f"""SELECT anomaly_id, kind, link, job_id, closed_ns, opened_ns, detail
+                FROM (SELECT *, row_number() OVER (PARTITION BY anomaly_id
+                        ORDER BY coalesce(updated_ns, 0) DESC, closed_ns DESC) AS rn
+                      FROM read_parquet('{glob}', union_by_name = true))
+                WHERE {" AND ".join(where)} ORDER BY opened_ns""",
+            [anomaly_id] if anomaly_id else [],
+        ).fetchall()
     except duckdb.Error as exc:
         raise Refused(f"{store}/anomalies: cannot be read ({exc})") from None
     finally:
         con.close()
-    if row is None:
+    out = []
+    for aid, kind, link, job, closed, opened, detail in rows:
+        try:
+            doc = json.loads(detail or "{}")
+        except ValueError:
+            doc = {}
+        out.append(StoredAnomaly(aid, kind, link, job, int(closed or 0), doc, int(opened or 0)))
+    return out
+
+
+def read_anomaly(store: Path, anomaly_id: str) -> StoredAnomaly:
+    found = latest_anomalies(store, anomaly_id=anomaly_id)
+    if not found:
         raise Refused(f"anomaly {anomaly_id}: not in {store} (clockmesh remediate list shows them)")
-    aid, kind, link, job, closed, detail = row
-    try:
-        doc = json.loads(detail or "{}")
-    except ValueError:
-        doc = {}
-    return StoredAnomaly(aid, kind, link, job, int(closed or 0), doc)
+    return found[0]
 
 
 def read_topology(path: Path) -> dict[str, Any]:
