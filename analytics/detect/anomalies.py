@@ -132,13 +132,15 @@ class AnomalyBook:
             self._changed.append(a)
             return a
         a.last_seen_ns = now_ns
-        if (a.kind, a.summary, a.evidence, round(a.score, 3)) != (
+        if (a.kind, a.summary, a.evidence, round(a.score, 3), a.link) != (
             obs.kind,
             obs.summary,
             obs.evidence,
             round(obs.score, 3),
+            obs.link,
         ):
             a.kind, a.summary, a.evidence, a.score = obs.kind, obs.summary, obs.evidence, obs.score
+            a.link = obs.link  # named more precisely as evidence comes in
             a.updated_ns = now_ns
             if a not in self._changed:
                 self._changed.append(a)

@@ -3,30 +3,37 @@
 Every collector traces its paths: every trace interval (2 s by default) one TTL-limited
 probe per (buddy in another rack, source port), with the same 5-tuple as its probes, so
 it takes the same ECMP path. The router at hop 2 — the spine — answers with ICMP time
-exceeded from its address on the link the probe arrived on (``path_hop`` rows). Each
-answer shows that rack X reaches rack Z through spine Y now; each trace *round* of a
-host (its answers arrive within milliseconds of each other) shows all the spines its
-rack reaches each traced rack through.
+exceeded from its address on the link the probe arrived on (``path_hop`` rows): this
+5-tuple crosses leafX–spineY now. A collector that sees one of its 5-tuples change spine
+traces all its paths again at once and ships them without waiting for its next segment.
 
-**Tomography.** A path X → Z through Y needs both leafX–spineY and leafZ–spineY. When a
-spine that used to carry X → Z traffic is missing from every latest round of rack X's
-hosts to Z, one of those two links is out of service (down, and the fabric's routing
-took it out of every ECMP group — with BGP and BFD within a second — or withdrawn by
-hand). Every path still seen through Y clears both of its links. The links suspected are
-the smallest set, among those not cleared, that explains every missing path (greedy set
-cover); two links that explain exactly the same missing paths cannot be told apart (in a
-fabric of two racks, leaf1–spineY and leaf2–spineY never can) and are named together,
-each with confidence 1/2.
+**Tomography, one trace at a time.** A path X → Z through Y needs both leafX–spineY and
+leafZ–spineY. ECMP hashing is deterministic: while rack X's group towards Z keeps its
+members, every 5-tuple keeps its spine. A 5-tuple that crossed Y and now crosses another
+spine is the first evidence that Y left the group (a link went down and the fabric's
+routing took it out — with BGP and BFD within a second — or it was withdrawn by hand).
+The path X → Z through Y is *gone* once, since that move, enough traces from X to Z have
+avoided Y that Y being still in the group is unlikely (below 1 %: with two spines the
+move itself is enough; with k, Y would still take 1/(k−1) of them). A move *onto* a spine
+whose path was gone is that path coming back, not another one leaving (hash-threshold
+ECMP moves flows both ways when a member returns). Every trace through Y shows the path
+is there.
 
-A suspected link is out of service until a round crosses it again; the outage's duration
-is known to one trace interval. Such a link is a ``flapping_link`` from its first outage,
-like a host port (:mod:`analytics.detect.flaps`), naming the racks that lost a path.
+The links suspected are the smallest set, among those not seen working since a path
+went, that explains every gone path (greedy set cover); two links that explain exactly
+the same gone paths cannot be told apart (in a fabric of two racks, leaf1–spineY and
+leaf2–spineY never can) and are named together, each with confidence 1/2.
+
+A suspected link is out of service until a trace crosses it again: the outage runs from
+the first trace that saw a 5-tuple move off it to the first that crossed it again. Such
+a link is a ``flapping_link`` from its first outage, like a host port
+(:mod:`analytics.detect.flaps`), naming the racks that lost a path.
 """
 
 from __future__ import annotations
 
 import collections
-import time
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,10 +41,10 @@ import numpy as np
 from analytics.detect.anomalies import Observation
 from analytics.detect.flaps import Outage, flap_observation, prune
 
-ROUND_GAP_NS = 500_000_000  # answers further apart than this are different rounds
-ROUND_SETTLE_S = 1.0  # a round is complete once no answer came for it this long
-STALE_ROUND_NS = 30_000_000_000  # a host whose latest round is older does not vote
-MIN_ROUND_ANSWERS = 2  # a round with fewer answers says nothing about what is missing
+# A gone path is believed once Y still in the group would have shown in fewer than this
+# share of the traces since the move.
+CHANCE = 0.01
+RECENT_NS = 7_000_000_000  # an outage that ended this recently is still reported
 
 
 @dataclass
@@ -49,12 +56,9 @@ class FabricLink:
 
 
 @dataclass
-class _Round:
-    start_ns: int
-    seen: set[tuple[str, str]] = field(default_factory=set)  # (dst rack, spine)
-    traced: collections.Counter[str] = field(default_factory=collections.Counter)  # dst rack
-    answers: int = 0
-    arrived: float = 0.0  # ops-box monotonic time of the last answer
+class _Gone:
+    since_ns: int  # the trace that saw a 5-tuple move off the spine
+    avoided: int = 0  # traces from X to Z since then, none of them through it
 
 
 @dataclass
@@ -62,6 +66,20 @@ class _LinkState:
     down_since: int = 0
     outages: collections.deque[Outage] = field(default_factory=collections.deque)
     group: tuple[str, ...] = ()  # the links it was suspected together with
+    back_ns: int = 0  # the first trace across it since it went down
+    # The anomaly's key: the name(s) it was first suspected under, kept while it has
+    # outages, so naming it more precisely later updates the anomaly instead of opening
+    # another one.
+    key: str = ""
+
+
+def traces_needed(spines: int) -> int:
+    """Traces from X to Z that must all avoid Y before the path through Y counts as gone,
+    when X reaches Z through ``spines`` spines: with Y still in the group each trace
+    would cross it with probability 1/(spines − 1) (one member left the group)."""
+    if spines <= 2:
+        return 1
+    return math.ceil(math.log(CHANCE) / math.log(1 - 1 / (spines - 1)))
 
 
 class FabricPaths:
@@ -72,29 +90,30 @@ class FabricPaths:
         links: list[FabricLink],
         host_rack: dict[int, str],
         window_s: float = 600.0,
-        clock: object = time.monotonic,
     ) -> None:
         self.by_hop = {lk.hop: lk for lk in links}
         self.links = {lk.name: lk for lk in links}
         self.by_ends = {(lk.leaf, lk.spine): lk.name for lk in links}
         self.host_rack = host_rack  # host_id -> its leaf
         self.window_ns = int(window_s * 1e9)
-        self._clock = clock
-        self.current: dict[int, _Round] = {}  # src -> round being filled
-        self.latest: dict[int, _Round] = {}  # src -> last complete round
-        self.baseline: set[tuple[str, str, str]] = set()  # (src rack, dst rack, spine) seen
+        # (src rack, dst rack, spine) -> newest trace through it (its keys: every path seen)
+        self.last_seen: dict[tuple[str, str, str], int] = {}
+        self.spines: dict[tuple[str, str], set[str]] = collections.defaultdict(set)
+        self.gone: dict[tuple[str, str, str], _Gone] = {}
+        self.newest_ns = 0
         self.state = {name: _LinkState() for name in self.links}
         # Links taken out of service by a remediation: their missing paths are expected.
         self.maintenance: set[str] = set()
         self.unknown_hops: collections.Counter[str] = collections.Counter()
         self.spine_of: dict[tuple[int, int, int], str] = {}  # (src, dst, sport) -> spine now
+        self.traced_ns: dict[tuple[int, int, int], int] = {}  # ... and when it was traced
+        self.returned: dict[tuple[str, str, str], int] = {}  # path back after it had gone
 
     def feed(self, rows: np.ndarray) -> None:
         """``path_hop`` records (numpy, :data:`collector.records.PATH_HOP`)."""
         if not len(rows):
             return
         rows = rows[np.argsort(rows["ts_ns"], kind="stable")]
-        now = self._clock()  # type: ignore[operator]
         for ts, src, dst, sport, hop in zip(
             rows["ts_ns"].tolist(),
             rows["src"].tolist(),
@@ -103,67 +122,64 @@ class FabricPaths:
             rows["hop"].tolist(),
             strict=True,
         ):
-            cur = self.current.get(src)
-            if cur is None or ts - cur.start_ns > ROUND_GAP_NS:
-                if cur is not None:
-                    self._complete(src, cur)
-                cur = self.current[src] = _Round(ts)
-            cur.answers += 1
-            cur.arrived = now
-            rack = self.host_rack.get(dst, "")
-            cur.traced[rack] += 1
             lk = self.by_hop.get(hop.decode(errors="replace"))
             if lk is None:
                 self.unknown_hops[hop.decode(errors="replace")] += 1
-            else:
-                cur.seen.add((rack, lk.spine))
-                self.spine_of[(src, dst, sport)] = lk.spine
+                continue
+            self._trace(ts, self.host_rack.get(src, ""), self.host_rack.get(dst, ""),
+                        (src, dst, sport), lk.spine)  # fmt: skip
 
-    def _complete(self, src: int, rnd: _Round) -> None:
-        if rnd.answers >= MIN_ROUND_ANSWERS:
-            self.latest[src] = rnd
-            mine = self.host_rack.get(src, "")
-            for rack, spine in rnd.seen:
-                self.baseline.add((mine, rack, spine))
+    def _trace(self, ts: int, x: str, z: str, key: tuple[int, int, int], y: str) -> None:
+        """One answer: 5-tuple ``key`` from rack x to rack z crossed spine y at ``ts``."""
+        self.newest_ns = max(self.newest_ns, ts)
+        before = self.spine_of.get(key)
+        before_ns = self.traced_ns.get(key, 0)
+        self.spine_of[key] = y
+        self.traced_ns[key] = ts
+        for w in self.spines[(x, z)]:  # every path gone before this trace: avoided again
+            g = self.gone.get((x, z, w))
+            if g is not None and w != y and ts >= g.since_ns:
+                g.avoided += 1
+        g = self.gone.get((x, z, y))
+        if g is not None and ts > g.since_ns:  # the path is back
+            del self.gone[(x, z, y)]
+            self.returned[(x, z, y)] = ts
+        if ts > self.last_seen.get((x, z, y), 0):
+            self.last_seen[(x, z, y)] = ts
+        joined = y not in self.spines[(x, z)]
+        self.spines[(x, z)].add(y)
+        for end in (x, z):
+            st = self.state.get(self.by_ends.get((end, y), ""))
+            if st is not None and st.down_since and not st.back_ns and ts > st.down_since:
+                st.back_ns = ts
+        if before is None or before == y or joined or g is not None:
+            return  # new, unchanged, or onto a spine that was not in the group
+        if self.returned.get((x, z, y), 0) > before_ns:
+            return  # y came back since this 5-tuple's last trace: hashing moved it there
+        if (x, z, before) not in self.gone and self.last_seen.get((x, z, before), 0) < ts:
+            self.gone[(x, z, before)] = _Gone(ts, avoided=1)
 
-    def _settle(self) -> None:
-        now = self._clock()  # type: ignore[operator]
-        for src, rnd in list(self.current.items()):
-            if now - rnd.arrived >= ROUND_SETTLE_S:
-                del self.current[src]
-                self._complete(src, rnd)
-
-    def suspects(self) -> tuple[list[tuple[tuple[str, ...], int]], set[str], int]:
-        """([(links that cannot be told apart, missing paths they explain)], links
-        cleared by a path seen now, newest round start)."""
-        newest = max((r.start_ns for r in self.latest.values()), default=0)
-        fresh = [
-            (self.host_rack.get(src, ""), r)
-            for src, r in self.latest.items()
-            if newest - r.start_ns < STALE_ROUND_NS
-        ]
-        seen: set[tuple[str, str, str]] = set()
-        traced: set[tuple[str, str]] = set()
-        for mine, r in fresh:
-            seen |= {(mine, rack, spine) for rack, spine in r.seen}
-            traced |= {(mine, rack) for rack, n in r.traced.items() if n >= MIN_ROUND_ANSWERS}
-        cleared = set()
-        for x, z, y in seen:
-            cleared |= {self.by_ends.get((x, y), ""), self.by_ends.get((z, y), "")}
-        missing = [
-            (x, z, y)
-            for x, z, y in self.baseline - seen
-            if (x, z) in traced
+    def suspects(self) -> list[tuple[tuple[str, ...], int, int]]:
+        """[(links that cannot be told apart, gone paths they explain, since when)]."""
+        missing = {
+            (x, z, y): g.since_ns
+            for (x, z, y), g in self.gone.items()
+            if g.avoided >= traces_needed(len(self.spines[(x, z)]))
             and self.by_ends.get((x, y)) not in self.maintenance
             and self.by_ends.get((z, y)) not in self.maintenance
-        ]
-        explains: dict[str, set[tuple[str, str, str]]] = collections.defaultdict(set)
-        for x, z, y in missing:
+        }
+        working: dict[str, int] = collections.defaultdict(int)  # link -> newest trace across
+        for (x, z, y), ts in self.last_seen.items():
             for end in (x, z):
-                name = self.by_ends.get((end, y))
-                if name and name not in cleared:
+                name = self.by_ends.get((end, y), "")
+                working[name] = max(working[name], ts)
+        explains: dict[str, set[tuple[str, str, str]]] = collections.defaultdict(set)
+        for (x, z, y), since in missing.items():
+            for end in (x, z):
+                name = self.by_ends.get((end, y), "")
+                if name and working[name] <= since:  # not seen working since the path went
                     explains[name].add((x, z, y))
-        groups: list[tuple[tuple[str, ...], int]] = []
+        groups: list[tuple[tuple[str, ...], int, int]] = []
         left = {m for m in missing if any(m in e for e in explains.values())}
         while left:
             best = max(explains, key=lambda n: (len(explains[n] & left), n))
@@ -171,36 +187,43 @@ class FabricPaths:
             if not covered:
                 break
             twins = tuple(sorted(n for n in explains if explains[n] & left == covered))
-            groups.append((twins, len(covered)))
+            groups.append((twins, len(covered), min(missing[m] for m in covered)))
             left -= covered
-        return groups, cleared, newest
+        return groups
 
     def observations(self, now_ns: int) -> list[Observation]:
-        self._settle()
-        groups, cleared, newest = self.suspects()
         suspected = {}
-        for twins, n in groups:
+        for twins, n, since in self.suspects():
             for name in twins:
-                suspected[name] = (twins, n)
+                suspected[name] = (twins, n, since)
         for name in self.maintenance & set(self.state):  # out of service: no flap history
             self.state[name] = _LinkState()
         for name, st in self.state.items():
             if name in suspected and not st.down_since:
-                st.down_since = newest
-                st.outages.append(Outage(newest))
+                st.down_since, st.back_ns = suspected[name][2], 0
+                st.outages.append(Outage(st.down_since))
+                st.key = st.key or " or ".join(suspected[name][0])
             if name in suspected:
                 st.group = suspected[name][0]
-            elif st.down_since and name in cleared:
-                st.outages[-1].up_ns = max(st.down_since + 1, newest)
+            elif st.down_since and any(t in suspected for t in st.group if t != name):
+                # Named with a twin, then seen working while the twin is still out: the
+                # outage was the twin's, never this link's.
+                st.outages.pop()
+                st.down_since, st.group = 0, ()
+            elif st.down_since and st.back_ns:
+                st.outages[-1].up_ns = st.back_ns
                 st.down_since = 0
             prune(st.outages, now_ns, self.window_ns)
+            if not st.outages:
+                st.key = ""
+        newest = self.newest_ns
         out = []
         done: set[str] = set()
         for name, st in self.state.items():
             if not st.outages or name in done:
                 continue
             ended = max((o.up_ns for o in st.outages), default=0)
-            recent = ended and newest - ended < 2 * ROUND_SETTLE_S * 1e9 + 5e9
+            recent = ended and newest - ended < RECENT_NS
             if not (st.down_since or recent):
                 continue
             twins = st.group if len(st.group) > 1 else (name,)
@@ -220,6 +243,7 @@ class FabricPaths:
                 label, list(st.outages), st.down_since, newest, self.window_ns, extra
             )
             obs.link = twins[0] if len(twins) == 1 else label
+            obs.key = st.key or label
             obs.score *= 1 / len(twins) if len(twins) > 1 else 1.0
             out.append(obs)
         return out
