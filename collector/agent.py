@@ -32,6 +32,7 @@ from collector.config import CollectorConfig
 from collector.configfile import ConfigError
 from collector.inband import InbandHook
 from collector.lab_clock import RecordingClock
+from collector.link_watch import LinkWatch
 from collector.probe_mesh import ProbeMesh
 from collector.probe_packet import PacketCodec
 from collector.record_buffer import RecordBuffer
@@ -57,6 +58,11 @@ STATUS_S = 1.0
 # than 20/s, and 3.3 less than 10; see docs/collector.md), not one wake-up per datagram.
 TICK_S = 0.3
 SHUTDOWN_SHIP_S = 2.0
+# Urgent segments: a watched link changed state, or a traced path moved to another
+# spine. The segment is rolled and shipped at once instead of at the next roll; the
+# answers of the re-trace a path change starts are drained this long after it went out.
+RETRACE_DRAIN_S = 0.05
+URGENT_MIN_S = 0.1  # at most one urgent roll this often (a link flapping at 50 Hz)
 
 
 class KeyValueFormatter(logging.Formatter):
@@ -125,6 +131,12 @@ class Collector:
         self.mesh: ProbeMesh | None = None
         self.inband: InbandHook | None = None
         self.counters: SysfsCounters | None = None
+        self.links: LinkWatch | None = None
+        self.links_note = ""
+        self._urgent = False
+        self._urgent_flush_at = 0.0
+        self._last_urgent = 0.0
+        self.urgent_rolls = 0
         self.verbs_note = ""
         self._rdma_fp = b""
         self._jobs_fp = b""
@@ -157,6 +169,13 @@ class Collector:
         )
         self._rdma_fp = b""
         self._jobs_fp = b""
+        try:
+            self.links = LinkWatch(interfaces)
+            self._wake_sel.register(self.links.sock, selectors.EVENT_READ, self._on_link_event)
+        except OSError as exc:  # no netlink here: link changes wait for the next sample
+            self.links = None
+            self.links_note = f"link events off: {exc}"
+            log.warning("event=link_watch_off reason=%r", str(exc))
         log.info(
             "event=probe_mesh host=%s address=%s buddies=%s ports=%d pairs_per_s=%.1f counters=%d",
             cfg.host,
@@ -178,6 +197,10 @@ class Collector:
             self.inband = None
         if self.counters is not None:
             self.counters.close()
+        if self.links is not None:
+            self._wake_sel.unregister(self.links.sock)
+            self.links.close()
+            self.links = None
 
     def _probe_verbs(self) -> None:
         """RDMA UD probes when pyverbs imports and a port has our RoCE v2 GID."""
@@ -224,6 +247,14 @@ class Collector:
         if len(jobs):
             self.buffers["job_rdma"].extend(jobs)
 
+    def _on_link_event(self) -> None:
+        """A watched interface changed state: sample the counters now and ship them."""
+        assert self.links is not None
+        if self.links.drain():
+            self._sample_counters()
+            self._urgent = True
+            self.flush()
+
     def _sample_counters(self) -> None:
         if self.counters is not None and len(self.counters):
             self.buffers["counter"].extend(self.counters.sample(self.clock.now(), self.host_id))
@@ -265,7 +296,7 @@ class Collector:
         values: dict[str, int] = {}
         if mesh is not None:
             for name in ("probes_sent", "probes_received", "echoes_sent", "echoes_received",
-                         "traces_sent", "trace_answers"):  # fmt: skip
+                         "traces_sent", "trace_answers", "path_changes"):  # fmt: skip
                 values[name] = mesh.stats[name]
             values["tx_ts_kernel"] = mesh.stats["tx_ts_kernel"]
             values["tx_ts_user"] = mesh.stats["tx_ts_user"]
@@ -291,6 +322,9 @@ class Collector:
         values["batches_rejected"] = self.shipper.stats.rejected
         if self.counters is not None:
             values["counter_files_unreadable"] = self.counters.unreadable
+        if self.links is not None:
+            values["link_events"] = self.links.events
+        values["urgent_rolls"] = self.urgent_rolls
         if self.cfg.lab_clock is not None:
             values["lab_clock_t0_ns"] = self.clock.t0_ns
         return values
@@ -313,8 +347,16 @@ class Collector:
         chunks = [(name, buf.take()) for name, buf in self.buffers.items() if len(buf)]
         if chunks:
             self.spool.write_many(chunks)  # one chunk per table, one write
-        if self.spool.due():
-            self.spool.roll()
+        if self.mesh is not None and self.mesh.path_changed:
+            self.mesh.path_changed = False
+            self._urgent = True
+        now = time.monotonic()
+        urgent = self._urgent and now - self._last_urgent >= URGENT_MIN_S
+        if urgent or self.spool.due():
+            if self.spool.roll() is not None and urgent:
+                self.urgent_rolls += 1
+            if urgent:
+                self._urgent, self._last_urgent = False, now
             self.shipper.wake()
 
     def status(self) -> dict[str, Any]:
@@ -389,6 +431,7 @@ class Collector:
             ),
             "pyverbs": self.verbs_note,
             "path_tracing": self._tracing_note(),
+            "link_events": self.links_note or "on (netlink RTMGRP_LINK)",
             "rdma": (
                 {
                     **dict(self.rdma.stats),
@@ -541,9 +584,17 @@ class Collector:
             assert self.mesh is not None
             self.mesh.send_due(now, TICK_S)
             self.mesh.send_traces(now)
+            if self.mesh.retraced:  # a path moved: its re-trace's answers ship promptly
+                self.mesh.retraced = False
+                self._urgent_flush_at = now + RETRACE_DRAIN_S
             if self.rdma is not None:
                 self.rdma.poll()
-            if now >= next_flush:
+            retrace_due = bool(self._urgent_flush_at) and now >= self._urgent_flush_at
+            if retrace_due or (self._urgent and now - self._last_urgent >= URGENT_MIN_S):
+                self._urgent_flush_at = 0.0
+                self._urgent = True
+                self.flush()
+            elif now >= next_flush:
                 self.flush()
                 next_flush = now + FLUSH_S - TICK_S / 2  # due at the tick FLUSH_S later
             if now >= next_counters:
@@ -563,7 +614,12 @@ class Collector:
                 next_status = now + STATUS_S
             # Timers run at tick granularity (at most TICK_S late; their rows carry
             # their own timestamps): one wake-up per tick, none extra for timers.
-            timeout = max(0.0, now + TICK_S - time.monotonic())
+            wake_at = now + TICK_S
+            if self._urgent_flush_at:
+                wake_at = min(wake_at, self._urgent_flush_at)
+            elif self._urgent:  # held back by URGENT_MIN_S
+                wake_at = min(wake_at, self._last_urgent + URGENT_MIN_S)
+            timeout = max(0.0, wake_at - time.monotonic())
             for key, _events in self._wake_sel.select(timeout):
                 key.data()
 

@@ -58,6 +58,7 @@ ERR_SLOT = 256  # error-queue messages carry the looped-back packet with its hea
 # whose hop it is answers it, and it never reaches a collector (other racks only).
 _TRACE = struct.Struct("<4sqq")
 TRACE_MAGIC = b"CMTR"
+RETRACE_S = 0.5  # a path change re-traces every path at once, at most this often
 # Per packet: the TTL, and no TX timestamp (the socket's timestamp counter must count
 # probes only; a trace would shift every probe's identity after it).
 _NO_TIMESTAMP = struct.pack("i", 0)
@@ -138,6 +139,14 @@ class ProbeMesh:
         self.trace_note = ""
         self.icmp_sock: socket.socket | None = None
         self.next_trace = time.monotonic() + 1.0
+        # Which router each traced (buddy, source port) crossed last: a change means the
+        # fabric's ECMP group changed (a link went or came back). Then every path is traced
+        # again at once and the answers ship without waiting for the next segment.
+        self._hop_of: dict[tuple[int, int], str] = {}
+        self.path_changed = False  # set by drain_traces, taken by the agent (urgent ship)
+        self._retrace_at = 0.0  # earliest next re-trace after a change
+        self._retrace_due = False
+        self.retraced = False  # a re-trace went out: the agent ships its answers promptly
         self.set_buddies(buddies)
         self.next_due = time.monotonic()
 
@@ -631,6 +640,10 @@ class ProbeMesh:
         if not self.trace_every or now < self.next_trace or not self.tx_socks:
             return
         self.next_trace = now + self.trace_every
+        self.stats["trace_rounds"] += 1
+        if self._retrace_due:
+            self._retrace_due = False
+            self.retraced = True
         ttl = struct.pack("i", self.trace_ttl)
         anc = [
             (socket.IPPROTO_IP, timestamping.IP_TTL, ttl),
@@ -684,6 +697,23 @@ class ProbeMesh:
                 now, self.me, dst, sport, self.trace_ttl, router.encode(), raw - sent
             )
             self.stats["trace_answers"] += 1
+            before = self._hop_of.get((dst, sport))
+            self._hop_of[(dst, sport)] = router
+            if before is not None and before != router:
+                self._path_moved()
+
+    def _path_moved(self) -> None:
+        """A traced 5-tuple crossed another spine than last time: ship now, and trace
+        every path again at once (at most once per RETRACE_S) so the ops box sees the
+        whole new picture, not one path of it."""
+        if not self.path_changed:
+            self.stats["path_changes"] += 1
+        self.path_changed = True
+        now = time.monotonic()
+        if now >= self._retrace_at:
+            self._retrace_at = now + RETRACE_S
+            self.next_trace = now
+            self._retrace_due = True
 
     def _on_tx_timestamps(self, n: int) -> None:
         b = self._errb
