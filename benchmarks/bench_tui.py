@@ -6,8 +6,9 @@ Measures, headless at 160×50 with Textual's pilot:
 - start to first paint: from constructing the app to the first frame that shows the
   fleet (every NIC's row in the hosts table, the summary filled);
 - one refresh of the fleet screen: ``apply()`` of the next second's ``/v1/live`` answer
-  (same faults, every delay sample new: fleet model, tile map, hosts table) until the next
-  frame is painted, median and worst of ``--refreshes``;
+  (same faults, every delay sample new: tile map, hosts table) until the next frame is
+  painted, on the UI thread, median and worst of ``--refreshes``; the fleet model of the
+  answer is built before, as the poll worker builds it off the UI thread (timed apart);
 - the worst case apart: every answer a different fleet (every NIC's state and order
   changes, the table is rebuilt).
 Acceptance (issue 18): refresh ≤ 50 ms, first paint ≤ 1 s.
@@ -29,6 +30,9 @@ import textual
 from benchmarks.machine import describe
 from tests.tui.sample import sample_live, sample_racks
 from tui.app import ClockmeshApp
+from tui.data import fleet
+
+MODEL_S: list[float] = []  # building each answer's fleet model (the poll worker's part)
 
 
 async def run(nics: int, anomalies: int, refreshes: int, churn: bool) -> tuple[float, list[float]]:
@@ -47,9 +51,16 @@ async def run(nics: int, anomalies: int, refreshes: int, churn: bool) -> tuple[f
             await pilot.pause(0.005)
         await pilot.pause(0)  # the frame with the table is painted
         first = time.perf_counter() - t0
+        # What the first frame left to do (a second layout pass) happens before the next
+        # poll, a second later in real use: not part of the first refresh.
+        await pilot.pause(0.2)
         for i in range(refreshes):
+            live = lives[(i + 1) % len(lives)]
             t = time.perf_counter()
-            app.apply(lives[(i + 1) % len(lives)], "")
+            model = fleet(live, app.racks, app.thresholds)
+            MODEL_S.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            app.apply(live, "", model)
             await pilot.pause(0)
             times.append(time.perf_counter() - t)
     return first, times
@@ -70,6 +81,9 @@ def main() -> None:
         med, worst = statistics.median(t) * 1e3, max(t) * 1e3
         print(f"{what}: median {med:.1f} ms, worst {worst:.1f} ms over {len(t)} "
               "(acceptance <= 50 ms)")  # fmt: skip
+    med, worst = statistics.median(MODEL_S) * 1e3, max(MODEL_S) * 1e3
+    print(f"fleet model of an answer (poll worker, off the UI thread): median {med:.1f} ms, "
+          f"worst {worst:.1f} ms")  # fmt: skip
 
 
 if __name__ == "__main__":

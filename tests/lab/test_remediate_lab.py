@@ -254,7 +254,7 @@ def test_the_tui_runs_a_real_remediation_and_its_undo(site: dict[str, Any]) -> N
             await pilot.pause(0.3)
             (img / "tui-anomalies.svg").write_text(app.export_screenshot(title="clockmesh tui"))
             table = app.query_one("#anomaly-table", DataTable)
-            row = next(i for i in range(table.row_count) if table.get_row_at(i)[1] == LINK)
+            row = next(i for i in range(table.row_count) if str(table.get_row_at(i)[1]) == LINK)
             table.focus()
             table.move_cursor(row=row)
             await pilot.press("enter")

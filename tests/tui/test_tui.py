@@ -58,7 +58,7 @@ async def test_fleet_screen_groups_by_rack_and_filters() -> None:
         assert table.row_count == 4 and "leaf1" not in _text(app, "#tiles")
         app.query_one("#filter").value = "loss"
         await pilot.pause(0.1)
-        assert {table.get_row_at(i)[1] for i in range(table.row_count)} == {"h1-3", "h2-3"}
+        assert {str(table.get_row_at(i)[1]) for i in range(table.row_count)} == {"h1-3", "h2-3"}
 
 
 async def test_drill_down_shows_pairs_clock_and_says_history_needs_a_store() -> None:
@@ -159,7 +159,7 @@ async def test_anomaly_list_and_remediation_preview_needs_inventory(tmp_path: Pa
         await pilot.press("a")
         table = app.query_one("#anomaly-table", DataTable)
         assert table.row_count == 2
-        row = table.get_row_at(0)
+        row = [str(c) for c in table.get_row_at(0)]
         assert row[0] == "flapping_link" and row[3] == "1.6, 2.4, 4.2" and row[5] == "0.97"
         table.focus()
         await pilot.press("enter")
