@@ -33,6 +33,7 @@ a link is a ``flapping_link`` from its first outage, like a host port
 from __future__ import annotations
 
 import collections
+import logging
 import math
 from dataclasses import dataclass, field
 
@@ -40,6 +41,8 @@ import numpy as np
 
 from analytics.detect.anomalies import Observation
 from analytics.detect.flaps import Outage, flap_observation, prune
+
+log = logging.getLogger("clockmesh.detect.paths")
 
 # A gone path is believed once Y still in the group would have shown in fewer than this
 # share of the traces since the move.
@@ -122,12 +125,27 @@ class FabricPaths:
             rows["hop"].tolist(),
             strict=True,
         ):
-            lk = self.by_hop.get(hop.decode(errors="replace"))
-            if lk is None:
-                self.unknown_hops[hop.decode(errors="replace")] += 1
+            address = hop.decode(errors="replace")
+            lk = self.by_hop.get(address)
+            x, z = self.host_rack.get(src, ""), self.host_rack.get(dst, "")
+            if lk is None or not x or not z:
+                self._mismatch(address if lk is None else "", src if not x else dst if not z else 0)
                 continue
-            self._trace(ts, self.host_rack.get(src, ""), self.host_rack.get(dst, ""),
-                        (src, dst, sport), lk.spine)  # fmt: skip
+            self._trace(ts, x, z, (src, dst, sport), lk.spine)
+
+    def _mismatch(self, hop: str, host: int) -> None:
+        """A trace the topology cannot place: counted, and said once per address or host
+        (the topology file does not match the fabric the probes cross)."""
+        what = hop or f"host {host}"
+        self.unknown_hops[what] += 1
+        if self.unknown_hops[what] == 1:
+            reason = (
+                f"trace answer from {hop}, which the topology file names on no fabric link"
+                if hop
+                else f"host id {host} traced, which the topology file does not list"
+            )
+            log.warning("event=detect_topology_mismatch reason=%r (its traces are ignored)",
+                        reason)  # fmt: skip
 
     def _trace(self, ts: int, x: str, z: str, key: tuple[int, int, int], y: str) -> None:
         """One answer: 5-tuple ``key`` from rack x to rack z crossed spine y at ``ts``."""

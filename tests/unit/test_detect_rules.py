@@ -347,3 +347,23 @@ def test_hash_threshold_fabric_names_only_the_failed_link_and_recovers_cleanly()
     assert paths.state["leaf1-spine3"].down_since == 0
     (outage,) = paths.state["leaf1-spine3"].outages
     assert 10 * S <= outage.down_ns < 13 * S and 20 * S <= outage.up_ns < 23 * S
+
+
+def test_traces_the_topology_cannot_place_are_said_once_and_ignored(caplog) -> None:  # type: ignore[no-untyped-def]
+    from analytics.detect.paths import FabricPaths
+
+    links, host_rack, hosts = _fabric(3)
+    paths = FabricPaths(links, host_rack)
+    rows = _round(links, hosts, 0, set())
+    rows["hop"][:5] = b"203.0.113.9"  # a router the topology file does not know
+    rows["src"][5:7] = records.host_id("h9-9")  # a host it does not list
+    with caplog.at_level("WARNING", logger="clockmesh.detect.paths"):
+        paths.feed(rows)
+        paths.feed(rows)
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2, said
+    assert (
+        "trace answer from 203.0.113.9, which the topology file names on no fabric link" in said[0]
+    )
+    assert f"host id {records.host_id('h9-9')} traced" in said[1]
+    assert paths.unknown_hops["203.0.113.9"] == 10 and paths.observations(S) == []
