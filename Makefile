@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 # Debian packages the lab and the tests need (ssh per lab host, iproute2 for
 # namespaces, tc for faults, FRR for the fabric's BGP/BFD, promtool to check /metrics).
 APT_PACKAGES := iproute2 openssh-server openssh-client python3-venv procps util-linux \
-	psmisc rsync sshpass prometheus frr chromium
+	psmisc rsync sshpass prometheus frr chromium munge slurmctld slurmd slurm-client
 
 .PHONY: help deps venv demo demo-down test lint unit clean
 

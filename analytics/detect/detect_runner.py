@@ -303,6 +303,7 @@ class DetectRunner:
             return
         links_out = {r.target: r for r in in_force if r.action == "fabric_link_out"}
         self.paths.maintenance = set(links_out)
+        self.flaps.maintenance = {r.target for r in in_force if r.action == "host_drain"}
         for r in in_force:
             if r.remediation_id in self._applied:
                 continue

@@ -66,6 +66,8 @@ class LinkFlaps:
         self.port_links = port_links or {}  # (host_id, device) -> link name (topology)
         self.host_names = host_names if host_names is not None else {}
         self.ports: dict[tuple[int, str], _Port] = {}
+        # Hosts drained from the scheduler by a remediation: their flaps hurt no job.
+        self.maintenance: set[str] = set()
 
     def feed(self, rows: np.ndarray) -> None:
         """``counter`` records (numpy, :data:`collector.records.COUNTER`), any order."""
@@ -132,6 +134,8 @@ class LinkFlaps:
         out = []
         for (host, dev), port in self.ports.items():
             prune(port.outages, now_ns, self.window_ns)
+            if self.maintenance and self.host_names.get(host) in self.maintenance:
+                port.outages.clear()  # drained: a flap history starts again when resumed
             if not port.outages:
                 continue
             # Observed while down, and in the pass that sees an outage end.

@@ -82,8 +82,9 @@ def list_(store: Path, topology: Path, as_json: bool) -> None:
 @_store
 @_topology
 @click.option("--anomaly", "anomaly_id", default="", help="Anomaly id to remediate.")
-@click.option("--action", default="", help="Or an action by name (fabric_link_out) ...")
-@click.option("--target", default="", help="... on this target (a link name).")
+@click.option("--action", default="",
+              help="Or an action by name (fabric_link_out, host_drain) ...")  # fmt: skip
+@click.option("--target", default="", help="... on this target (a link, or a host to drain).")
 @click.option("--undo", "undo_id", default="", help="Or the remediation id to undo.")
 @click.option("--max-uplinks-out-share", type=click.FloatRange(0, 1), default=0.5,
               show_default=True, help="Cap: share of a leaf's uplinks out at once.")  # fmt: skip
@@ -91,6 +92,8 @@ def list_(store: Path, topology: Path, as_json: bool) -> None:
               show_default=True, help="Cap: share of all fabric links out at once.")  # fmt: skip
 @click.option("--max-hosts-share", type=click.FloatRange(0, 1), default=0.5,
               show_default=True, help="Cap: share of the fleet's hosts one run may change.")  # fmt: skip
+@click.option("--max-rack-hosts-share", type=click.FloatRange(0, 1), default=0.5,
+              show_default=True, help="Cap: share of a rack's hosts drained at once.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON (the playbook's).")
 def plan_(
     store: Path,
@@ -102,6 +105,7 @@ def plan_(
     max_uplinks_out_share: float,
     max_fabric_links_out_share: float,
     max_hosts_share: float,
+    max_rack_hosts_share: float,
     as_json: bool,
 ) -> None:
     """The preflight: what would change, where, and the blast-radius cap (exit 1: refused)."""
@@ -110,7 +114,8 @@ def plan_(
         if undo_id:
             p = plan_undo(store, topo, undo_id)
         else:
-            caps = Caps(max_uplinks_out_share, max_fabric_links_out_share, max_hosts_share)
+            caps = Caps(max_uplinks_out_share, max_fabric_links_out_share, max_hosts_share,
+                        max_rack_hosts_share)  # fmt: skip
             p = plan(store, topo, anomaly_id, action, target, caps)
     except (Refused, records.RecordError) as exc:
         raise click.ClickException(f"refused: {exc}") from None

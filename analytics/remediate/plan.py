@@ -12,6 +12,13 @@ against what is already out of service (the active remediations in the store):
   spines, one link per leaf at most) and at most ``max_fabric_links_out_share`` of all
   fabric links are out (default 0.25, at least one).
 
+- ``host_drain`` — a flapping host access link (the host's NIC, cable or switch port):
+  the host is drained from the scheduler (Slurm ``scontrol update state=drain`` with the
+  reason ``clockmesh:<remediation id>: <summary>``) so no new job lands on it; a host
+  someone else drained is left alone and never resumed by the undo (``host_resume``).
+  Cap: at most ``max_hosts_share`` of the fleet and ``max_rack_hosts_share`` of its rack
+  (default 0.5 each) drained by clockmesh at once, counting the drains in force.
+
 - ``roce_v2_gid`` — a job on RoCE v1 whose index comes from nccl.conf or NCCL's default:
   each of its hosts' nccl.conf points at that host's RoCE v2 GID (read from its GID table
   on the host) and rdma_cm's default_roce_mode at RoCE v2. A job that sets the index in
@@ -34,7 +41,7 @@ import duckdb
 
 from analytics.remediate import records
 
-ACTIONS = ("fabric_link_out", "roce_v2_gid")
+ACTIONS = ("fabric_link_out", "host_drain", "roce_v2_gid")
 
 
 class Refused(Exception):
@@ -46,6 +53,7 @@ class Caps:
     max_uplinks_out_share: float = 0.5
     max_fabric_links_out_share: float = 0.25
     max_hosts_share: float = 0.5  # hosts one remediation may change, share of the fleet
+    max_rack_hosts_share: float = 0.5  # hosts drained at once, share of their rack
 
 
 @dataclass
@@ -154,6 +162,9 @@ def plan(
         closed_by = a.detail.get("closed_by", "")
         if a.closed_ns and not closed_by:
             raise Refused(f"anomaly {anomaly_id} is closed (its condition cleared): nothing to do")
+        if a.kind == "flapping_link" and _access_link(topology, a.link):
+            return _host_drain(topology, a.anomaly_id, _access_link(topology, a.link),
+                               a.detail.get("summary", ""), caps, in_force)  # fmt: skip
         if a.kind == "flapping_link":
             action, target = "fabric_link_out", a.link
         elif a.kind == "roce_v1_job":
@@ -165,12 +176,85 @@ def plan(
             )
         else:
             raise Refused(f"anomaly {anomaly_id} ({a.kind}): no remediation for this class")
+    if action == "host_drain":
+        return _host_drain(topology, anomaly_id, target, f"drained by hand ({actor_note()})",
+                           caps, in_force)  # fmt: skip
     if action != "fabric_link_out":
         raise Refused(
-            f"action {action!r}: expected fabric_link_out with a target "
-            "(roce_v2_gid needs its anomaly: -e anomaly_id=...)"
+            f"action {action!r}: expected fabric_link_out (a link) or host_drain (a host) "
+            "with a target (roce_v2_gid needs its anomaly: -e anomaly_id=...)"
         )
     return _fabric_link_out(topology, anomaly_id, target, caps, in_force)
+
+
+def actor_note() -> str:
+    return f"by {records.actor()}"
+
+
+def _access_link(topology: dict[str, Any], link: str) -> str:
+    """The host on access link ``link`` ("" when it is no host's link)."""
+    hosts = {h["name"] for h in topology.get("hosts", [])}
+    for lk in topology["links"]:
+        if lk["name"] == link and lk.get("kind") != "fabric":
+            for end in (lk["a"], lk["b"]):
+                if end["node"] in hosts:
+                    return str(end["node"])
+    return ""
+
+
+def _host_drain(
+    topology: dict[str, Any],
+    anomaly_id: str,
+    host: str,
+    why: str,
+    caps: Caps,
+    in_force: list[records.Remediation],
+) -> Plan:
+    """Drain ``host`` from the scheduler, within the fleet's and its rack's cap."""
+    racks = {h["name"]: str(h.get("rack", "")) for h in topology.get("hosts", [])}
+    if host not in racks:
+        raise Refused(f"host {host!r}: not a host of the topology")
+    same = [r for r in in_force if r.action == "host_drain" and r.target == host]
+    drained = {r.target for r in in_force if r.action == "host_drain"} | {host}
+    fleet_cap = max(1, math.floor(caps.max_hosts_share * len(racks)))
+    if len(drained) > fleet_cap:
+        raise Refused(
+            f"blast-radius cap: {len(drained)} of {len(racks)} hosts would be drained "
+            f"({', '.join(sorted(drained))}); the cap is {fleet_cap} "
+            f"(max_hosts_share {caps.max_hosts_share})"
+        )
+    rack = racks[host]
+    members = [h for h, r in racks.items() if r == rack]
+    in_rack = sorted(h for h in drained if racks.get(h) == rack)
+    rack_cap = max(1, math.floor(caps.max_rack_hosts_share * len(members)))
+    if len(in_rack) > rack_cap:
+        raise Refused(
+            f"blast-radius cap: {len(in_rack)} of the {len(members)} hosts of {rack} would be "
+            f"drained ({', '.join(in_rack)}); the cap is {rack_cap} "
+            f"(max_rack_hosts_share {caps.max_rack_hosts_share})"
+        )
+    return Plan(
+        remediation_id=(
+            same[-1].remediation_id if same else records.new_id(anomaly_id, "host_drain", host)
+        ),
+        anomaly_id=anomaly_id,
+        action="host_drain",
+        target=host,
+        summary=(
+            f"drain {host} from the scheduler (no new job lands on it; running jobs finish "
+            f"or fail as they would); a drain by someone else is left alone. Why: {why}"
+        ),
+        hosts=[host],
+        targets=[host],
+        cap={
+            "rack": rack,
+            "rack_drained_after": len(in_rack),
+            "rack_max": rack_cap,
+            "fleet_drained_after": len(drained),
+            "fleet_max": fleet_cap,
+        },
+        undo={"action": "host_resume", "target": host},
+    )
 
 
 def _roce_v2_gid(topology: dict[str, Any], a: StoredAnomaly, caps: Caps) -> Plan:
@@ -239,6 +323,18 @@ def plan_undo(store: Path, topology: dict[str, Any], remediation_id: str) -> Pla
                 }
                 for h, x in before.items()
             },
+            undo_of=remediation_id,
+        )
+    if r.action == "host_drain":
+        return Plan(
+            remediation_id=records.new_id(r.anomaly_id, "host_resume", r.target),
+            anomaly_id=r.anomaly_id,
+            action="host_resume",
+            target=r.target,
+            summary=f"resume {r.target} in the scheduler if it is still drained by "
+            f"{remediation_id} (a drain by someone else since is left alone)",
+            hosts=[r.target],
+            targets=[r.target],
             undo_of=remediation_id,
         )
     if r.action != "fabric_link_out":

@@ -75,7 +75,7 @@ def test_flapping_fabric_link_plans_both_ends(store: Path) -> None:
 @pytest.mark.parametrize(
     ("kind", "link", "closed", "message"),
     [
-        ("flapping_link", "h1-1-leaf1", 0, "not a leaf–spine link .* drain the host"),
+        ("flapping_link", "h9-9-leaf1", 0, "not a leaf–spine link of the topology"),
         ("contention", "leaf1-spine1", 0, "no automated remediation for this class yet"),
         ("roce_v1_job", "", 0, "names no hosts"),
         ("flapping_link", "leaf1-spine1", 5, "is closed \\(its condition cleared\\)"),
@@ -213,3 +213,70 @@ def test_a_job_that_sets_its_own_index_is_refused(store: Path) -> None:
     _roce(store, "set in environ", ["h1-1"])
     with pytest.raises(Refused, match=r"j1 sets NCCL_IB_GID_INDEX itself \(set in environ\)"):
         plan(store, _topology(), anomaly_id="roce-1")
+
+
+def _topology_racks(hosts_per_rack: int = 2, racks: int = 2) -> dict[str, Any]:
+    topo = _topology(leaves=racks)
+    topo["hosts"], links = [], [lk for lk in topo["links"] if lk["kind"] == "fabric"]
+    for li in range(1, racks + 1):
+        for n in range(1, hosts_per_rack + 1):
+            topo["hosts"].append({"name": f"h{li}-{n}", "rack": f"leaf{li}"})
+            links.append({"name": f"h{li}-{n}-leaf{li}", "kind": "access",
+                          "a": {"node": f"h{li}-{n}", "address": f"198.18.{li}.{n}"},
+                          "b": {"node": f"leaf{li}", "address": f"198.18.{li}.254"}})  # fmt: skip
+    topo["links"] = links
+    return topo
+
+
+def test_a_flapping_host_link_drains_its_host_within_the_rack_and_fleet_caps(store: Path) -> None:
+    topo = _topology_racks(hosts_per_rack=2, racks=2)
+    _anomaly(store, "flapping-h", "flapping_link", "h1-1-leaf1")
+    p = plan(store, topo, anomaly_id="flapping-h")
+    assert (p.action, p.target, p.targets) == ("host_drain", "h1-1", ["h1-1"])
+    assert p.undo == {"action": "host_resume", "target": "h1-1"}
+    assert p.cap == {"rack": "leaf1", "rack_drained_after": 1, "rack_max": 1,
+                     "fleet_drained_after": 1, "fleet_max": 2}  # fmt: skip
+    drained = records.Remediation(p.remediation_id, "flapping-h", "host_drain", "h1-1",
+                                  ["h1-1"], False, "ok", "test", "{}")  # fmt: skip
+    records.write_remediation(store, drained)
+    # The same host again: the same remediation (an idempotent re-run), not a second drain.
+    assert plan(store, topo, anomaly_id="flapping-h").remediation_id == p.remediation_id
+    with pytest.raises(Refused, match=r"2 of the 2 hosts of leaf1 would be drained .* cap is 1"):
+        plan(store, topo, action="host_drain", target="h1-2")
+    ok = plan(store, topo, action="host_drain", target="h2-1")  # another rack: allowed
+    assert ok.cap["fleet_drained_after"] == 2
+    records.write_remediation(
+        store,
+        records.Remediation(
+            ok.remediation_id, "", "host_drain", "h2-1", ["h2-1"], False, "ok", "test", "{}"
+        ),
+    )
+    with pytest.raises(Refused, match=r"3 of 4 hosts would be drained .* cap is 2"):
+        plan(store, topo, action="host_drain", target="h2-2",
+             caps=Caps(max_rack_hosts_share=1.0))  # fmt: skip
+    u = plan_undo(store, topo, p.remediation_id)
+    assert (u.action, u.targets, u.undo_of) == ("host_resume", ["h1-1"], p.remediation_id)
+
+
+def test_a_drained_hosts_flaps_are_not_reported_while_it_is_drained(store: Path) -> None:
+    import numpy as np
+
+    from collector import records as rec
+
+    runner = DetectRunner(StoreWriter(store), host_names=lambda: {rec.host_id("h1-1"): "h1-1"})
+    h = rec.host_id("h1-1")
+    rows = np.array(
+        [(t * S, h, b"bk0", 0, 0, (0,) * 5, b"operstate", oper, 0)
+         for t, oper in ((1, 6), (2, 2), (3, 6))], rec.COUNTER,
+    )  # fmt: skip
+    runner.flaps.host_names.update({h: "h1-1"})
+    runner.flaps.feed(rows)
+    assert [o.kind for o in runner.flaps.observations(3 * S)] == ["flapping_link"]
+    records.write_remediation(
+        store,
+        records.Remediation(
+            "rem-x", "a", "host_drain", "h1-1", ["h1-1"], False, "ok", "test", "{}"
+        ),
+    )
+    runner._sync_remediations(4 * S)
+    assert runner.flaps.observations(4 * S) == []

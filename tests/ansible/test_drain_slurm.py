@@ -1,0 +1,261 @@
+"""The drain role against a real Slurm controller (Debian's slurm-wlm, one node answering).
+
+munged, slurmctld and one slurmd run in a temporary directory on their own ports; the
+role runs through ansible-playbook on localhost. Node h1-1 has a slurmd (a node in
+service), h1-2 is drained by "someone else" before the test (a bad GPU), h2-1 never
+answers. Everything started is stopped by PID, even on failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.ansible.conftest import ROOT, recap, tool_env
+
+pytestmark = pytest.mark.root
+
+REM = "rem-0123456789"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Slurm:
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.conf = base / "slurm.conf"
+        self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
+
+    def start(self) -> None:
+        b = self.base
+        for d in ("state", "spool", "munge"):
+            (b / d).mkdir()
+        key = b / "munge" / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        key.chmod(0o600)
+        sock = b / "munge" / "munge.sock"
+        self._spawn(["munged", "-F", f"--key-file={key}", f"--socket={sock}",
+                     f"--pid-file={b / 'munge/munged.pid'}", f"--log-file={b / 'munge/log'}",
+                     f"--seed-file={b / 'munge/seed'}", "--force"])  # fmt: skip
+        self._wait(sock.exists, "munged socket")
+        self.conf.write_text(
+            "\n".join([
+                "ClusterName=cmtest", "SlurmctldHost=localhost",
+                f"SlurmctldPort={_free_port()}", f"SlurmdPort={_free_port()}",
+                "AuthType=auth/munge", f"AuthInfo=socket={sock}", "CredType=cred/munge",
+                f"StateSaveLocation={b / 'state'}", f"SlurmdSpoolDir={b / 'spool'}",
+                f"SlurmctldPidFile={b / 'slurmctld.pid'}", f"SlurmdPidFile={b / 'slurmd.pid'}",
+                "SlurmUser=root", "ReturnToService=2", "SchedulerType=sched/builtin",
+                "SelectType=select/linear", "ProctrackType=proctrack/linuxproc",
+                "MpiDefault=none",
+                "NodeName=h1-1,h1-2,h2-1 NodeHostname=localhost CPUs=1 State=UNKNOWN",
+                "PartitionName=gpu Nodes=ALL Default=YES State=UP", "",
+            ])
+        )  # fmt: skip
+        self._spawn(["slurmctld", "-D", "-c", "-i", "-L", str(b / "slurmctld.log")])
+        self._wait(lambda: self.scontrol("ping").returncode == 0, "slurmctld")
+        self._spawn(["slurmd", "-D", "-N", "h1-1", "-L", str(b / "slurmd.log")])
+        self._wait(
+            lambda: "State=IDLE" in self.scontrol("show", "node", "h1-1").stdout, "h1-1 idle"
+        )
+        self.scontrol("update", "nodename=h1-2", "state=drain", "reason=bad GPU 3")
+
+    def _spawn(self, argv: list[str]) -> None:
+        self.procs.append(
+            subprocess.Popen(
+                argv, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+        )
+
+    def _wait(self, ready, what: str, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if ready():
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"{what} not ready in {timeout} s ({self.base})")
+
+    def scontrol(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["scontrol", *args], env=self.env, capture_output=True, text=True)
+
+    def node(self, name: str) -> tuple[bool, str]:
+        """(drained, reason without its [user@time] stamp): what a drain changes. (The base
+        state of nodes without their own slurmd moves between UNKNOWN and IDLE by itself.)"""
+        out = self.scontrol("show", "node", "--oneliner", name).stdout
+        fields = dict(f.split("=", 1) for f in out.split(" Reason=")[0].split() if "=" in f)
+        reason = out.split(" Reason=", 1)[1].rsplit(" [", 1)[0].strip() if " Reason=" in out else ""
+        return "DRAIN" in fields.get("State", "").split("+"), reason
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+@pytest.fixture
+def slurm(tmp_path: Path) -> Iterator[Slurm]:
+    if os.geteuid() != 0:
+        pytest.skip("needs root (slurmctld runs as SlurmUser root here)")
+    for tool in ("munged", "slurmctld", "slurmd", "scontrol"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} not installed (make deps installs slurm-wlm)")
+    s = Slurm(tmp_path / "slurm")
+    s.base.mkdir()
+    try:
+        s.start()
+        yield s
+    finally:
+        s.stop()
+
+
+def _play(slurm: Slurm, tmp: Path, state: str, *extra: str) -> tuple[str, dict[str, int], list]:
+    book = tmp / "drain.yml"
+    book.write_text(
+        f"""---
+- name: Drain test
+  hosts: localhost
+  connection: local
+  gather_facts: false
+  tasks:
+    - name: The role
+      ansible.builtin.include_role:
+        name: clockmesh_drain
+      vars:
+        clockmesh_drain_state: {state}
+        clockmesh_drain_remediation_id: {REM}
+        clockmesh_drain_reason: "h1-1-leaf1 flapped 3 times in 10 min"
+        clockmesh_drain_environment:
+          SLURM_CONF: "{slurm.conf}"
+        clockmesh_drain_nodes:
+          - {{host: h1-1, node: h1-1}}
+          - {{host: h1-2, node: h1-2}}
+          - {{host: h2-1, node: h2-1}}
+    - name: Result
+      ansible.builtin.copy:
+        content: "{{{{ clockmesh_drain_result | to_json }}}}"
+        dest: "{tmp / "result.json"}"
+        mode: "0600"
+      check_mode: false
+      changed_when: false  # the test's own bookkeeping: only the role's changes count
+"""
+    )
+    env = tool_env()
+    env["ANSIBLE_ROLES_PATH"] = str(ROOT / "roles")
+    run = subprocess.run(
+        [str(Path(env["PATH"].split(os.pathsep)[0]) / "ansible-playbook"), str(book), *extra],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out
+    result = json.loads((tmp / "result.json").read_text())
+    return out, recap(out)["localhost"], result
+
+
+def test_drain_leaves_others_drains_alone_and_undo_resumes_only_its_own(
+    slurm: Slurm, tmp_path: Path
+) -> None:
+    before = {n: slurm.node(n) for n in ("h1-1", "h1-2", "h2-1")}
+    assert before == {"h1-1": (False, ""), "h1-2": (True, "bad GPU 3"), "h2-1": (False, "")}
+
+    _, counts, result = _play(slurm, tmp_path, "drained", "--check")  # preview: nothing moves
+    assert {n: slurm.node(n) for n in before} == before
+    assert {r["node"]: r["action"] for r in result} == {
+        "h1-1": "drain", "h1-2": "left_alone", "h2-1": "drain"
+    }  # fmt: skip
+
+    _, counts, result = _play(slurm, tmp_path, "drained")
+    assert counts["changed"] >= 1 and counts["failed"] == 0
+    for n in ("h1-1", "h2-1"):
+        assert slurm.node(n) == (True, f"clockmesh:{REM}: h1-1-leaf1 flapped 3 times in 10 min")
+    assert slurm.node("h1-2") == before["h1-2"]  # someone else's drain: untouched
+
+    _, counts, result = _play(slurm, tmp_path, "drained")  # again: nothing to do
+    assert counts["changed"] == 0
+    assert {r["node"]: r["action"] for r in result} == {
+        "h1-1": "already", "h1-2": "left_alone", "h2-1": "already"
+    }  # fmt: skip
+
+    _, counts, result = _play(slurm, tmp_path, "resumed")  # the undo
+    assert {r["node"]: r["action"] for r in result} == {
+        "h1-1": "resume", "h1-2": "left_alone", "h2-1": "resume"
+    }  # fmt: skip
+    after = {n: slurm.node(n) for n in before}
+    assert after == before, (before, after)  # h1-2 still drained for its bad GPU
+
+
+def test_remediate_playbook_drains_a_flapping_hosts_node_records_it_and_undo_resumes(
+    slurm: Slurm, tmp_path: Path
+) -> None:
+    """remediate.yml end to end on a host-link flap anomaly in a real store: preflight,
+    check-mode preview, real drain in Slurm, the record, a no-op re-run, undo.yml."""
+    import yaml
+
+    from analytics.remediate import records
+    from tests.unit.test_remediate_plan import _anomaly, _topology_racks
+
+    store = tmp_path / "store"
+    store.mkdir()
+    _anomaly(store, "flapping-h11", "flapping_link", "h1-1-leaf1")
+    topo = tmp_path / "topology.json"
+    topo.write_text(json.dumps(_topology_racks(hosts_per_rack=2, racks=2)))
+    inv = tmp_path / "inventory.yml"
+    inv.write_text(yaml.safe_dump({"all": {
+        "vars": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable},
+        "children": {
+            "opsbox": {"hosts": {"ops": {
+                "clockmesh_ops_cli": str(Path(sys.executable).parent / "clockmesh"),
+                "clockmesh_ops_store_dir": str(store), "clockmesh_ops_topology_file": str(topo),
+            }}},
+            "collectors": {"hosts": {h: {} for h in ("h1-1", "h1-2", "h2-1", "h2-2")}},
+            "scheduler": {"hosts": {"slurmctl": {
+                "clockmesh_scheduler_environment": {"SLURM_CONF": str(slurm.conf)},
+            }}},
+        },
+    }}))  # fmt: skip
+    env = tool_env()
+
+    def play(book: str, *extra: str) -> dict[str, dict[str, int]]:
+        run = subprocess.run(
+            [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inv),
+             str(ROOT / "playbooks" / book), *extra],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stdout + run.stderr
+        return recap(run.stdout)
+
+    before = {n: slurm.node(n) for n in ("h1-1", "h1-2")}
+    play("remediate.yml", "-e", "anomaly_id=flapping-h11", "--check", "--diff")
+    assert {n: slurm.node(n) for n in before} == before  # the preview touched nothing
+
+    counts = play("remediate.yml", "-e", "anomaly_id=flapping-h11")
+    assert counts["slurmctl"]["changed"] == 1
+    (rem,) = [r for r in records.active(store) if r.action == "host_drain"]
+    assert rem.target == "h1-1" and rem.status == "ok"
+    drained, reason = slurm.node("h1-1")
+    assert drained and reason.startswith(f"clockmesh:{rem.remediation_id}: flapping-h11")
+    assert slurm.node("h1-2") == before["h1-2"]  # drained by someone else, untouched
+
+    assert play("remediate.yml", "-e", "anomaly_id=flapping-h11")["slurmctl"]["changed"] == 0
+
+    play("undo.yml", "-e", f"remediation_id={rem.remediation_id}")
+    assert {n: slurm.node(n) for n in before} == before
+    assert not [r for r in records.active(store) if r.action == "host_drain"]
