@@ -54,6 +54,9 @@ class Probe(_Strict, kw_only=True):
     # naming the ECMP path that port takes (path_hop rows). 0: off.
     trace_interval_s: float = 2.0
     trace_ttl: int = 2  # hop 2 of host -> leaf -> spine -> leaf -> host is the spine
+    # DSCP of probes, echoes and traces: the RDMA traffic class (RoCE v2 commonly uses
+    # 26), so they see the queues RDMA traffic sees. 0: best effort.
+    dscp: int = 26
 
     def echo_ratio(self) -> int:
         """N of "echo 1 coded pair in N" (0: none), from echo_every or the old echo flag."""
@@ -147,6 +150,7 @@ def validate(config: CollectorConfig, path: str | Path) -> None:
         "expected a number >= 0 (seconds; 0 turns path tracing off)",
     )
     need(1 <= config.probe.trace_ttl <= 32, "probe.trace_ttl", "expected an int 1-32")
+    need(0 <= config.probe.dscp <= 63, "probe.dscp", "expected a DSCP 0-63 (26: RoCE v2's class)")
     need(config.probe.echo_ratio() >= 0, "probe.echo_every", "expected an int >= 0 (0: off)")
     need(
         config.probe.echo is None or config.probe.echo_every is None,

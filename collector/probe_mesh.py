@@ -194,6 +194,10 @@ class ProbeMesh:
                 self.tx_socks.append(sock)
             self._tx_ids = np.zeros((len(self.tx_socks), RING), np.uint64)
             self._tx_count = np.zeros(len(self.tx_socks), np.int64)
+            # Probes, echoes and traces in the RDMA traffic class (RoCE v2's DSCP): they
+            # measure the queue RDMA traffic sees, not the best-effort one.
+            for sock in [self.rx_sock, *self.tx_socks]:
+                sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, self.cfg.probe.dscp << 2)
         except BaseException:
             self.close()
             raise

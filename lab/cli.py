@@ -161,9 +161,14 @@ def _print_status(st: LabStatus) -> None:
         click.echo(f"  links: {len(st.links) - len(down_links)}/{len(st.links)} up")
         for lk in down_links:
             click.echo(f"    {lk.name}: DOWN (a={lk.a_up}, b={lk.b_up})")
+        cap = st.capacity
+        if cap:
+            click.echo(f"  fabric capacity: {cap['rate']} per link and direction, RDMA class "
+                       f"DSCP {cap.get('dscp', 26)} first (lab capacity)")  # fmt: skip
         for lk in st.links:
-            if lk.qdisc:
-                click.echo(f"    {lk.name}: shaped ({', '.join(lk.qdisc)})")
+            faults = [q for q in lk.qdisc if not (cap and q.endswith(":htb"))]
+            if faults:
+                click.echo(f"    {lk.name}: shaped ({', '.join(faults)})")
     if st.routers:
         dead = [
             f"{r.name}:{d}"
@@ -336,6 +341,32 @@ def congest(name: str, state_dir: Path | None, link: str, rate: str, direction: 
             f"{rec['link']} {rec['direction']}: tbf {rec['rate']} on {rec['node']}:{rec['interface']}, "
             f"load {rec['src']}->{rec['dst']} sport {rec['sport']} at {rec['pps']} pkt/s (pid {rec['pid']})"
         )
+
+
+@lab.command(name="capacity")
+@_lab_options
+@click.option("--rate", default="50mbit", show_default=True,
+              help="Capacity of every leaf–spine link, each direction (tc syntax).")  # fmt: skip
+@click.option("--dscp", type=click.IntRange(0, 63), default=26, show_default=True,
+              help="DSCP of the RDMA traffic class (RoCE v2), served first.")  # fmt: skip
+@click.option("--queue", type=click.IntRange(1, 100_000), default=100, show_default=True,
+              help="Packets each class may queue (a switch's buffer).")  # fmt: skip
+@click.option("--off", is_flag=True, help="Remove the capacity: unlimited links again.")
+@_user_errors
+def capacity_cmd(
+    name: str, state_dir: Path | None, rate: str, dscp: int, queue: int, off: bool
+) -> None:
+    """Give every leaf–spine link a capacity and an RDMA traffic class (by DSCP), as a
+    RoCE fabric has: jobs sharing a link slow each other, RoCE v1 traffic (no IP header,
+    so no DSCP) queues behind bulk traffic while RoCE v2 and the probes do not."""
+    from lab import capacity
+
+    lab = _make_lab(name, state_dir)
+    if off:
+        click.echo(f"{capacity.remove(lab)} link ends unlimited again")
+        return
+    n = capacity.apply(lab, rate, dscp, queue)
+    click.echo(f"{n} link ends at {rate}, DSCP {dscp} in the RDMA class, queues of {queue} packets")
 
 
 @lab.command()

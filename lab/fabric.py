@@ -107,6 +107,7 @@ class LabStatus:
     routing: Convergence | None = None
     routers: list[RouterStatus] = field(default_factory=list)
     netd_alive: bool | None = None  # the hosts' network manager (lab.netd); None: not recorded
+    capacity: dict[str, Any] = field(default_factory=dict)  # lab capacity ({}: unlimited)
 
 
 @dataclass
@@ -739,6 +740,7 @@ class Lab:
             routing=routing,
             routers=routers,
             netd_alive=processes.alive(netd[0]) if netd else None,
+            capacity=dict(data.get("capacity") or {}),
         )
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from pyroute2 import IPRoute, NetlinkError, netns
 
-from lab import processes
+from lab import capacity, processes
 from lab.fabric import Lab, LabError, link_states, restore_host_routes
 from lab.topology import Host, Link, LinkEnd, Topology
 
@@ -301,7 +301,8 @@ def congest(
 
 # ---------------------------------------------------------------------------- heal
 def heal(lab: Lab) -> dict[str, int]:
-    """Remove every fault: stop injectors and loads, all links up, root qdiscs removed."""
+    """Remove every fault: stop injectors and loads, all links up, the faults' root qdiscs
+    removed (a configured capacity, ``lab capacity``, is put back)."""
     data = lab.state.read()
     faults = data.get("faults", [])
     stopped = processes.terminate_records([f for f in faults if "pid" in f])
@@ -314,10 +315,14 @@ def heal(lab: Lab) -> dict[str, int]:
             with contextlib.suppress(LabError, NetlinkError, OSError):
                 set_link(link, up=True)
                 relinked += 1
+        faulted = False
         for end, qd in ((link.a, st.qdisc), (link.b, st.qdisc)):
-            if any(q.startswith(f"{end.node}:") for q in qd):
+            if any(q.startswith(f"{end.node}:") and not q.endswith(":htb") for q in qd):
                 _tc(end.namespace, ["qdisc", "del", "dev", end.interface, "root"])
                 unshaped += 1
+                faulted = True
+        if faulted:  # the link's configured capacity (lab capacity) comes back
+            capacity.reapply(lab, link)
     with contextlib.suppress(NetlinkError, OSError):
         restore_host_routes(topo, present)
     with lab.state.update() as state:

@@ -10,7 +10,13 @@ inside the host's network and mount namespaces. Each process
   job over the backend fabric (UDP port ``--port``), one flow per (src, dst) pair;
 * reports every send and every receive (kernel RX timestamp) to the collector's
   in-band hook (``/run/clockmesh/inband.sock``, format in collector/inband.py), and
-  announces its GID index once (event 2).
+  announces its GID index once (event 2);
+* marks its packets as its transport would: a job on a RoCE v2 GID sends with the RDMA
+  DSCP (26: RoCE v2 is UDP/IP, so the fabric classifies it into the RDMA traffic class,
+  ``lab capacity``); a job on a RoCE v1 GID sends without (RoCE v1 frames carry no IP
+  header: a routed fabric cannot classify them). The GID type comes from the host's GID
+  table (the lab's fake sysfs tree), the index from ``NCCL_IB_GID_INDEX``, else the
+  host's nccl.conf, else NCCL's default 0 — as NCCL picks it. ``--dscp`` overrides.
 
     python -m lab.jobgen --job NAME --host h1-1 --bind 198.18.1.1 \\
         --peers h2-1=198.18.2.1,h3-1=198.18.3.1 [--rate 20] [--size 1024]
@@ -42,6 +48,28 @@ SO_TIMESTAMPNS = 35
 UVERBS = "/var/lib/clockmesh/lab/sysfs/dev/infiniband/uverbs0"
 INBAND = "/run/clockmesh/inband.sock"
 REPORT_EVERY_S = 0.05
+RDMA_DSCP = 26
+NCCL_CONF = "/etc/clockmesh/nccl.conf"  # the lab hosts' private nccl.conf (lab/fleet.py)
+
+
+def transport_dscp(host: str, gid_index: int, sysfs_root: str = "", nccl_conf: str = "") -> int:
+    """The DSCP this host's job traffic carries: RDMA_DSCP on a RoCE v2 GID, 0 on RoCE v1
+    or a GID the table does not have."""
+    from collector import rdma_config
+    from lab import fake_rdma
+
+    root = sysfs_root or fake_rdma.IN_HOST_PATH
+    index = gid_index
+    if index < 0:  # as NCCL: nccl.conf, else its default
+        index = 0
+        with contextlib.suppress(OSError, ValueError):
+            for line in Path(nccl_conf or NCCL_CONF).read_text().splitlines():
+                key, _, value = line.partition("=")
+                if key.strip() == "NCCL_IB_GID_INDEX":
+                    index = int(value.strip())
+    rows = rdma_config.gid_table(root, root + "/sys/kernel/config", 0, records.host_id(host))
+    types = {int(r["gid_index"]): r["gid_type"].decode() for r in rows}
+    return RDMA_DSCP if types.get(index) == "RoCE v2" else 0
 
 
 def flow_id(job: str, src: str, dst: str) -> int:
@@ -70,6 +98,7 @@ def run(
     uverbs: str = UVERBS,
     gid_index: int = -1,
     duration: float = 0.0,
+    dscp: int = 0,
 ) -> dict[str, int]:
     """Send/receive until SIGTERM (or ``duration`` s); returns counts."""
     holder = open(uverbs, "rb") if uverbs else None  # noqa: SIM115 (held for the whole run)
@@ -78,6 +107,7 @@ def run(
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((bind, port))
     sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, dscp << 2)
     sock.setblocking(False)
     hook = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     hook.setblocking(False)  # a stalled collector must not stall the job: drop and count
@@ -156,7 +186,13 @@ def run(
 
 # ---- lab side: start/stop jobs on lab hosts ---------------------------------------------
 def start_job(
-    lab: Any, job: str, hosts: list[str], gid_index: int | None, rate: float, size: int
+    lab: Any,
+    job: str,
+    hosts: list[str],
+    gid_index: int | None,
+    rate: float,
+    size: int,
+    dscp: int | None = None,
 ) -> list[dict[str, Any]]:
     """Start one generator per host (in its namespaces); records go to the lab state."""
     from lab import fake_rdma, processes
@@ -190,6 +226,8 @@ def start_job(
             str(rate),
             "--size",
             str(size),
+            "--dscp",
+            str(-1 if dscp is None else dscp),
         ]
         env = dict(os.environ, CLOCKMESH_JOB_ID=job, PYTHONPATH=str(root))
         if gid_index is not None:
@@ -240,16 +278,20 @@ def main(argv: list[str] | None = None) -> None:
         "--uverbs", default=UVERBS, help="RDMA device file to hold open ('' = none)"
     )
     parser.add_argument("--duration", type=float, default=0.0, help="seconds (0 = until SIGTERM)")
+    parser.add_argument("--dscp", type=int, default=-1,
+                        help="DSCP of the job's packets (-1: from its GID type, as its transport)")  # fmt: skip
     args = parser.parse_args(argv)
     try:
         peers = dict(p.split("=", 1) for p in args.peers.split(",") if p)
     except ValueError:
         parser.error("--peers: expected name=address,name=address")
     gid = int(os.environ.get("NCCL_IB_GID_INDEX", "-1") or -1)
+    dscp = args.dscp if args.dscp >= 0 else transport_dscp(args.host, gid)
     signal.signal(signal.SIGTERM, _raise_stop)
     counts = run(
         args.job, args.host, args.bind, peers, port=args.port, rate=args.rate, size=args.size,
         inband=args.inband, uverbs=args.uverbs, gid_index=gid, duration=args.duration,
+        dscp=dscp,
     )  # fmt: skip
     print(" ".join(f"{k}={v}" for k, v in counts.items()))
 

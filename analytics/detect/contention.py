@@ -61,6 +61,15 @@ class PathDelays:
             path.median, path.window = m, self.window
             path.baseline = min(path.baseline, m)
 
+    def pair_excess(self) -> dict[tuple[int, int], float]:
+        """(src, dst) -> the median over its paths of their latest window's excess over
+        their floor (ns): what the probes between two hosts wait in queues now."""
+        by_pair: dict[tuple[int, int], list[float]] = collections.defaultdict(list)
+        for (s, d, _p), path in self.paths.items():
+            if path.window == self.window and np.isfinite(path.baseline):
+                by_pair[(s, d)].append(path.median - path.baseline)
+        return {k: float(np.median(v)) for k, v in by_pair.items()}
+
     def observations(self, now_ns: int) -> list[Observation]:
         slow: dict[tuple[int, int, int], float] = {}
         crossing: dict[tuple[int, int, int], list[tuple[str, str]]] = {}

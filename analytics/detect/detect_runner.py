@@ -32,11 +32,13 @@ import pyarrow.compute as pc
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from analytics.clock.clock_state import ClockState
 from analytics.detect import features
 from analytics.detect.anomalies import KINDS, AnomalyBook, Observation
 from analytics.detect.contention import PathDelays
 from analytics.detect.flaps import NAMES as FLAP_COUNTERS
 from analytics.detect.flaps import LinkFlaps
+from analytics.detect.job_delay import JobDelays
 from analytics.detect.model import Detector, ModelError
 from analytics.detect.model import load as load_model
 from analytics.detect.paths import FabricLink, FabricPaths
@@ -56,6 +58,23 @@ _COUNTER_NAMES = pa.array(sorted(n.decode() for n in FLAP_COUNTERS))
 # this long: collectors report the changed configuration at their next scan (jobs and
 # nccl.conf every 5 s), plus shipping. Still seen after that, it is a new anomaly.
 REMEDIATION_SETTLE_S = 20.0
+INBAND_ROWS = 50_000  # in-band messages kept per commit for the delay signal
+
+
+def _merge_roce(config: list[Observation], delay: list[Observation]) -> list[Observation]:
+    """One ``roce_v1_job`` per job: the GID configuration's, with the in-band delay signal
+    added to its evidence when both see the job; the delay signal's alone otherwise."""
+    by_job = {o.job_id: o for o in config}
+    out = list(config)
+    for o in delay:
+        seen = by_job.get(o.job_id)
+        if seen is None:
+            out.append(o)
+        else:
+            seen.evidence["inband_vs_probe"] = {
+                k: o.evidence[k] for k in ("held_back_flows", "inband_excess_us", "probe_excess_us")
+            }
+    return out
 
 
 @dataclass
@@ -109,8 +128,10 @@ class DetectRunner:
         config: DetectConfig | None = None,
         host_names: Callable[[], dict[int, str]] | None = None,
         nice: int = 19,
+        clock_state: Callable[[], ClockState | None] | None = None,
     ) -> None:
         self.writer = writer
+        self._clock_state = clock_state or (lambda: None)
         self.config = config or DetectConfig()
         self._host_names = host_names or dict
         self.nice = nice
@@ -124,6 +145,7 @@ class DetectRunner:
         self.paths = FabricPaths(topo.fabric, topo.host_rack, self.config.flap_window_s)
         self.delays = PathDelays(topo.host_rack, self.paths.by_ends, self.paths.spine_of, names)
         self.roce = RoceJobs(names)
+        self.job_delays = JobDelays(names)
         self._names = names  # shared with the rules, refreshed every pass
         self.book = AnomalyBook(self.config.clear_s)
         self.model: Detector | None = None
@@ -169,6 +191,13 @@ class DetectRunner:
         if data is not None and data.num_rows:  # which job was heard on which host, when
             heard = data.group_by(["host", "job_id"]).aggregate([("ts_ns", "max")])
             got.append(("inband", heard))
+            # The messages themselves, for in-band delay (a sample of 1 sequence number in
+            # k when a commit brings more than INBAND_ROWS: both ends of a message kept).
+            k = -(-data.num_rows // INBAND_ROWS)
+            if k > 1:
+                seq = data.column("seq").to_numpy()
+                data = data.filter(pa.array(seq % k == 0))
+            got.append(("inband_rows", data.take(pa.array(np.arange(data.num_rows)))))
         if got:
             with self._lock:
                 self._queue.extend(got)
@@ -226,6 +255,10 @@ class DetectRunner:
                         data.column("owd_ns_approximate_median").to_numpy(zero_copy_only=False),
                     )
                     continue
+                if name == "inband_rows":
+                    self.job_delays.feed(layout.arrow_to_records("inband", data),
+                                         self._clock_state())  # fmt: skip
+                    continue
                 if name == "inband":
                     for host, job, ts in zip(
                         data.column("host").to_pylist(),
@@ -253,7 +286,10 @@ class DetectRunner:
             *self.flaps.observations(now_ns),
             *self.paths.observations(now_ns),
             *self.delays.observations(now_ns),
-            *self.roce.observations(now_ns),
+            *_merge_roce(
+                self.roce.observations(now_ns),
+                self.job_delays.observations(now_ns, self.delays.pair_excess()),
+            ),
         ]
         self._settling = {k: t for k, t in self._settling.items() if t > now_ns}
         if self._settling:  # still true after the grace: a new anomaly (the fix did not take)

@@ -156,6 +156,7 @@ class IngestServer:
             ),
             host_names=self._host_names,
             nice=config.analysis_nice,
+            clock_state=lambda: self.clock.state,
         )
         self.metrics.registry.register(self.detect.collector())
         self.clock.on_owd = self.detect.feed_owd

@@ -1,0 +1,119 @@
+"""Fabric link capacities and the RDMA traffic class, as a real RoCE fabric has them.
+
+A lab veth has no capacity of its own: two jobs on one link never slow each other, and no
+queue ever forms. ``clockmesh lab capacity --rate 50mbit`` gives every leaf–spine link (both
+directions) a capacity and two traffic classes, as an RDMA fabric is configured:
+
+- the **RDMA class**: IP packets with the RoCE v2 DSCP (26 by default; RoCE v2 frames are
+  UDP/IP, so a routed fabric can classify them) — strict priority, its own queue;
+- **best effort**: everything else, behind it.
+
+RoCE v1 frames carry no IP header, so a routed fabric cannot give them the RDMA class: the
+lab's job generator sends a job on a RoCE v1 GID without the DSCP, and it queues behind
+bulk traffic while RoCE v2 jobs and the probes (which carry the DSCP, ``probe.dscp``) do
+not. That makes a RoCE v1 job's in-band delay diverge from the out-of-band probes' under
+load, as in production.
+
+Shape per link end (``tc``): ``htb`` root, one class at the capacity, two children — RDMA
+(rate 99 %, prio 0) and best effort (rate 1 %, ceil 100 %, prio 1) — each with a ``pfifo``
+of ``queue_packets`` (a switch's shallow buffer), and a ``u32`` filter on the DSCP. The
+capacity is recorded in the lab's state: ``lab status`` shows it, ``lab heal`` puts it back
+after removing a fault's qdisc, ``lab congest`` on a link replaces it with its ``tbf`` until
+healed.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from typing import Any
+
+from lab.fabric import LabError
+from lab.topology import Link, LinkEnd
+
+RDMA_DSCP = 26
+QUEUE_PACKETS = 100
+
+
+class CapacityError(LabError):
+    pass
+
+
+def _tc(end: LinkEnd, args: list[str]) -> None:
+    cmd = ["ip", "netns", "exec", end.namespace, "tc", *args]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    if res.returncode != 0:
+        raise CapacityError(
+            f"tc {' '.join(args[:2])} on {end.node}:{end.interface}: {res.stderr.strip()}"
+        )
+
+
+def parse_bps(rate: str) -> float:
+    from lab.faults import parse_rate
+
+    return parse_rate(rate)
+
+
+def shape_end(end: LinkEnd, rate: str, dscp: int = RDMA_DSCP, queue: int = QUEUE_PACKETS) -> None:
+    bps = parse_bps(rate)
+    dev = ["dev", end.interface]
+    quantum = ["quantum", "1514"]
+    _tc(end, ["qdisc", "replace", *dev, "root", "handle", "1:", "htb", "default", "20"])
+    _tc(end, ["class", "replace", *dev, "parent", "1:", "classid", "1:1", "htb",
+              "rate", f"{bps:.0f}bit", "ceil", f"{bps:.0f}bit", *quantum])  # fmt: skip
+    _tc(end, ["class", "replace", *dev, "parent", "1:1", "classid", "1:10", "htb",
+              "rate", f"{bps * 0.99:.0f}bit", "ceil", f"{bps:.0f}bit", "prio", "0",
+              *quantum])  # fmt: skip
+    _tc(end, ["class", "replace", *dev, "parent", "1:1", "classid", "1:20", "htb",
+              "rate", f"{bps * 0.01:.0f}bit", "ceil", f"{bps:.0f}bit", "prio", "1",
+              *quantum])  # fmt: skip
+    for cls in ("10", "20"):
+        _tc(end, ["qdisc", "replace", *dev, "parent", f"1:{cls}", "handle", f"{cls}:",
+                  "pfifo", "limit", str(queue)])  # fmt: skip
+    _tc(end, ["filter", "replace", *dev, "parent", "1:", "protocol", "ip", "prio", "1",
+              "u32", "match", "ip", "dsfield", f"{dscp << 2:#x}", "0xfc",
+              "flowid", "1:10"])  # fmt: skip
+
+
+def apply(lab: Any, rate: str, dscp: int = RDMA_DSCP, queue: int = QUEUE_PACKETS) -> int:
+    """Shape every fabric link (both ends) and record it; returns the link ends shaped."""
+    parse_bps(rate)  # a bad rate fails before anything is touched
+    links = [lk for lk in lab.topology.links if lk.kind == "fabric"]
+    with lab.state.update() as st:
+        st["capacity"] = {"rate": rate, "dscp": dscp, "queue": queue}
+    n = 0
+    for lk in links:
+        for end in (lk.a, lk.b):
+            shape_end(end, rate, dscp, queue)
+            n += 1
+    return n
+
+
+def current(lab: Any) -> dict[str, Any]:
+    """The recorded capacity ({} when the fabric links are unlimited)."""
+    return dict(lab.state.read().get("capacity") or {})
+
+
+def reapply(lab: Any, link: Link) -> bool:
+    """Put the recorded capacity back on ``link`` (after a fault's qdisc was removed)."""
+    cap = current(lab)
+    if not cap or link.kind != "fabric":
+        return False
+    for end in (link.a, link.b):
+        shape_end(end, cap["rate"], int(cap.get("dscp", RDMA_DSCP)),
+                  int(cap.get("queue", QUEUE_PACKETS)))  # fmt: skip
+    return True
+
+
+def remove(lab: Any) -> int:
+    """Fabric links unlimited again."""
+    n = 0
+    for lk in lab.topology.links:
+        if lk.kind != "fabric":
+            continue
+        for end in (lk.a, lk.b):
+            subprocess.run(["ip", "netns", "exec", end.namespace, "tc", "qdisc", "del", "dev",
+                            end.interface, "root"], capture_output=True, timeout=30)  # fmt: skip
+            n += 1
+    with lab.state.update() as st:
+        st.pop("capacity", None)
+    return n
