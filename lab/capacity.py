@@ -8,6 +8,10 @@ directions) a capacity and two traffic classes, as an RDMA fabric is configured:
   UDP/IP, so a routed fabric can classify them) — strict priority, its own queue;
 - **best effort**: everything else, behind it.
 
+Network control (CS6/CS7: BGP, BFD, the spines' ICMP answers to traces) shares the RDMA
+class's queue, as a real fabric protects it: a full best-effort queue must not take the
+routing down.
+
 RoCE v1 frames carry no IP header, so a routed fabric cannot give them the RDMA class: the
 lab's job generator sends a job on a RoCE v1 GID without the DSCP, and it queues behind
 bulk traffic while RoCE v2 jobs and the probes (which carry the DSCP, ``probe.dscp``) do
@@ -72,6 +76,10 @@ def shape_end(end: LinkEnd, rate: str, dscp: int = RDMA_DSCP, queue: int = QUEUE
     _tc(end, ["filter", "replace", *dev, "parent", "1:", "protocol", "ip", "prio", "1",
               "u32", "match", "ip", "dsfield", f"{dscp << 2:#x}", "0xfc",
               "flowid", "1:10"])  # fmt: skip
+    # Network control (CS6/CS7: BGP, BFD, ICMP errors) is never queued behind bulk either,
+    # as on a real fabric: a full best-effort queue must not take routing down.
+    _tc(end, ["filter", "replace", *dev, "parent", "1:", "protocol", "ip", "prio", "2",
+              "u32", "match", "ip", "dsfield", "0xc0", "0xc0", "flowid", "1:10"])  # fmt: skip
 
 
 def apply(lab: Any, rate: str, dscp: int = RDMA_DSCP, queue: int = QUEUE_PACKETS) -> int:

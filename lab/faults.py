@@ -299,6 +299,43 @@ def congest(
     return records
 
 
+# ---------------------------------------------------------------------------- bulk
+def bulk(
+    lab: Lab, src_name: str, dst_name: str, rate: str, overload: float = 1.5
+) -> list[dict[str, Any]]:
+    """Best-effort bulk traffic (DSCP 0) from ``src`` to ``dst`` over *every* spine: one
+    paced UDP load per uplink of the source's leaf, each from a source port that hashes
+    onto it, at ``overload`` × ``rate`` — with ``lab capacity`` at ``rate``, every path
+    between the two racks has a full best-effort queue, and the RDMA class none."""
+    topo = lab.topology
+    by = {h.name: h for h in topo.hosts}
+    if src_name not in by or dst_name not in by:
+        raise LabError(f"bulk: no such lab host(s) among {src_name}, {dst_name}")
+    src, dst = by[src_name], by[dst_name]
+    if src.rack == dst.rack:
+        raise LabError(f"bulk: {src_name} and {dst_name} share a leaf: no fabric link between")
+    bps = parse_rate(rate)
+    size = 1400
+    pps = min(bps * overload / ((size + 42) * 8), MAX_LOAD_PPS)
+    records = []
+    uplinks = [lk for lk in topo.links if lk.kind == "fabric" and lk.a.node == src.rack]
+    # Every port first: a running load would crowd the counters the search watches.
+    ports = [(link, find_source_port(topo, src, dst, link, link.a)) for link in uplinks]
+    for link, sport in ports:
+        cmd = ["ip", "netns", "exec", src.namespace, sys.executable, "-m", "lab.loadgen"]
+        cmd += ["--src", src.backend_address, "--sport", str(sport), "--dst", dst.backend_address]
+        cmd += ["--dport", str(LOAD_DPORT), "--pps", f"{pps:.0f}", "--size", str(size)]
+        proc = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True, cwd=str(Path(__file__).resolve().parents[1]),
+        )  # fmt: skip
+        rec = processes.record(proc.pid, kind="bulk", link=link.name, src=src.name,
+                               dst=dst.name, sport=sport, pps=round(pps))  # fmt: skip
+        lab.state.add("faults", rec)
+        records.append(rec)
+    return records
+
+
 # ---------------------------------------------------------------------------- heal
 def heal(lab: Lab) -> dict[str, int]:
     """Remove every fault: stop injectors and loads, all links up, the faults' root qdiscs

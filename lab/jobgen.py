@@ -193,6 +193,7 @@ def start_job(
     rate: float,
     size: int,
     dscp: int | None = None,
+    port: int = PORT,
 ) -> list[dict[str, Any]]:
     """Start one generator per host (in its namespaces); records go to the lab state."""
     from lab import fake_rdma, processes
@@ -228,6 +229,8 @@ def start_job(
             str(size),
             "--dscp",
             str(-1 if dscp is None else dscp),
+            "--port",
+            str(port),  # two jobs on one host need their own ports (as their own QPs)
         ]
         env = dict(os.environ, CLOCKMESH_JOB_ID=job, PYTHONPATH=str(root))
         if gid_index is not None:
@@ -241,7 +244,8 @@ def start_job(
             stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
-        recs.append(processes.record(proc.pid, kind="job", job=job, node=name, gid_index=gid_index))
+        recs.append(processes.record(proc.pid, kind="job", job=job, node=name, gid_index=gid_index,
+                                     dscp=dscp))  # fmt: skip
     lab.state.add("jobs", *recs)
     return recs
 

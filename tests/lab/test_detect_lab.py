@@ -203,3 +203,46 @@ def test_a_job_on_a_roce_v1_gid_index_is_found_from_its_configuration(
         metrics = resp.read().decode()
     assert 'clockmesh_anomalies_opened_total{kind="roce_v1_job"} 1.0' in metrics
     assert Path(opsbox["store"] / "anomalies").is_dir()
+
+
+def test_a_roce_v1_job_is_found_from_its_delay_alone_under_best_effort_load(
+    opsbox: dict[str, Any],
+) -> None:
+    """Nothing in the GID configuration to go on — the job's index has no entry in any GID
+    table — only what its traffic does: with the fabric links at a capacity and an RDMA
+    traffic class (lab capacity), best-effort bulk traffic between two racks queues the
+    v1 job's messages (sent without DSCP: RoCE v1 has no IP header) but neither the probes
+    nor a RoCE v2 job's messages (both in the RDMA class)."""
+    from lab import capacity
+
+    lab, live = opsbox["lab"], opsbox["live"]
+    hosts = [h.name for h in lab.topology.hosts]
+
+    def roce(job: str) -> dict[str, Any] | None:
+        got = [a for a in _open(live, "roce_v1_job") if a["job_id"] == job]
+        return got[0] if got else None
+
+    capacity.apply(lab, "20mbit")
+    try:
+        jobgen.start_job(lab, "v1quiet", hosts, 9, 20.0, 512, dscp=0)
+        jobgen.start_job(
+            lab, "v2ok", hosts, 3, 20.0, 512, port=jobgen.PORT + 1
+        )  # index 3: RoCE v2, DSCP 26
+        time.sleep(10.0)  # the flows' floors on an idle fabric
+        assert roce("v1quiet") is None and roce("v2ok") is None
+        t0 = time.monotonic()
+        faults.bulk(lab, hosts[0], hosts[1], "20mbit")  # every path h1 -> h2 queues
+        a = _wait(lambda: roce("v1quiet"), 45, "the v1 job found from its delay")
+        print(f"bulk load -> roce_v1_job from delay in {time.monotonic() - t0:.1f} s: "
+              f"{a['summary']}")  # fmt: skip
+        ev = a["evidence"]
+        assert ev["source"].startswith("in-band against out-of-band delay"), ev
+        assert ev["inband_excess_us"] >= 5 * max(ev["probe_excess_us"], 40.0), ev
+        assert set(ev["hosts"]) <= {hosts[0], hosts[2]}, ev  # senders into the loaded rack
+        time.sleep(5.0)
+        assert roce("v2ok") is None, "a RoCE v2 job (RDMA class) was blamed"
+    finally:
+        jobgen.stop_job(lab, "v1quiet")
+        jobgen.stop_job(lab, "v2ok")
+        faults.heal(lab)
+        capacity.remove(lab)
