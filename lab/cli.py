@@ -343,6 +343,23 @@ def congest(name: str, state_dir: Path | None, link: str, rate: str, direction: 
         )
 
 
+@lab.command()
+@_lab_options
+@click.argument("src")
+@click.argument("dst")
+@click.option("--rate", default="50mbit", show_default=True,
+              help="The links' capacity: the load is 1.5x this over each spine.")  # fmt: skip
+@_user_errors
+def bulk(name: str, state_dir: Path | None, src: str, dst: str, rate: str) -> None:
+    """Best-effort bulk traffic from host SRC to host DST over every spine (stop with
+    `lab heal`): with `lab capacity`, every path between their racks queues best effort."""
+    from lab import faults
+
+    for rec in faults.bulk(_make_lab(name, state_dir), src, dst, rate):
+        click.echo(f"{rec['link']}: load {rec['src']}->{rec['dst']} sport {rec['sport']} at "
+                   f"{rec['pps']} pkt/s, DSCP 0 (pid {rec['pid']})")  # fmt: skip
+
+
 @lab.command(name="capacity")
 @_lab_options
 @click.option("--rate", default="50mbit", show_default=True,
