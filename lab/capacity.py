@@ -8,8 +8,8 @@ directions) a capacity and two traffic classes, as an RDMA fabric is configured:
   UDP/IP, so a routed fabric can classify them) — strict priority, its own queue;
 - **best effort**: everything else, behind it.
 
-Network control (CS6/CS7: BGP, BFD, the spines' ICMP answers to traces) shares the RDMA
-class's queue, as a real fabric protects it: a full best-effort queue must not take the
+Network control (CS6/CS7: BGP, BFD, the spines' ICMP answers to traces) has a class of
+its own, served before both, as a real fabric protects it: a full queue must not take the
 routing down.
 
 RoCE v1 frames carry no IP header, so a routed fabric cannot give them the RDMA class: the
@@ -18,9 +18,10 @@ bulk traffic while RoCE v2 jobs and the probes (which carry the DSCP, ``probe.ds
 not. That makes a RoCE v1 job's in-band delay diverge from the out-of-band probes' under
 load, as in production.
 
-Shape per link end (``tc``): ``htb`` root, one class at the capacity, two children — RDMA
-(rate 99 %, prio 0) and best effort (rate 1 %, ceil 100 %, prio 1) — each with a ``pfifo``
-of ``queue_packets`` (a switch's shallow buffer), and a ``u32`` filter on the DSCP. The
+Shape per link end (``tc``): ``htb`` root, one class at the capacity, three children —
+control (rate 5 %, prio 0), RDMA (90 %, prio 1) and best effort (5 %, prio 2), each with a
+ceiling of 100 % and a ``pfifo`` of ``queue_packets`` (a switch's shallow buffer) — and
+``u32`` filters on the DSCP. The
 capacity is recorded in the lab's state: ``lab status`` shows it, ``lab heal`` puts it back
 after removing a fault's qdisc, ``lab congest`` on a link replaces it with its ``tbf`` until
 healed.
@@ -64,22 +65,20 @@ def shape_end(end: LinkEnd, rate: str, dscp: int = RDMA_DSCP, queue: int = QUEUE
     _tc(end, ["qdisc", "replace", *dev, "root", "handle", "1:", "htb", "default", "20"])
     _tc(end, ["class", "replace", *dev, "parent", "1:", "classid", "1:1", "htb",
               "rate", f"{bps:.0f}bit", "ceil", f"{bps:.0f}bit", *quantum])  # fmt: skip
-    _tc(end, ["class", "replace", *dev, "parent", "1:1", "classid", "1:10", "htb",
-              "rate", f"{bps * 0.99:.0f}bit", "ceil", f"{bps:.0f}bit", "prio", "0",
-              *quantum])  # fmt: skip
-    _tc(end, ["class", "replace", *dev, "parent", "1:1", "classid", "1:20", "htb",
-              "rate", f"{bps * 0.01:.0f}bit", "ceil", f"{bps:.0f}bit", "prio", "1",
-              *quantum])  # fmt: skip
-    for cls in ("10", "20"):
+    # Children: network control (CS6/CS7: BGP, BFD, ICMP errors) first, then the RDMA
+    # class (the DSCP), then best effort; each its own queue.
+    for cls, share, prio in (("5", 0.05, "0"), ("10", 0.90, "1"), ("20", 0.05, "2")):
+        _tc(end, ["class", "replace", *dev, "parent", "1:1", "classid", f"1:{cls}", "htb",
+                  "rate", f"{bps * share:.0f}bit", "ceil", f"{bps:.0f}bit", "prio", prio,
+                  *quantum])  # fmt: skip
+    for cls in ("5", "10", "20"):
         _tc(end, ["qdisc", "replace", *dev, "parent", f"1:{cls}", "handle", f"{cls}:",
                   "pfifo", "limit", str(queue)])  # fmt: skip
     _tc(end, ["filter", "replace", *dev, "parent", "1:", "protocol", "ip", "prio", "1",
+              "u32", "match", "ip", "dsfield", "0xc0", "0xc0", "flowid", "1:5"])  # fmt: skip
+    _tc(end, ["filter", "replace", *dev, "parent", "1:", "protocol", "ip", "prio", "2",
               "u32", "match", "ip", "dsfield", f"{dscp << 2:#x}", "0xfc",
               "flowid", "1:10"])  # fmt: skip
-    # Network control (CS6/CS7: BGP, BFD, ICMP errors) is never queued behind bulk either,
-    # as on a real fabric: a full best-effort queue must not take routing down.
-    _tc(end, ["filter", "replace", *dev, "parent", "1:", "protocol", "ip", "prio", "2",
-              "u32", "match", "ip", "dsfield", "0xc0", "0xc0", "flowid", "1:10"])  # fmt: skip
 
 
 def apply(lab: Any, rate: str, dscp: int = RDMA_DSCP, queue: int = QUEUE_PACKETS) -> int:

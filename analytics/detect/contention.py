@@ -16,6 +16,7 @@ set cover, as for flaps), each with the slow paths and their median excess as ev
 from __future__ import annotations
 
 import collections
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,6 +50,9 @@ class PathDelays:
         self.excess_ns = excess_ns
         self.paths: dict[tuple[int, int, int], _Path] = {}
         self.window = 0
+        # (src, dst) -> the jobs whose messages run between these hosts now (the in-band
+        # reports, :meth:`JobDelays.jobs_between`): named beside a contended link.
+        self.jobs_between: Callable[[int, int], set[str]] = lambda s, d: set()
 
     def feed(self, src: np.ndarray, dst: np.ndarray, sport: np.ndarray, median: np.ndarray) -> None:
         """One solver window: the median corrected one-way delay of each path."""
@@ -110,6 +114,7 @@ class PathDelays:
                 {f"{self.host_names.get(s, s)}→{self.host_names.get(d, d)}" for s, d, _ in covered}
             )
             med_ms = excesses[len(excesses) // 2] / 1e6
+            jobs = sorted(set().union(*(self.jobs_between(s, d) for s, d, _ in covered)))
             out.append(
                 Observation(
                     kind="contention",
@@ -118,12 +123,14 @@ class PathDelays:
                     summary=(
                         f"{link} ({direction}) is contended: +{med_ms:.1f} ms one-way on "
                         f"{len(covered)} path(s) crossing it ({len(pairs)} pair(s))"
+                        + (f"; jobs between these hosts: {', '.join(jobs[:6])}" if jobs else "")
                     ),
                     link=link,
                     evidence={
                         "direction": direction,
                         "slow_paths": len(covered),
                         "pairs": pairs[:20],
+                        "jobs": jobs[:20],
                         "median_excess_ms": round(med_ms, 3),
                         "max_excess_ms": round(excesses[-1] / 1e6, 3),
                         "threshold_ms": self.excess_ns / 1e6,

@@ -146,6 +146,7 @@ class DetectRunner:
         self.delays = PathDelays(topo.host_rack, self.paths.by_ends, self.paths.spine_of, names)
         self.roce = RoceJobs(names)
         self.job_delays = JobDelays(names)
+        self.delays.jobs_between = self.job_delays.jobs_between
         self._names = names  # shared with the rules, refreshed every pass
         self.book = AnomalyBook(self.config.clear_s)
         self.model: Detector | None = None

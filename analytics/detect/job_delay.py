@@ -111,6 +111,15 @@ class JobDelays:
         f.recent.append((sent, d))
         f.last = max(f.last, sent)
 
+    def jobs_between(self, src: int, dst: int) -> set[str]:
+        """Jobs whose messages from ``src`` to ``dst`` were measured in the last window."""
+        horizon = self.newest - WINDOW_NS
+        return {
+            job
+            for (job, s, d), f in self.flows.items()
+            if s == src and d == dst and f.recent and f.recent[-1][0] >= horizon
+        }
+
     def observations(
         self, now_ns: int, probe_excess: dict[tuple[int, int], float]
     ) -> list[Observation]:

@@ -246,3 +246,63 @@ def test_a_roce_v1_job_is_found_from_its_delay_alone_under_best_effort_load(
         jobgen.stop_job(lab, "v2ok")
         faults.heal(lab)
         capacity.remove(lab)
+
+
+def _spine_for(lab: Lab, src: str, dst: str, port: int) -> str:
+    """The spine the source's leaf hashes a job flow src:port -> dst:port onto."""
+    topo = lab.topology
+    by = {h.name: h for h in topo.hosts}
+    access = next(lk for lk in topo.links if lk.kind == "access" and lk.a.node == src)
+    leaf = access.b
+    out = subprocess.run(
+        ["ip", "netns", "exec", leaf.namespace, "ip", "route", "get", by[dst].backend_address,
+         "from", by[src].backend_address, "iif", leaf.interface, "ipproto", "udp",
+         "sport", str(port), "dport", str(port)],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    dev = out.split(" dev ", 1)[1].split()[0]
+    return next(
+        lk.b.node
+        for lk in topo.links
+        if lk.kind == "fabric" and lk.a.node == leaf.node and lk.a.interface == dev
+    )
+
+
+def test_two_jobs_hashed_onto_one_spine_slow_each_other_and_the_link_is_named(
+    opsbox: dict[str, Any],
+) -> None:
+    """With fabric links at a capacity, two RoCE v2 jobs whose flows ECMP onto the same
+    spine fill its links' RDMA queue (the probes' queue too) while the other spine idles:
+    a contention anomaly names the link, the jobs between those hosts, and nothing on the
+    other spine."""
+    from lab import capacity
+
+    lab, live = opsbox["lab"], opsbox["live"]
+    h1, h2 = (h.name for h in lab.topology.hosts[:2])
+    spine = _spine_for(lab, h1, h2, jobgen.PORT)
+    port_b = next(p for p in range(jobgen.PORT + 2, jobgen.PORT + 200)
+                  if _spine_for(lab, h1, h2, p) == spine)  # fmt: skip
+    leaf1 = lab.topology.host(h1).rack
+    capacity.apply(lab, "2mbit")
+    try:
+        time.sleep(8.0)  # probes settle at their floors under the capacity
+        assert not _open(live, "contention")
+        for job, port in (("jobA", jobgen.PORT), ("jobB", port_b)):
+            jobgen.start_job(lab, job, [h1, h2], 3, 200.0, 1400, port=port)
+
+        def named() -> dict[str, Any] | None:
+            got = [a for a in _open(live, "contention") if a["link"] == f"{leaf1}-{spine}"]
+            return got[0] if got else None
+
+        t0 = time.monotonic()
+        a = _wait(named, 45, f"contention on {leaf1}-{spine}")
+        print(f"two jobs on {leaf1}-{spine} -> contention in {time.monotonic() - t0:.1f} s: "
+              f"{a['summary']}")  # fmt: skip
+        assert {"jobA", "jobB"} <= set(a["evidence"]["jobs"]), a["evidence"]
+        assert a["evidence"]["median_excess_ms"] > 5.0, a["evidence"]
+        other = [x for x in _open(live, "contention") if spine not in x["link"]]
+        assert other == [], f"the idle spine was blamed: {other}"
+    finally:
+        jobgen.stop_job(lab, "jobA")
+        jobgen.stop_job(lab, "jobB")
+        capacity.remove(lab)
