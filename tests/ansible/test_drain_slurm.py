@@ -1,25 +1,23 @@
 """The drain role against a real Slurm controller (Debian's slurm-wlm, one node answering).
 
-munged, slurmctld and one slurmd run in a temporary directory on their own ports; the
-role runs through ansible-playbook on localhost. Node h1-1 has a slurmd (a node in
-service), h1-2 is drained by "someone else" before the test (a bad GPU), h2-1 never
-answers. Everything started is stopped by PID, even on failure.
+munged, slurmctld and one slurmd run in a temporary directory on their own ports
+(lab/slurm.py); the role runs through ansible-playbook on localhost. Node h1-1 has a
+slurmd (a node in service), h1-2 is drained by "someone else" before the test (a bad GPU),
+h2-1 never answers. Everything started is stopped by its pid file, even on failure.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from lab.slurm import SlurmCluster, missing_tools
 from tests.ansible.conftest import ROOT, recap, tool_env
 
 pytestmark = pytest.mark.root
@@ -27,99 +25,13 @@ pytestmark = pytest.mark.root
 REM = "rem-0123456789"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Slurm:
-    def __init__(self, base: Path) -> None:
-        self.base = base
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.conf = base / "slurm.conf"
-        self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
-
-    def start(self) -> None:
-        b = self.base
-        for d in ("state", "spool", "munge"):
-            (b / d).mkdir()
-        key = b / "munge" / "munge.key"
-        key.write_bytes(os.urandom(1024))
-        key.chmod(0o600)
-        sock = b / "munge" / "munge.sock"
-        self._spawn(["munged", "-F", f"--key-file={key}", f"--socket={sock}",
-                     f"--pid-file={b / 'munge/munged.pid'}", f"--log-file={b / 'munge/log'}",
-                     f"--seed-file={b / 'munge/seed'}", "--force"])  # fmt: skip
-        self._wait(sock.exists, "munged socket")
-        self.conf.write_text(
-            "\n".join([
-                "ClusterName=cmtest", "SlurmctldHost=localhost",
-                f"SlurmctldPort={_free_port()}", f"SlurmdPort={_free_port()}",
-                "AuthType=auth/munge", f"AuthInfo=socket={sock}", "CredType=cred/munge",
-                f"StateSaveLocation={b / 'state'}", f"SlurmdSpoolDir={b / 'spool'}",
-                f"SlurmctldPidFile={b / 'slurmctld.pid'}", f"SlurmdPidFile={b / 'slurmd.pid'}",
-                "SlurmUser=root", "ReturnToService=2", "SchedulerType=sched/builtin",
-                "SelectType=select/linear", "ProctrackType=proctrack/linuxproc",
-                "MpiDefault=none",
-                "NodeName=h1-1,h1-2,h2-1 NodeHostname=localhost CPUs=1 State=UNKNOWN",
-                "PartitionName=gpu Nodes=ALL Default=YES State=UP", "",
-            ])
-        )  # fmt: skip
-        self._spawn(["slurmctld", "-D", "-c", "-i", "-L", str(b / "slurmctld.log")])
-        self._wait(lambda: self.scontrol("ping").returncode == 0, "slurmctld")
-        self._spawn(["slurmd", "-D", "-N", "h1-1", "-L", str(b / "slurmd.log")])
-        self._wait(
-            lambda: "State=IDLE" in self.scontrol("show", "node", "h1-1").stdout, "h1-1 idle"
-        )
-        self.scontrol("update", "nodename=h1-2", "state=drain", "reason=bad GPU 3")
-
-    def _spawn(self, argv: list[str]) -> None:
-        self.procs.append(
-            subprocess.Popen(
-                argv, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-            )
-        )
-
-    def _wait(self, ready, what: str, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if ready():
-                return
-            time.sleep(0.2)
-        raise AssertionError(f"{what} not ready in {timeout} s ({self.base})")
-
-    def scontrol(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["scontrol", *args], env=self.env, capture_output=True, text=True)
-
-    def node(self, name: str) -> tuple[bool, str]:
-        """(drained, reason without its [user@time] stamp): what a drain changes. (The base
-        state of nodes without their own slurmd moves between UNKNOWN and IDLE by itself.)"""
-        out = self.scontrol("show", "node", "--oneliner", name).stdout
-        fields = dict(f.split("=", 1) for f in out.split(" Reason=")[0].split() if "=" in f)
-        reason = out.split(" Reason=", 1)[1].rsplit(" [", 1)[0].strip() if " Reason=" in out else ""
-        return "DRAIN" in fields.get("State", "").split("+"), reason
-
-    def stop(self) -> None:
-        for p in reversed(self.procs):
-            p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-
-
 @pytest.fixture
-def slurm(tmp_path: Path) -> Iterator[Slurm]:
+def slurm(tmp_path: Path) -> Iterator[SlurmCluster]:
     if os.geteuid() != 0:
         pytest.skip("needs root (slurmctld runs as SlurmUser root here)")
-    for tool in ("munged", "slurmctld", "slurmd", "scontrol"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} not installed (make deps installs slurm-wlm)")
-    s = Slurm(tmp_path / "slurm")
-    s.base.mkdir()
+    if missing_tools():
+        pytest.skip(f"not installed: {', '.join(missing_tools())} (make deps installs them)")
+    s = SlurmCluster(tmp_path / "slurm")
     try:
         s.start()
         yield s
@@ -127,7 +39,9 @@ def slurm(tmp_path: Path) -> Iterator[Slurm]:
         s.stop()
 
 
-def _play(slurm: Slurm, tmp: Path, state: str, *extra: str) -> tuple[str, dict[str, int], list]:
+def _play(
+    slurm: SlurmCluster, tmp: Path, state: str, *extra: str
+) -> tuple[str, dict[str, int], list]:
     book = tmp / "drain.yml"
     book.write_text(
         f"""---
@@ -171,7 +85,7 @@ def _play(slurm: Slurm, tmp: Path, state: str, *extra: str) -> tuple[str, dict[s
 
 
 def test_drain_leaves_others_drains_alone_and_undo_resumes_only_its_own(
-    slurm: Slurm, tmp_path: Path
+    slurm: SlurmCluster, tmp_path: Path
 ) -> None:
     before = {n: slurm.node(n) for n in ("h1-1", "h1-2", "h2-1")}
     assert before == {"h1-1": (False, ""), "h1-2": (True, "bad GPU 3"), "h2-1": (False, "")}
@@ -203,7 +117,7 @@ def test_drain_leaves_others_drains_alone_and_undo_resumes_only_its_own(
 
 
 def test_remediate_playbook_drains_a_flapping_hosts_node_records_it_and_undo_resumes(
-    slurm: Slurm, tmp_path: Path
+    slurm: SlurmCluster, tmp_path: Path
 ) -> None:
     """remediate.yml end to end on a host-link flap anomaly in a real store: preflight,
     check-mode preview, real drain in Slurm, the record, a no-op re-run, undo.yml."""

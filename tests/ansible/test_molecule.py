@@ -29,7 +29,7 @@ def frozen_source(target: Path) -> Path:
     return target
 
 
-def molecule_test(scenario: str, lab: str, env: dict[str, str], timeout: float) -> str:
+def molecule_test(scenario: str, lab: str | None, env: dict[str, str], timeout: float) -> str:
     """``molecule test`` of one scenario (its lab torn down whatever happens); returns the
     output without colours after checking every step of the sequence succeeded."""
     env.pop("ANSIBLE_CONFIG", None)  # molecule writes its own ansible.cfg (molecule.yml)
@@ -40,10 +40,11 @@ def molecule_test(scenario: str, lab: str, env: dict[str, str], timeout: float) 
         )  # fmt: skip
     finally:
         # molecule destroys on failure too; this covers a molecule that died or timed out.
-        subprocess.run(
-            [str(BIN / "clockmesh"), "lab", "down", "--name", lab],
-            cwd=ROOT, capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
+        if lab is not None:
+            subprocess.run(
+                [str(BIN / "clockmesh"), "lab", "down", "--name", lab],
+                cwd=ROOT, capture_output=True, text=True, timeout=300,
+            )  # fmt: skip
     output = re.sub(r"\x1b\[[0-9;]*m", "", result.stdout + result.stderr)
     assert result.returncode == 0, output[-6000:]
     for action in ("create", "converge", "idempotence", "verify", "destroy"):
@@ -72,3 +73,17 @@ def test_molecule_fabric_link_scenario_routes_around_and_restores() -> None:
     # converge really changed both switches (idempotence then found nothing to change)
     for switch in ("switch-leaf1", "switch-spine2"):
         assert re.search(rf"{switch}\s*:\s*ok=\d+\s+changed=1", output), switch
+
+
+@pytest.mark.timeout(600)
+def test_molecule_drain_scenario_drains_only_free_nodes_and_resumes_only_its_own() -> None:
+    """The drain role against a real one-node Slurm controller: converge (h1-1 and h2-1
+    drained, h1-2 left with someone else's reason) -> idempotence -> verify (reasons;
+    resume; h1-2 still drained)."""
+    needs_root()
+    from lab.slurm import missing_tools
+
+    if missing_tools():
+        pytest.skip(f"not installed: {', '.join(missing_tools())} (make deps installs them)")
+    output = molecule_test("drain", None, tool_env(), 500)
+    assert re.search(r"clockmesh-slurm-controller\s*:\s*ok=\d+\s+changed=1", output)
