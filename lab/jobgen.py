@@ -16,7 +16,10 @@ inside the host's network and mount namespaces. Each process
   ``lab capacity``); a job on a RoCE v1 GID sends without (RoCE v1 frames carry no IP
   header: a routed fabric cannot classify them). The GID type comes from the host's GID
   table (the lab's fake sysfs tree), the index from ``NCCL_IB_GID_INDEX``, else the
-  host's nccl.conf, else NCCL's default 0 — as NCCL picks it. ``--dscp`` overrides.
+  host's nccl.conf, else NCCL's default 0 — as NCCL picks it. ``--dscp`` overrides;
+* opens ``NCCL_IB_QPS_PER_CONNECTION`` (environment, else nccl.conf; default 1) "queue
+  pairs" per connection: as many source ports, messages sent over them in turn, so the
+  fabric's ECMP spreads the job over more paths, as NCCL's queue pairs are.
 
     python -m lab.jobgen --job NAME --host h1-1 --bind 198.18.1.1 \\
         --peers h2-1=198.18.2.1,h3-1=198.18.3.1 [--rate 20] [--size 1024]
@@ -52,6 +55,19 @@ RDMA_DSCP = 26
 NCCL_CONF = "/etc/clockmesh/nccl.conf"  # the lab hosts' private nccl.conf (lab/fleet.py)
 
 
+def nccl_setting(name: str, nccl_conf: str = "") -> int | None:
+    """``name`` as NCCL takes it: the environment first, else nccl.conf (None: neither)."""
+    if os.environ.get(name, "").strip():
+        with contextlib.suppress(ValueError):
+            return int(os.environ[name])
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path(nccl_conf or NCCL_CONF).read_text().splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == name:
+                return int(value.strip())
+    return None
+
+
 def transport_dscp(host: str, gid_index: int, sysfs_root: str = "", nccl_conf: str = "") -> int:
     """The DSCP this host's job traffic carries: RDMA_DSCP on a RoCE v2 GID, 0 on RoCE v1
     or a GID the table does not have."""
@@ -61,12 +77,7 @@ def transport_dscp(host: str, gid_index: int, sysfs_root: str = "", nccl_conf: s
     root = sysfs_root or fake_rdma.IN_HOST_PATH
     index = gid_index
     if index < 0:  # as NCCL: nccl.conf, else its default
-        index = 0
-        with contextlib.suppress(OSError, ValueError):
-            for line in Path(nccl_conf or NCCL_CONF).read_text().splitlines():
-                key, _, value = line.partition("=")
-                if key.strip() == "NCCL_IB_GID_INDEX":
-                    index = int(value.strip())
+        index = nccl_setting("NCCL_IB_GID_INDEX", nccl_conf) or 0
     rows = rdma_config.gid_table(root, root + "/sys/kernel/config", 0, records.host_id(host))
     types = {int(r["gid_index"]): r["gid_type"].decode() for r in rows}
     return RDMA_DSCP if types.get(index) == "RoCE v2" else 0
@@ -99,6 +110,7 @@ def run(
     gid_index: int = -1,
     duration: float = 0.0,
     dscp: int = 0,
+    qps: int = 1,
 ) -> dict[str, int]:
     """Send/receive until SIGTERM (or ``duration`` s); returns counts."""
     holder = open(uverbs, "rb") if uverbs else None  # noqa: SIM115 (held for the whole run)
@@ -109,6 +121,15 @@ def run(
     sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
     sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, dscp << 2)
     sock.setblocking(False)
+    # NCCL_IB_QPS_PER_CONNECTION: as many queue pairs per connection, each its own UDP
+    # source port (port + 1000 k), the messages spread over them in turn.
+    senders = [sock]
+    for k in range(1, max(1, qps)):
+        extra = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        extra.bind((bind, port + 1000 * k))
+        extra.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, dscp << 2)
+        extra.setblocking(False)
+        senders.append(extra)
     hook = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     hook.setblocking(False)  # a stalled collector must not stall the job: drop and count
     targets = [
@@ -146,7 +167,9 @@ def run(
                 for _name, addr, pid, fid in targets:
                     t = time.time_ns()
                     with contextlib.suppress(OSError):
-                        sock.sendto(HEADER.pack(MAGIC, fid, seq, me, t) + payload_pad, (addr, port))
+                        senders[seq % len(senders)].sendto(
+                            HEADER.pack(MAGIC, fid, seq, me, t) + payload_pad, (addr, port)
+                        )
                         counts["sent"] += 1
                         pending.append(pack_report(EVENT_SEND, job, fid, seq, pid, size, t))
                 next_send += interval
@@ -177,7 +200,8 @@ def run(
         pass
     finally:
         flush()
-        sock.close()
+        for s in senders:
+            s.close()
         hook.close()
         if holder is not None:
             holder.close()
@@ -291,11 +315,12 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--peers: expected name=address,name=address")
     gid = int(os.environ.get("NCCL_IB_GID_INDEX", "-1") or -1)
     dscp = args.dscp if args.dscp >= 0 else transport_dscp(args.host, gid)
+    qps = nccl_setting("NCCL_IB_QPS_PER_CONNECTION") or 1
     signal.signal(signal.SIGTERM, _raise_stop)
     counts = run(
         args.job, args.host, args.bind, peers, port=args.port, rate=args.rate, size=args.size,
         inband=args.inband, uverbs=args.uverbs, gid_index=gid, duration=args.duration,
-        dscp=dscp,
+        dscp=dscp, qps=qps,
     )  # fmt: skip
     print(" ".join(f"{k}={v}" for k, v in counts.items()))
 

@@ -114,7 +114,10 @@ class PathDelays:
                 {f"{self.host_names.get(s, s)}→{self.host_names.get(d, d)}" for s, d, _ in covered}
             )
             med_ms = excesses[len(excesses) // 2] / 1e6
-            jobs = sorted(set().union(*(self.jobs_between(s, d) for s, d, _ in covered)))
+            on = {(s, d): self.jobs_between(s, d) for s, d, _ in covered}
+            jobs = sorted(set().union(*on.values()))
+            job_hosts = sorted({self.host_names.get(h, str(h)) for (s, d), j in on.items()
+                                if j for h in (s, d)})  # fmt: skip
             out.append(
                 Observation(
                     kind="contention",
@@ -131,6 +134,7 @@ class PathDelays:
                         "slow_paths": len(covered),
                         "pairs": pairs[:20],
                         "jobs": jobs[:20],
+                        "job_hosts": job_hosts[:64],  # the hosts those jobs run between
                         "median_excess_ms": round(med_ms, 3),
                         "max_excess_ms": round(excesses[-1] / 1e6, 3),
                         "threshold_ms": self.excess_ns / 1e6,

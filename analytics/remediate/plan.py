@@ -19,6 +19,13 @@ against what is already out of service (the active remediations in the store):
   Cap: at most ``max_hosts_share`` of the fleet and ``max_rack_hosts_share`` of its rack
   (default 0.5 each) drained by clockmesh at once, counting the drains in force.
 
+- ``spread_flows`` — contention on a link by jobs (the anomaly names the jobs whose
+  messages run between the slow paths' hosts): on those hosts, nccl.conf gets
+  ``NCCL_IB_QPS_PER_CONNECTION`` (4 by default): NCCL opens that many queue pairs per
+  connection, each its own UDP source port, so ECMP spreads each job over more paths. Jobs
+  pick it up when they start. Contention by traffic no job reports is refused (manual
+  fix). Cap: at most ``max_hosts_share`` of the fleet.
+
 - ``roce_v2_gid`` — a job on RoCE v1 whose index comes from nccl.conf or NCCL's default:
   each of its hosts' nccl.conf points at that host's RoCE v2 GID (read from its GID table
   on the host) and rdma_cm's default_roce_mode at RoCE v2. A job that sets the index in
@@ -41,7 +48,8 @@ import duckdb
 
 from analytics.remediate import records
 
-ACTIONS = ("fabric_link_out", "host_drain", "roce_v2_gid")
+ACTIONS = ("fabric_link_out", "host_drain", "roce_v2_gid", "spread_flows")
+SPREAD_QPS = 4  # NCCL_IB_QPS_PER_CONNECTION the spread sets
 
 
 class Refused(Exception):
@@ -170,10 +178,7 @@ def plan(
         elif a.kind == "roce_v1_job":
             return _roce_v2_gid(topology, a, caps)
         elif a.kind == "contention":
-            raise Refused(
-                f"anomaly {anomaly_id} ({a.kind}): no automated remediation for this class yet; "
-                "see docs/remediate.md for the manual fix"
-            )
+            return _spread_flows(topology, a, caps)
         else:
             raise Refused(f"anomaly {anomaly_id} ({a.kind}): no remediation for this class")
     if action == "host_drain":
@@ -257,6 +262,47 @@ def _host_drain(
     )
 
 
+def _spread_flows(topology: dict[str, Any], a: StoredAnomaly, caps: Caps) -> Plan:
+    """NCCL_IB_QPS_PER_CONNECTION on the hosts of the jobs the contention names."""
+    ev = a.detail.get("evidence") or {}
+    jobs = sorted(ev.get("jobs") or [])
+    if not jobs:
+        raise Refused(
+            f"anomaly {a.anomaly_id} (contention on {a.link}): no job reports its traffic "
+            "between these hosts, so there is no job to spread; see docs/remediate.md for "
+            "the manual fix (find the flows with the link's counters)"
+        )
+    known = {h["name"] for h in topology.get("hosts", [])}
+    hosts = sorted(h for h in ev.get("job_hosts") or [] if h in known)
+    if not hosts:
+        raise Refused(
+            f"anomaly {a.anomaly_id}: names no hosts of the topology (evidence.job_hosts)"
+        )
+    fleet = len(known) or len(hosts)
+    cap = max(1, math.floor(caps.max_hosts_share * fleet))
+    if len(hosts) > cap:
+        raise Refused(
+            f"blast-radius cap: {len(hosts)} of {fleet} hosts would change; the cap is {cap} "
+            f"(max_hosts_share {caps.max_hosts_share})"
+        )
+    return Plan(
+        remediation_id=records.new_id(a.anomaly_id, "spread_flows", a.link),
+        anomaly_id=a.anomaly_id,
+        action="spread_flows",
+        target=a.link,
+        summary=(
+            f"set NCCL_IB_QPS_PER_CONNECTION={SPREAD_QPS} in nccl.conf on {', '.join(hosts)} "
+            f"(jobs {', '.join(jobs)}): each connection gets {SPREAD_QPS} queue pairs, each "
+            f"its own UDP source port, so ECMP spreads them off {a.link}; jobs pick it up "
+            "when they start"
+        ),
+        hosts=hosts,
+        targets=hosts,
+        cap={"hosts": len(hosts), "fleet": fleet, "max_hosts": cap, "jobs": jobs},
+        undo={"action": "spread_restore", "target": a.link},
+    )
+
+
 def _roce_v2_gid(topology: dict[str, Any], a: StoredAnomaly, caps: Caps) -> Plan:
     """nccl.conf → the RoCE v2 index on the job's hosts (each host finds its own index)."""
     ev = a.detail.get("evidence") or {}
@@ -319,6 +365,26 @@ def plan_undo(store: Path, topology: dict[str, Any], remediation_id: str) -> Pla
                 h: {
                     "index": int(x.get("index_before", -1)),
                     "roce_mode": str(x.get("roce_mode_before", "")),
+                    "conf_existed": str(x.get("conf_existed", True)).lower() == "true",
+                }
+                for h, x in before.items()
+            },
+            undo_of=remediation_id,
+        )
+    if r.action == "spread_flows":
+        before = {x["host"]: x for x in r.detail.get("results", []) if x.get("host")}
+        return Plan(
+            remediation_id=records.new_id(r.anomaly_id, "spread_restore", r.target),
+            anomaly_id=r.anomaly_id,
+            action="spread_restore",
+            target=r.target,
+            summary=f"restore NCCL_IB_QPS_PER_CONNECTION in nccl.conf on "
+            f"{', '.join(sorted(before))} (undoes {remediation_id})",
+            hosts=sorted(before),
+            targets=sorted(before),
+            restore={
+                h: {
+                    "value": int(x.get("qps_before", -1)),
                     "conf_existed": str(x.get("conf_existed", True)).lower() == "true",
                 }
                 for h, x in before.items()

@@ -21,7 +21,7 @@ import pytest
 
 from lab import faults, fleet, jobgen
 from lab.fabric import Lab
-from tests.lab.helpers import wait_for
+from tests.lab.helpers import spine_for, wait_for
 
 pytestmark = [pytest.mark.root, pytest.mark.lab]
 
@@ -248,26 +248,6 @@ def test_a_roce_v1_job_is_found_from_its_delay_alone_under_best_effort_load(
         capacity.remove(lab)
 
 
-def _spine_for(lab: Lab, src: str, dst: str, port: int) -> str:
-    """The spine the source's leaf hashes a job flow src:port -> dst:port onto."""
-    topo = lab.topology
-    by = {h.name: h for h in topo.hosts}
-    access = next(lk for lk in topo.links if lk.kind == "access" and lk.a.node == src)
-    leaf = access.b
-    out = subprocess.run(
-        ["ip", "netns", "exec", leaf.namespace, "ip", "route", "get", by[dst].backend_address,
-         "from", by[src].backend_address, "iif", leaf.interface, "ipproto", "udp",
-         "sport", str(port), "dport", str(port)],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
-    dev = out.split(" dev ", 1)[1].split()[0]
-    return next(
-        lk.b.node
-        for lk in topo.links
-        if lk.kind == "fabric" and lk.a.node == leaf.node and lk.a.interface == dev
-    )
-
-
 def test_two_jobs_hashed_onto_one_spine_slow_each_other_and_the_link_is_named(
     opsbox: dict[str, Any],
 ) -> None:
@@ -279,9 +259,9 @@ def test_two_jobs_hashed_onto_one_spine_slow_each_other_and_the_link_is_named(
 
     lab, live = opsbox["lab"], opsbox["live"]
     h1, h2 = (h.name for h in lab.topology.hosts[:2])
-    spine = _spine_for(lab, h1, h2, jobgen.PORT)
+    spine = spine_for(lab, h1, h2, jobgen.PORT)
     port_b = next(p for p in range(jobgen.PORT + 2, jobgen.PORT + 200)
-                  if _spine_for(lab, h1, h2, p) == spine)  # fmt: skip
+                  if spine_for(lab, h1, h2, p) == spine)  # fmt: skip
     leaf1 = lab.topology.host(h1).rack
     capacity.apply(lab, "2mbit")
     try:

@@ -24,7 +24,7 @@ import pytest
 from lab import fleet, frr
 from lab.fabric import Lab
 from lab.traffic import Mesh
-from tests.lab.helpers import wait_for
+from tests.lab.helpers import spine_for, wait_for
 
 pytestmark = [pytest.mark.root, pytest.mark.lab]
 
@@ -366,3 +366,89 @@ def test_a_job_that_sets_its_own_v1_index_is_refused_with_the_reason(
         assert "PLAY RECAP" in run.stdout and "collectors" not in run.stdout.split("PLAY RECAP")[1]
     finally:
         jobgen.stop_job(lab, "envjob")
+
+
+def _colliding_ports(lab: Lab, h1: str, h2: str, qps: int) -> tuple[str, int, int]:
+    """(spine, port A, port B): two job ports whose flows h1 -> h2 hash onto the same spine
+    with one queue pair each, and with ``qps`` each (source ports port + 1000 k, to the
+    port) split evenly over the spines."""
+    from lab import jobgen
+
+    def even(port: int) -> bool:
+        spines = [spine_for(lab, h1, h2, port + 1000 * k, port) for k in range(qps)]
+        return len(set(spines)) > 1 and spines.count(spines[0]) == qps // 2
+
+    candidates = [p for p in range(jobgen.PORT, jobgen.PORT + 300) if even(p)]
+    first = candidates[0]
+    spine = spine_for(lab, h1, h2, first)
+    second = next(p for p in candidates[1:] if spine_for(lab, h1, h2, p) == spine)
+    return spine, first, second
+
+
+def test_contention_between_two_jobs_is_spread_then_restored_exactly(
+    site: dict[str, Any],
+) -> None:
+    """Fabric links at a capacity; two RoCE v2 jobs hashed onto one spine contend → the
+    detector names the link and both jobs → remediate.yml previews, then sets
+    NCCL_IB_QPS_PER_CONNECTION=4 on their hosts → the anomaly closes → the jobs restart
+    (as a scheduler requeues them) on four queue pairs each, ECMP spreads them, the
+    contention does not come back → a re-run changes nothing → the undo removes the
+    nccl.conf files it created."""
+    from lab import capacity, jobgen
+
+    lab, live = site["lab"], site["live"]
+    h1, h2 = (h.name for h in lab.topology.hosts[:2])
+    confs = {h: lab.node_dir(h) / "etc" / "nccl.conf" for h in (h1, h2)}
+    assert not any(c.exists() for c in confs.values())
+    spine, port_a, port_b = _colliding_ports(lab, h1, h2, 4)
+    link = f"{lab.topology.host(h1).rack}-{spine}"
+
+    def start() -> None:
+        for job, port in (("jobA", port_a), ("jobB", port_b)):
+            jobgen.start_job(lab, job, [h1, h2], 3, 150.0, 1400, port=port)
+
+    def stop() -> None:
+        jobgen.stop_job(lab, "jobA")
+        jobgen.stop_job(lab, "jobB")
+
+    def contended() -> list[dict[str, Any]]:
+        return [a for a in live()["anomalies"]["open"] if a["kind"] == "contention"]
+
+    capacity.apply(lab, "2500kbit")
+    try:
+        time.sleep(6.0)
+        start()
+        a = _wait(
+            lambda: [x for x in contended() if x["link"] == link], 45, f"contention on {link}"
+        )[0]
+        assert {"jobA", "jobB"} <= set(a["evidence"]["jobs"]), a["evidence"]
+        cap = ("-e", "clockmesh_remediate_max_hosts_share=0.7")
+        preview = _playbook(site, "remediate.yml", "-e", f"anomaly_id={a['anomaly_id']}", *cap,
+                            "--check", "--diff")  # fmt: skip
+        assert preview.returncode == 0, preview.stdout[-3000:]
+        assert "+NCCL_IB_QPS_PER_CONNECTION=4" in preview.stdout
+        assert not any(c.exists() for c in confs.values()), "check mode wrote nccl.conf"
+        t0 = time.monotonic()
+        run = _playbook(site, "remediate.yml", "-e", f"anomaly_id={a['anomaly_id']}", *cap)
+        assert run.returncode == 0, run.stdout[-3000:]
+        assert all(c.read_text() == "NCCL_IB_QPS_PER_CONNECTION=4\n" for c in confs.values())
+        _wait(lambda: a["anomaly_id"] not in {x["anomaly_id"] for x in contended()},
+              10 + (time.monotonic() - t0), "the contention anomaly closed")  # fmt: skip
+        stop()
+        start()  # the scheduler requeues the jobs: they read nccl.conf at start
+        # The probes' delays come back to their floors within a few clock windows; the
+        # anomalies close once that has held for detect_clear_s (30 s here).
+        _wait(lambda: not contended(), 75, "no contention left after the spread", every=1.0)
+        again = _playbook(site, "remediate.yml", "-e", f"anomaly_id={a['anomaly_id']}", *cap)
+        assert again.returncode == 0, again.stdout[-3000:]
+        assert not any(_changed(again.stdout).values()), "a re-run changed something"
+    finally:
+        stop()
+        capacity.remove(lab)
+    rows = json.loads(_clockmesh("remediate", "history", "--json", "--store",
+                                 str(site["store"])).stdout)  # fmt: skip
+    (rem,) = [r for r in rows if r["action"] == "spread_flows" and not r["check_mode"]
+              and r["status"] == "ok"][:1]  # fmt: skip
+    undo = _playbook(site, "undo.yml", "-e", f"remediation_id={rem['remediation_id']}")
+    assert undo.returncode == 0, undo.stdout[-3000:]
+    assert not any(c.exists() for c in confs.values()), "the undo left nccl.conf behind"

@@ -76,7 +76,7 @@ def test_flapping_fabric_link_plans_both_ends(store: Path) -> None:
     ("kind", "link", "closed", "message"),
     [
         ("flapping_link", "h9-9-leaf1", 0, "not a leaf–spine link of the topology"),
-        ("contention", "leaf1-spine1", 0, "no automated remediation for this class yet"),
+        ("contention", "leaf1-spine1", 0, "no job reports its traffic between these hosts"),
         ("roce_v1_job", "", 0, "names no hosts"),
         ("flapping_link", "leaf1-spine1", 5, "is closed \\(its condition cleared\\)"),
     ],
@@ -280,3 +280,32 @@ def test_a_drained_hosts_flaps_are_not_reported_while_it_is_drained(store: Path)
     )
     runner._sync_remediations(4 * S)
     assert runner.flaps.observations(4 * S) == []
+
+
+def test_contention_by_jobs_spreads_them_on_their_hosts_and_undo_restores(store: Path) -> None:
+    import pyarrow as pa
+
+    from analytics.store import layout
+
+    detail = {"summary": "x", "evidence": {"jobs": ["jobA", "jobB"],
+                                           "pairs": ["h1-1→h2-1", "h3-1→h2-1"],
+                                           "job_hosts": ["h1-1", "h2-1"]}}  # fmt: skip
+    row = {"opened_ns": 5 * S, "closed_ns": 0, "anomaly_id": "contention-1", "kind": "contention",
+           "score": 0.9, "src": 0, "dst": 0, "link": "leaf1-spine2", "job_id": "",
+           "detail": json.dumps(detail), "updated_ns": 5 * S}  # fmt: skip
+    StoreWriter(store).write_partitioned(
+        "anomalies", pa.table({k: [v] for k, v in row.items()},
+                              schema=layout.TABLES["anomalies"].schema), "c.parquet")  # fmt: skip
+    p = plan(store, _topology(), anomaly_id="contention-1", caps=Caps(max_hosts_share=0.7))
+    assert (p.action, p.targets) == ("spread_flows", ["h1-1", "h2-1"])
+    assert "NCCL_IB_QPS_PER_CONNECTION=4" in p.summary and "jobA, jobB" in p.summary
+    with pytest.raises(Refused, match=r"2 of 3 hosts would change; the cap is 1 \(max_hosts"):
+        plan(store, _topology(), anomaly_id="contention-1")
+    results = [{"target": h, "host": h, "qps_before": -1, "conf_existed": False} for h in p.targets]
+    res = CliRunner().invoke(remediate, ["record", "--store", str(store), "--plan",
+                                         json.dumps(p.as_dict()), "--results",
+                                         json.dumps(results), "--real"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    u = plan_undo(store, _topology(), p.remediation_id)
+    assert u.action == "spread_restore" and u.targets == ["h1-1", "h2-1"]
+    assert u.restore["h1-1"] == {"value": -1, "conf_existed": False}
