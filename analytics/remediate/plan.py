@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -351,46 +352,16 @@ def plan_undo(store: Path, topology: dict[str, Any], remediation_id: str) -> Pla
     if r.status != "ok":
         raise Refused(f"remediation {remediation_id} is {r.status}: nothing in force to undo")
     if r.action == "roce_v2_gid":
-        before = {x["host"]: x for x in r.detail.get("results", []) if x.get("host")}
-        return Plan(
-            remediation_id=records.new_id(r.anomaly_id, "roce_gid_restore", r.target),
-            anomaly_id=r.anomaly_id,
-            action="roce_gid_restore",
-            target=r.target,
-            summary=f"restore nccl.conf and default_roce_mode on {', '.join(sorted(before))} "
-            f"(undoes {remediation_id})",
-            hosts=sorted(before),
-            targets=sorted(before),
-            restore={
-                h: {
-                    "index": int(x.get("index_before", -1)),
-                    "roce_mode": str(x.get("roce_mode_before", "")),
-                    "conf_existed": str(x.get("conf_existed", True)).lower() == "true",
-                }
-                for h, x in before.items()
-            },
-            undo_of=remediation_id,
-        )
+        return _hosts_restore(
+            r, "roce_gid_restore", "nccl.conf and default_roce_mode",
+            lambda x: {"index": int(x.get("index_before", -1)),
+                       "roce_mode": str(x.get("roce_mode_before", ""))},
+        )  # fmt: skip
     if r.action == "spread_flows":
-        before = {x["host"]: x for x in r.detail.get("results", []) if x.get("host")}
-        return Plan(
-            remediation_id=records.new_id(r.anomaly_id, "spread_restore", r.target),
-            anomaly_id=r.anomaly_id,
-            action="spread_restore",
-            target=r.target,
-            summary=f"restore NCCL_IB_QPS_PER_CONNECTION in nccl.conf on "
-            f"{', '.join(sorted(before))} (undoes {remediation_id})",
-            hosts=sorted(before),
-            targets=sorted(before),
-            restore={
-                h: {
-                    "value": int(x.get("qps_before", -1)),
-                    "conf_existed": str(x.get("conf_existed", True)).lower() == "true",
-                }
-                for h, x in before.items()
-            },
-            undo_of=remediation_id,
-        )
+        return _hosts_restore(
+            r, "spread_restore", "NCCL_IB_QPS_PER_CONNECTION in nccl.conf",
+            lambda x: {"value": int(x.get("qps_before", -1))},
+        )  # fmt: skip
     if r.action == "host_drain":
         return Plan(
             remediation_id=records.new_id(r.anomaly_id, "host_resume", r.target),
@@ -418,6 +389,31 @@ def plan_undo(store: Path, topology: dict[str, Any], remediation_id: str) -> Pla
         hosts=list(r.hosts),
         targets=[leaf, spine],
         undo_of=remediation_id,
+    )
+
+
+def _hosts_restore(
+    r: records.Remediation,
+    action: str,
+    what: str,
+    values: Callable[[dict[str, Any]], dict[str, Any]],
+) -> Plan:
+    """The undo of a per-host nccl.conf change: each host's values before (from the
+    results the record kept), and whether nccl.conf existed (else the file goes again)."""
+    before = {x["host"]: x for x in r.detail.get("results", []) if x.get("host")}
+    return Plan(
+        remediation_id=records.new_id(r.anomaly_id, action, r.target),
+        anomaly_id=r.anomaly_id,
+        action=action,
+        target=r.target,
+        summary=f"restore {what} on {', '.join(sorted(before))} (undoes {r.remediation_id})",
+        hosts=sorted(before),
+        targets=sorted(before),
+        restore={
+            h: {**values(x), "conf_existed": str(x.get("conf_existed", True)).lower() == "true"}
+            for h, x in before.items()
+        },
+        undo_of=r.remediation_id,
     )
 
 
