@@ -27,57 +27,64 @@ ROOT = Path(__file__).resolve().parents[2]
 NCCL_CONF = "/etc/clockmesh/nccl.conf"  # inside a lab host's mount namespace
 
 
-def start(
+def write_configs(
     lab: Any, base: Path, key: bytes, url: str, probe: dict[str, Any] | None = None
-) -> dict[str, subprocess.Popen[bytes]]:
-    """One collector per lab host; returns host name -> process (stop with :func:`stop`)."""
+) -> dict[str, Path]:
+    """Each lab host's fake RDMA tree and ``base/<host>/collector.yml``; returns host ->
+    its config."""
     topo = lab.topology
     base.mkdir(parents=True, exist_ok=True)
     (base / "fleet.key").write_bytes(key)
     peers = [{"name": h.name, "address": h.backend_address, "rack": h.rack} for h in topo.hosts]
+    out = {}
+    for h in topo.hosts:
+        tree = fake_rdma.write_tree(
+            fake_rdma.tree_root(lab.node_dir(h.name)),
+            h.name,
+            h.backend_interface,
+            h.backend_address,
+        )
+        assert tree.exists()
+        d = base / h.name
+        d.mkdir(exist_ok=True)
+        cfg: dict[str, Any] = {
+            "host": h.name,
+            "rack": h.rack,
+            "lab": True,
+            "fleet_key_file": str(base / "fleet.key"),
+            "backend": {"address": h.backend_address, "interface": h.backend_interface},
+            "peers": peers,
+            "probe": {"buddies_random": 10, **(probe or {})},
+            "ingest": {"url": url},
+            "spool": {"dir": str(d / "spool"), "roll_s": 0.5},
+            "counters": {"sysfs_root": fake_rdma.IN_HOST_PATH},
+            "rdma": {
+                "configfs_root": fake_rdma.IN_HOST_PATH + "/sys/kernel/config",
+                "pyverbs": False,
+                # Lab hosts share /etc: each reads its private /etc/clockmesh (as deployed).
+                "nccl_conf": NCCL_CONF,
+            },
+            "inband": {"socket": "/run/clockmesh/inband.sock"},
+            "status_file": str(d / "status.json"),
+        }
+        if h.clock is not None:
+            cfg["lab_clock"] = {"offset_ns": h.clock.offset_ns, "drift_ppm": h.clock.drift_ppm}
+        (d / "collector.yml").write_text(yaml.safe_dump(cfg))
+        out[h.name] = d / "collector.yml"
+    return out
+
+
+def start(
+    lab: Any, base: Path, key: bytes, url: str, probe: dict[str, Any] | None = None
+) -> dict[str, subprocess.Popen[bytes]]:
+    """One collector per lab host; returns host name -> process (stop with :func:`stop`)."""
     procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
-        for h in topo.hosts:
-            tree = fake_rdma.write_tree(
-                fake_rdma.tree_root(lab.node_dir(h.name)),
-                h.name,
-                h.backend_interface,
-                h.backend_address,
-            )
-            assert tree.exists()
-            d = base / h.name
-            d.mkdir()
-            cfg: dict[str, Any] = {
-                "host": h.name,
-                "rack": h.rack,
-                "lab": True,
-                "fleet_key_file": str(base / "fleet.key"),
-                "backend": {"address": h.backend_address, "interface": h.backend_interface},
-                "peers": peers,
-                "probe": {"buddies_random": 10, **(probe or {})},
-                "ingest": {"url": url},
-                "spool": {"dir": str(d / "spool"), "roll_s": 0.5},
-                "counters": {"sysfs_root": fake_rdma.IN_HOST_PATH},
-                "rdma": {
-                    "configfs_root": fake_rdma.IN_HOST_PATH + "/sys/kernel/config",
-                    "pyverbs": False,
-                    # Lab hosts share /etc: each reads its private /etc/clockmesh (as deployed).
-                    "nccl_conf": NCCL_CONF,
-                },
-                "inband": {"socket": "/run/clockmesh/inband.sock"},
-                "status_file": str(d / "status.json"),
-            }
-            if h.clock is not None:
-                cfg["lab_clock"] = {"offset_ns": h.clock.offset_ns, "drift_ppm": h.clock.drift_ppm}
-            (d / "collector.yml").write_text(yaml.safe_dump(cfg))
+        for name, config in write_configs(lab, base, key, url, probe).items():
             argv = [sys.executable, "-m", "clockmesh.cli", "collector", "run", "--config"]
-            with open(d / "collector.log", "wb") as log:
-                procs[h.name] = lab.popen(
-                    h.name,
-                    [*argv, str(d / "collector.yml")],
-                    cwd=ROOT,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
+            with open(config.parent / "collector.log", "wb") as log:
+                procs[name] = lab.popen(
+                    name, [*argv, str(config)], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
                 )
     except BaseException:
         stop(procs)
@@ -179,3 +186,27 @@ def opsbox_inventory(lab: Any, store: Path, out: Path, hosts: Path | None = None
     out.write_text(yaml.safe_dump(inv, sort_keys=False))
     out.chmod(0o600)  # holds the fleet key
     return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m lab.fleet configs --name LAB --out DIR``: every host's collector.yml (and
+    fake RDMA tree) without starting anything: what host-side roles need to run against a
+    lab host (the molecule scenario nccl_conf)."""
+    import argparse
+
+    from lab.fabric import Lab
+
+    ap = argparse.ArgumentParser(prog="python -m lab.fleet", description=main.__doc__)
+    ap.add_argument("action", choices=["configs"])
+    ap.add_argument("--name", required=True)
+    ap.add_argument("--state-dir", type=Path, default=None)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv)
+    lab = Lab(args.name, state_dir=args.state_dir)
+    for name, path in write_configs(lab, args.out, b"unused-fleet-key-0123456789abcdef",
+                                    "http://127.0.0.1:9").items():  # fmt: skip
+        print(f"{name} {path}")
+
+
+if __name__ == "__main__":
+    main()

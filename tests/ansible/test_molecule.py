@@ -87,3 +87,14 @@ def test_molecule_drain_scenario_drains_only_free_nodes_and_resumes_only_its_own
         pytest.skip(f"not installed: {', '.join(missing_tools())} (make deps installs them)")
     output = molecule_test("drain", None, tool_env(), 500)
     assert re.search(r"clockmesh-slurm-controller\s*:\s*ok=\d+\s+changed=1", output)
+
+
+@pytest.mark.timeout(900)
+def test_molecule_nccl_conf_scenario_sets_both_roles_lines_and_restores() -> None:
+    """The host-side remediation roles over SSH on lab hosts: converge (each host's RoCE v2
+    index from its own GID table, four queue pairs) -> idempotence -> verify (the file;
+    restore; gone again)."""
+    needs_root()
+    output = molecule_test("nccl_conf", "molnccl", tool_env(), 800)
+    for host in ("h1-1", "h1-2"):
+        assert re.search(rf"{host}\s*:\s*ok=\d+\s+changed=2", output), host
