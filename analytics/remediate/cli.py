@@ -150,6 +150,14 @@ def record_(store: Path, plan_json: str, results_json: str, check: bool) -> None
         rid = records.new_id(p.get("anomaly_id", ""), p["action"], p["target"])
     detail = {"summary": p.get("summary", ""), "results": results, "cap": p.get("cap", {}),
               "switches": p["switches"], "undo_of": p.get("undo_of", "")}  # fmt: skip
+    if not check:
+        try:
+            first = {r.remediation_id: r for r in records.active(store)}.get(rid)
+        except records.RecordError as exc:
+            raise click.ClickException(str(exc)) from None
+        if first is not None:  # a re-run: the undo still needs the state before the first
+            detail["results"] = first.detail.get("results", results)
+            detail["rerun_results"] = results
     rem = records.Remediation(
         rid, p.get("anomaly_id", ""), p["action"], p["target"], list(p.get("hosts", [])),
         check, status, records.actor(), json.dumps(p.get("undo", {})), detail,

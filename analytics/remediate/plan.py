@@ -177,9 +177,9 @@ def plan(
         if a.kind == "flapping_link":
             action, target = "fabric_link_out", a.link
         elif a.kind == "roce_v1_job":
-            return _roce_v2_gid(topology, a, caps)
+            return _roce_v2_gid(topology, a, caps, in_force)
         elif a.kind == "contention":
-            return _spread_flows(topology, a, caps)
+            return _spread_flows(topology, a, caps, in_force)
         else:
             raise Refused(f"anomaly {anomaly_id} ({a.kind}): no remediation for this class")
     if action == "host_drain":
@@ -263,7 +263,16 @@ def _host_drain(
     )
 
 
-def _spread_flows(topology: dict[str, Any], a: StoredAnomaly, caps: Caps) -> Plan:
+def _same(in_force: list[records.Remediation], anomaly_id: str, action: str, new: str) -> str:
+    """The id of this anomaly's remediation already in force (a re-run is the same
+    remediation, its record keeps the state before for the undo), else ``new``."""
+    same = [r for r in in_force if r.action == action and r.anomaly_id == anomaly_id]
+    return same[-1].remediation_id if same else new
+
+
+def _spread_flows(
+    topology: dict[str, Any], a: StoredAnomaly, caps: Caps, in_force: list[records.Remediation]
+) -> Plan:
     """NCCL_IB_QPS_PER_CONNECTION on the hosts of the jobs the contention names."""
     ev = a.detail.get("evidence") or {}
     jobs = sorted(ev.get("jobs") or [])
@@ -287,7 +296,12 @@ def _spread_flows(topology: dict[str, Any], a: StoredAnomaly, caps: Caps) -> Pla
             f"(max_hosts_share {caps.max_hosts_share})"
         )
     return Plan(
-        remediation_id=records.new_id(a.anomaly_id, "spread_flows", a.link),
+        remediation_id=_same(
+            in_force,
+            a.anomaly_id,
+            "spread_flows",
+            records.new_id(a.anomaly_id, "spread_flows", a.link),
+        ),
         anomaly_id=a.anomaly_id,
         action="spread_flows",
         target=a.link,
@@ -304,7 +318,9 @@ def _spread_flows(topology: dict[str, Any], a: StoredAnomaly, caps: Caps) -> Pla
     )
 
 
-def _roce_v2_gid(topology: dict[str, Any], a: StoredAnomaly, caps: Caps) -> Plan:
+def _roce_v2_gid(
+    topology: dict[str, Any], a: StoredAnomaly, caps: Caps, in_force: list[records.Remediation]
+) -> Plan:
     """nccl.conf → the RoCE v2 index on the job's hosts (each host finds its own index)."""
     ev = a.detail.get("evidence") or {}
     hosts = sorted(ev.get("hosts") or [])
@@ -325,7 +341,12 @@ def _roce_v2_gid(topology: dict[str, Any], a: StoredAnomaly, caps: Caps) -> Plan
             f"(max_hosts_share {caps.max_hosts_share})"
         )
     return Plan(
-        remediation_id=records.new_id(a.anomaly_id, "roce_v2_gid", a.job_id),
+        remediation_id=_same(
+            in_force,
+            a.anomaly_id,
+            "roce_v2_gid",
+            records.new_id(a.anomaly_id, "roce_v2_gid", a.job_id),
+        ),
         anomaly_id=a.anomaly_id,
         action="roce_v2_gid",
         target=a.job_id,

@@ -338,6 +338,9 @@ def test_roce_v1_job_gets_the_v2_index_from_the_gid_table_then_restored_exactly(
               10, "the anomaly closed")  # fmt: skip
         time.sleep(4.0)  # collectors re-read nccl.conf: the job now resolves to RoCE v2
         assert not [x for x in live()["anomalies"]["open"] if x["job_id"] == "unsetjob"]
+        again = _playbook(site, "remediate.yml", "-e", f"anomaly_id={a['anomaly_id']}", *cap)
+        assert again.returncode == 0, again.stdout[-3000:]
+        assert not any(_changed(again.stdout).values()), "a re-run changed something"
     finally:
         jobgen.stop_job(lab, "unsetjob")
     rows = json.loads(_clockmesh("remediate", "history", "--json", "--store",

@@ -306,6 +306,14 @@ def test_contention_by_jobs_spreads_them_on_their_hosts_and_undo_restores(store:
                                          json.dumps(p.as_dict()), "--results",
                                          json.dumps(results), "--real"])  # fmt: skip
     assert res.exit_code == 0, res.output
+    # A re-run is the same remediation, and its record keeps the state before the first run.
+    again = plan(store, _topology(), anomaly_id="contention-1", caps=Caps(max_hosts_share=0.7))
+    assert again.remediation_id == p.remediation_id
+    rerun = [{"target": h, "host": h, "qps_before": 4, "conf_existed": True} for h in p.targets]
+    res = CliRunner().invoke(remediate, ["record", "--store", str(store), "--plan",
+                                         json.dumps(again.as_dict()), "--results",
+                                         json.dumps(rerun), "--real"])  # fmt: skip
+    assert res.exit_code == 0, res.output
     u = plan_undo(store, _topology(), p.remediation_id)
     assert u.action == "spread_restore" and u.targets == ["h1-1", "h2-1"]
     assert u.restore["h1-1"] == {"value": -1, "conf_existed": False}
