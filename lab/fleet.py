@@ -23,7 +23,7 @@ import yaml
 
 from lab import fake_rdma
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]  # the checkout
 NCCL_CONF = "/etc/clockmesh/nccl.conf"  # inside a lab host's mount namespace
 
 
