@@ -263,6 +263,18 @@ def _host_drain(
     )
 
 
+def _hosts_cap(hosts: list[str], fleet: int, caps: Caps) -> tuple[int, int]:
+    """(fleet size, cap) for a remediation that changes ``hosts``; refuses past the cap."""
+    fleet = fleet or len(hosts)
+    cap = max(1, math.floor(caps.max_hosts_share * fleet))
+    if len(hosts) > cap:
+        raise Refused(
+            f"blast-radius cap: {len(hosts)} of {fleet} hosts would change; the cap is {cap} "
+            f"(max_hosts_share {caps.max_hosts_share})"
+        )
+    return fleet, cap
+
+
 def _same(in_force: list[records.Remediation], anomaly_id: str, action: str, new: str) -> str:
     """The id of this anomaly's remediation already in force (a re-run is the same
     remediation, its record keeps the state before for the undo), else ``new``."""
@@ -288,13 +300,7 @@ def _spread_flows(
         raise Refused(
             f"anomaly {a.anomaly_id}: names no hosts of the topology (evidence.job_hosts)"
         )
-    fleet = len(known) or len(hosts)
-    cap = max(1, math.floor(caps.max_hosts_share * fleet))
-    if len(hosts) > cap:
-        raise Refused(
-            f"blast-radius cap: {len(hosts)} of {fleet} hosts would change; the cap is {cap} "
-            f"(max_hosts_share {caps.max_hosts_share})"
-        )
+    fleet, cap = _hosts_cap(hosts, len(known), caps)
     return Plan(
         remediation_id=_same(
             in_force,
@@ -333,13 +339,7 @@ def _roce_v2_gid(
             "cannot override a job's environment; restart it with a RoCE v2 index "
             "(clockmesh collector gids on a host names it)"
         )
-    fleet = len(topology.get("hosts", [])) or len(hosts)
-    cap = max(1, math.floor(caps.max_hosts_share * fleet))
-    if len(hosts) > cap:
-        raise Refused(
-            f"blast-radius cap: {len(hosts)} of {fleet} hosts would change; the cap is {cap} "
-            f"(max_hosts_share {caps.max_hosts_share})"
-        )
+    fleet, cap = _hosts_cap(hosts, len(topology.get("hosts", [])), caps)
     return Plan(
         remediation_id=_same(
             in_force,

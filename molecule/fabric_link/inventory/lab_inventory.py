@@ -1,1 +1,0 @@
-../../default/inventory/lab_inventory.py
