@@ -267,36 +267,37 @@ def congest(
         )
         if res.returncode != 0:
             raise LabError(f"tc tbf on {egress.node}:{egress.interface}: {res.stderr.strip()}")
-        size = 1400
-        pps = min(bps * overload / ((size + 42) * 8), MAX_LOAD_PPS)
-        cmd = ["ip", "netns", "exec", src.namespace, sys.executable, "-m", "lab.loadgen"]
-        cmd += ["--src", src.backend_address, "--sport", str(sport), "--dst", dst.backend_address]
-        cmd += ["--dport", str(LOAD_DPORT), "--pps", f"{pps:.0f}", "--size", str(size)]
-        proc = subprocess.Popen(
-            cmd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-            cwd=str(Path(__file__).resolve().parents[1]),
-        )
-        rec = processes.record(
-            proc.pid,
-            kind="congest",
-            link=link.name,
-            direction=d,
-            rate=rate,
-            node=egress.node,
-            namespace=egress.namespace,
+        rec = _start_load(
+            lab, src, dst, sport, bps * overload, kind="congest", link=link.name,
+            direction=d, rate=rate, node=egress.node, namespace=egress.namespace,
             interface=egress.interface,
-            src=src.name,
-            dst=dst.name,
-            sport=sport,
-            pps=round(pps),
-        )
-        lab.state.add("faults", rec)
+        )  # fmt: skip
         records.append(rec)
     return records
+
+
+def _start_load(
+    lab: Lab, src: Host, dst: Host, sport: int, bps: float, **info: Any
+) -> dict[str, Any]:
+    """A paced best-effort UDP load (``python -m lab.loadgen``, 1400-byte datagrams) of
+    ``bps`` from src:sport to dst, recorded as a fault (``heal`` stops it)."""
+    size = 1400
+    pps = min(bps / ((size + 42) * 8), MAX_LOAD_PPS)
+    cmd = ["ip", "netns", "exec", src.namespace, sys.executable, "-m", "lab.loadgen"]
+    cmd += ["--src", src.backend_address, "--sport", str(sport), "--dst", dst.backend_address]
+    cmd += ["--dport", str(LOAD_DPORT), "--pps", f"{pps:.0f}", "--size", str(size)]
+    proc = subprocess.Popen(
+        cmd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        cwd=str(Path(__file__).resolve().parents[1]),
+    )
+    rec = processes.record(proc.pid, **info, src=src.name, dst=dst.name, sport=sport,
+                           pps=round(pps))  # fmt: skip
+    lab.state.add("faults", rec)
+    return rec
 
 
 # ---------------------------------------------------------------------------- bulk
@@ -315,25 +316,13 @@ def bulk(
     if src.rack == dst.rack:
         raise LabError(f"bulk: {src_name} and {dst_name} share a leaf: no fabric link between")
     bps = parse_rate(rate)
-    size = 1400
-    pps = min(bps * overload / ((size + 42) * 8), MAX_LOAD_PPS)
-    records = []
     uplinks = [lk for lk in topo.links if lk.kind == "fabric" and lk.a.node == src.rack]
     # Every port first: a running load would crowd the counters the search watches.
     ports = [(link, find_source_port(topo, src, dst, link, link.a)) for link in uplinks]
-    for link, sport in ports:
-        cmd = ["ip", "netns", "exec", src.namespace, sys.executable, "-m", "lab.loadgen"]
-        cmd += ["--src", src.backend_address, "--sport", str(sport), "--dst", dst.backend_address]
-        cmd += ["--dport", str(LOAD_DPORT), "--pps", f"{pps:.0f}", "--size", str(size)]
-        proc = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True, cwd=str(Path(__file__).resolve().parents[1]),
-        )  # fmt: skip
-        rec = processes.record(proc.pid, kind="bulk", link=link.name, src=src.name,
-                               dst=dst.name, sport=sport, pps=round(pps))  # fmt: skip
-        lab.state.add("faults", rec)
-        records.append(rec)
-    return records
+    return [
+        _start_load(lab, src, dst, sport, bps * overload, kind="bulk", link=link.name)
+        for link, sport in ports
+    ]
 
 
 # ---------------------------------------------------------------------------- heal
