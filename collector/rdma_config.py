@@ -75,15 +75,16 @@ def gid_table(
     return np.array(rows, dtype=records.RDMA_CONFIG) if rows else np.zeros(0, records.RDMA_CONFIG)
 
 
-def parse_nccl_conf(text: str) -> int | None:
-    """NCCL_IB_GID_INDEX from nccl.conf text (last assignment wins), or None."""
+def parse_nccl_conf(text: str, name: str = "NCCL_IB_GID_INDEX") -> int | None:
+    """An integer setting (``NCCL_IB_GID_INDEX`` by default) from nccl.conf text (last
+    assignment wins), or None."""
     value: int | None = None
     for line in text.splitlines():
         line = line.split("#", 1)[0].strip()
         if "=" not in line:
             continue
         key, _, val = line.partition("=")
-        if key.strip() == "NCCL_IB_GID_INDEX":
+        if key.strip() == name:
             try:
                 value = int(val.strip().strip("\"'"))
             except ValueError:

@@ -57,15 +57,15 @@ NCCL_CONF = "/etc/clockmesh/nccl.conf"  # the lab hosts' private nccl.conf (lab/
 
 def nccl_setting(name: str, nccl_conf: str = "") -> int | None:
     """``name`` as NCCL takes it: the environment first, else nccl.conf (None: neither)."""
+    from collector.rdma_config import parse_nccl_conf
+
     if os.environ.get(name, "").strip():
         with contextlib.suppress(ValueError):
             return int(os.environ[name])
-    with contextlib.suppress(OSError, ValueError):
-        for line in Path(nccl_conf or NCCL_CONF).read_text().splitlines():
-            key, _, value = line.partition("=")
-            if key.strip() == name:
-                return int(value.strip())
-    return None
+    try:
+        return parse_nccl_conf(Path(nccl_conf or NCCL_CONF).read_text(), name)
+    except OSError:
+        return None
 
 
 def transport_dscp(host: str, gid_index: int, sysfs_root: str = "", nccl_conf: str = "") -> int:
