@@ -171,9 +171,10 @@ def plan(
         closed_by = a.detail.get("closed_by", "")
         if a.closed_ns and not closed_by:
             raise Refused(f"anomaly {anomaly_id} is closed (its condition cleared): nothing to do")
-        if a.kind == "flapping_link" and _access_link(topology, a.link):
-            return _host_drain(topology, a.anomaly_id, _access_link(topology, a.link),
-                               a.detail.get("summary", ""), caps, in_force)  # fmt: skip
+        host = _access_link(topology, a.link) if a.kind == "flapping_link" else ""
+        if host:
+            return _host_drain(topology, a.anomaly_id, host, a.detail.get("summary", ""),
+                               caps, in_force)  # fmt: skip
         if a.kind == "flapping_link":
             action, target = "fabric_link_out", a.link
         elif a.kind == "roce_v1_job":
@@ -183,18 +184,14 @@ def plan(
         else:
             raise Refused(f"anomaly {anomaly_id} ({a.kind}): no remediation for this class")
     if action == "host_drain":
-        return _host_drain(topology, anomaly_id, target, f"drained by hand ({actor_note()})",
-                           caps, in_force)  # fmt: skip
+        return _host_drain(topology, anomaly_id, target,
+                           f"drained by hand (by {records.actor()})", caps, in_force)  # fmt: skip
     if action != "fabric_link_out":
         raise Refused(
             f"action {action!r}: expected fabric_link_out (a link) or host_drain (a host) "
             "with a target (roce_v2_gid needs its anomaly: -e anomaly_id=...)"
         )
     return _fabric_link_out(topology, anomaly_id, target, caps, in_force)
-
-
-def actor_note() -> str:
-    return f"by {records.actor()}"
 
 
 def _access_link(topology: dict[str, Any], link: str) -> str:
