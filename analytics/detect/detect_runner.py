@@ -289,7 +289,10 @@ class DetectRunner:
             *self.delays.observations(now_ns),
             *_merge_roce(
                 self.roce.observations(now_ns),
-                self.job_delays.observations(now_ns, self.delays.pair_excess()),
+                # the probes' excess per host pair: only worth computing with jobs measured
+                self.job_delays.observations(
+                    now_ns, self.delays.pair_excess() if self.job_delays.flows else {}
+                ),
             ),
         ]
         self._settling = {k: t for k, t in self._settling.items() if t > now_ns}
