@@ -85,6 +85,7 @@ class Plan:
     cap: dict[str, Any] = field(default_factory=dict)
     undo: dict[str, str] = field(default_factory=dict)
     undo_of: str = ""  # the remediation this plan undoes
+    why: str = ""  # host_drain: the reason, in words, that goes into the scheduler's
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -257,6 +258,7 @@ def _host_drain(
             "fleet_max": fleet_cap,
         },
         undo={"action": "host_resume", "target": host},
+        why=why,
     )
 
 
