@@ -42,8 +42,7 @@ class LinkWatch:
         except OSError:
             self.sock.close()
             raise
-        self.events = 0  # changes of a watched interface
-        self.overruns = 0  # the kernel dropped notifications (ENOBUFS): treated as a change
+        self.events = 0  # changes of a watched interface (or notifications lost: ENOBUFS)
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -69,7 +68,6 @@ class LinkWatch:
                 break
             except OSError as exc:
                 if exc.errno == errno.ENOBUFS:  # lost some: assume they were ours
-                    self.overruns += 1
                     changed = True
                     continue
                 log.warning("event=link_watch_error reason=%r", str(exc))
