@@ -496,13 +496,21 @@ def scenario() -> None:
     show_default=True,
     help="Comma list of fault kinds to draw from.",
 )
+@click.option("--name", default=None, help="Lab name (default sc<seed>); unique per machine.")
 @_user_errors
 def scenario_run(
-    seed: int, minutes: float, out: Path, spines: int, leaves: int, hosts_per_leaf: int, kinds: str
+    seed: int,
+    minutes: float,
+    out: Path,
+    spines: int,
+    leaves: int,
+    hosts_per_leaf: int,
+    kinds: str,
+    name: str | None,
 ) -> None:
     """Build a lab, run a fleet in it, inject a seeded random fault mix, record the truth.
 
-    The lab (named sc<seed>) is torn down at the end, even on failure; the run directory
+    The lab (named sc<seed> unless --name) is torn down at the end, even on failure; the run directory
     keeps the ops box's store and truth.json for `clockmesh detector eval OUT`.
     """
     from lab import scenario as sc
@@ -515,8 +523,7 @@ def scenario_run(
         )
     if (out / "truth.json").exists():
         raise click.ClickException(f"{out}: already holds a run (truth.json); choose another --out")
-    name = f"sc{seed % 10_000_000}"
-    the_lab = Lab(name, out / "lab")
+    the_lab = Lab(name or f"sc{seed % 10_000_000}", out / "lab")
     the_lab.up(spines, leaves, hosts_per_leaf)
     try:
         truth = sc.Scenario(the_lab, out, seed, log=click.echo).run(minutes, chosen)

@@ -236,6 +236,13 @@ class Lab:
                     f"{self.dir}); run `clockmesh lab down --name {self.name}` first"
                 )
             self.down()  # stale state from a crash: clean it before rebuilding
+        elsewhere = self._namespaces()
+        if elsewhere:  # same name, another state dir: its namespaces are not ours to remove
+            raise LabError(
+                f"lab {self.name!r}: namespaces {', '.join(elsewhere[:3])}"
+                f"{' ...' if len(elsewhere) > 3 else ''} already exist (a lab of that name is up "
+                f"with its state outside {self.dir}); choose another name"
+            )
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / MARKER_FILE).write_text(f"{self.name}\n")
         try:

@@ -279,7 +279,15 @@ def test_two_jobs_hashed_onto_one_spine_slow_each_other_and_the_link_is_named(
         print(f"two jobs on {leaf1}-{spine} -> contention in {time.monotonic() - t0:.1f} s: "
               f"{a['summary']}")  # fmt: skip
         assert {"jobA", "jobB"} <= set(a["evidence"]["jobs"]), a["evidence"]
-        assert a["evidence"]["median_excess_ms"] > 5.0, a["evidence"]
+
+        # The anomaly may open while the queue is still filling (a loaded machine is slower
+        # to fill it); while it lasts its evidence must show the paths through the link
+        # held back by milliseconds, not microseconds.
+        def slowed() -> dict[str, Any] | None:
+            got = named()
+            return got if got and got["evidence"]["median_excess_ms"] > 5.0 else None
+
+        _wait(slowed, 20, f"median excess > 5 ms on {leaf1}-{spine} while the jobs run")
         other = [x for x in _open(live, "contention") if spine not in x["link"]]
         assert other == [], f"the idle spine was blamed: {other}"
     finally:

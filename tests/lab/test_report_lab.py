@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.lab.conftest import unique_lab_name
+
 pytestmark = [pytest.mark.root, pytest.mark.lab]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,7 +30,8 @@ def test_report_over_a_scenario_run_matches_its_truth_and_renders(tmp_path: Path
     run = tmp_path / "run"
     scenario = subprocess.run(
         [str(BIN / "clockmesh"), "lab", "scenario", "run", "--seed", str(SEED), "--minutes",
-         "1.5", "--kinds", "fabric_flap,roce_v1_job", "--out", str(run)],
+         "1.5", "--kinds", "fabric_flap,roce_v1_job", "--out", str(run),
+         "--name", unique_lab_name("rp")],
         capture_output=True, text=True, cwd=ROOT, timeout=600,
     )  # fmt: skip
     assert scenario.returncode == 0, scenario.stdout[-3000:] + scenario.stderr[-3000:]
