@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from analytics.remediate import records, runner
+from analytics.remediate import records, runner, stable
 from analytics.remediate.plan import (
     Caps,
     Refused,
@@ -130,16 +130,62 @@ def plan_(
         click.echo(f"  cap: {json.dumps(p.cap)}")
 
 
+@remediate.command("stable")
+@_store
+@_topology
+@click.option("--undo", "undo_id", required=True, help="The remediation whose link to judge.")
+@click.option("--after", "after_s", type=click.FloatRange(min=0), required=True,
+              help="Seconds the link must have stayed up without a change.")  # fmt: skip
+@click.option("--readings", "readings_json", default="[]",
+              help="A leaf–spine link's switch readings (JSON, the clockmesh_link_state role's).")  # fmt: skip
+def stable_(store: Path, topology: Path, undo_id: str, after_s: float, readings_json: str) -> None:
+    """Has REM's link been stable for --after seconds? Prints the reading (JSON); exit 1
+    with the reason when not (the restore guard of undo.yml -e restore_after_s=N)."""
+    try:
+        reading = _stability(store, topology, undo_id, after_s, readings_json)
+    except (Refused, records.RecordError) as exc:
+        raise click.ClickException(f"refused: {exc}") from None
+    except ValueError as exc:  # a reading it cannot judge: never taken for stable
+        raise click.ClickException(f"not stable: cannot tell: {exc}") from None
+    click.echo(json.dumps(reading.as_dict()))
+    if not reading.stable:
+        raise click.ClickException(f"not stable: {reading.why}")
+
+
+def _stability(
+    store: Path, topology: Path, undo_id: str, after_s: float, readings_json: str
+) -> stable.Reading:
+    known = {r.remediation_id: r for r in records.read_remediations(store)}
+    r = known.get(undo_id)
+    if r is None:
+        raise Refused(f"remediation {undo_id}: not in {store}/remediations")
+    if r.action == "fabric_link_out":
+        readings = json.loads(readings_json)
+        if not isinstance(readings, list):
+            raise ValueError("--readings: expected a JSON list of switch readings")
+        return stable.fabric_link(r.target, readings, after_s)
+    if r.action == "host_drain":
+        link = stable.access_link(read_topology(topology), r.target)
+        return stable.host_link(store, link["name"], r.target, after_s)
+    raise Refused(f"{undo_id} ({r.action}): only a link taken out or a host drained "
+                  "waits for stability")  # fmt: skip
+
+
 @remediate.command("record")
 @_store
 @click.option("--plan", "plan_json", required=True, help="The plan (JSON) the playbook ran.")
 @click.option("--results", "results_json", default="[]", help="Per target results (JSON).")
 @click.option("--check/--real", "check", required=True, help="Check-mode preview or real run.")
-def record_(store: Path, plan_json: str, results_json: str, check: bool) -> None:
+@click.option("--stability", "stability_json", default="",
+              help="The restore guard's reading (JSON), kept with the record.")  # fmt: skip
+def record_(
+    store: Path, plan_json: str, results_json: str, check: bool, stability_json: str
+) -> None:
     """Write a run's remediations and audits rows (the playbook's last play calls it)."""
     try:
         p = json.loads(plan_json)
         results = json.loads(results_json)
+        stability = json.loads(stability_json) if stability_json else None
         targets = p.get("targets") or [s["name"] for s in p["switches"]]
         rid = p["remediation_id"]
     except (ValueError, KeyError, TypeError) as exc:
@@ -150,6 +196,8 @@ def record_(store: Path, plan_json: str, results_json: str, check: bool) -> None
         rid = records.new_id(p.get("anomaly_id", ""), p["action"], p["target"])
     detail = {"summary": p.get("summary", ""), "results": results, "cap": p.get("cap", {}),
               "switches": p["switches"], "undo_of": p.get("undo_of", "")}  # fmt: skip
+    if stability is not None:
+        detail["stability"] = stability
     if not check:
         try:
             first = {r.remediation_id: r for r in records.active(store)}.get(rid)
@@ -171,14 +219,15 @@ def record_(store: Path, plan_json: str, results_json: str, check: bool) -> None
                 orig.status, orig.ts_ns = "undone", 0
                 orig.detail = {**orig.detail, "undone_by": rid}
                 records.write_remediation(store, orig)
-        verb = "undo" if p.get("undo_of") else "remediate"
+        verb = ("restore" if stability is not None else "undo") if p.get("undo_of") else "remediate"
         records.write_audit(
             store,
             f"{verb}{' (check mode)' if check else ''}",
             p["target"],
             {"remediation_id": rid, "status": status, "anomaly_id": p.get("anomaly_id", ""),
              "changed": [r.get("target") or r.get("switch") for r in results
-                         if str(r.get("changed")).lower() == "true"]},
+                         if str(r.get("changed")).lower() == "true"],
+             **({"stability": stability} if stability is not None else {})},
         )  # fmt: skip
     except records.RecordError as exc:
         raise click.ClickException(str(exc)) from None
@@ -251,3 +300,58 @@ def run(anomaly_id: str, inventory: Path, yes: bool) -> None:
 def undo(remediation_id: str, inventory: Path, yes: bool) -> None:
     """Preview the undo of REMEDIATION_ID in check mode, ask, then restore for real."""
     _run(inventory, "undo.yml", {"remediation_id": remediation_id}, yes)
+
+
+RESTORABLE = ("fabric_link_out", "host_drain")  # what goes back once its link is stable
+
+
+@remediate.command("restore")
+@_store
+@_inventory
+@click.option("--after", "after_s", type=click.FloatRange(min=0), default=600.0,
+              show_default=True,
+              help="Seconds the link must have stayed up without a change.")  # fmt: skip
+@_yes
+def restore(store: Path, inventory: Path, after_s: float, yes: bool) -> None:
+    """Put back every link taken out and every host drained whose link has been stable
+    for --after seconds: each is the undo of its remediation, previewed, confirmed (or
+    --yes, e.g. from cron) and run, with the stability reading guarding the real run too.
+    Exit 1 if a run failed; links not yet stable are listed and left as they are."""
+    try:
+        candidates = [r for r in records.active(store) if r.action in RESTORABLE]
+    except records.RecordError as exc:
+        raise click.ClickException(str(exc)) from None
+    if not candidates:
+        click.echo("nothing to restore: no link taken out, no host drained by clockmesh")
+        return
+    if not runner.PLAYBOOKS.is_dir():
+        raise click.ClickException(
+            f"{runner.PLAYBOOKS}: no playbooks here: run from a clockmesh checkout"
+        )
+    restored, waiting, failed = [], [], []
+    for r in candidates:
+        extra = {"remediation_id": r.remediation_id, "restore_after_s": f"{after_s:g}"}
+        click.echo(f"== {r.remediation_id}: {r.action} {r.target}: preview of its restore")
+        preview = runner.stream(runner.playbook_argv(inventory, "undo.yml", extra, check=True),
+                                click.echo)  # fmt: skip
+        if not preview.ok:
+            # the guard's reason; the callback may also print it wrapped: keep the whole one
+            why = max((ln.split("not stable: ", 1)[1].strip(' "}\'')
+                       for ln in preview.lines if "not stable: " in ln), key=len, default="")  # fmt: skip
+            (waiting if why else failed).append((r, why or "the preview failed"))
+            continue
+        changes = {h: n for h, n in preview.changed.items() if n}
+        click.echo(f"== restoring {r.target} would change: {changes or 'nothing'}")
+        if not yes and not click.confirm(f"Restore {r.target} for real?", default=False):
+            waiting.append((r, "not confirmed"))
+            continue
+        real = runner.stream(runner.playbook_argv(inventory, "undo.yml", extra, check=False),
+                             click.echo)  # fmt: skip
+        (restored if real.ok else failed).append((r, "" if real.ok else "the run failed"))
+    click.echo("== restore summary")
+    for label, rows in (("restored", restored), ("left out", waiting), ("failed", failed)):
+        for r, why in rows:
+            click.echo(f"{label:<9} {r.remediation_id} {r.action} {r.target}"
+                       f"{': ' + why if why else ''}")  # fmt: skip
+    if failed:
+        raise click.ClickException(f"{len(failed)} restore(s) failed (see above)")

@@ -69,6 +69,7 @@ class Caps:
 class Switch:
     name: str  # inventory name of the switch (the lab's router name)
     neighbor: str  # the BGP neighbour address to shut: the other end of the link
+    interface: str = ""  # the switch's own end of the link (read to restore once stable)
 
 
 @dataclass
@@ -396,8 +397,8 @@ def plan_undo(store: Path, topology: dict[str, Any], remediation_id: str) -> Pla
         )
     if r.action != "fabric_link_out":
         raise Refused(f"remediation {remediation_id} ({r.action}): no undo for this action")
-    out = _link_ends(topology, r.target)
-    leaf, spine, leaf_addr, spine_addr = out
+    switches = _link_switches(topology, r.target)
+    leaf, spine = (x.name for x in switches)
     return Plan(
         remediation_id=records.new_id(r.anomaly_id, "fabric_link_in", r.target),
         anomaly_id=r.anomaly_id,
@@ -405,7 +406,7 @@ def plan_undo(store: Path, topology: dict[str, Any], remediation_id: str) -> Pla
         target=r.target,
         summary=f"restore the BGP session of {r.target} on {leaf} and {spine} "
         f"(undoes {remediation_id})",
-        switches=[Switch(leaf, spine_addr), Switch(spine, leaf_addr)],
+        switches=switches,
         hosts=list(r.hosts),
         targets=[leaf, spine],
         undo_of=remediation_id,
@@ -437,10 +438,14 @@ def _hosts_restore(
     )
 
 
-def _link_ends(topology: dict[str, Any], target: str) -> tuple[str, str, str, str]:
+def _link_switches(topology: dict[str, Any], target: str) -> list[Switch]:
+    """The leaf–spine link's two switches, each with the BGP neighbour to shut (the other
+    end's address) and its own interface."""
     for lk in topology["links"]:
         if lk.get("kind") == "fabric" and lk["name"] == target:
-            return lk["a"]["node"], lk["b"]["node"], lk["a"]["address"], lk["b"]["address"]
+            a, b = lk["a"], lk["b"]
+            return [Switch(a["node"], b["address"], a.get("interface", "")),
+                    Switch(b["node"], a["address"], b.get("interface", ""))]  # fmt: skip
     hint = " (a host's access link: drain the host instead)" if target else ""
     raise Refused(f"link {target!r}: not a leaf–spine link of the topology{hint}")
 
@@ -453,7 +458,8 @@ def _fabric_link_out(
     in_force: list[records.Remediation],
 ) -> Plan:
     fabric = {lk["name"]: lk for lk in topology["links"] if lk.get("kind") == "fabric"}
-    leaf, spine, leaf_addr, spine_addr = _link_ends(topology, target)
+    switches = _link_switches(topology, target)
+    leaf, spine = (x.name for x in switches)
     out = {r.target for r in in_force if r.action == "fabric_link_out"} | {target}
     leaf_links = [n for n, lk in fabric.items() if lk["a"]["node"] == leaf]
     leaf_out = sorted(n for n in leaf_links if n in out)
@@ -489,7 +495,7 @@ def _fabric_link_out(
             f"their other ECMP next hops; {len(hosts)} host(s) behind {leaf} keep "
             f"{len(leaf_links) - len(leaf_out)} of {len(leaf_links)} uplinks"
         ),
-        switches=[Switch(leaf, spine_addr), Switch(spine, leaf_addr)],
+        switches=switches,
         hosts=hosts,
         targets=[leaf, spine],
         cap={

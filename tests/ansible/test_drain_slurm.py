@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -120,7 +121,8 @@ def test_remediate_playbook_drains_a_flapping_hosts_node_records_it_and_undo_res
     slurm: SlurmCluster, tmp_path: Path
 ) -> None:
     """remediate.yml end to end on a host-link flap anomaly in a real store: preflight,
-    check-mode preview, real drain in Slurm, the record, a no-op re-run, undo.yml."""
+    check-mode preview, real drain in Slurm, the record, a no-op re-run, and the resume by
+    `clockmesh remediate restore` only once the host's link has been stable."""
     import yaml
 
     from analytics.remediate import records
@@ -170,6 +172,30 @@ def test_remediate_playbook_drains_a_flapping_hosts_node_records_it_and_undo_res
 
     assert play("remediate.yml", "-e", "anomaly_id=flapping-h11")["slurmctl"]["changed"] == 0
 
-    play("undo.yml", "-e", f"remediation_id={rem.remediation_id}")
+    # Restore once stable, from the host's own counters in the store (its collector keeps
+    # shipping while the node is drained): one sample a second for two minutes, the last
+    # carrier loss 50 s ago.
+    from tests.unit.test_remediate_stable import _counters
+
+    _counters(store, "h1-1", time.time_ns(), 120, loss_at_s=[50])
+
+    def restore(after_s: int) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(Path(sys.executable).parent / "clockmesh"), "remediate", "restore", "--store",
+             str(store), "-i", str(inv), "--after", str(after_s), "--yes"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+
+    early = restore(90)
+    assert early.returncode == 0, early.stdout[-3000:] + early.stderr
+    assert f"left out  {rem.remediation_id} host_drain h1-1: h1-1-leaf1: h1-1 lost carrier" in (
+        early.stdout
+    ), early.stdout[-3000:]
+    assert slurm.node("h1-1") == (drained, reason), "resumed while its link was not stable"
+
+    _counters(store, "h1-1", time.time_ns(), 20, loss_at_s=[])  # the collector, still quiet
+    back = restore(30)
+    assert back.returncode == 0, back.stdout[-3000:] + back.stderr
+    assert f"restored  {rem.remediation_id} host_drain h1-1" in back.stdout, back.stdout[-3000:]
     assert {n: slurm.node(n) for n in before} == before
     assert not [r for r in records.active(store) if r.action == "host_drain"]

@@ -97,7 +97,7 @@ def test_up_refuses_a_running_lab(lab_factory: Callable[..., Lab]) -> None:
     # the same name with its state elsewhere (two runs of one scenario seed): refused with
     # the reason, and the running lab is left whole
     other = Lab(lab.name, lab.dir.parent / "elsewhere")
-    with pytest.raises(LabError, match="already exist .* choose another name"):
+    with pytest.raises(LabError, match=r"already exist .* choose another name"):
         other.up(spines=1, leaves=1, hosts_per_leaf=1)
     st = lab.status()
     assert st.bridge_exists and len(st.namespaces_present) == st.namespaces_expected

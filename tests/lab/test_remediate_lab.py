@@ -2,7 +2,8 @@
 side, as a dying optic would), the live detector opens the anomaly, the real
 ``playbooks/remediate.yml`` takes the link out of service on both switches through FRR,
 the anomaly closes, traffic stops suffering while the link goes on flapping, a re-run
-changes nothing, the undo restores the switches exactly, and the blast-radius cap and
+changes nothing, `clockmesh remediate restore` leaves the link out while it still flaps
+and puts the switches back exactly once it has been stable, and the blast-radius cap and
 check mode never touch a switch."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -21,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from analytics.remediate import records
 from lab import fleet, frr
 from lab.fabric import Lab
 from lab.traffic import Mesh
@@ -29,6 +32,7 @@ from tests.lab.helpers import spine_for, wait_for
 pytestmark = [pytest.mark.root, pytest.mark.lab]
 
 LINK = "leaf1-spine2"
+STABLE_S = 8.0  # restore once the link has been up this long (600 s by default)
 ROOT = Path(__file__).resolve().parents[2]
 ANSIBLE = str(Path(sys.executable).with_name("ansible-playbook"))
 
@@ -179,6 +183,13 @@ def test_flapping_link_is_taken_out_of_service_then_restored_exactly(
             return done[0] if done else None
 
         _wait(closed, 10, "the anomaly closed after the remediation")
+        (rem_id,) = [r.remediation_id for r in records.active(site["store"])
+                     if r.action == "fabric_link_out"]  # fmt: skip
+
+        def restore() -> subprocess.CompletedProcess[str]:
+            return _clockmesh("remediate", "restore", "--store", str(site["store"]), "-i",
+                              str(site["inventory"]), "--after", str(STABLE_S), "--yes")  # fmt: skip
+
         print(f"playbook start -> anomaly closed: {time.monotonic() - t0:.1f} s")
 
         # The symptom is gone while the optic goes on flapping: every flow is delivered.
@@ -208,8 +219,24 @@ def test_flapping_link_is_taken_out_of_service_then_restored_exactly(
         assert "blast-radius cap: leaf1 would have 2 of its 2 uplinks out" in capped.stdout
         assert "switch-leaf1" not in capped.stdout.split("PLAY RECAP")[-1]
         assert _configs(lab) == before
+
+        # Restore once stable, as cron would run it: the optic still flaps, so the link
+        # stays out (the switches' own records say when it last went down).
+        early = restore()
+        assert early.returncode == 0, early.stdout[-3000:] + early.stderr
+        print(*[ln for ln in early.stdout.splitlines()
+                if "not stable" in ln or ln.startswith(("==", "left out"))], sep="\n")  # fmt: skip
+        (left,) = [ln for ln in early.stdout.splitlines() if ln.startswith("left out")]
+        assert re.fullmatch(
+            rf"left out  {rem_id} fabric_link_out {LINK}: {LINK} (last changed state \d+ s ago "
+            rf"on (leaf1|spine2) \(\d+ link downs there\); restore needs {STABLE_S:.0f} s stable"
+            rf"|is down now on (leaf1:spine2|spine2:leaf1)(, spine2:leaf1)?)",
+            left,
+        ), left
+        assert _configs(lab) == before, "restored while the link still flapped"
     finally:
         optic.stop()
+    t_stable = time.monotonic()
 
     history = _clockmesh("remediate", "history", "--json", "--store", str(site["store"]))
     rows = json.loads(history.stdout)
@@ -217,11 +244,23 @@ def test_flapping_link_is_taken_out_of_service_then_restored_exactly(
     assert len(real) == 1 and real[0]["status"] == "ok" and real[0]["anomaly_id"] == a["anomaly_id"]
     assert any(r["check_mode"] for r in rows), "the check-mode preview was not recorded"
 
-    undo = _playbook(site, "undo.yml", "-e", f"remediation_id={real[0]['remediation_id']}")
-    assert undo.returncode == 0, undo.stdout[-3000:]
+    # Once the link has stayed up for --after seconds the restore puts it back, exactly.
+    time.sleep(max(0.0, t_stable + STABLE_S + 1 - time.monotonic()))
+    back = restore()
+    assert back.returncode == 0, back.stdout[-3000:] + back.stderr
+    assert f"restored  {rem_id} fabric_link_out {LINK}" in back.stdout, back.stdout[-3000:]
     routing = lab.wait_converged(timeout=10)
     assert routing.converged and not routing.out_of_service, routing.problems
-    assert _configs(lab) == original, "the undo did not restore the switches exactly"
+    assert _configs(lab) == original, "the restore did not put the switches back exactly"
+    rows = {r["remediation_id"]: r for r in json.loads(_clockmesh(
+        "remediate", "history", "--json", "--store", str(site["store"])).stdout)}  # fmt: skip
+    assert rows[rem_id]["status"] == "undone"
+    (undo,) = [r for r in rows.values() if r["detail"].get("undo_of") == rem_id
+               and not r["check_mode"]]  # fmt: skip
+    reading = undo["detail"]["stability"]
+    assert reading["stable"] and reading["stable_for_s"] >= STABLE_S, reading
+    assert {e["switch"] for e in reading["ends"]} == {"leaf1", "spine2"}
+    assert "nothing to restore" in restore().stdout
 
 
 def test_the_tui_runs_a_real_remediation_and_its_undo(site: dict[str, Any]) -> None:
