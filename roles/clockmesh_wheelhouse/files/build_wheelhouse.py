@@ -13,7 +13,8 @@ project's own wheel is rebuilt and the dependency wheels are reused. The new
 wheelhouse is built next to the old one and swapped in with a rename, so a failed
 build never leaves a half-written directory behind.
 
-Prints one JSON object: ``{"changed", "stamp", "dir", "archive", "wheel", "reason"}``.
+Prints one JSON object: ``{"changed", "stamp", "dir", "archive", "wheel", "pip_wheel",
+"reason"}``.
 Exit status 0 on success, 1 on a build failure (pip's output goes to stderr),
 2 on bad arguments.  Standard library only.
 """
@@ -33,6 +34,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+PIP = "pip"  # built into every wheelhouse: hosts install with it (no ensurepip, no index)
 STAMP_FILE = "SOURCE_STAMP"
 DEPS_STAMP_FILE = "DEPS_STAMP"
 PACKAGING_FILES = ("pyproject.toml", "setup.cfg", "setup.py", "README.md", "MANIFEST.in")
@@ -62,7 +64,9 @@ def source_files(source: Path) -> list[Path]:
 def deps_stamp(source: Path, extras: str, abi: str, pip_args: list[str]) -> str:
     """sha256 over what decides the dependency wheels: packaging files, extras, ABI, pip args."""
     digest = hashlib.sha256()
-    digest.update(json.dumps({"extras": extras, "abi": abi, "pip_args": pip_args}).encode())
+    digest.update(
+        json.dumps({"extras": extras, "abi": abi, "pip_args": pip_args, "with": PIP}).encode()
+    )
     for name in PACKAGING_FILES:
         path = source / name
         if path.is_file() and name != "README.md":
@@ -88,6 +92,13 @@ def read_stamp(dest: Path, name: str = STAMP_FILE) -> str:
         return (dest / name).read_text(encoding="ascii").strip()
     except OSError:
         return ""
+
+
+def pip_wheel(dest: Path) -> str:
+    """File name of pip's wheel in ``dest`` ('' when absent): hosts run pip from it to
+    install into a venv created without ensurepip."""
+    wheels = sorted(p.name for p in dest.glob("pip-*.whl")) if dest.is_dir() else []
+    return wheels[-1] if wheels else ""
 
 
 def project_wheel(dest: Path) -> str:
@@ -125,14 +136,16 @@ def build(
             for wheel in dest.glob("*.whl"):
                 if not wheel.name.startswith("clockmesh-"):
                     os.link(wheel, tmp / wheel.name)
+        else:
+            cmd.append(PIP)  # the installer travels with the wheels
         cmd.append(requirement(source, extras))
         proc = subprocess.run(cmd, stdout=sys.stderr, stderr=sys.stderr, check=False)
         if proc.returncode != 0:
             raise SystemExit(
                 f"pip wheel failed with exit status {proc.returncode}: {' '.join(cmd)}"
             )
-        if not project_wheel(tmp):
-            raise SystemExit(f"pip wheel produced no clockmesh wheel in {tmp}")
+        if not project_wheel(tmp) or not pip_wheel(tmp):
+            raise SystemExit(f"pip wheel produced no clockmesh or no pip wheel in {tmp}")
         (tmp / DEPS_STAMP_FILE).write_text(deps + "\n", encoding="ascii")
         (tmp / STAMP_FILE).write_text(stamp + "\n", encoding="ascii")
         tmp.chmod(0o755)
@@ -222,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         "dir": str(dest),
         "archive": str(archive_path(dest)),
         "wheel": wheel,
+        "pip_wheel": pip_wheel(dest),
         "reason": reason,
     }
     print(json.dumps(result))
