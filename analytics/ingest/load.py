@@ -79,7 +79,8 @@ def fleet_segment(
     name = host_name(i)
     seg_id = second if segment is None else segment
     return (
-        wire.encode_header(name, int(ids[i]), seg_id, t0_ns + (second + 1) * NS)
+        # opened when the second it covers began, as a collector opens a segment before its rows
+        wire.encode_header(name, int(ids[i]), seg_id, t0_ns + second * NS)
         + wire.encode_chunk("probe_tx", tx)
         + wire.encode_chunk("probe_rx", rx)
     )

@@ -38,6 +38,9 @@ class HostState:
     first_ns: int
     last_ns: int
     batches: int = 0
+    # its collector is known to run since (the earliest segment it shipped began, its
+    # clock): probes to it lost before then were lost to no listener, not to the fabric
+    since_ns: int = 2**63 - 1
     rows: dict[str, int] = field(default_factory=dict)
     rates: dict[str, float] = field(default_factory=dict)  # rows/s over the last refresh
 

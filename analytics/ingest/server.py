@@ -133,6 +133,7 @@ class IngestServer:
             window_s=config.hot_window_s,
             max_rows=auto_max_rows(config.hot_max_rows),
             grace_s=config.rollup_grace_s,
+            listening=lambda: self.view.hosts,
         )
         self.pacer = Pacer(config.max_requests_per_s, max_s=config.max_advised_roll_s)
         self.view = FleetView()
@@ -739,19 +740,21 @@ class IngestServer:
         for b, seg, _, _ in segs:
             agg = per_host.get(seg.host_id)
             if agg is None:
-                agg = per_host[seg.host_id] = (seg.host, [b.received_ns, 0], {})
+                agg = per_host[seg.host_id] = (seg.host, [b.received_ns, 0, seg.created_ns], {})
             agg[1][0] = max(agg[1][0], b.received_ns)
             agg[1][1] += 1
+            agg[1][2] = min(agg[1][2], seg.created_ns)
             counts = agg[2]
             for name, n in seg.rows.items():
                 counts[name] = counts.get(name, 0) + n
         hosts = dict(self.view.hosts)
-        for hid, (host, (last_ns, nbatches), added) in per_host.items():
+        for hid, (host, (last_ns, nbatches, created_ns), added) in per_host.items():
             h = hosts.get(hid)
             if h is None:
                 h = hosts[hid] = HostState(host, hid, last_ns, last_ns)
             h.host = host
             h.last_ns = max(h.last_ns, last_ns)
+            h.since_ns = min(h.since_ns, created_ns)
             h.batches += nbatches
             rows = dict(h.rows)
             for name, n in added.items():

@@ -31,7 +31,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
@@ -114,6 +114,7 @@ class LiveSnapshot:
         ]  # fmt: skip
 
 
+_NEVER = np.iinfo(np.int64).max  # a destination not known to run: since never
 _TX_FIELDS = ("src", "dst", "seq", "sport", "tx_ns")
 _RX_FIELDS = ("src", "seq", "rx_ns")
 _MIN = layout.NS_PER_MINUTE
@@ -167,12 +168,18 @@ class HotWindow:
         lag_s: float = 5.0,
         grace_s: float = 20.0,
         start_ns: int | None = None,
+        listening: Callable[[], Mapping[int, object]] | None = None,
     ) -> None:
+        """``listening``: the hosts whose collector is known to run, by host id, each with
+        ``since_ns`` (the daemon's fleet view). With it, a probe that never arrived counts
+        as sent (and lost) only if its destination was known to run when it was sent: a
+        collector starting, or not deployed yet, is no loss on the fabric."""
         self.window_s = window_s
         self.max_rows = max_rows
         self.live_s = live_s
         self.lag_s = lag_s
         self.grace_s = grace_s
+        self._listening = listening
         # probe_rx is needed until the last probe_tx it can match is final
         self.rx_keep_s = min(window_s, lag_s + grace_s + 10.0)
         start = time.time_ns() if start_ns is None else start_ns
@@ -261,9 +268,12 @@ class HotWindow:
         rx_ns = _match(tx, rx)  # per probe_tx: its rx_ns, _NONE where no probe_rx yet
         has_rx = rx_ns != _NONE
         d = rx_ns - tx["tx_ns"]  # meaningful where has_rx (null elsewhere)
+        counted = self._counted(tx, has_rx)  # None: every probe counts
         if new:
             fresh = tx["new"]
-            everything = old is None
+            if counted is not None:
+                fresh = fresh & counted
+            everything = old is None and counted is None
             s_ = pa.table(
                 {
                     "src": tx["src"] if everything else tx["src"][fresh],
@@ -278,11 +288,13 @@ class HotWindow:
                 self._slices.popleft()
         # matched, or lost for good: to their minute's rollup
         done = has_rx | (tx["arrival"] < final)
+        # lost to no listener: out of the rollups as well
+        done_counted = done if counted is None else done & counted
         minute = tx["tx_ns"] // _MIN * _MIN
         for m in _distinct_runs(minute).tolist():
             if m < self.next_minute_ns:
                 continue  # began before this process, or rolled up already: late rows
-            sel = done & (minute == m)
+            sel = done_counted & (minute == m)
             if not sel.any():
                 continue
             part = _joined_part(
@@ -298,6 +310,25 @@ class HotWindow:
                 rx, ~rx["matched"] & (rx["arrival"] >= rx_horizon), drop=("matched", "new")
             )
         self._put_back(rx_left, wait if len(wait["src"]) else None)
+
+    def _counted(self, tx: Cols, has_rx: np.ndarray) -> np.ndarray | None:
+        """Per probe_tx: False for a probe not arrived whose destination's collector was
+        not known to run when it was sent (unknown yet, or started later); None when
+        every probe counts (no fleet view, or nothing missing)."""
+        lost = ~has_rx
+        if self._listening is None or not lost.any():
+            return None
+        hosts = self._listening()
+        dst = tx["dst"][lost]
+        uniq, inv = np.unique(dst, return_inverse=True)
+        since = np.fromiter(
+            (getattr(hosts.get(int(h)), "since_ns", _NEVER) for h in uniq.tolist()),
+            np.int64,
+            len(uniq),
+        )
+        counted = np.ones(len(has_rx), bool)
+        counted[lost] = tx["tx_ns"][lost] >= since[inv]
+        return counted
 
     def _put_back(self, rx_left: Cols | None, wait: Cols | None) -> None:
         with self._lock:

@@ -6,6 +6,7 @@ import json
 import os
 import random
 import time
+import types
 from pathlib import Path
 
 import duckdb
@@ -396,3 +397,51 @@ def test_a_store_from_before_a_column_was_added_still_opens(tmp_path: Path) -> N
     finally:
         con.close()
     assert got == [("flap-old", None)]
+
+
+def test_probes_to_a_collector_not_running_yet_are_no_loss_but_fabric_loss_is() -> None:
+    """A deploy starts collectors one after another: the probes sent to a host before its
+    collector ran never arrive, and that is no loss on the fabric — the live view and the
+    rollups leave them out (the daemon's fleet view says since when each collector runs).
+    A host that loses a quarter of what reaches it still shows it; a host never heard of
+    is left out until it ships."""
+    start = (T0 // layout.NS_PER_MINUTE) * layout.NS_PER_MINUTE - 1
+    t0 = start + 1
+    ids = ingest_load.host_ids(12)
+    view: dict[int, object] = {}
+    hot = HotWindow(grace_s=20, lag_s=5, start_ns=start, listening=lambda: view)
+    late_start, never = 9, 11  # host 9's collector starts at second 20; host 11's never
+    snap = None
+    rolled = None
+    for now_s in range(0, 90):
+        arrival = t0 + now_s * 10**9
+        for i in range(12) if now_s < 60 else ():
+            if i == never or (i == late_start and now_s < 20):
+                continue
+            view.setdefault(int(ids[i]), types.SimpleNamespace(since_ns=t0 + now_s * 10**9))
+            seg = wire.decode(
+                ingest_load.fleet_segment(i, ids, now_s, t0_ns=t0, loss=0.25 if i == 4 else 0)
+            )
+            hot.add(arrival, {t: layout.records_to_arrow(t, seg.table(t)) for t in seg.tables})
+        if now_s == 59:
+            snap = hot.live(now_ns=arrival)
+        if now_s % 5 == 4:
+            rolled = hot.rollup(now_ns=arrival) or rolled
+    assert snap is not None and rolled is not None
+    live = {(p.src, p.dst): p for p in snap.pairs}
+    to9 = [p for (_, dst), p in live.items() if dst == ids[late_start]]
+    assert to9 and all(p.loss == 0 for p in to9), [p.loss for p in to9]
+    to4 = [p for (_, dst), p in live.items() if dst == ids[4]]
+    assert 0.15 < sum(p.loss for p in to4) / len(to4) < 0.35
+    assert not [p for (_, dst), p in live.items() if dst == ids[never]]
+    rows = rolled[1].to_pylist()
+    to9_rolled = [r for r in rows if r["dst"] == ids[late_start] and r["src"] != ids[never]]
+    # only what was sent once it ran (seconds 20-59 of the minute), all of it received
+    assert to9_rolled and all(r["sent"] == r["received"] == 320 for r in to9_rolled)
+    assert (
+        0.15
+        < 1
+        - sum(r["received"] for r in rows if r["dst"] == ids[4])
+        / sum(r["sent"] for r in rows if r["dst"] == ids[4])
+        < 0.35
+    )
