@@ -6,12 +6,14 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# Debian packages the lab and the tests need (ssh per lab host, iproute2 for
-# namespaces, tc for faults, FRR for the fabric's BGP/BFD, promtool to check /metrics).
-APT_PACKAGES := iproute2 openssh-server openssh-client python3-venv procps util-linux \
-	psmisc rsync sshpass prometheus frr chromium munge slurmctld slurmd slurm-client
+# Debian packages the demo needs (ssh per lab host, iproute2 for namespaces, tc for
+# faults, FRR for the fabric's BGP/BFD) and what the tests add (promtool to check
+# /metrics, chromium to render reports, a one-node Slurm for the drain tests).
+APT_DEMO := iproute2 openssh-server openssh-client python3-venv procps util-linux \
+	psmisc rsync sshpass frr
+APT_TEST := prometheus chromium munge slurmctld slurmd slurm-client
 
-.PHONY: help deps venv demo demo-down test lint unit clean
+.PHONY: help deps venv venv-demo demo demo-down test lint unit clean
 
 help:
 	@echo "make demo   build the lab, deploy with Ansible, show live fleet health, inject a flap and show it found (root)"
@@ -19,15 +21,31 @@ help:
 	@echo "make lint   ruff, mypy, ansible-lint only"
 	@echo "make demo-down  tear the demo lab down"
 
-deps: $(VENV)/.deps-apt
-$(VENV)/.deps-apt:
-	@mkdir -p $(VENV)
-	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+# apt-get install what is missing of $(1)
+define apt_install
+	@missing=$$(for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 		echo "installing Debian packages: $$missing"; \
 		export DEBIAN_FRONTEND=noninteractive; \
 		apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
+endef
+
+deps: $(VENV)/.deps-apt
+$(VENV)/.deps-demo:
+	@mkdir -p $(VENV)
+	$(call apt_install,$(APT_DEMO))
+	@touch $@
+$(VENV)/.deps-apt: $(VENV)/.deps-demo
+	$(call apt_install,$(APT_TEST))
+	@touch $@
+
+# The demo installs only what it runs; the tests add the linters, pytest and molecule.
+venv-demo: $(VENV)/.installed-demo
+$(VENV)/.installed-demo: pyproject.toml $(VENV)/.deps-demo
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[demo]'
 	@touch $@
 
 venv: $(VENV)/.installed
@@ -35,9 +53,9 @@ $(VENV)/.installed: pyproject.toml $(VENV)/.deps-apt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'
-	@touch $@
+	@touch $@ $(VENV)/.installed-demo
 
-demo: venv
+demo: venv-demo
 	$(BIN)/clockmesh lab up --name demo
 	$(BIN)/ansible-playbook -i .lab/demo/inventory.yml playbooks/deploy.yml
 	$(BIN)/clockmesh live --inventory .lab/demo/inventory.yml --wait-hosts 16 --timeout 90
@@ -45,7 +63,7 @@ demo: venv
 	$(BIN)/clockmesh lab flap --name demo leaf2-spine1 --down 3s --up 5s --count 2 --background
 	$(BIN)/clockmesh live --inventory .lab/demo/inventory.yml --wait-anomaly flapping_link --timeout 60
 
-demo-down: venv
+demo-down: venv-demo
 	$(BIN)/clockmesh lab down --name demo
 
 lint: venv
