@@ -6,15 +6,13 @@ file, kubectl's subcommands and errors); the README says the real cluster was no
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.ansible.conftest import ROOT, recap, tool_env
+from tests.ansible.conftest import ROOT
+from tests.ansible.drain_role import REM, run_drain_role
 
-REM = "rem-0123456789"
 KEY = "clockmesh.io/drain-reason"
 FAKE = ROOT / "tests" / "ansible" / "fakes" / "kubectl"
 MUTATING = ("cordon", "uncordon", "annotate")
@@ -42,46 +40,13 @@ def _calls(state: Path) -> list[list[str]]:
 
 
 def _play(state: Path, tmp: Path, want: str, *extra: str) -> tuple[dict[str, int], list]:
-    book = tmp / "drain.yml"
-    book.write_text(
-        f"""---
-- name: Drain test
-  hosts: localhost
-  connection: local
-  gather_facts: false
-  tasks:
-    - name: The role
-      ansible.builtin.include_role:
-        name: clockmesh_drain
-      vars:
-        clockmesh_drain_scheduler: kubernetes
-        clockmesh_drain_kubectl: ["{FAKE}"]
-        clockmesh_drain_state: {want}
-        clockmesh_drain_remediation_id: {REM}
-        clockmesh_drain_reason: "h1-1-leaf1 flapped 3 times in 10 min"
-        clockmesh_drain_environment:
-          FAKE_KUBECTL_STATE: "{state}"
-        clockmesh_drain_nodes:
-          - {{host: h1-1, node: h1-1}}
-          - {{host: h1-2, node: h1-2}}
-          - {{host: h2-1, node: h2-1}}
-    - name: Result
-      ansible.builtin.copy:
-        content: "{{{{ clockmesh_drain_result | to_json }}}}"
-        dest: "{tmp / "result.json"}"
-        mode: "0600"
-      check_mode: false
-      changed_when: false  # the test's own bookkeeping: only the role's changes count
-"""
-    )
-    env = tool_env()
-    env["ANSIBLE_ROLES_PATH"] = str(ROOT / "roles")
-    run = subprocess.run(
-        [str(Path(env["PATH"].split(os.pathsep)[0]) / "ansible-playbook"), str(book), *extra],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stdout + run.stderr
-    return recap(run.stdout)["localhost"], json.loads((tmp / "result.json").read_text())
+    role_vars = {
+        "clockmesh_drain_scheduler": "kubernetes",
+        "clockmesh_drain_kubectl": [str(FAKE)],
+        "clockmesh_drain_environment": {"FAKE_KUBECTL_STATE": str(state)},
+    }
+    _, counts, result = run_drain_role(tmp, want, role_vars, *extra)
+    return counts, result
 
 
 def test_cordon_leaves_others_alone_and_uncordon_only_its_own(

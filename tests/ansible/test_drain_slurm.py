@@ -20,10 +20,9 @@ import pytest
 
 from lab.slurm import SlurmCluster, missing_tools
 from tests.ansible.conftest import ROOT, recap, tool_env
+from tests.ansible.drain_role import REM, run_drain_role
 
 pytestmark = pytest.mark.root
-
-REM = "rem-0123456789"
 
 
 @pytest.fixture
@@ -43,46 +42,8 @@ def slurm(tmp_path: Path) -> Iterator[SlurmCluster]:
 def _play(
     slurm: SlurmCluster, tmp: Path, state: str, *extra: str
 ) -> tuple[str, dict[str, int], list]:
-    book = tmp / "drain.yml"
-    book.write_text(
-        f"""---
-- name: Drain test
-  hosts: localhost
-  connection: local
-  gather_facts: false
-  tasks:
-    - name: The role
-      ansible.builtin.include_role:
-        name: clockmesh_drain
-      vars:
-        clockmesh_drain_state: {state}
-        clockmesh_drain_remediation_id: {REM}
-        clockmesh_drain_reason: "h1-1-leaf1 flapped 3 times in 10 min"
-        clockmesh_drain_environment:
-          SLURM_CONF: "{slurm.conf}"
-        clockmesh_drain_nodes:
-          - {{host: h1-1, node: h1-1}}
-          - {{host: h1-2, node: h1-2}}
-          - {{host: h2-1, node: h2-1}}
-    - name: Result
-      ansible.builtin.copy:
-        content: "{{{{ clockmesh_drain_result | to_json }}}}"
-        dest: "{tmp / "result.json"}"
-        mode: "0600"
-      check_mode: false
-      changed_when: false  # the test's own bookkeeping: only the role's changes count
-"""
-    )
-    env = tool_env()
-    env["ANSIBLE_ROLES_PATH"] = str(ROOT / "roles")
-    run = subprocess.run(
-        [str(Path(env["PATH"].split(os.pathsep)[0]) / "ansible-playbook"), str(book), *extra],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    out = run.stdout + run.stderr
-    assert run.returncode == 0, out
-    result = json.loads((tmp / "result.json").read_text())
-    return out, recap(out)["localhost"], result
+    env = {"SLURM_CONF": str(slurm.conf)}
+    return run_drain_role(tmp, state, {"clockmesh_drain_environment": env}, *extra)
 
 
 def test_drain_leaves_others_drains_alone_and_undo_resumes_only_its_own(
