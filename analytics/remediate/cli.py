@@ -36,7 +36,8 @@ def remediate() -> None:
     """Fix what the detector found, safely: preview, confirm, run, record, undo.
 
     `list` shows open anomalies with the action for each; `run ID` previews the change in
-    check mode, asks, runs playbooks/remediate.yml and streams it; `undo REM` restores.
+    check mode, asks, runs playbooks/remediate.yml and streams it; `undo REM` restores;
+    `restore` puts back every link and host taken out once its link has been stable.
     """
 
 
