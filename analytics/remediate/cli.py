@@ -329,7 +329,9 @@ def restore(store: Path, inventory: Path, after_s: float, yes: bool) -> None:
         raise click.ClickException(
             f"{runner.PLAYBOOKS}: no playbooks here: run from a clockmesh checkout"
         )
-    restored, waiting, failed = [], [], []
+    restored: list[tuple[records.Remediation, str]] = []
+    waiting: list[tuple[records.Remediation, str]] = []
+    failed: list[tuple[records.Remediation, str]] = []
     for r in candidates:
         extra = {"remediation_id": r.remediation_id, "restore_after_s": f"{after_s:g}"}
         click.echo(f"== {r.remediation_id}: {r.action} {r.target}: preview of its restore")
