@@ -108,7 +108,7 @@ def latest_anomalies(
 ) -> list[StoredAnomaly]:
     """Each anomaly's latest row (as the ``anomaly_current`` view picks it), oldest first:
     one anomaly by id, or every open one."""
-    glob = str(store / "anomalies" / "*" / "*" / "*.parquet").replace("'", "''")
+    glob = records.table_glob(store, "anomalies")
     if not (store / "anomalies").is_dir():
         raise Refused(f"{store}: no anomalies table: is this an ops box store?")
     if not any((store / "anomalies").glob("*/*/*.parquet")):

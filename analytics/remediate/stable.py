@@ -18,23 +18,21 @@ configured time (``clockmesh remediate restore --after``; the playbooks'
 from __future__ import annotations
 
 import datetime as dt
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import duckdb
 
-from collector import records
+from analytics.remediate.records import table_glob
+from collector.records import host_id
 
 # The host counters that count a carrier loss (netdev and RDMA port), and operstate "up".
 LOSS_COUNTERS = ("carrier_down_count", "carrier_changes", "link_downed")
 OPER_UP = 6  # RFC 2863 ifOperStatus up, as the collector ships it
 FRESH_S = 30.0  # the newest counter sample must be this recent to vouch for a host link
 _FRR_TIME = "%Y/%m/%d %H:%M:%S.%f"
-
-
-class NotStable(Exception):
-    """The link has not been stable for the time asked (the message says why)."""
 
 
 @dataclass
@@ -108,11 +106,9 @@ def host_link(
     store: Path, link: str, host: str, after_s: float, now_ns: int | None = None
 ) -> Reading:
     """A host's access link from its own counters in the store over the last ``after_s``."""
-    import time
-
     now = time.time_ns() if now_ns is None else now_ns
     since = now - int(after_s * 1e9)
-    files = str(store / "counter" / "*" / "*" / "*.parquet").replace("'", "''")
+    files = table_glob(store, "counter")
     if not any((store / "counter").glob("*/*/*.parquet")):
         return Reading(link, False, None, "host counters", f"{store}: no counters stored yet")
     names = ", ".join(f"'{n}'" for n in (*LOSS_COUNTERS, "operstate"))
@@ -125,7 +121,7 @@ def host_link(
                        count(*) FILTER (WHERE name = 'operstate' AND value <> {OPER_UP})
                 FROM read_parquet('{files}')
                 WHERE host = ? AND ts_ns >= ? AND name IN ({names})""",
-            [records.host_id(host), since],
+            [host_id(host), since],
         ).fetchone()
     except duckdb.Error as exc:
         raise ValueError(f"{store}/counter: unreadable ({exc})") from None
