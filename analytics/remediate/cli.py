@@ -256,25 +256,44 @@ def history(store: Path, as_json: bool) -> None:
                    f"(anomaly {r.anomaly_id or '-'})")  # fmt: skip
 
 
-def _run(inventory: Path, playbook: str, extra: dict[str, str], yes: bool) -> None:
+def _check_playbooks() -> None:
     if not runner.PLAYBOOKS.is_dir():
         raise click.ClickException(
             f"{runner.PLAYBOOKS}: no playbooks here: run from a clockmesh checkout"
         )
+
+
+def _preview_then_run(
+    inventory: Path, playbook: str, extra: dict[str, str], yes: bool
+) -> tuple[str, runner.RunResult]:
+    """Preview in check mode and stream it, say what the real run would change, ask
+    (unless ``yes``), run for real and stream it. The outcome — ``refused`` (the preview
+    failed or was refused: nothing changed), ``declined``, ``failed`` or ``done`` — with
+    the last run's result."""
     click.echo(f"== preview (check mode): {playbook} {extra}")
     preview = runner.stream(runner.playbook_argv(inventory, playbook, extra, check=True),
                             click.echo)  # fmt: skip
     if not preview.ok:
-        raise click.ClickException(
-            f"{playbook}: the preview failed or was refused: nothing changed"
-        )
+        return "refused", preview
     changes = {h: n for h, n in preview.changed.items() if n}
     click.echo(f"== the real run would change: {changes or 'nothing'}")
     if not yes and not click.confirm("Run it for real?", default=False):
-        raise click.ClickException("not confirmed: nothing changed")
+        return "declined", preview
     real = runner.stream(runner.playbook_argv(inventory, playbook, extra, check=False),
                          click.echo)  # fmt: skip
-    if not real.ok:
+    return ("done" if real.ok else "failed"), real
+
+
+def _run(inventory: Path, playbook: str, extra: dict[str, str], yes: bool) -> None:
+    _check_playbooks()
+    outcome, _ = _preview_then_run(inventory, playbook, extra, yes)
+    if outcome == "refused":
+        raise click.ClickException(
+            f"{playbook}: the preview failed or was refused: nothing changed"
+        )
+    if outcome == "declined":
+        raise click.ClickException("not confirmed: nothing changed")
+    if outcome == "failed":
         raise click.ClickException(f"{playbook}: the run failed (recorded as failed)")
 
 
@@ -325,32 +344,25 @@ def restore(store: Path, inventory: Path, after_s: float, yes: bool) -> None:
     if not candidates:
         click.echo("nothing to restore: no link taken out, no host drained by clockmesh")
         return
-    if not runner.PLAYBOOKS.is_dir():
-        raise click.ClickException(
-            f"{runner.PLAYBOOKS}: no playbooks here: run from a clockmesh checkout"
-        )
+    _check_playbooks()
     restored: list[tuple[records.Remediation, str]] = []
     waiting: list[tuple[records.Remediation, str]] = []
     failed: list[tuple[records.Remediation, str]] = []
     for r in candidates:
         extra = {"remediation_id": r.remediation_id, "restore_after_s": f"{after_s:g}"}
-        click.echo(f"== {r.remediation_id}: {r.action} {r.target}: preview of its restore")
-        preview = runner.stream(runner.playbook_argv(inventory, "undo.yml", extra, check=True),
-                                click.echo)  # fmt: skip
-        if not preview.ok:
+        click.echo(f"== {r.remediation_id}: restore {r.action} {r.target}")
+        outcome, result = _preview_then_run(inventory, "undo.yml", extra, yes)
+        if outcome == "done":
+            restored.append((r, ""))
+        elif outcome == "declined":
+            waiting.append((r, "not confirmed"))
+        elif outcome == "failed":
+            failed.append((r, "the run failed"))
+        else:
             # the guard's reason; the callback may also print it wrapped: keep the whole one
             why = max((ln.split("not stable: ", 1)[1].strip(' "}\'')
-                       for ln in preview.lines if "not stable: " in ln), key=len, default="")  # fmt: skip
+                       for ln in result.lines if "not stable: " in ln), key=len, default="")  # fmt: skip
             (waiting if why else failed).append((r, why or "the preview failed"))
-            continue
-        changes = {h: n for h, n in preview.changed.items() if n}
-        click.echo(f"== restoring {r.target} would change: {changes or 'nothing'}")
-        if not yes and not click.confirm(f"Restore {r.target} for real?", default=False):
-            waiting.append((r, "not confirmed"))
-            continue
-        real = runner.stream(runner.playbook_argv(inventory, "undo.yml", extra, check=False),
-                             click.echo)  # fmt: skip
-        (restored if real.ok else failed).append((r, "" if real.ok else "the run failed"))
     click.echo("== restore summary")
     for label, rows in (("restored", restored), ("left out", waiting), ("failed", failed)):
         for r, why in rows:
