@@ -168,6 +168,7 @@ class DetectRunner:
         self.opened: dict[str, int] = dict.fromkeys(KINDS, 0)
         self.last_pass_s = 0.0
         self._live: list[dict] = []
+        self._jobs: list[dict] = []
         self._remediation_files: frozenset[str] = frozenset()
         self._applied: set[str] = set()  # remediation ids already acted on
         # (rule, key) of anomalies a remediation closed -> until when the rule's view of
@@ -317,6 +318,7 @@ class DetectRunner:
             self.writer.write_partitioned("anomalies", changes, name)
             written = changes.num_rows
         self._live = [a.live(now_ns) for a in self.book.open.values()]
+        self._jobs = self.roce.live(now_ns)
         self._recent = [a.live(now_ns) for a in self.book.closed[-10:]]
         self.passes += 1
         self.last_pass_s = time.monotonic() - started
@@ -390,6 +392,10 @@ class DetectRunner:
             "recently_closed": self._recent[::-1],
             "model": self.model_note,
         }
+
+    def jobs(self) -> list[dict]:
+        """The running jobs as of the last pass (:meth:`RoceJobs.live`)."""
+        return self._jobs
 
     def collector(self) -> Collector:
         return _DetectCollector(self)

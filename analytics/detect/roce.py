@@ -156,6 +156,33 @@ class RoceJobs:
             out.setdefault(host, {}).setdefault(job, on)
         return out
 
+    def live(self, now_ns: int) -> list[dict]:
+        """Every running job with how each of its hosts runs it: the RDMA device, the GID
+        index it resolves to, that index's type and how the index was found (``/v1/live``
+        ``jobs``; the TUI's jobs list and job drill-down)."""
+        by_job: dict[str, list[dict]] = {}
+        for host, jobs in self.running(now_ns).items():
+            for job, on in jobs.items():
+                index, gtype, how = self._resolve(host, job, on)
+                by_job.setdefault(job, []).append({
+                    "host": self.host_names.get(host, str(host)),
+                    "device": on.device,
+                    "gid_index": index,
+                    "gid_type": gtype,
+                    "index_source": how,
+                })  # fmt: skip
+        out = []
+        for job, hosts in sorted(by_job.items()):
+            hosts.sort(key=lambda h: h["host"])
+            types = {h["gid_type"] for h in hosts}
+            out.append({
+                "job_id": job,
+                "hosts": hosts,
+                "roce_v1_hosts": sum(1 for h in hosts if h["gid_type"] == V1),
+                "gid_types": sorted(t or "unknown" for t in types),
+            })  # fmt: skip
+        return out
+
     def observations(self, now_ns: int) -> list[Observation]:
         by_job: dict[str, list[tuple[int, int, str, str]]] = {}
         running = self.running(now_ns)

@@ -517,6 +517,7 @@ class IngestServer:
             ],
             "clock": self.clock.live(names),
             "anomalies": self.detect.live(),
+            "jobs": self.detect.jobs(),
             "ingest": {
                 "commits": self.writer.committed + 1,
                 "pending_rows": self._pending_rows,

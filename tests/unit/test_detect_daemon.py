@@ -93,6 +93,12 @@ def test_flap_and_roce_v1_job_open_live_stored_and_close(tmp_path: Path) -> None
         _wait(lambda: _live(d)["open_by_kind"]["roce_v1_job"] == 1)
         roce = next(x for x in _live(d)["open"] if x["kind"] == "roce_v1_job")
         assert roce["job_id"] == "llm-7" and "gpu2" in roce["summary"]
+        # The running jobs, each host's GID index and its type (the TUI's jobs list).
+        (job_live,) = json.loads(d.get("/v1/live"))["jobs"]
+        assert job_live["job_id"] == "llm-7" and job_live["roce_v1_hosts"] == 1
+        assert job_live["hosts"] == [{"host": "gpu2", "device": "mlx5_0", "gid_index": 0,
+                                      "gid_type": "IB/RoCE v1",
+                                      "index_source": "set in environ"}]  # fmt: skip
         metrics = d.get("/metrics")
         assert b'clockmesh_anomalies_open{kind="roce_v1_job"} 1.0' in metrics
         assert_promtool_clean(metrics)
@@ -104,6 +110,7 @@ def test_flap_and_roce_v1_job_open_live_stored_and_close(tmp_path: Path) -> None
         )
         _send(d, "gpu2", 3, "job_rdma", none)
         _wait(lambda: not _live(d)["open"], timeout=15)
+        assert json.loads(d.get("/v1/live"))["jobs"] == []  # the job ended
         closed = _live(d)["recently_closed"]
         assert {x["kind"] for x in closed} == {"flapping_link", "roce_v1_job"}
         flap = next(x for x in closed if x["kind"] == "flapping_link")
