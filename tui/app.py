@@ -24,7 +24,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.css.query import NoMatches
-from textual.screen import ModalScreen, Screen
+from textual.screen import ModalScreen
 from textual.widgets import (
     Button,
     DataTable,
@@ -33,50 +33,19 @@ from textual.widgets import (
     Input,
     Label,
     Log,
-    Sparkline,
     Static,
     TabbedContent,
     TabPane,
     Tree,
 )
 
-from tui.data import AMBER, GREEN, GREY, RED, Fleet, LiveSource, Thresholds, fleet, matches
+from tui.data import GREEN, Fleet, LiveSource, Thresholds, fleet, matches
+from tui.drill import HostScreen, JobScreen, for_anomaly
+from tui.widgets import GLYPH, STYLE, fill, us
 
 # Rows of the hosts table: the NICs needing attention first, the rest behind the filter.
 # (Textual's DataTable measures every cell of every new row: 1,024 rows cost ~180 ms.)
 TABLE_ROWS = 100
-STYLE = {GREEN: "bold green", AMBER: "bold yellow", RED: "bold red", GREY: "dim"}
-GLYPH = {GREEN: "●", AMBER: "▲", RED: "✖", GREY: "○"}
-
-
-def _us(x: float | None) -> str:
-    return "—" if x is None else f"{x:.1f}"
-
-
-def fill(table: DataTable, rows: list[tuple[str, tuple[Any, ...]]]) -> None:
-    """Show ``rows`` (key, cells): when the keys are the same rows in the same order, only
-    the cells that changed are updated (DataTable measures every cell it is given, so a
-    rebuild of every row each second would cost more than the refresh budget)."""
-    # Plain strings become Text here: DataTable would parse each as markup on every render
-    # (a bracket in a name or an evidence string is not markup), and every cell of the
-    # visible rows is rendered again after any update.
-    rows = [(k, tuple(Text(c, no_wrap=True, end="") if isinstance(c, str) else c for c in cells))
-            for k, cells in rows]  # fmt: skip
-    keys = [k for k, _ in rows]
-    if keys != [r.value for r in table.rows] or table.columns is None:
-        cursor = table.cursor_row
-        table.clear()
-        for key, cells in rows:
-            table.add_row(*cells, key=key)
-        if rows:
-            table.move_cursor(row=min(cursor, len(rows) - 1))
-        return
-    columns = list(table.columns)
-    for key, cells in rows:
-        old = table.get_row(key)
-        for col, new, was in zip(columns, cells, old, strict=True):
-            if str(new) != str(was):
-                table.update_cell(key, col, new)  # columns have fixed widths: no re-measure
 
 
 class FleetPane(Vertical):
@@ -134,7 +103,7 @@ class FleetPane(Vertical):
         if str(label.render()) != note:
             label.update(note)
         fill(table, [
-            (t.host, (t.rack, t.host, Text(t.state, style=STYLE[t.state]), _us(t.worst_owd_us),
+            (t.host, (t.rack, t.host, Text(t.state, style=STYLE[t.state]), us(t.worst_owd_us),
                       f"{t.worst_loss:.2%}", t.worst_peer,
                       "—" if t.uncertainty_ns is None else f"{t.uncertainty_ns:.0f}",
                       f"{t.age_s:.0f} s"))
@@ -146,11 +115,12 @@ class AnomaliesPane(Vertical):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("s", "sort", "Sort by column"),
         Binding("enter", "remediate", "Remediate", show=True),
+        Binding("d", "drill", "Details: its link or job"),
     ]
 
     def compose(self) -> ComposeResult:
-        yield Label("open anomalies — enter: remediate (preview first) · s: sort by column",
-                    id="anom-help")  # fmt: skip
+        yield Label("open anomalies — enter: remediate (preview first) · d: its link or job · "
+                    "s: sort by column", id="anom-help")  # fmt: skip
         yield DataTable(id="anomaly-table", cursor_type="row", zebra_stripes=True)
 
     def on_mount(self) -> None:
@@ -182,16 +152,57 @@ class AnomaliesPane(Vertical):
         table.sort(key)
         self.app.notify(f"sorted by {table.columns[key].label}")
 
-    def action_remediate(self) -> None:
+    def _selected(self) -> dict[str, Any] | None:
         table = self.query_one(DataTable)
         if table.row_count == 0:
-            return
+            return None
         key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
         app = self.app
         assert isinstance(app, ClockmeshApp)
-        anomaly = next((a for a in app.fleet.anomalies if a.get("anomaly_id") == key), None)
+        return next((a for a in app.fleet.anomalies if a.get("anomaly_id") == key), None)
+
+    def action_remediate(self) -> None:
+        anomaly = self._selected()
         if anomaly is not None:
-            app.push_screen(RemediationScreen(anomaly))
+            self.app.push_screen(RemediationScreen(anomaly))
+
+    def action_drill(self) -> None:
+        anomaly = self._selected()
+        screen = None if anomaly is None else for_anomaly(anomaly)
+        if screen is not None:
+            self.app.push_screen(screen)
+
+
+class JobsPane(Vertical):
+    """The jobs running now (``/v1/live`` ``jobs``): hosts, GID types, RoCE v1 hosts, the
+    anomalies that name them; enter: the job's drill-down."""
+
+    def compose(self) -> ComposeResult:
+        yield Label("running jobs — enter: its hosts' GID types and its flows' delay",
+                    id="jobs-help")  # fmt: skip
+        yield DataTable(id="jobs-table", cursor_type="row", zebra_stripes=True)
+
+    def on_mount(self) -> None:
+        t = self.query_one(DataTable)
+        for label, width in (("job", 24), ("hosts", 5), ("GID type(s)", 24), ("RoCE v1 hosts", 13),
+                             ("open anomalies", 40)):  # fmt: skip
+            t.add_column(label, width=width)
+
+    def show(self, jobs: list[dict[str, Any]], f: Fleet) -> None:
+        named: dict[str, list[str]] = {}
+        for a in f.anomalies:
+            ev = a.get("evidence") or {}
+            for job in {a.get("job_id") or "", *ev.get("jobs", [])} - {""}:
+                named.setdefault(str(job), []).append(str(a.get("kind")))
+        rows = []
+        for j in sorted(jobs, key=lambda j: (-j.get("roce_v1_hosts", 0), j["job_id"])):
+            v1 = int(j.get("roce_v1_hosts", 0))
+            rows.append((j["job_id"], (
+                j["job_id"], str(len(j.get("hosts", []))), ", ".join(j.get("gid_types", [])),
+                Text(str(v1), style="bold red") if v1 else "0",
+                ", ".join(sorted(named.get(j["job_id"], []))) or "—",
+            )))  # fmt: skip
+        fill(self.query_one(DataTable), rows)
 
 
 class AuditPane(Vertical):
@@ -247,104 +258,6 @@ class AuditPane(Vertical):
                 )
             )
         tree.root.expand()
-
-
-class HostScreen(Screen[None]):
-    """One host: its pairs now (raw and corrected OWD, loss), its clock, OWD history."""
-
-    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "app.pop_screen", "Back")]
-
-    def __init__(self, host: str) -> None:
-        super().__init__()
-        self.host = host
-
-    def compose(self) -> ComposeResult:
-        yield Header()
-        yield Static(id="host-head")
-        yield Label("corrected one-way delay p50 per minute (µs), last hour:", id="hist-label")
-        yield Sparkline([], id="history")
-        yield DataTable(id="peers", zebra_stripes=True)
-        yield Footer()
-
-    def on_mount(self) -> None:
-        self.query_one("#peers", DataTable).add_columns(
-            "direction", "peer", "sent", "loss", "raw p50 µs", "raw p99 µs", "corrected p50 µs"
-        )
-        self.render_now()
-        self.load_history()
-        self.set_interval(1.0, self.render_now)
-
-    def render_now(self) -> None:
-        app = self.app
-        assert isinstance(app, ClockmeshApp)
-        live = app.snapshot or {}
-        clock = {h["host"]: h for h in (live.get("clock") or {}).get("hosts", [])}
-        me = clock.get(self.host, {})
-        tile = next((t for t in app.fleet.tiles if t.host == self.host), None)
-        head = Text(f"{self.host}", style="bold")
-        if tile is not None:
-            head.append(f"  rack {tile.rack}  ")
-            head.append(f"{GLYPH[tile.state]} {tile.state}", style=STYLE[tile.state])
-        head.append(
-            f"\nclock: offset {me.get('offset_ns', '—')} ns ± {me.get('uncertainty_ns', '—')} ns, "
-            f"drift {me.get('drift_ppm', '—')} ppm, {me.get('status', 'not solved yet')}"
-        )
-        if app.stale_since is not None:
-            head.append("\nSTALE: the daemon is not answering; showing the last picture",
-                        style="bold red")  # fmt: skip
-        self.query_one("#host-head", Static).update(head)
-        offs = {n: h.get("offset_ns") for n, h in clock.items()}
-        table = self.query_one("#peers", DataTable)
-        table.clear()
-        for p in live.get("pairs", []):
-            if self.host not in (p["src"], p["dst"]):
-                continue
-            out = p["src"] == self.host
-            raw = p.get("owd_raw_p50_us")
-            corr = None
-            if (
-                raw is not None
-                and offs.get(p["src"]) is not None
-                and offs.get(p["dst"]) is not None
-            ):
-                corr = raw - (offs[p["dst"]] - offs[p["src"]]) / 1e3
-            table.add_row("→" if out else "←", p["dst"] if out else p["src"], p.get("sent", 0),
-                          f"{p.get('loss', 0):.2%}", _us(raw), _us(p.get("owd_raw_p99_us")),
-                          _us(corr))  # fmt: skip
-
-    @work(thread=True, exclusive=True, group="history")
-    def load_history(self) -> None:
-        app = self.app
-        assert isinstance(app, ClockmeshApp)
-        label = "corrected one-way delay p50 per minute (µs), last hour:"
-        values: list[float] = []
-        if app.store is None:
-            label = "history: no store given (--store)"
-        else:
-            try:
-                import duckdb
-
-                con = duckdb.connect(str(app.store / "catalog.duckdb"), read_only=True)
-                try:
-                    rows = con.execute(
-                        """SELECT minute, max(owd_p50_us) FROM owd_corrected_minute
-                           WHERE (src_host = ? OR dst_host = ?)
-                             AND minute > now() - INTERVAL 1 HOUR
-                           GROUP BY minute ORDER BY minute""",
-                        [self.host, self.host],
-                    ).fetchall()
-                finally:
-                    con.close()
-                values = [float(v) for _, v in rows if v is not None]
-                if not values:
-                    label = "history: no corrected delays for this host in the last hour yet"
-            except Exception as exc:  # a store being written or absent: say so, keep going
-                label = f"history unavailable: {str(exc).splitlines()[0][:120]}"
-        self.app.call_from_thread(self._show_history, label, values)
-
-    def _show_history(self, label: str, values: list[float]) -> None:
-        self.query_one("#hist-label", Label).update(label)
-        self.query_one("#history", Sparkline).data = values
 
 
 class ConfirmScreen(ModalScreen[bool]):
@@ -478,6 +391,7 @@ class ClockmeshApp(App[None]):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("f", "show_tab('fleet')", "Fleet"),
         Binding("a", "show_tab('anomalies')", "Anomalies"),
+        Binding("j", "show_tab('jobs')", "Jobs"),
         Binding("u", "show_tab('audit')", "Audit"),
         Binding("slash", "focus_filter", "Filter"),
         Binding("question_mark", "toggle_help", "Help"),
@@ -522,6 +436,8 @@ class ClockmeshApp(App[None]):
                 yield FleetPane()
             with TabPane("Anomalies", id="anomalies"):
                 yield AnomaliesPane()
+            with TabPane("Jobs", id="jobs"):
+                yield JobsPane()
             with TabPane("Audit", id="audit"):
                 yield AuditPane()
         yield Footer()
@@ -533,6 +449,7 @@ class ClockmeshApp(App[None]):
         self.summary = self.query_one("#summary", Static)
         self.fleet_pane = self.query_one(FleetPane)
         self.anomalies_pane = self.query_one(AnomaliesPane)
+        self.jobs_pane = self.query_one(JobsPane)
         self.tabs = self.query_one(TabbedContent)
         self.banner.display = False
         self.poll()
@@ -589,8 +506,10 @@ class ClockmeshApp(App[None]):
         sigma = "—" if f.clock_sigma_ns is None else f"{f.clock_sigma_ns:.0f} ns"
         summary = Text()
         summary.append(f" {f.healthy}/{len(f.tiles)} NICs healthy ", style="bold")
-        summary.append(f"· open anomalies: {kinds} · jobs flagged: {f.jobs} · clock: "
-                       f"{f.clock_solved}/{f.clock_hosts} solved, median σ {sigma}")  # fmt: skip
+        summary.append(f"· open anomalies: {kinds} · jobs: {f.jobs} running")
+        if f.jobs_v1:
+            summary.append(f", {f.jobs_v1} on RoCE v1", style="bold red")
+        summary.append(f" · clock: {f.clock_solved}/{f.clock_hosts} solved, median σ {sigma}")
         if self.fetched_at is not None:
             summary.append(f" · updated {max(0.0, now - self.fetched_at):.0f} s ago", style="dim")
         if self.snapshot is not None and not self.snapshot.get("hosts"):
@@ -599,6 +518,8 @@ class ClockmeshApp(App[None]):
         # Only the pane on screen is rendered; the other catches up when it is shown.
         if self.tabs.active == "anomalies":
             self.anomalies_pane.show(f, now)
+        elif self.tabs.active == "jobs":
+            self.jobs_pane.show((self.snapshot or {}).get("jobs") or [], f)
         else:
             self.fleet_pane.show(f, self.query_text)
 
@@ -617,6 +538,11 @@ class ClockmeshApp(App[None]):
     def host_selected(self, event: DataTable.RowSelected) -> None:
         host = event.data_table.get_row_at(event.cursor_row)[1]
         self.push_screen(HostScreen(str(host)))
+
+    @on(DataTable.RowSelected, "#jobs-table")
+    def job_selected(self, event: DataTable.RowSelected) -> None:
+        if event.row_key.value is not None:
+            self.push_screen(JobScreen(event.row_key.value))
 
     @on(DataTable.RowSelected, "#anomaly-table")
     def anomaly_selected(self, event: DataTable.RowSelected) -> None:

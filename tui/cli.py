@@ -21,14 +21,20 @@ from analytics.sql_cli import DEFAULT_STORE
               default=None, help="Ansible inventory: enables remediation playbooks.")  # fmt: skip
 @click.option("--refresh", "refresh_s", type=click.FloatRange(min=0.2), default=1.0,
               show_default=True, help="Seconds between /v1/live fetches.")  # fmt: skip
-@click.option("--amber-us", type=float, default=5.0, show_default=True,
-              help="Worst corrected one-way delay above which a NIC is amber.")  # fmt: skip
+@click.option("--amber-us", type=click.FloatRange(min=0), default=5.0, show_default=True,
+              help="Worst corrected one-way delay (µs) above which a NIC is amber.")  # fmt: skip
+@click.option("--red-loss", type=click.FloatRange(min=0, max=1), default=0.001, show_default=True,
+              help="Loss (a fraction) above which a NIC is red.")  # fmt: skip
+@click.option("--silent-s", type=click.FloatRange(min=1), default=10.0, show_default=True,
+              help="Seconds without a batch after which a NIC is grey (silent).")  # fmt: skip
 def tui(url: str, store: Path, topology: Path, inventory: Path | None, refresh_s: float,
-        amber_us: float) -> None:  # fmt: skip
-    """The fleet at a glance: NICs by rack, anomalies, audit, remediation with a preview.
+        amber_us: float, red_loss: float, silent_s: float) -> None:  # fmt: skip
+    """The fleet at a glance: NICs by rack, anomalies, jobs, audit, drill-downs (host,
+    pair, link, job) and remediation with a check-mode preview.
 
-    Keys: f fleet · a anomalies · u audit · / filter · enter drill down / remediate ·
-    ? help · t light/dark · ctrl+p command palette · q quit.
+    Keys: f fleet · a anomalies · j jobs · u audit · / filter · enter drill down (fleet,
+    jobs) or remediate (anomalies) · d an anomaly's link or job · x a pair's other
+    direction · esc back · ? help · t light/dark · ctrl+p command palette · q quit.
     """
     from tui.app import ClockmeshApp
     from tui.data import LiveSource, Thresholds, load_racks
@@ -41,5 +47,5 @@ def tui(url: str, store: Path, topology: Path, inventory: Path | None, refresh_s
     ClockmeshApp(
         LiveSource(url), racks=racks, store=store if store.is_dir() else None,
         inventory=inventory, topology=topo, refresh_s=refresh_s,
-        thresholds=Thresholds(amber_us=amber_us),
+        thresholds=Thresholds(amber_us=amber_us, red_loss=red_loss, silent_s=silent_s),
     ).run()  # fmt: skip

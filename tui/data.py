@@ -49,7 +49,8 @@ class Fleet:
     healthy: int = 0
     anomalies_by_kind: dict[str, int] = field(default_factory=dict)
     anomalies: list[dict[str, Any]] = field(default_factory=list)
-    jobs: int = 0
+    jobs: int = 0  # running (/v1/live jobs)
+    jobs_v1: int = 0  # of which on RoCE v1 on at least one host
     clock_solved: int = 0
     clock_hosts: int = 0
     clock_sigma_ns: float | None = None
@@ -127,7 +128,9 @@ def fleet(live: dict[str, Any], racks: dict[str, str], th: Thresholds | None = N
     out.anomalies = list(anomalies.get("open", []))
     out.anomalies_by_kind = {k: n for k, n in (anomalies.get("open_by_kind") or {}).items() if n}
     out.model = str(anomalies.get("model", ""))
-    out.jobs = len({a["job_id"] for a in out.anomalies if a.get("job_id")})
+    jobs = live.get("jobs") or []
+    out.jobs = len(jobs)
+    out.jobs_v1 = sum(1 for j in jobs if j.get("roce_v1_hosts"))
     statuses = Counter(h.get("status") for h in clock.values())
     out.clock_hosts = len(clock)
     out.clock_solved = statuses.get("solved", 0)

@@ -266,11 +266,13 @@ def test_flapping_link_is_taken_out_of_service_then_restored_exactly(
 def test_the_tui_runs_a_real_remediation_and_its_undo(site: dict[str, Any]) -> None:
     """The TUI against the live daemon: the flap appears in its anomaly list, the preview
     runs the real playbook in check mode, confirmation runs it for real, the anomaly
-    closes; screenshots of the three screens go to docs/img/ (the README shows them)."""
+    closes; on the way, d opens the link's drill-down from the store; screenshots of the
+    four screens go to docs/img/ (the README shows them)."""
     from textual.widgets import Button, DataTable, Log
 
     from tui.app import ClockmeshApp, ConfirmScreen, RemediationScreen
     from tui.data import LiveSource, load_racks
+    from tui.drill import LinkScreen
 
     lab, live = site["lab"], site["live"]
     link = lab.topology.link(LINK)
@@ -296,9 +298,6 @@ def test_the_tui_runs_a_real_remediation_and_its_undo(site: dict[str, Any]) -> N
             row = next(i for i in range(table.row_count) if str(table.get_row_at(i)[1]) == LINK)
             table.focus()
             table.move_cursor(row=row)
-            await pilot.press("enter")
-            screen = app.screen
-            assert isinstance(screen, RemediationScreen)
 
             async def until(pred, what: str, timeout: float = 120.0) -> None:
                 for _ in range(int(timeout / 0.2)):
@@ -306,6 +305,24 @@ def test_the_tui_runs_a_real_remediation_and_its_undo(site: dict[str, Any]) -> N
                     if pred():
                         return
                 raise AssertionError(f"timed out: {what}")
+
+            # d: the link's drill-down, read from the lab's store.
+            await pilot.press("d")
+            await pilot.pause(0.2)
+            drill = app.screen
+            assert isinstance(drill, LinkScreen) and drill.link == LINK
+            note = drill.query_one("#hist-label")
+            await until(lambda: "fabric link" in str(note.render()), "the link's drill-down", 30)
+            assert f"{link.a.node}:{link.a.interface}" in str(note.render())
+            stored = drill.query_one("#link-anomalies", DataTable)
+            await until(lambda: any(str(stored.get_row_at(i)[0]) == anomaly["anomaly_id"]
+                                    for i in range(stored.row_count)), "the stored anomaly", 40)  # fmt: skip
+            (img / "tui-link.svg").write_text(app.export_screenshot(title="clockmesh tui: link"))
+            await pilot.press("escape")
+            await pilot.pause(0.2)
+            await pilot.press("enter")
+            screen = app.screen
+            assert isinstance(screen, RemediationScreen)
 
             preview = screen.query_one("#preview", Button)
             await until(lambda: not preview.disabled, "the plan")

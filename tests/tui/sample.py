@@ -27,7 +27,7 @@ def sample_live(
     for n, src in enumerate(hosts):
         for k in range(1, peers + 1):
             dst = hosts[(n + k * per_rack) % len(hosts)]
-            if dst == src:
+            if dst == src or any(p["src"] == src and p["dst"] == dst for p in pairs[-peers:]):
                 continue
             true_us = 3.0 + rng.uniform(0.0, 1.0) + (jitter.uniform(-0.3, 0.3) if tick else 0.0)
             loss = 0.0
@@ -55,6 +55,17 @@ def sample_live(
                       "summary": f"{link or job}: {kind.replace('_', ' ')} #{i}",
                       "opened_ns": T0 - (60 + i) * 10**9, "last_seen_ns": T0,
                       "closed_ns": 0, "evidence": ev})  # fmt: skip
+    # Running jobs: each RoCE v1 job (first host on RoCE v1, second on v2) and one healthy.
+    jobs = [
+        {"job_id": a["job_id"], "roce_v1_hosts": 1, "gid_types": ["IB/RoCE v1", "RoCE v2"],
+         "hosts": [{"host": hosts[0], "device": "mlx5_0", "gid_index": 0,
+                    "gid_type": "IB/RoCE v1", "index_source": "set in environ"},
+                   {"host": hosts[per_rack], "device": "mlx5_0", "gid_index": 1,
+                    "gid_type": "RoCE v2", "index_source": "set in environ"}]}
+        for a in open_ if a["kind"] == "roce_v1_job"
+    ] + [{"job_id": "train-llm", "roce_v1_hosts": 0, "gid_types": ["RoCE v2"],
+          "hosts": [{"host": h, "device": "mlx5_0", "gid_index": 1, "gid_type": "RoCE v2",
+                     "index_source": "set in nccl.conf"} for h in hosts[:8]]}]  # fmt: skip
     counts = dict.fromkeys([*kinds, "unknown"], 0)
     for a in open_:
         counts[a["kind"]] += 1
@@ -91,8 +102,124 @@ def sample_live(
             "recently_closed": [],
             "model": "model trained 2026-11-25",
         },
+        "jobs": jobs,
     }
 
 
 def sample_racks(racks: int = 3, per_rack: int = 4) -> dict[str, str]:
     return {f"h{r}-{i}": f"leaf{r}" for r in range(1, racks + 1) for i in range(1, per_rack + 1)}
+
+
+def sample_topology(racks: int = 3, per_rack: int = 4) -> dict[str, Any]:
+    """The sample fleet's topology: leaf r per rack, two spines, each host's access link."""
+    hosts = sample_racks(racks, per_rack)
+    links: list[dict[str, Any]] = []
+    n = 0
+    for leaf in range(1, racks + 1):
+        for spine in (1, 2):
+            links.append({"name": f"leaf{leaf}-spine{spine}", "kind": "fabric",
+                          "a": {"node": f"leaf{leaf}", "interface": f"spine{spine}",
+                                "address": f"198.18.128.{n}"},
+                          "b": {"node": f"spine{spine}", "interface": f"leaf{leaf}",
+                                "address": f"198.18.128.{n + 1}"}})  # fmt: skip
+            n += 2
+    for h, rack in hosts.items():
+        links.append({"name": f"{h}-{rack}", "kind": "access",
+                      "a": {"node": h, "interface": "bk0", "address": ""},
+                      "b": {"node": rack, "interface": h, "address": ""}})  # fmt: skip
+    return {"hosts": [{"name": h, "rack": r} for h, r in hosts.items()], "links": links}
+
+
+def sample_store(root: Any, live: dict[str, Any]) -> None:
+    """A real store (Parquet + catalog.duckdb) with ten minutes of history behind
+    ``live`` (at T0) for the drill-downs: the slow pair h1-2 → h2-2 (one of its four ECMP
+    paths 30 µs slower, 5 % loss three minutes ago), h1-2's counters (its link went down
+    twice), the RoCE v1 job's GID configuration and in-band timestamps, the anomalies."""
+    import json
+
+    import pyarrow as pa
+
+    from analytics.store import layout
+    from analytics.store.catalog import write_catalog
+    from analytics.store.store_writer import StoreWriter
+    from collector.records import host_id
+
+    def put(table: str, rows: list[dict[str, Any]]) -> None:
+        data = pa.Table.from_pylist(rows, schema=layout.TABLES[table].schema)
+        writer.write_partitioned(table, data, f"{table}.parquet")
+
+    writer = StoreWriter(root)
+    writer.open()  # the layout and every table's empty placeholder
+    names = [h["host"] for h in live["hosts"]]
+    ids = {h: host_id(h) for h in names}
+    raw = {(p["src"], p["dst"]): p["owd_raw_p50_us"] for p in live["pairs"]}
+    minute0 = T0 // 60_000_000_000 * 60_000_000_000
+    minutes = [minute0 - k * 60_000_000_000 for k in range(10, 0, -1)]
+    put("host_names", [{"ts_ns": T0 - 3_600_000_000_000, "host_id": i, "host": h}
+                       for h, i in ids.items()])  # fmt: skip
+    job = next(j for j in live["jobs"] if j["roce_v1_hosts"])
+    a, b = (h["host"] for h in job["hosts"])
+    pm, path, owd = [], [], []
+    for m in minutes:
+        for src, dst in (("h1-2", "h2-2"), (a, b)):
+            d_ns = raw[(src, dst)] * 1e3
+            lost = 30 if (src == "h1-2" and m == minutes[-3]) else 0
+            pm.append({"minute_ns": m, "src": ids[src], "dst": ids[dst], "paths": 4, "sent": 600,
+                       "received": 600 - lost, "delay_min_ns": int(d_ns - 500),
+                       "delay_p50_ns": d_ns, "delay_p90_ns": d_ns + 1000,
+                       "delay_p99_ns": d_ns + 2000, "delay_max_ns": int(d_ns + 3000),
+                       "delay_mean_ns": d_ns})  # fmt: skip
+            for sport in (40001, 40002, 40003, 40004):
+                slow = 30_000 if (src == "h1-2" and sport == 40004) else 0
+                path.append({"minute_ns": m, "src": ids[src], "dst": ids[dst], "sport": sport,
+                             "sent": 150, "received": 150 - lost // 4,
+                             "delay_min_ns": int(d_ns + slow - 500),
+                             "delay_p50_ns": d_ns + slow, "delay_p99_ns": d_ns + slow + 2000,
+                             "delay_max_ns": int(d_ns + slow + 3000)})  # fmt: skip
+                true_ns = (42_000.0 if src == "h1-2" else 3_500.0) + slow
+                owd.append({"ts_ns": m + 1_000_000_000 + sport, "src": ids[src], "dst": ids[dst],
+                            "sport": sport, "seq": m // 1000 + sport, "owd_ns": true_ns,
+                            "uncertainty_ns": 40.0})  # fmt: skip
+    put("probe_minute", pm)
+    put("path_minute", path)
+    put("owd", owd)
+    put("path_hop", [{"ts_ns": T0 - 20_000_000_000, "src": ids["h1-2"], "dst": ids["h2-2"],
+                      "sport": sport, "ttl": 2, "hop": f"198.18.128.{1 if sport % 2 else 3}",
+                      "rtt_ns": 50_000}
+                     for sport in (40001, 40002, 40003, 40004)])  # fmt: skip
+    counters = []
+    for k, (oper, downs) in enumerate([(6, 0), (2, 1), (6, 0), (2, 1), (6, 0)]):
+        ts = T0 - (300 - 60 * k) * 1_000_000_000
+        for name, value, delta in (("operstate", oper, 0), ("carrier_down_count", 3 + k, downs),
+                                   ("rx_bytes", 10**9 + k * 10**6, 10**6 if k else 0),
+                                   ("tx_errors", 0, 0)):  # fmt: skip
+            counters.append({"ts_ns": ts, "host": ids["h1-2"], "device": "bk0", "port": 0,
+                             "source": 0, "name": name, "value": value, "delta": delta})  # fmt: skip
+    put("counter", counters)
+    put("rdma_config", [{"ts_ns": T0 - 60_000_000_000, "host": ids[h], "device": "mlx5_0",
+                         "port": 1, "gid_index": i, "gid": f"fe80::{i}",
+                         "gid_type": "IB/RoCE v1" if i == 0 else "RoCE v2", "ndev": "bk0",
+                         "default_roce_mode": ""}
+                        for h in (a, b) for i in (0, 1)])  # fmt: skip
+    put("job_rdma", [{"ts_ns": T0 - 30_000_000_000, "host": ids[h["host"]],
+                      "job_id": job["job_id"], "pid": 4242, "gid_index": h["gid_index"],
+                      "source": "environ", "device": "mlx5_0"}
+                     for h in job["hosts"]])  # fmt: skip
+    inband = []
+    for m in minutes[-3:]:
+        for seq in range(20):
+            sent = m + seq * 1_000_000_000
+            # in-band: 25 µs above the probes' raw delay (the job's traffic queues)
+            arrived = sent + int(raw[(a, b)] * 1e3) + 25_000
+            for host, event, at in ((ids[a], 0, sent), (ids[b], 1, arrived)):
+                inband.append({"ts_ns": at, "host": host, "job_id": job["job_id"], "flow_id": 7,
+                               "seq": seq + m // 1_000_000_000, "peer": ids[b] if event == 0
+                               else ids[a], "event": event, "nbytes": 4096, "event_ns": at})  # fmt: skip
+    put("inband", inband)
+    put("anomalies", [{"opened_ns": x["opened_ns"], "closed_ns": 0, "anomaly_id": x["anomaly_id"],
+                       "kind": x["kind"], "score": x["score"], "src": 0, "dst": 0,
+                       "link": x["link"], "job_id": x["job_id"],
+                       "detail": json.dumps({"summary": x["summary"], "evidence": x["evidence"]}),
+                       "updated_ns": x["opened_ns"]}
+                      for x in live["anomalies"]["open"]])  # fmt: skip
+    write_catalog(root)

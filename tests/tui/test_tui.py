@@ -12,8 +12,9 @@ import pytest
 from textual.widgets import Button, DataTable, Log, Static, TabbedContent, Tree
 
 from analytics.remediate import records
-from tests.tui.sample import T0, sample_live, sample_racks
-from tui.app import ClockmeshApp, HostScreen, RemediationScreen
+from tests.tui.sample import T0, sample_live, sample_racks, sample_store, sample_topology
+from tui.app import ClockmeshApp, RemediationScreen
+from tui.drill import HostScreen, JobScreen, LinkScreen, PairScreen
 
 NOW = T0 / 1e9
 
@@ -71,14 +72,143 @@ async def test_drill_down_shows_pairs_clock_and_says_history_needs_a_store() -> 
         await pilot.press("enter")
         await pilot.pause(0.3)
         assert isinstance(app.screen, HostScreen)
-        head = str(app.screen.query_one("#host-head", Static).render())
+        head = str(app.screen.query_one("#drill-head", Static).render())
         assert "h1-2" in head and "slow" in head and "solved" in head
         peers = app.screen.query_one("#peers", DataTable)
-        corrected = [peers.get_row_at(i)[6] for i in range(peers.row_count)]
+        corrected = [str(peers.get_row_at(i)[6]) for i in range(peers.row_count)]
         assert "42.0" in corrected  # raw minus the clock offsets: the queue, not the skew
         assert "no store" in str(app.screen.query_one("#hist-label").render())
         await pilot.press("escape")
         assert not isinstance(app.screen, HostScreen)
+
+
+async def _until(pilot: Any, check: Any, what: str, timeout: float = 10.0) -> None:
+    """Wait for a worker's result to reach the screen."""
+    for _ in range(int(timeout / 0.05)):
+        if check():
+            return
+        await pilot.pause(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _rows(table: DataTable) -> list[list[str]]:
+    return [[str(c) for c in table.get_row_at(i)] for i in range(table.row_count)]
+
+
+async def test_drill_downs_host_pair_link_and_job_read_the_store(tmp_path: Path) -> None:
+    live = sample_live(anomalies=3)
+    store = tmp_path / "store"
+    store.mkdir()
+    sample_store(store, live)
+    topo = tmp_path / "topology.json"
+    topo.write_text(json.dumps(sample_topology()))
+    app = _app(Feed(live), store=store, topology=topo)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await pilot.pause(0.3)
+        assert "jobs: 2 running, 1 on RoCE v1" in _text(app, "#summary")
+        # Host: its delay history, its counters (link state first, what moved, not the rest).
+        app.push_screen(HostScreen("h1-2"))
+        await pilot.pause(0.1)
+        host = app.screen
+        note = host.query_one("#hist-label")
+        await _until(pilot, lambda: "loss" in str(note.render()), "the host's history")
+        assert "worst minute's loss 5.00 % (4 min ago)" in str(note.render())
+        counters = _rows(host.query_one("#counters", DataTable))
+        assert [r[1] for r in counters] == ["carrier_down_count", "operstate", "rx_bytes"]
+        assert counters[0][3] == "+2"  # two link downs in the last 10 minutes
+        # Enter on a peer: that direction's ECMP paths, the slow one and where it went.
+        peers = host.query_one("#peers", DataTable)
+        peers.focus()
+        row = next(i for i, r in enumerate(_rows(peers)) if r[1] == "h2-2" and "to" in r[0])
+        peers.move_cursor(row=row)
+        await pilot.press("enter")
+        await pilot.pause(0.1)
+        assert isinstance(app.screen, PairScreen)
+        pair = app.screen
+        paths = pair.query_one("#paths", DataTable)
+        await _until(pilot, lambda: paths.row_count == 4, "the pair's paths")
+        rows = _rows(paths)
+        assert [r[1] for r in rows] == ["leaf1-spine1", "leaf1-spine2"] * 2
+        assert float(rows[3][4]) - float(rows[0][4]) == pytest.approx(30.0)  # 40004: +30 µs
+        assert "4 paths, p50 spread 30.0 µs" in str(pair.query_one("#hist-label").render())
+        assert "h1-2 → h2-2" in str(pair.query_one("#drill-head", Static).render())
+        await pilot.press("x")  # the other direction: nothing stored for it
+        await _until(pilot, lambda: "h2-2 → h1-2" in str(pair.query_one("#drill-head").render()),
+                     "the other direction")  # fmt: skip
+        await _until(pilot, lambda: paths.row_count == 0
+                     and "no per-path minutes" in str(pair.query_one("#hist-label").render()),
+                     "an empty direction said so")  # fmt: skip
+        await pilot.press("escape", "escape")
+        # Anomalies → d on the flapping link: the link, its stored anomaly, paths crossing it.
+        await pilot.press("a")
+        await pilot.pause(0.2)
+        table = app.query_one("#anomaly-table", DataTable)
+        table.focus()
+        table.move_cursor(
+            row=next(i for i, r in enumerate(_rows(table)) if r[0] == "flapping_link")
+        )
+        await pilot.press("d")
+        await pilot.pause(0.1)
+        assert isinstance(app.screen, LinkScreen) and app.screen.link == "leaf1-spine1"
+        link = app.screen
+        anomalies = link.query_one("#link-anomalies", DataTable)
+        await _until(pilot, lambda: anomalies.row_count == 1, "the link's anomalies")
+        assert "1.6, 2.4, 4.2" in _rows(anomalies)[0][4]
+        note = str(link.query_one("#hist-label").render())
+        assert "fabric link leaf1:spine1 — spine1:leaf1" in note
+        assert "2 traced 5-tuple(s) crossed it in the last minute" in note
+        assert "open: flapping" in str(link.query_one("#drill-head").render())
+        await pilot.press("escape")
+        # An access link: the host's interface counters and its outages.
+        app.push_screen(LinkScreen("h1-2-leaf1"))
+        await pilot.pause(0.1)
+        link = app.screen
+        await _until(pilot, lambda: "outage" in str(link.query_one("#hist-label").render()),
+                     "the access link")  # fmt: skip
+        assert "access link h1-2:bk0 — leaf1:h1-2" in str(link.query_one("#hist-label").render())
+        assert "2 outage(s) in the last hour: 60.0 s, 60.0 s" in str(
+            link.query_one("#hist-label").render())  # fmt: skip
+        assert link.query_one("#link-counters", DataTable).row_count == 3
+        await pilot.press("escape")
+        # Jobs: the RoCE v1 job first; enter: its hosts' GID types and its flows' delay.
+        await pilot.press("j")
+        await pilot.pause(0.2)
+        jobs = app.query_one("#jobs-table", DataTable)
+        assert _rows(jobs)[0][:4] == ["job2", "2", "IB/RoCE v1, RoCE v2", "1"]
+        assert _rows(jobs)[0][4] == "roce_v1_job" and _rows(jobs)[1][0] == "train-llm"
+        jobs.focus()
+        await pilot.press("enter")
+        await pilot.pause(0.1)
+        assert isinstance(app.screen, JobScreen)
+        job = app.screen
+        flows = job.query_one("#job-flows", DataTable)
+        await _until(pilot, lambda: flows.row_count == 1, "the job's flows")
+        src, dst, messages, _, _, excess = _rows(flows)[0]
+        assert (src, dst, messages, excess) == ("h1-1", "h2-1", "60", "25.0")
+        hosts = _rows(job.query_one("#job-hosts", DataTable))
+        assert [h[3] for h in hosts] == ["IB/RoCE v1", "RoCE v2"]
+        assert "1 host(s) on RoCE v1" in str(job.query_one("#drill-head").render())
+
+
+async def test_drill_down_with_an_empty_store_says_so(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    from analytics.store.catalog import write_catalog
+    from analytics.store.store_writer import StoreWriter
+
+    StoreWriter(store).open()
+    write_catalog(store)
+    app = _app(store=store)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause(0.3)
+        for screen, says in ((HostScreen("h1-2"), "no one-way delay for this host"),
+                             (PairScreen("h1-2", "h2-2"), "no per-path minutes"),
+                             (JobScreen("job2"), "no in-band timestamps")):  # fmt: skip
+            app.push_screen(screen)
+            await pilot.pause(0.1)
+            await _until(pilot, lambda s=screen, w=says: w in str(s.query_one("#hist-label").render()),
+                         f"{type(screen).__name__} on an empty store")  # fmt: skip
+            await pilot.press("escape")
 
 
 async def test_daemon_stopping_mid_session_keeps_the_picture_under_a_banner() -> None:
@@ -247,7 +377,7 @@ async def test_audit_tree_and_help_and_theme(tmp_path: Path) -> None:
         assert app.theme != dark
 
 
-@pytest.mark.parametrize("tab", ["fleet", "anomalies"])
+@pytest.mark.parametrize("tab", ["fleet", "anomalies", "jobs"])
 def test_snapshot_main_screens(snap_compare, tab: str) -> None:
     async def go(pilot) -> None:
         await pilot.pause(0.3)
@@ -266,3 +396,22 @@ def test_snapshot_80x24_stale(snap_compare) -> None:
         await pilot.pause(0.5)
 
     assert snap_compare(_app(feed), terminal_size=(80, 24), run_before=go)
+
+
+def test_snapshot_pair_drill_down(snap_compare, tmp_path: Path) -> None:
+    live = sample_live(anomalies=3)
+    store = tmp_path / "store"
+    store.mkdir()
+    sample_store(store, live)
+    topo = tmp_path / "topology.json"
+    topo.write_text(json.dumps(sample_topology()))
+
+    async def go(pilot) -> None:
+        await pilot.pause(0.3)
+        pilot.app.push_screen(PairScreen("h1-2", "h2-2"))
+        await pilot.pause(0.1)
+        paths = pilot.app.screen.query_one("#paths", DataTable)
+        await _until(pilot, lambda: paths.row_count == 4, "the pair's paths")
+
+    app = _app(Feed(live), store=store, topology=topo)
+    assert snap_compare(app, terminal_size=(100, 30), run_before=go)
