@@ -52,7 +52,7 @@ class FleetPane(Vertical):
     """NICs grouped by rack (an ECMP group), coloured by worst corrected OWD and loss."""
 
     def compose(self) -> ComposeResult:
-        yield Input(placeholder="filter: name, address, rack or state (ok/slow/loss/silent)",
+        yield Input(placeholder="filter: name, address, rack, tag or state (ok/slow/loss/silent)",
                     id="filter")  # fmt: skip
         with VerticalScroll(id="tiles-box"):
             yield Static(id="tiles")
@@ -68,6 +68,11 @@ class FleetPane(Vertical):
 
     _tiles_key: tuple[Any, ...] = ()
 
+    def _words(self) -> dict[str, str]:
+        app = self.app
+        assert isinstance(app, ClockmeshApp)
+        return app.search_words
+
     def show(self, f: Fleet, query: str) -> None:
         # The tile map changes when a NIC changes state, not every second: rebuilding it
         # (and the layout it triggers) only then keeps a refresh within its budget.
@@ -80,7 +85,7 @@ class FleetPane(Vertical):
     def _show_tiles(self, f: Fleet, query: str) -> None:
         text = Text()
         for rack in sorted(f.racks):
-            tiles = [t for t in f.racks[rack] if matches(t, query)]
+            tiles = [t for t in f.racks[rack] if matches(t, query, self._words())]
             if not tiles:
                 continue
             bad = sum(1 for t in tiles if t.state != GREEN)
@@ -94,7 +99,7 @@ class FleetPane(Vertical):
 
     def _show_table(self, f: Fleet, query: str) -> None:
         table = self.query_one("#hosts", DataTable)
-        rows = [t for t in f.tiles if matches(t, query)]
+        rows = [t for t in f.tiles if matches(t, query, self._words())]
         rows.sort(key=lambda t: (t.state == GREEN, t.rack, t.host))
         more = len(rows) - TABLE_ROWS
         rows = rows[:TABLE_ROWS]  # problems first; the filter narrows the rest
@@ -409,10 +414,12 @@ class ClockmeshApp(App[None]):
         refresh_s: float = 1.0,
         thresholds: Thresholds | None = None,
         now: Callable[[], float] = time.time,
+        search_words: dict[str, str] | None = None,
     ) -> None:
         super().__init__()
         self.source = source
         self.racks = racks or {}
+        self.search_words = search_words or {}  # host -> addresses and tags, for the filter
         self.store = store
         self.inventory = inventory
         self.topology = topology

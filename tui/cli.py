@@ -37,15 +37,16 @@ def tui(url: str, store: Path, topology: Path, inventory: Path | None, refresh_s
     direction · esc back · ? help · t light/dark · ctrl+p command palette · q quit.
     """
     from tui.app import ClockmeshApp
-    from tui.data import LiveSource, Thresholds, load_racks
+    from tui.data import LiveSource, Thresholds, load_racks, load_search_words
 
     topo = topology if topology.is_file() else None
     try:
         racks = load_racks(topo)
+        words = load_search_words(topo)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     ClockmeshApp(
-        LiveSource(url), racks=racks, store=store if store.is_dir() else None,
+        LiveSource(url), racks=racks, search_words=words, store=store if store.is_dir() else None,
         inventory=inventory, topology=topo, refresh_s=refresh_s,
         thresholds=Thresholds(amber_us=amber_us, red_loss=red_loss, silent_s=silent_s),
     ).run()  # fmt: skip

@@ -139,7 +139,27 @@ def fleet(live: dict[str, Any], racks: dict[str, str], th: Thresholds | None = N
     return out
 
 
-def matches(tile: Tile, query: str, addresses: dict[str, str] | None = None) -> bool:
-    """Filter: every word must appear in the host name, its rack, its address or state."""
-    hay = f"{tile.host} {tile.rack} {tile.state} {(addresses or {}).get(tile.host, '')}".lower()
+def load_search_words(topology: Path | None) -> dict[str, str]:
+    """host -> what else the filter finds it by: its backend and management addresses and
+    its ``tags`` (a list of strings a topology file may give a host: "a100", "pod3")."""
+    if topology is None:
+        return {}
+    try:
+        doc = json.loads(Path(topology).read_text(encoding="utf-8"))
+        out = {}
+        for h in doc["hosts"]:
+            tags = h.get("tags") or []
+            if not isinstance(tags, list):
+                raise TypeError(f"host {h['name']}: tags must be a list of strings")
+            words = [h.get("backend_address"), h.get("mgmt_address"), *map(str, tags)]
+            out[h["name"]] = " ".join(str(w) for w in words if w)
+        return out
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{topology}: not a clockmesh topology file ({exc})") from None
+
+
+def matches(tile: Tile, query: str, words: dict[str, str] | None = None) -> bool:
+    """Filter: every word of the query must appear in the host's name, rack, state,
+    addresses or tags (``words``: :func:`load_search_words`)."""
+    hay = f"{tile.host} {tile.rack} {tile.state} {(words or {}).get(tile.host, '')}".lower()
     return all(word in hay for word in query.lower().split())

@@ -62,6 +62,30 @@ async def test_fleet_screen_groups_by_rack_and_filters() -> None:
         assert {str(table.get_row_at(i)[1]) for i in range(table.row_count)} == {"h1-3", "h2-3"}
 
 
+async def test_filter_finds_hosts_by_address_and_tag(tmp_path: Path) -> None:
+    from tui.data import load_search_words
+
+    topo = sample_topology()
+    for h in topo["hosts"]:
+        h["backend_address"] = f"198.18.{h['rack'][-1]}.{h['name'][-1]}"
+    topo["hosts"][1]["tags"] = ["a100", "pod3"]
+    path = tmp_path / "topology.json"
+    path.write_text(json.dumps(topo))
+    app = _app(search_words=load_search_words(path))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause(0.3)
+        table = app.query_one("#hosts", DataTable)
+        for query, hosts in (("198.18.2.", {"h2-1", "h2-2", "h2-3", "h2-4"}),
+                             ("pod3", {"h1-2"}), ("a100 slow", {"h1-2"}), ("a100 loss", set())):  # fmt: skip
+            app.query_one("#filter").value = query
+            await pilot.pause(0.1)
+            assert {str(table.get_row_at(i)[1]) for i in range(table.row_count)} == hosts, query
+    topo["hosts"][0]["tags"] = "a100"
+    path.write_text(json.dumps(topo))
+    with pytest.raises(ValueError, match="tags must be a list of strings"):
+        load_search_words(path)
+
+
 async def test_drill_down_shows_pairs_clock_and_says_history_needs_a_store() -> None:
     app = _app()
     async with app.run_test(size=(120, 40)) as pilot:
