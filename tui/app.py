@@ -131,11 +131,14 @@ class AnomaliesPane(Vertical):
     def on_mount(self) -> None:
         t = self.query_one(DataTable)
         for label, width in (("class", 13), ("where", 24), ("since", 7), ("outages s", 16),
-                             ("score", 5), ("probability", 11), ("summary", 80)):  # fmt: skip
+                             ("score", 5), ("probability", 11), ("remediation", 30),
+                             ("summary", 80)):  # fmt: skip
             t.add_column(label, width=width)
         self.sort_column = 0
 
     def show(self, f: Fleet, now_s: float) -> None:
+        app = self.app
+        assert isinstance(app, ClockmeshApp)
         rows = []
         for a in f.anomalies:
             ev = a.get("evidence") or {}
@@ -146,7 +149,7 @@ class AnomaliesPane(Vertical):
                 a.get("kind", ""), a.get("link") or a.get("job_id") or "", f"{since:.0f} s",
                 ", ".join(f"{o:.1f}" if o is not None else "?" for o in outages[-5:]) or "—",
                 f"{a.get('score', 0):.2f}", "—" if prob is None else f"{prob:.2f}",
-                a.get("summary", ""),
+                app.recommended(a), a.get("summary", ""),
             )))  # fmt: skip
         fill(self.query_one(DataTable), rows)
 
@@ -420,6 +423,13 @@ class ClockmeshApp(App[None]):
         self.source = source
         self.racks = racks or {}
         self.search_words = search_words or {}  # host -> addresses and tags, for the filter
+        self.topology_doc: dict[str, Any] | None = None
+        self._recommended: dict[tuple[str, str, str], str] = {}
+        if topology is not None:
+            from analytics.remediate.plan import Refused, read_topology
+
+            with contextlib.suppress(Refused):  # `clockmesh tui` checked it already
+                self.topology_doc = read_topology(topology)
         self.store = store
         self.inventory = inventory
         self.topology = topology
@@ -570,6 +580,20 @@ class ClockmeshApp(App[None]):
 
     def action_toggle_theme(self) -> None:
         self.theme = "textual-light" if self.theme == "textual-dark" else "textual-dark"
+
+    def recommended(self, anomaly: dict[str, Any]) -> str:
+        """The remediation an anomaly calls for, in a few words (``plan.recommended``)."""
+        from analytics.remediate.plan import recommended
+
+        key = (str(anomaly.get("kind", "")), str(anomaly.get("link") or ""),
+               str(anomaly.get("job_id") or ""))  # fmt: skip
+        if key not in self._recommended:  # a topology lookup per anomaly, once
+            if key[0] == "flapping_link" and self.topology_doc is None:
+                self._recommended[key] = "needs --topology"
+            else:
+                action, target = recommended(self.topology_doc, *key)
+                self._recommended[key] = f"{action} {target}".strip() or "none for this class"
+        return self._recommended[key]
 
     def plan_text(self, anomaly_id: str) -> tuple[str, bool]:
         """The remediation plan in words (same preflight as the playbook), or the refusal."""

@@ -173,17 +173,15 @@ def plan(
         closed_by = a.detail.get("closed_by", "")
         if a.closed_ns and not closed_by:
             raise Refused(f"anomaly {anomaly_id} is closed (its condition cleared): nothing to do")
-        host = _access_link(topology, a.link) if a.kind == "flapping_link" else ""
-        if host:
-            return _host_drain(topology, a.anomaly_id, host, a.detail.get("summary", ""),
+        action, target = recommended(topology, a.kind, a.link, a.job_id)
+        if action == "host_drain":
+            return _host_drain(topology, a.anomaly_id, target, a.detail.get("summary", ""),
                                caps, in_force)  # fmt: skip
-        if a.kind == "flapping_link":
-            action, target = "fabric_link_out", a.link
-        elif a.kind == "roce_v1_job":
+        if action == "roce_v2_gid":
             return _roce_v2_gid(topology, a, caps, in_force)
-        elif a.kind == "contention":
+        if action == "spread_flows":
             return _spread_flows(topology, a, caps, in_force)
-        else:
+        if not action:
             raise Refused(f"anomaly {anomaly_id} ({a.kind}): no remediation for this class")
     if action == "host_drain":
         return _host_drain(topology, anomaly_id, target,
@@ -194,6 +192,24 @@ def plan(
             "with a target (roce_v2_gid needs its anomaly: -e anomaly_id=...)"
         )
     return _fabric_link_out(topology, anomaly_id, target, caps, in_force)
+
+
+def recommended(topology: dict[str, Any] | None, kind: str, link: str,
+                job_id: str = "") -> tuple[str, str]:  # fmt: skip
+    """The remediation an anomaly calls for, as (action, target); ("", "") for none.
+
+    A flapping host access link drains its host; a flapping leaf–spine link goes out of
+    service; a job on RoCE v1 moves to a RoCE v2 GID; contention spreads the jobs' flows.
+    Without a topology a flapping link cannot be told to be a host's: "" target, the
+    action the fabric's."""
+    if kind == "flapping_link":
+        host = _access_link(topology, link) if topology else ""
+        return ("host_drain", host) if host else ("fabric_link_out", link)
+    if kind == "roce_v1_job":
+        return "roce_v2_gid", job_id
+    if kind == "contention":
+        return "spread_flows", link
+    return "", ""
 
 
 def _access_link(topology: dict[str, Any], link: str) -> str:

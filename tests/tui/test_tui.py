@@ -315,6 +315,8 @@ async def test_anomaly_list_and_remediation_preview_needs_inventory(tmp_path: Pa
         assert table.row_count == 2
         row = [str(c) for c in table.get_row_at(0)]
         assert row[0] == "flapping_link" and row[3] == "1.6, 2.4, 4.2" and row[5] == "0.97"
+        assert row[6] == "fabric_link_out leaf1-spine1"  # the recommended remediation
+        assert str(table.get_row_at(1)[6]) == "spread_flows leaf2-spine2"
         table.focus()
         await pilot.press("enter")
         await pilot.pause(0.5)
@@ -326,6 +328,23 @@ async def test_anomaly_list_and_remediation_preview_needs_inventory(tmp_path: Pa
         assert screen.query_one("#run", Button).disabled
         await pilot.press("escape")
         assert not isinstance(app.screen, RemediationScreen)
+
+
+async def test_each_anomaly_says_its_remediation(tmp_path: Path) -> None:
+    live = sample_live(anomalies=3)
+    live["anomalies"]["open"][0]["link"] = "h1-2-leaf1"  # a host's access link flaps
+    topo = tmp_path / "topology.json"
+    topo.write_text(json.dumps(sample_topology()))
+    for topology, flap in ((topo, "host_drain h1-2"), (None, "needs --topology")):
+        app = _app(Feed(live), topology=topology)
+        async with app.run_test(size=(160, 40)) as pilot:
+            await pilot.pause(0.3)
+            await pilot.press("a")
+            await pilot.pause(0.1)
+            rows = _rows(app.query_one("#anomaly-table", DataTable))
+            assert {r[0]: r[6] for r in rows} == {"flapping_link": flap,
+                                                  "contention": "spread_flows leaf2-spine2",
+                                                  "roce_v1_job": "roce_v2_gid job2"}  # fmt: skip
 
 
 async def test_remediation_past_the_cap_is_refused_with_nothing_to_run(tmp_path: Path) -> None:
