@@ -14,17 +14,17 @@ import gc
 import json
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, ClassVar
 
 from rich.text import Text
 from textual import on, work
-from textual.app import App, ComposeResult
+from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.css.query import NoMatches
-from textual.screen import ModalScreen
+from textual.screen import ModalScreen, Screen
 from textual.widgets import (
     Button,
     DataTable,
@@ -564,6 +564,17 @@ class ClockmeshApp(App[None]):
     @on(DataTable.RowSelected, "#anomaly-table")
     def anomaly_selected(self, event: DataTable.RowSelected) -> None:
         self.anomalies_pane.action_remediate()
+
+    def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
+        """The command palette (ctrl+p): Textual's commands and every screen of ours."""
+        yield from super().get_system_commands(screen)
+        for tab, help_ in (("fleet", "NICs by rack, coloured by delay and loss"),
+                           ("anomalies", "open anomalies and their remediation"),
+                           ("jobs", "running jobs and their GID types"),
+                           ("audit", "the latest fleet audit")):  # fmt: skip
+            yield SystemCommand(tab.capitalize(), help_, lambda t=tab: self.action_show_tab(t))
+        yield SystemCommand("Filter", "find hosts by name, rack, state, address or tag",
+                            self.action_focus_filter)  # fmt: skip
 
     def action_show_tab(self, tab: str) -> None:
         self.query_one(TabbedContent).active = tab

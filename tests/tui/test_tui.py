@@ -418,6 +418,14 @@ async def test_audit_tree_and_help_and_theme(tmp_path: Path) -> None:
         dark = app.theme
         await pilot.press("t")
         assert app.theme != dark
+        # The command palette reaches every tab: ctrl+p, type, enter.
+        await pilot.press("ctrl+p")
+        await pilot.pause(0.2)
+        await pilot.press(*"Jobs")
+        await pilot.pause(0.5)
+        await pilot.press("enter")
+        await pilot.pause(0.2)
+        assert app.query_one(TabbedContent).active == "jobs"
 
 
 @pytest.mark.parametrize("tab", ["fleet", "anomalies", "jobs"])
