@@ -41,11 +41,10 @@ from textual.widgets import (
 
 from tui.data import GREEN, Fleet, LiveSource, Thresholds, fleet, matches
 from tui.drill import HostScreen, JobScreen, for_anomaly
-from tui.widgets import GLYPH, STYLE, fill, us
+from tui.widgets import GLYPH, STYLE, RowList, fill, us
 
-# Rows of the hosts table: the NICs needing attention first, the rest behind the filter.
-# (Textual's DataTable measures every cell of every new row: 1,024 rows cost ~180 ms.)
-TABLE_ROWS = 100
+HOST_COLUMNS = [("rack", 10), ("host", 20), ("state", 6), ("worst OWD µs", 12), ("loss", 7),
+                ("worst peer", 20), ("clock σ ns", 10), ("last batch", 10)]  # fmt: skip
 
 
 class FleetPane(Vertical):
@@ -56,15 +55,7 @@ class FleetPane(Vertical):
                     id="filter")  # fmt: skip
         with VerticalScroll(id="tiles-box"):
             yield Static(id="tiles")
-        yield DataTable(id="hosts", cursor_type="row", zebra_stripes=True)
-        yield Label("", id="more")
-
-    def on_mount(self) -> None:
-        t = self.query_one("#hosts", DataTable)
-        for label, width in (("rack", 10), ("host", 20), ("state", 6), ("worst OWD µs", 12),
-                             ("loss", 7), ("worst peer", 20), ("clock σ ns", 10),
-                             ("last batch", 10)):  # fmt: skip
-            t.add_column(label, width=width)
+        yield RowList(HOST_COLUMNS, id="hosts")
 
     _tiles_key: tuple[Any, ...] = ()
 
@@ -98,17 +89,10 @@ class FleetPane(Vertical):
         self.query_one("#tiles", Static).update(text or Text("no host matches the filter"))
 
     def _show_table(self, f: Fleet, query: str) -> None:
-        table = self.query_one("#hosts", DataTable)
-        rows = [t for t in f.tiles if matches(t, query, self._words())]
-        rows.sort(key=lambda t: (t.state == GREEN, t.rack, t.host))
-        more = len(rows) - TABLE_ROWS
-        rows = rows[:TABLE_ROWS]  # problems first; the filter narrows the rest
-        note = f"{more} more NIC(s) not listed: type in the filter to narrow" if more > 0 else ""
-        label = self.query_one("#more", Label)
-        if str(label.render()) != note:
-            label.update(note)
-        fill(table, [
-            (t.host, (t.rack, t.host, Text(t.state, style=STYLE[t.state]), us(t.worst_owd_us),
+        rows = [t for t in f.tiles if matches(t, query, self._words())] if query else f.tiles[:]
+        rows.sort(key=lambda t: (t.state == GREEN, t.rack, t.host))  # problems first
+        self.query_one("#hosts", RowList).set_rows([
+            (t.host, (t.rack, t.host, (t.state, STYLE[t.state]), us(t.worst_owd_us),
                       f"{t.worst_loss:.2%}", t.worst_peer,
                       "—" if t.uncertainty_ns is None else f"{t.uncertainty_ns:.0f}",
                       f"{t.age_s:.0f} s"))
@@ -551,10 +535,9 @@ class ClockmeshApp(App[None]):
         self.query_text = event.value
         self.fleet_pane.show(self.fleet, self.query_text)
 
-    @on(DataTable.RowSelected, "#hosts")
-    def host_selected(self, event: DataTable.RowSelected) -> None:
-        host = event.data_table.get_row_at(event.cursor_row)[1]
-        self.push_screen(HostScreen(str(host)))
+    @on(RowList.Selected, "#hosts")
+    def host_selected(self, event: RowList.Selected) -> None:
+        self.push_screen(HostScreen(event.key))
 
     @on(DataTable.RowSelected, "#jobs-table")
     def job_selected(self, event: DataTable.RowSelected) -> None:

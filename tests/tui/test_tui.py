@@ -15,6 +15,7 @@ from analytics.remediate import records
 from tests.tui.sample import T0, sample_live, sample_racks, sample_store, sample_topology
 from tui.app import ClockmeshApp, RemediationScreen
 from tui.drill import HostScreen, JobScreen, LinkScreen, PairScreen
+from tui.widgets import RowList
 
 NOW = T0 / 1e9
 
@@ -50,7 +51,7 @@ async def test_fleet_screen_groups_by_rack_and_filters() -> None:
         assert "contention 1, flapping_link 1" in summary and "12/12 solved" in summary
         tiles = _text(app, "#tiles")
         assert tiles.splitlines()[0].startswith("leaf1") and "▲ h1-2" in tiles
-        table = app.query_one("#hosts", DataTable)
+        table = app.query_one("#hosts", RowList)
         assert table.row_count == 12
         assert str(table.get_row_at(0)[2]) != "ok"  # problems first
         await pilot.press("slash")
@@ -74,7 +75,7 @@ async def test_filter_finds_hosts_by_address_and_tag(tmp_path: Path) -> None:
     app = _app(search_words=load_search_words(path))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause(0.3)
-        table = app.query_one("#hosts", DataTable)
+        table = app.query_one("#hosts", RowList)
         for query, hosts in (("198.18.2.", {"h2-1", "h2-2", "h2-3", "h2-4"}),
                              ("pod3", {"h1-2"}), ("a100 slow", {"h1-2"}), ("a100 loss", set())):  # fmt: skip
             app.query_one("#filter").value = query
@@ -92,7 +93,7 @@ async def test_drill_down_shows_pairs_clock_and_says_history_needs_a_store() -> 
         await pilot.pause(0.3)
         app.query_one("#filter").value = "h1-2"
         await pilot.pause(0.1)
-        app.query_one("#hosts", DataTable).focus()
+        app.query_one("#hosts", RowList).focus()
         await pilot.press("enter")
         await pilot.pause(0.3)
         assert isinstance(app.screen, HostScreen)
@@ -246,7 +247,7 @@ async def test_daemon_stopping_mid_session_keeps_the_picture_under_a_banner() ->
         banner = _text(app, "#banner")
         assert app.query_one("#banner").display and "STALE since" in banner
         assert "Connection refused" in banner and "showing the last picture" in banner
-        assert app.query_one("#hosts", DataTable).row_count == 12
+        assert app.query_one("#hosts", RowList).row_count == 12
         feed.down = False
         await pilot.pause(0.5)
         assert not app.query_one("#banner").display  # reconnected by itself
@@ -466,3 +467,36 @@ def test_snapshot_pair_drill_down(snap_compare, tmp_path: Path) -> None:
 
     app = _app(Feed(live), store=store, topology=topo)
     assert snap_compare(app, terminal_size=(100, 30), run_before=go)
+
+
+async def test_host_list_keeps_the_cursor_on_its_host_and_selects_by_key_or_click() -> None:
+    from textual.app import App, ComposeResult
+
+    chosen: list[str] = []
+
+    class One(App[None]):
+        def compose(self) -> ComposeResult:
+            yield RowList([("host", 8), ("state", 6)], id="l")
+
+        def on_row_list_selected(self, event: RowList.Selected) -> None:
+            chosen.append(event.key)
+
+    app = One()
+    async with app.run_test(size=(40, 8)) as pilot:
+        rows = app.query_one(RowList)
+        rows.set_rows([(f"h{i}", (f"h{i}", ("ok", "green"))) for i in range(20)])
+        rows.focus()
+        await pilot.press("down", "down", "enter")
+        assert chosen == ["h2"]
+        # The fleet reorders (h2 went bad and moved first): the cursor stays on h2.
+        rows.set_rows([("h2", ("h2", ("loss", "red")))]
+                      + [(f"h{i}", (f"h{i}", ("ok", "green"))) for i in range(20) if i != 2])  # fmt: skip
+        await pilot.press("enter")
+        assert chosen[-1] == "h2" and rows.get_row_at(0) == ("h2", "loss")
+        await pilot.press("end", "enter")  # the last row is scrolled into view
+        assert chosen[-1] == "h19" and rows.scroll_offset.y > 0
+        await pilot.press("home")
+        await pilot.click(RowList, offset=(2, 3))  # header, h2, h0, h1: the third row
+        assert chosen[-1] == "h1"
+        lines = "\n".join(strip.text for strip in (rows.render_line(y) for y in range(4)))
+        assert lines.split("\n")[0].split() == ["host", "state"] and "h2" in lines.split("\n")[1]
