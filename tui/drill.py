@@ -267,7 +267,7 @@ class LinkScreen(DrillScreen):
     against the others', and how many 5-tuples cross it now."""
 
     TABLES = (
-        ("link-anomalies", (("anomaly", 18), ("class", 13), ("opened", 9), ("closed", 9),
+        ("link-anomalies", (("anomaly", 20), ("class", 13), ("opened", 9), ("closed", 9),
                             ("outages s", 18), ("summary", 80))),
         ("link-counters", (("device", 10), ("counter", 28), ("value", 16), ("Δ 1 h", 10),
                            ("sampled", 8))),
@@ -391,7 +391,7 @@ class JobScreen(DrillScreen):
         self.stored_hosts = view.hosts
         self.render_now()
         self.query_one(Chart).show(f"job {self.job}: its messages' one-way delay above the "
-                                   "probes' between the same hosts", view.delay)  # fmt: skip
+                                   "probes' between the same hosts", view.delay, minutes=30)  # fmt: skip
         fill(self.query_one("#job-flows", DataTable), [
             (f"{s}>{d}", (str(s), str(d), str(n), us(inb), us(probe), us(excess)))
             for s, d, n, inb, probe, excess in view.flows

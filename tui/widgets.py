@@ -57,7 +57,9 @@ class Chart(PlotextPlot):
     for a series in other units or at another scale (raw delay carries clock offsets)."""
 
     def show(self, title: str, left: list[Series], right: list[Series] | None = None,
-             ylabel: str = "µs", yright: str = "") -> None:  # fmt: skip
+             ylabel: str = "µs", yright: str = "", minutes: float = 60) -> None:  # fmt: skip
+        """Draw the series over the last ``minutes`` (the x axis spans all of it, so one
+        minute of data sits where it belongs instead of stretching the axis)."""
         plt = self.plt
         plt.clear_data()
         plt.clear_figure()
@@ -65,9 +67,10 @@ class Chart(PlotextPlot):
         for side, series in (("left", left), ("right", right or [])):
             for s in series:
                 if s.x:
-                    plt.plot(s.x, s.y, label=s.label, yside=side, marker="braille")
+                    plt.plot(s.x, s.y, label=s.label, yside=side, marker="hd")
                     drawn += 1
         plt.title(title if drawn else f"{title}: no data in the store for this window yet")
+        plt.xlim(-minutes, 0)
         plt.xlabel("minutes ago")
         plt.ylabel(ylabel, yside="left")  # type: ignore[call-arg]  # plotext has it; its stub not
         if right:
