@@ -525,11 +525,21 @@ class ClockmeshApp(App[None]):
             self.fleet_pane.show(f, self.query_text)
 
     @on(TabbedContent.TabActivated)
-    def tab_shown(self) -> None:
+    def tab_shown(self, event: TabbedContent.TabActivated) -> None:
         with contextlib.suppress(NoMatches):
             self.render_all()
+            # The keys of a tab (enter, d, s) act on its list: give it the focus, so `a`
+            # then enter remediates without a click first.
+            main = {"fleet": "#hosts", "anomalies": "#anomaly-table", "jobs": "#jobs-table",
+                    "audit": "#audit-tree"}.get(event.pane.id or "")  # fmt: skip
+            if main is not None:
+                self.query_one(main).focus()
 
     # ---- actions ---------------------------------------------------------------------
+    @on(Input.Submitted, "#filter")
+    def filter_done(self) -> None:
+        self.query_one("#hosts").focus()
+
     @on(Input.Changed, "#filter")
     def filter_changed(self, event: Input.Changed) -> None:
         self.query_text = event.value

@@ -91,9 +91,9 @@ async def test_drill_down_shows_pairs_clock_and_says_history_needs_a_store() -> 
     app = _app()
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause(0.3)
-        app.query_one("#filter").value = "h1-2"
+        await pilot.press("slash", *"h1-2", "enter")  # enter in the filter: on to the list
         await pilot.pause(0.1)
-        app.query_one("#hosts", RowList).focus()
+        assert app.query_one("#hosts", RowList).row_count == 1
         await pilot.press("enter")
         await pilot.pause(0.3)
         assert isinstance(app.screen, HostScreen)
@@ -168,7 +168,6 @@ async def test_drill_downs_host_pair_link_and_job_read_the_store(tmp_path: Path)
         await pilot.press("a")
         await pilot.pause(0.2)
         table = app.query_one("#anomaly-table", DataTable)
-        table.focus()
         table.move_cursor(
             row=next(i for i, r in enumerate(_rows(table)) if r[0] == "flapping_link")
         )
@@ -201,7 +200,6 @@ async def test_drill_downs_host_pair_link_and_job_read_the_store(tmp_path: Path)
         jobs = app.query_one("#jobs-table", DataTable)
         assert _rows(jobs)[0][:4] == ["job2", "2", "IB/RoCE v1, RoCE v2", "1"]
         assert _rows(jobs)[0][4] == "roce_v1_job" and _rows(jobs)[1][0] == "train-llm"
-        jobs.focus()
         await pilot.press("enter")
         await pilot.pause(0.1)
         assert isinstance(app.screen, JobScreen)
@@ -271,7 +269,6 @@ async def _open_first_anomaly(app: ClockmeshApp, pilot: Any) -> None:
     """Anomalies tab, first row, enter: the remediation dialog, planned."""
     await pilot.pause(0.3)
     await pilot.press("a")
-    app.query_one("#anomaly-table", DataTable).focus()
     await pilot.press("enter")
     await pilot.pause(0.5)
 
@@ -318,7 +315,7 @@ async def test_anomaly_list_and_remediation_preview_needs_inventory(tmp_path: Pa
         assert row[0] == "flapping_link" and row[3] == "1.6, 2.4, 4.2" and row[5] == "0.97"
         assert row[6] == "fabric_link_out leaf1-spine1"  # the recommended remediation
         assert str(table.get_row_at(1)[6]) == "spread_flows leaf2-spine2"
-        table.focus()
+        assert table.has_focus  # `a` gave the list the focus: enter acts on it
         await pilot.press("enter")
         await pilot.pause(0.5)
         screen = app.screen
