@@ -1,4 +1,4 @@
-"""What the drill-downs read from the store: read-only, through ``catalog.duckdb``'s views.
+"""What the drill-downs read from the store: read-only, through the catalog's views.
 
 Each function takes an open read-only connection and ``now_s`` (the TUI's clock, so a
 window is the same for every query of one screen) and returns plain rows; no Textual here.
@@ -32,12 +32,11 @@ class Series:
 
 
 def connect(store: Path) -> duckdb.DuckDBPyConnection:
-    """The store's view catalog, read-only (the daemon never writes a file a reader has
-    open: it replaces the catalog by rename)."""
-    catalog = Path(store) / "catalog.duckdb"
-    if not catalog.is_file():
-        raise FileNotFoundError(f"{catalog}: no view catalog (is --store the ops box's store?)")
-    return duckdb.connect(str(catalog), read_only=True)
+    """The catalog's views over the store as this machine sees it (in memory: the TUI
+    may read the ops box's store through another mount than the daemon's)."""
+    from analytics.store.catalog import connect_views
+
+    return connect_views(store)
 
 
 def _since(now_s: float, minutes: float) -> int:

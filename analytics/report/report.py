@@ -26,8 +26,7 @@ from typing import Any
 
 import duckdb
 
-from analytics.store.catalog import DERIVED_VIEWS, table_view_sql
-from analytics.store.layout import TABLES
+from analytics.store.catalog import connect_views
 
 COLLECTIVE_KILL_S = 4.0
 KIND_COLOURS = {"flapping_link": "#d62728", "roce_v1_job": "#9467bd", "contention": "#ff7f0e",
@@ -56,30 +55,11 @@ def _when(ns: int | None) -> str:
     return dt.datetime.fromtimestamp(ns / 1e9, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
-_DUCK = {"int64": "BIGINT", "int32": "INTEGER", "double": "DOUBLE", "string": "VARCHAR",
-         "bool": "BOOLEAN", "float": "FLOAT", "uint64": "UBIGINT", "int16": "SMALLINT",
-         "uint8": "UTINYINT", "int8": "TINYINT", "uint16": "USMALLINT", "uint32": "UINTEGER"}  # fmt: skip
-
-
 def _connect(store: Path) -> duckdb.DuckDBPyConnection:
-    """An in-memory connection with the store's views (as ``clockmesh sql`` has them); a
-    table with no file yet (an older or fresh store) is an empty view of its schema."""
-    if not store.is_dir() or not (store / "store.json").exists():
-        raise ReportError(f"{store}: not a clockmesh store (no store.json)")
-    con = duckdb.connect()
-    for table, spec in TABLES.items():
-        if any((store / table).glob("*/*/*.parquet")):
-            con.execute(table_view_sql(store, table))
-        else:
-            cols = ", ".join(
-                f'CAST(NULL AS {_DUCK.get(str(f.type), "VARCHAR")}) AS "{f.name}"'
-                for f in spec.schema
-            )
-            con.execute(f"CREATE VIEW {table} AS SELECT {cols}, CAST(NULL AS DATE) AS date, "
-                        "CAST(NULL AS INTEGER) AS hour WHERE false")  # fmt: skip
-    for name, body in DERIVED_VIEWS.items():
-        con.execute(f"CREATE OR REPLACE VIEW {name} AS {body}")
-    return con
+    try:
+        return connect_views(store)
+    except FileNotFoundError as exc:
+        raise ReportError(str(exc)) from None
 
 
 def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any]) -> list[dict[str, Any]]:

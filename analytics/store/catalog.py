@@ -206,3 +206,33 @@ def write_catalog(root: Path, path: Path | None = None) -> Path:
 
 
 VIEW_NAMES = [*TABLES, *DERIVED_VIEWS]
+
+_DUCK = {"int64": "BIGINT", "int32": "INTEGER", "double": "DOUBLE", "string": "VARCHAR",
+         "bool": "BOOLEAN", "float": "FLOAT", "uint64": "UBIGINT", "int16": "SMALLINT",
+         "uint8": "UTINYINT", "int8": "TINYINT", "uint16": "USMALLINT", "uint32": "UINTEGER"}  # fmt: skip
+
+
+def connect_views(store: Path) -> duckdb.DuckDBPyConnection:
+    """An in-memory connection with the catalog's views over the store at ``store`` as
+    this process sees it (``catalog.duckdb`` holds the paths the daemon saw: another
+    mount of the same store — a lab node's, an NFS export, a copy — reads through this).
+    A table with no file yet (an older or fresh store) is an empty view of its schema.
+
+    Raises FileNotFoundError (one line) when ``store`` is not a clockmesh store."""
+    store = Path(store)
+    if not store.is_dir() or not (store / "store.json").exists():
+        raise FileNotFoundError(f"{store}: not a clockmesh store (no store.json)")
+    con = duckdb.connect()
+    for table, spec in TABLES.items():
+        if any((store / table).glob("*/*/*.parquet")):
+            con.execute(table_view_sql(store, table))
+        else:
+            cols = ", ".join(
+                f'CAST(NULL AS {_DUCK.get(str(f.type), "VARCHAR")}) AS "{f.name}"'
+                for f in spec.schema
+            )
+            con.execute(f"CREATE VIEW {table} AS SELECT {cols}, CAST(NULL AS DATE) AS date, "
+                        "CAST(NULL AS INTEGER) AS hour WHERE false")  # fmt: skip
+    for name, body in DERIVED_VIEWS.items():
+        con.execute(f"CREATE OR REPLACE VIEW {name} AS {body}")
+    return con
