@@ -246,8 +246,16 @@ async def test_daemon_stopping_mid_session_keeps_the_picture_under_a_banner() ->
         assert app.query_one("#banner").display and "STALE since" in banner
         assert "Connection refused" in banner and "showing the last picture" in banner
         assert app.query_one("#hosts", RowList).row_count == 12
+        # A drill-down opened meanwhile says so too, over the last picture.
+        app.push_screen(HostScreen("h1-2"))
+        await pilot.pause(0.3)
+        head = str(app.screen.query_one("#drill-head").render())
+        assert "STALE: the daemon is not answering" in head and "offset" in head
+        assert app.screen.query_one("#peers", DataTable).row_count == 4
         feed.down = False
-        await pilot.pause(0.5)
+        await pilot.pause(1.2)  # the drill-down redraws every second
+        assert "STALE" not in str(app.screen.query_one("#drill-head").render())
+        await pilot.press("escape")
         assert not app.query_one("#banner").display  # reconnected by itself
 
 
