@@ -120,13 +120,19 @@ def _rows(table: DataTable) -> list[list[str]]:
     return [[str(c) for c in table.get_row_at(i)] for i in range(table.row_count)]
 
 
-async def test_drill_downs_host_pair_link_and_job_read_the_store(tmp_path: Path) -> None:
+def _sample_site(tmp_path: Path) -> tuple[dict[str, Any], Path, Path]:
+    """The sample answer with a RoCE v1 job, a real store behind it, its topology."""
     live = sample_live(anomalies=3)
     store = tmp_path / "store"
     store.mkdir()
     sample_store(store, live)
     topo = tmp_path / "topology.json"
     topo.write_text(json.dumps(sample_topology()))
+    return live, store, topo
+
+
+async def test_drill_downs_host_pair_link_and_job_read_the_store(tmp_path: Path) -> None:
+    live, store, topo = _sample_site(tmp_path)
     app = _app(Feed(live), store=store, topology=topo)
     async with app.run_test(size=(160, 50)) as pilot:
         await pilot.pause(0.3)
@@ -143,7 +149,7 @@ async def test_drill_downs_host_pair_link_and_job_read_the_store(tmp_path: Path)
         assert counters[0][3] == "+2"  # two link downs in the last 10 minutes
         # Enter on a peer: that direction's ECMP paths, the slow one and where it went.
         peers = host.query_one("#peers", DataTable)
-        peers.focus()
+        assert peers.has_focus  # the drill-down opens on its list
         row = next(i for i, r in enumerate(_rows(peers)) if r[1] == "h2-2" and "to" in r[0])
         peers.move_cursor(row=row)
         await pilot.press("enter")
@@ -456,12 +462,7 @@ def test_snapshot_80x24_stale(snap_compare) -> None:
 
 
 def test_snapshot_pair_drill_down(snap_compare, tmp_path: Path) -> None:
-    live = sample_live(anomalies=3)
-    store = tmp_path / "store"
-    store.mkdir()
-    sample_store(store, live)
-    topo = tmp_path / "topology.json"
-    topo.write_text(json.dumps(sample_topology()))
+    live, store, topo = _sample_site(tmp_path)
 
     async def go(pilot) -> None:
         await pilot.pause(0.3)
