@@ -98,11 +98,14 @@ class DrillScreen(Screen[None]):
         """Show the history (UI thread); returns the note above the chart."""
         raise NotImplementedError
 
+    _asked = 0  # history requests so far: an answer to an older one is dropped
+
     def action_reload(self) -> None:
-        self._load(self.clockmesh.store, self.clockmesh.now())
+        self._asked += 1
+        self._load(self.clockmesh.store, self.clockmesh.now(), self._asked)
 
     @work(thread=True, exclusive=True, group="history")
-    def _load(self, store: Path | None, now_s: float) -> None:
+    def _load(self, store: Path | None, now_s: float, asked: int) -> None:
         result: Any = None
         if store is None:
             note = "history: no store given (--store)"
@@ -116,9 +119,11 @@ class DrillScreen(Screen[None]):
                 note = ""
             except Exception as exc:  # a store being written or absent: say so, keep going
                 note = f"history unavailable: {str(exc).splitlines()[0][:160]}"
-        self.app.call_from_thread(self._loaded, result, note)
+        self.app.call_from_thread(self._loaded, result, note, asked)
 
-    def _loaded(self, result: Any, note: str) -> None:
+    def _loaded(self, result: Any, note: str, asked: int) -> None:
+        if asked != self._asked:  # e.g. the pair turned round while this was read
+            return
         if result is not None:
             note = self.show_history(result) or note
         self.query_one("#hist-label", Label).update(note)
