@@ -13,6 +13,7 @@ import duckdb
 
 from analytics.remediate import records
 from analytics.sql_cli import store_option
+from analytics.store.layout import table_glob
 
 STATUSES = ("pass", "fail", "skipped")
 
@@ -66,7 +67,7 @@ def latest(store: Path) -> tuple[str, list[tuple[str, ...]]]:
         raise click.ClickException(
             f"{store}: no fleet audit yet: run ansible-playbook playbooks/audit.yml"
         )
-    glob = str(store / "fleet_audit" / "*" / "*" / "*.parquet").replace("'", "''")
+    glob = table_glob(store, "fleet_audit")
     con = duckdb.connect()
     try:
         rows = con.execute(

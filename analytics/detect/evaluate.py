@@ -26,6 +26,7 @@ from typing import Any
 import duckdb
 
 from analytics.detect.anomalies import KINDS
+from analytics.store.layout import table_glob
 
 CLASSES = ("flapping_link", "roce_v1_job", "contention")
 LABELS = (*CLASSES, "none")
@@ -78,7 +79,7 @@ def _anomalies(run: Path) -> list[dict[str, Any]]:
     store = run / "store"
     if not (store / "anomalies").is_dir():
         raise EvalError(f"{run}: no store with an anomalies table (store/anomalies/)")
-    glob = str(store / "anomalies" / "*" / "*" / "*.parquet").replace("'", "''")
+    glob = table_glob(store, "anomalies")
     con = duckdb.connect()
     try:
         rows = con.execute(

@@ -33,6 +33,7 @@ import numpy as np
 from analytics.detect import features
 from analytics.detect.evaluate import BEFORE_NS
 from analytics.detect.model import Detector, FaultClassifier, HealthyBaseline, today
+from analytics.store.layout import table_glob
 
 EVAL_SEEDS_FROM = 1000
 CLASSES = ("flapping_link", "roce_v1_job", "contention", "unknown")
@@ -57,7 +58,7 @@ class TrainingSet:
 
 
 def _glob(run: Path, table: str) -> str:
-    return str(run / "store" / table / "*" / "*" / "*.parquet").replace("'", "''")
+    return table_glob(run / "store", table)
 
 
 def _names(row_link: str, row_job: str, evidence: dict[str, Any]) -> set[str]:

@@ -48,6 +48,7 @@ from typing import Any
 import duckdb
 
 from analytics.remediate import records
+from analytics.store import layout
 
 ACTIONS = ("fabric_link_out", "host_drain", "roce_v2_gid", "spread_flows")
 SPREAD_QPS = 4  # NCCL_IB_QPS_PER_CONNECTION the spread sets
@@ -108,7 +109,7 @@ def latest_anomalies(
 ) -> list[StoredAnomaly]:
     """Each anomaly's latest row (as the ``anomaly_current`` view picks it), oldest first:
     one anomaly by id, or every open one."""
-    glob = records.table_glob(store, "anomalies")
+    glob = layout.table_glob(store, "anomalies")
     if not (store / "anomalies").is_dir():
         raise Refused(f"{store}: no anomalies table: is this an ops box store?")
     if not any((store / "anomalies").glob("*/*/*.parquet")):

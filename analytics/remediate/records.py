@@ -102,11 +102,6 @@ def write_audit(store: Path, action: str, target: str, detail: dict[str, Any]) -
     return write_table(store, "audits", cols, f"audit-{ts}.parquet")
 
 
-def table_glob(store: Path, table: str) -> str:
-    """The Parquet files of a store table, as a quoted-safe read_parquet() pattern."""
-    return str(store / table / "*" / "*" / "*.parquet").replace("'", "''")
-
-
 def read_remediations(store: Path) -> list[Remediation]:
     """Every remediation's latest row, oldest first."""
     if not any((store / "remediations").glob("*/*/*.parquet")):
@@ -118,7 +113,7 @@ def read_remediations(store: Path) -> list[Remediation]:
                        arg_max(action, ts_ns), arg_max(target, ts_ns), arg_max(hosts, ts_ns),
                        arg_max(check_mode, ts_ns), arg_max(status, ts_ns),
                        arg_max(actor, ts_ns), arg_max(undo, ts_ns), arg_max(detail, ts_ns)
-                FROM read_parquet('{table_glob(store, "remediations")}')
+                FROM read_parquet('{layout.table_glob(store, "remediations")}')
                 GROUP BY remediation_id ORDER BY 1"""
         ).fetchall()
     except duckdb.Error as exc:

@@ -25,7 +25,7 @@ from typing import Any
 
 import duckdb
 
-from analytics.remediate.records import table_glob
+from analytics.store.layout import table_glob
 from collector.records import host_id
 
 # The host counters that count a carrier loss (netdev and RDMA port), and operstate "up".

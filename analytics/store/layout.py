@@ -204,6 +204,12 @@ _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 _UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
+def table_glob(store: Path, table: str) -> str:
+    """The Parquet files of a store table (every partition), as a pattern safe inside a
+    single-quoted SQL string: ``read_parquet('{table_glob(store, "owd")}')``."""
+    return str(Path(store) / table / "*" / "*" / "*.parquet").replace("'", "''")
+
+
 def parse_duration(text: str | float | int) -> float:
     """``"7d"``, ``"24h"``, ``"90m"``, ``"30s"`` or a number of seconds -> seconds."""
     if isinstance(text, int | float) and not isinstance(text, bool):
