@@ -13,12 +13,13 @@ APT_DEMO := iproute2 openssh-server openssh-client python3-venv procps util-linu
 	psmisc rsync sshpass frr
 APT_TEST := prometheus chromium munge slurmctld slurmd slurm-client
 
-.PHONY: help deps venv venv-demo demo demo-down test lint unit clean
+.PHONY: help deps venv venv-demo demo demo-tui demo-down test lint unit clean
 
 help:
 	@echo "make demo   build the lab, deploy with Ansible, show live fleet health, inject a flap and show it found (root)"
 	@echo "make test   run the whole suite: lint, unit, lab and molecule tests (root)"
 	@echo "make lint   ruff, mypy, ansible-lint only"
+	@echo "make demo-tui   the TUI on the demo lab (fleet, anomalies, drill-downs, remediation)"
 	@echo "make demo-down  tear the demo lab down"
 
 # apt-get install what is missing of $(1)
@@ -62,6 +63,14 @@ demo: venv-demo
 	@echo "injecting a fault: the link leaf2-spine1 flaps (3 s down, 5 s up, twice); no host counter sees it"
 	$(BIN)/clockmesh lab flap --name demo leaf2-spine1 --down 3s --up 5s --count 2 --background
 	$(BIN)/clockmesh live --inventory .lab/demo/inventory.yml --wait-anomaly flapping_link --timeout 60
+	@echo "next: make demo-tui (the TUI on this lab); make demo-down removes the lab"
+
+# The TUI against the demo lab's ops box: its daemon over HTTP, its store as mounted here.
+DEMO_URL = $(shell sed -n 's/^ *clockmesh_ingest_url: *//p' .lab/demo/inventory.yml 2>/dev/null)
+demo-tui: venv-demo
+	@test -n "$(DEMO_URL)" || { echo "no demo lab: run make demo first"; exit 1; }
+	$(BIN)/clockmesh tui --url $(DEMO_URL) --store .lab/demo/nodes/ops/var/store \
+		--topology .lab/demo/topology.json -i .lab/demo/inventory.yml
 
 demo-down: venv-demo
 	$(BIN)/clockmesh lab down --name demo
