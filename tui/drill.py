@@ -337,7 +337,7 @@ class LinkScreen(DrillScreen):
         if view.host:
             downs = [f"{o:.1f} s" if o is not None else "< 1 sample" for _, o, _ in view.flaps]
             parts.append(f"{len(view.flaps)} outage(s) in the last hour"
-                         + (f": {', '.join(downs[:6])}" if downs else ""))  # fmt: skip
+                         + (f", the latest: {', '.join(downs[:6])}" if downs else ""))  # fmt: skip
         return "  ·  ".join(parts)
 
 

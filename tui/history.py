@@ -204,7 +204,9 @@ class LinkView:
     host: str = ""  # access link: the host end and its interface
     interface: str = ""
     counters: list[CounterRow] = field(default_factory=list)
-    flaps: list[tuple[Any, ...]] = field(default_factory=list)  # (down_at, outage_s, seen_by)
+    flaps: list[tuple[Any, ...]] = field(
+        default_factory=list
+    )  # (down_at, outage_s, seen_by), newest first
     paths_now: int = 0  # fabric link: 5-tuples whose last trace crossed it
     delay: list[Series] = field(default_factory=list)
 
@@ -238,7 +240,7 @@ def link_view(con: duckdb.DuckDBPyConnection, link: str, topology: dict[str, Any
         view.flaps = con.execute(
             """SELECT epoch_us(down_at), outage_s, seen_by FROM flaps
                WHERE host_name = $h AND device = $d AND down_at >= make_timestamp($since)
-               ORDER BY down_at DESC LIMIT 20""",
+               ORDER BY down_at DESC""",
             {"h": view.host, "d": view.interface, "since": since},
         ).fetchall()
     elif lk is not None and view.kind == "fabric":

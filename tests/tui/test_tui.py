@@ -196,7 +196,7 @@ async def test_drill_downs_host_pair_link_and_job_read_the_store(tmp_path: Path)
         await _until(pilot, lambda: "outage" in str(link.query_one("#hist-label").render()),
                      "the access link")  # fmt: skip
         assert "access link h1-2:bk0 — leaf1:h1-2" in str(link.query_one("#hist-label").render())
-        assert "2 outage(s) in the last hour: 60.0 s, 60.0 s" in str(
+        assert "2 outage(s) in the last hour, the latest: 60.0 s, 60.0 s" in str(
             link.query_one("#hist-label").render())  # fmt: skip
         assert link.query_one("#link-counters", DataTable).row_count == 3
         await pilot.press("escape")
