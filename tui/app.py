@@ -264,6 +264,9 @@ class ConfirmScreen(ModalScreen[bool]):
                 yield Button("No", id="no", variant="primary")
                 yield Button("Yes, run it", id="yes", variant="error")
 
+    def on_mount(self) -> None:
+        self.query_one("#no", Button).focus()  # enter alone never says yes
+
     @on(Button.Pressed)
     def answer(self, event: Button.Pressed) -> None:
         self.dismiss(event.button.id == "yes")
@@ -315,7 +318,9 @@ class RemediationScreen(ModalScreen[None]):
                              style="yellow"))  # fmt: skip
             return
         plan.update(text)
-        self.query_one("#preview", Button).disabled = False
+        preview = self.query_one("#preview", Button)
+        preview.disabled = False
+        preview.focus()  # enter previews (the dialog opened with only Cancel to focus)
 
     @on(Button.Pressed, "#preview")
     def preview(self) -> None:
@@ -370,7 +375,9 @@ class RemediationScreen(ModalScreen[None]):
             log.write_line(
                 f"== the real run would change: {({h: n for h, n in changed.items() if n}) or 'nothing'}"
             )
-            self.query_one("#run", Button).disabled = False
+            run = self.query_one("#run", Button)
+            run.disabled = False
+            run.focus()  # enter asks; the question's default answer is No
         elif check:
             log.write_line("== the preview failed or was refused: nothing changed")
         else:

@@ -13,7 +13,7 @@ from textual.widgets import Button, DataTable, Log, Static, TabbedContent, Tree
 
 from analytics.remediate import records
 from tests.tui.sample import T0, sample_live, sample_racks, sample_store, sample_topology
-from tui.app import ClockmeshApp, RemediationScreen
+from tui.app import ClockmeshApp, ConfirmScreen, RemediationScreen
 from tui.drill import HostScreen, JobScreen, LinkScreen, PairScreen
 from tui.widgets import RowList
 
@@ -387,7 +387,7 @@ async def test_preview_then_cancel_runs_nothing_for_real(tmp_path: Path, monkeyp
         await _open_first_anomaly(app, pilot)
         screen = app.screen
         assert not screen.query_one("#preview", Button).disabled
-        await pilot.click("#preview")
+        await pilot.press("enter")  # the planned dialog has Preview focused
         for _ in range(100):
             await pilot.pause(0.2)
             if "the preview failed" in "\n".join(screen.query_one("#output", Log).lines):
@@ -506,3 +506,20 @@ async def test_host_list_keeps_the_cursor_on_its_host_and_selects_by_key_or_clic
         assert chosen[-1] == "h1"
         lines = "\n".join(strip.text for strip in (rows.render_line(y) for y in range(4)))
         assert lines.split("\n")[0].split() == ["host", "state"] and "h2" in lines.split("\n")[1]
+
+
+async def test_enter_alone_never_confirms_a_real_run() -> None:
+    app = _app()
+    answers: list[bool | None] = []
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause(0.2)
+        app.push_screen(ConfirmScreen("Run it for real?"), answers.append)
+        await pilot.pause(0.1)
+        await pilot.press("enter")
+        await pilot.pause(0.1)
+        assert answers == [False]
+        app.push_screen(ConfirmScreen("Run it for real?"), answers.append)
+        await pilot.pause(0.1)
+        await pilot.press("tab", "enter")  # moving to "Yes" is a choice
+        await pilot.pause(0.1)
+        assert answers == [False, True]
