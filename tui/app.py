@@ -614,7 +614,9 @@ class ClockmeshApp(App[None]):
         from analytics.remediate.records import RecordError
 
         try:
-            p = plan(self.store, read_topology(self.topology), anomaly_id=anomaly_id)
+            # the topology read at start; read again only to say why it could not be
+            topology = self.topology_doc or read_topology(self.topology)
+            p = plan(self.store, topology, anomaly_id=anomaly_id)
         except (Refused, RecordError) as exc:
             return str(exc), False
         lines = [f"{p.action} {p.target}: {p.summary}"]

@@ -84,6 +84,14 @@ def _rack_of(host: str, racks: dict[str, str]) -> str:
     return racks.get(host) or "(no rack)"
 
 
+def corrected(raw: float | None, src: str, dst: str, offsets: dict[str, Any]) -> float | None:
+    """A pair's corrected one-way delay (µs) from its raw one and the two clocks' offsets
+    (ns); None while either clock is unsolved."""
+    if raw is None or offsets.get(src) is None or offsets.get(dst) is None:
+        return None
+    return float(raw - (offsets[dst] - offsets[src]) / 1e3)
+
+
 def fleet(live: dict[str, Any], racks: dict[str, str], th: Thresholds | None = None) -> Fleet:
     th = th or Thresholds()
     clock = {h["host"]: h for h in (live.get("clock") or {}).get("hosts", [])}
@@ -92,9 +100,8 @@ def fleet(live: dict[str, Any], racks: dict[str, str], th: Thresholds | None = N
     loss: dict[str, tuple[float, str]] = {}
     for p in live.get("pairs", []):
         src, dst = p["src"], p["dst"]
-        raw = p.get("owd_raw_p50_us")
-        if raw is not None and offsets.get(src) is not None and offsets.get(dst) is not None:
-            owd = raw - (offsets[dst] - offsets[src]) / 1e3
+        owd = corrected(p.get("owd_raw_p50_us"), src, dst, offsets)
+        if owd is not None:
             for me, peer in ((src, dst), (dst, src)):
                 if owd > worst.get(me, (-1e18, ""))[0]:
                     worst[me] = (owd, peer)

@@ -19,7 +19,9 @@ from textual.binding import Binding, BindingType
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Label, Static
 
+from analytics.store.catalog import connect_views
 from tui import history
+from tui.data import corrected
 from tui.history import Series
 from tui.widgets import GLYPH, STYLE, Chart, fill, us
 
@@ -27,12 +29,6 @@ if TYPE_CHECKING:
     from tui.app import ClockmeshApp
 
 HISTORY_EVERY_S = 30.0
-
-
-def _corrected(raw: float | None, src: str, dst: str, offs: dict[str, Any]) -> float | None:
-    if raw is None or offs.get(src) is None or offs.get(dst) is None:
-        return None
-    return float(raw - (offs[dst] - offs[src]) / 1e3)
 
 
 def _num(x: Any, spec: str) -> str:
@@ -111,7 +107,7 @@ class DrillScreen(Screen[None]):
             note = "history: no store given (--store)"
         else:
             try:
-                con = history.connect(store)
+                con = connect_views(store)
                 try:
                     result = self.read_history(con, now_s)
                 finally:
@@ -174,7 +170,7 @@ class HostScreen(DrillScreen):
             rows.append((key, (
                 "→ to" if out else "← from", p["dst"] if out else p["src"], str(p.get("sent", 0)),
                 f"{p.get('loss', 0):.2%}", us(raw), us(p.get("owd_raw_p99_us")),
-                us(_corrected(raw, p["src"], p["dst"], offs)),
+                us(corrected(raw, p["src"], p["dst"], offs)),
             )))  # fmt: skip
         fill(self.query_one("#peers", DataTable), rows)
 
@@ -238,12 +234,12 @@ class PairScreen(DrillScreen):
             loss = float(p.get("loss") or 0.0)
             text.append(f"\nnow: {p.get('sent', 0)} sent, ")
             text.append(f"loss {loss:.2%}", style="bold red" if loss > 0.001 else "")
-            text.append(f", corrected p50 {us(_corrected(raw, self.src, self.dst, offs))} µs, "
+            text.append(f", corrected p50 {us(corrected(raw, self.src, self.dst, offs))} µs, "
                         f"raw p50 {us(raw)} µs, raw p99 {us(p.get('owd_raw_p99_us'))} µs")  # fmt: skip
         self.head(text)
 
     def read_history(self, con: duckdb.DuckDBPyConnection, now_s: float) -> Any:
-        hops = fabric_hops(self.clockmesh.topology)
+        hops = fabric_hops(self.clockmesh.topology_doc)
         return (history.pair_delay(con, self.src, self.dst, now_s),
                 history.pair_paths(con, self.src, self.dst, now_s, hops))  # fmt: skip
 
@@ -299,7 +295,7 @@ class LinkScreen(DrillScreen):
         self.head(text)
 
     def read_history(self, con: duckdb.DuckDBPyConnection, now_s: float) -> Any:
-        view = history.link_view(con, self.link, read_topology(self.clockmesh.topology), now_s)
+        view = history.link_view(con, self.link, self.clockmesh.topology_doc, now_s)
         host = history.host_delay(con, view.host, now_s) if view.host else None
         return view, host
 
@@ -406,18 +402,11 @@ class JobScreen(DrillScreen):
         return f"{len(view.flows)} flow(s) in the last 30 min; the worst first"
 
 
-def read_topology(path: Path | None) -> dict[str, Any] | None:
-    from analytics.remediate.plan import read_topology as read
-
-    return None if path is None else read(path)
-
-
-def fabric_hops(path: Path | None) -> dict[str, str]:
+def fabric_hops(topo: dict[str, Any] | None) -> dict[str, str]:
     """Spine address on each leaf–spine link → the link's name (what hop 2 answers from)."""
-    topo = read_topology(path) or {}
     return {
         str(lk["b"].get("address", "")): str(lk["name"])
-        for lk in topo.get("links", [])
+        for lk in (topo or {}).get("links", [])
         if lk.get("kind") == "fabric"
     }
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import duckdb
@@ -29,14 +28,6 @@ class Series:
     label: str
     x: list[float] = field(default_factory=list)
     y: list[float] = field(default_factory=list)
-
-
-def connect(store: Path) -> duckdb.DuckDBPyConnection:
-    """The catalog's views over the store as this machine sees it (in memory: the TUI
-    may read the ops box's store through another mount than the daemon's)."""
-    from analytics.store.catalog import connect_views
-
-    return connect_views(store)
 
 
 def _since(now_s: float, minutes: float) -> int:
