@@ -13,7 +13,7 @@ import duckdb
 
 from analytics.remediate import records
 from analytics.sql_cli import store_option
-from analytics.store.layout import table_glob
+from analytics.store.layout import has_files, table_glob
 
 STATUSES = ("pass", "fail", "skipped")
 
@@ -63,7 +63,7 @@ def record(store: Path, results_json: str) -> None:
 
 
 def latest(store: Path) -> tuple[str, list[tuple[str, ...]]]:
-    if not any((store / "fleet_audit").glob("*/*/*.parquet")):
+    if not has_files(store, "fleet_audit"):
         raise click.ClickException(
             f"{store}: no fleet audit yet: run ansible-playbook playbooks/audit.yml"
         )

@@ -112,7 +112,7 @@ def latest_anomalies(
     glob = layout.table_glob(store, "anomalies")
     if not (store / "anomalies").is_dir():
         raise Refused(f"{store}: no anomalies table: is this an ops box store?")
-    if not any((store / "anomalies").glob("*/*/*.parquet")):
+    if not layout.has_files(store, "anomalies"):
         return []
     where = (
         ["rn = 1"]

@@ -104,7 +104,7 @@ def write_audit(store: Path, action: str, target: str, detail: dict[str, Any]) -
 
 def read_remediations(store: Path) -> list[Remediation]:
     """Every remediation's latest row, oldest first."""
-    if not any((store / "remediations").glob("*/*/*.parquet")):
+    if not layout.has_files(store, "remediations"):
         return []
     con = duckdb.connect()
     try:

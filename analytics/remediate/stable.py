@@ -25,7 +25,7 @@ from typing import Any
 
 import duckdb
 
-from analytics.store.layout import table_glob
+from analytics.store.layout import has_files, table_glob
 from collector.records import host_id
 
 # The host counters that count a carrier loss (netdev and RDMA port), and operstate "up".
@@ -109,7 +109,7 @@ def host_link(
     now = time.time_ns() if now_ns is None else now_ns
     since = now - int(after_s * 1e9)
     files = table_glob(store, "counter")
-    if not any((store / "counter").glob("*/*/*.parquet")):
+    if not has_files(store, "counter"):
         return Reading(link, False, None, "host counters", f"{store}: no counters stored yet")
     names = ", ".join(f"'{n}'" for n in (*LOSS_COUNTERS, "operstate"))
     con = duckdb.connect()

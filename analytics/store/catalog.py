@@ -20,12 +20,8 @@ from analytics.store.layout import TABLES
 NS_PER_MIN = layout.NS_PER_MINUTE
 
 
-def _lit(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
-
 def table_view_sql(root: Path, table: str) -> str:
-    glob = _lit(str(root.resolve() / table / "*" / "*" / "*.parquet"))
+    glob = "'" + layout.table_glob(root.resolve(), table) + "'"
     return (
         f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM read_parquet({glob}, "
         "hive_partitioning = true, union_by_name = true, "
@@ -224,7 +220,7 @@ def connect_views(store: Path) -> duckdb.DuckDBPyConnection:
         raise FileNotFoundError(f"{store}: not a clockmesh store (no store.json)")
     con = duckdb.connect()
     for table, spec in TABLES.items():
-        if any((store / table).glob("*/*/*.parquet")):
+        if layout.has_files(store, table):
             con.execute(table_view_sql(store, table))
         else:
             cols = ", ".join(

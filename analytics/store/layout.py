@@ -210,6 +210,11 @@ def table_glob(store: Path, table: str) -> str:
     return str(Path(store) / table / "*" / "*" / "*.parquet").replace("'", "''")
 
 
+def has_files(store: Path, table: str) -> bool:
+    """Whether a store table has any Parquet file yet (in any partition)."""
+    return any((Path(store) / table).glob("*/*/*.parquet"))
+
+
 def parse_duration(text: str | float | int) -> float:
     """``"7d"``, ``"24h"``, ``"90m"``, ``"30s"`` or a number of seconds -> seconds."""
     if isinstance(text, int | float) and not isinstance(text, bool):
