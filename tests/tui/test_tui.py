@@ -116,6 +116,16 @@ async def _until(pilot: Any, check: Any, what: str, timeout: float = 10.0) -> No
     raise AssertionError(f"timed out waiting for {what}")
 
 
+async def _enter(pilot: Any, screen: type, table: str, rows: int) -> tuple[Any, DataTable]:
+    """Enter on the focused list opens ``screen``; wait until its ``table`` has ``rows``."""
+    await pilot.press("enter")
+    await pilot.pause(0.1)
+    assert isinstance(pilot.app.screen, screen)
+    found = pilot.app.screen.query_one(table, DataTable)
+    await _until(pilot, lambda: found.row_count == rows, f"{rows} row(s) in {table}")
+    return pilot.app.screen, found
+
+
 def _rows(table: DataTable) -> list[list[str]]:
     return [[str(c) for c in table.get_row_at(i)] for i in range(table.row_count)]
 
@@ -152,12 +162,7 @@ async def test_drill_downs_host_pair_link_and_job_read_the_store(tmp_path: Path)
         assert peers.has_focus  # the drill-down opens on its list
         row = next(i for i, r in enumerate(_rows(peers)) if r[1] == "h2-2" and "to" in r[0])
         peers.move_cursor(row=row)
-        await pilot.press("enter")
-        await pilot.pause(0.1)
-        assert isinstance(app.screen, PairScreen)
-        pair = app.screen
-        paths = pair.query_one("#paths", DataTable)
-        await _until(pilot, lambda: paths.row_count == 4, "the pair's paths")
+        pair, paths = await _enter(pilot, PairScreen, "#paths", 4)
         rows = _rows(paths)
         assert [r[1] for r in rows] == ["leaf1-spine1", "leaf1-spine2"] * 2
         assert float(rows[3][4]) - float(rows[0][4]) == pytest.approx(30.0)  # 40004: +30 µs
@@ -206,12 +211,7 @@ async def test_drill_downs_host_pair_link_and_job_read_the_store(tmp_path: Path)
         jobs = app.query_one("#jobs-table", DataTable)
         assert _rows(jobs)[0][:4] == ["job2", "2", "IB/RoCE v1, RoCE v2", "1"]
         assert _rows(jobs)[0][4] == "roce_v1_job" and _rows(jobs)[1][0] == "train-llm"
-        await pilot.press("enter")
-        await pilot.pause(0.1)
-        assert isinstance(app.screen, JobScreen)
-        job = app.screen
-        flows = job.query_one("#job-flows", DataTable)
-        await _until(pilot, lambda: flows.row_count == 1, "the job's flows")
+        job, flows = await _enter(pilot, JobScreen, "#job-flows", 1)
         src, dst, messages, _, _, excess = _rows(flows)[0]
         assert (src, dst, messages, excess) == ("h1-1", "h2-1", "60", "25.0")
         hosts = _rows(job.query_one("#job-hosts", DataTable))
