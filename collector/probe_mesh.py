@@ -688,9 +688,9 @@ class ProbeMesh:
         return min(self.next_trace, self.next_watch) if self.watch_every else self.next_trace
 
     def watched(self, now: float) -> list[tuple[int, int]]:
-        """(buddy, sport) the watch traces: a 5-tuple across each uplink router (the one
-        that crossed it last when the previous one moved away),
-        and each moved 5-tuple still away from its router (not longer than MOVED_WATCH_S)."""
+        """(buddy, sport) the watch traces: a 5-tuple across each uplink router (the
+        newest to cross it once the one before moved away), and one moved 5-tuple per
+        (rack, router it left) until it is back (for at most MOVED_WATCH_S)."""
         for k in [k for k, (_d, _p, t) in self._moved.items() if now - t > MOVED_WATCH_S]:
             del self._moved[k]
         keys = {*self._sentinel.values(), *((d, p) for d, p, _t in self._moved.values())}
