@@ -296,7 +296,8 @@ class Collector:
         values: dict[str, int] = {}
         if mesh is not None:
             for name in ("probes_sent", "probes_received", "echoes_sent", "echoes_received",
-                         "traces_sent", "trace_answers", "path_changes"):  # fmt: skip
+                         "traces_sent", "trace_answers", "path_changes",
+                         "watch_traces"):  # fmt: skip
                 values[name] = mesh.stats[name]
             values["tx_ts_kernel"] = mesh.stats["tx_ts_kernel"]
             values["tx_ts_user"] = mesh.stats["tx_ts_user"]
@@ -614,7 +615,7 @@ class Collector:
                 next_status = now + STATUS_S
             # Timers run at tick granularity (at most TICK_S late; their rows carry
             # their own timestamps): one wake-up per tick, none extra for timers.
-            wake_at = now + TICK_S
+            wake_at = min(now + TICK_S, self.mesh.trace_due_at())  # the watch: 0.2 s
             if self._urgent_flush_at:
                 wake_at = min(wake_at, self._urgent_flush_at)
             elif self._urgent:  # held back by URGENT_MIN_S

@@ -54,6 +54,11 @@ class Probe(_Strict, kw_only=True):
     # naming the ECMP path that port takes (path_hop rows). 0: off.
     trace_interval_s: float = 2.0
     trace_ttl: int = 2  # hop 2 of host -> leaf -> spine -> leaf -> host is the spine
+    # Watch: every watch_interval_s, one trace per uplink router (the 5-tuple that last
+    # crossed it) and, while a path is away from its router, one per (rack, router) it
+    # left, until it is back: outages are known to this interval, not trace_interval_s.
+    # 0: off (outages known to the trace interval).
+    watch_interval_s: float = 0.2
     # DSCP of probes, echoes and traces: the RDMA traffic class (RoCE v2 commonly uses
     # 26), so they see the queues RDMA traffic sees. 0: best effort.
     dscp: int = 26
@@ -148,6 +153,11 @@ def validate(config: CollectorConfig, path: str | Path) -> None:
         config.probe.trace_interval_s >= 0,
         "probe.trace_interval_s",
         "expected a number >= 0 (seconds; 0 turns path tracing off)",
+    )
+    need(
+        config.probe.watch_interval_s >= 0,
+        "probe.watch_interval_s",
+        "expected a number >= 0 (seconds; 0 turns the fast watch off)",
     )
     need(1 <= config.probe.trace_ttl <= 32, "probe.trace_ttl", "expected an int 1-32")
     need(0 <= config.probe.dscp <= 63, "probe.dscp", "expected a DSCP 0-63 (26: RoCE v2's class)")

@@ -59,6 +59,8 @@ ERR_SLOT = 256  # error-queue messages carry the looped-back packet with its hea
 _TRACE = struct.Struct("<4sqq")
 TRACE_MAGIC = b"CMTR"
 RETRACE_S = 0.5  # a path change re-traces every path at once, at most this often
+MOVED_WATCH_S = 120.0  # a moved 5-tuple is watched this long at most (then: the rounds)
+TRACE_AGE_NS = 10_000_000_000  # an answer's send time older than this is not believed
 # Per packet: the TTL, and no TX timestamp (the socket's timestamp counter must count
 # probes only; a trace would shift every probe's identity after it).
 _NO_TIMESTAMP = struct.pack("i", 0)
@@ -147,6 +149,14 @@ class ProbeMesh:
         self._retrace_at = 0.0  # earliest next re-trace after a change
         self._retrace_due = False
         self.retraced = False  # a re-trace went out: the agent ships its answers promptly
+        # The watch (every watch_interval_s): the 5-tuple that last crossed each uplink
+        # router, and, while paths are away from a router, one moved 5-tuple per (rack,
+        # router it left) until it crosses that router again (at most MOVED_WATCH_S).
+        self.watch_every = cfg.probe.watch_interval_s if self.trace_every else 0.0
+        self.next_watch = self.next_trace
+        self._sentinel: dict[str, tuple[int, int]] = {}  # router -> (buddy, sport)
+        self._moved: dict[tuple[str, str], tuple[int, int, float]] = {}
+        self._left: dict[tuple[int, int], str] = {}  # moved 5-tuple -> the router it left
         self.set_buddies(buddies)
         self.next_due = time.monotonic()
 
@@ -159,6 +169,8 @@ class ProbeMesh:
             for p in buddies
             if not (p.rack and p.rack == self.cfg.rack)
         ]
+        self._rack_of = {records.host_id(p.name): p.rack for p in buddies}
+        self._address_of = dict(self._trace_to)
         self._dst = [(records.host_id(p.name), p.address) for p in buddies]
         self._dst_ids = np.array([d for d, _a in self._dst], np.int64)
         self._templates_qpn = -1  # rebuilt on the next send
@@ -640,39 +652,78 @@ class ProbeMesh:
             self.stats["echo_send_errors"] += errors
 
     def send_traces(self, now: float) -> None:
-        """Every trace interval: one TTL-limited probe per (traced buddy, source port)."""
-        if not self.trace_every or now < self.next_trace or not self.tx_socks:
+        """Every trace interval: one TTL-limited probe per (traced buddy, source port);
+        every watch interval: the watched 5-tuples (see :meth:`watched`)."""
+        if not self.trace_every or not self.tx_socks:
             return
-        self.next_trace = now + self.trace_every
-        self.stats["trace_rounds"] += 1
-        if self._retrace_due:
-            self._retrace_due = False
-            self.retraced = True
-        ttl = struct.pack("i", self.trace_ttl)
-        anc = [
-            (socket.IPPROTO_IP, timestamping.IP_TTL, ttl),
+        if now >= self.next_trace:
+            self.next_trace = now + self.trace_every
+            self.stats["trace_rounds"] += 1
+            if self._retrace_due:
+                self._retrace_due = False
+                self.retraced = True
+            anc = self._trace_anc()
+            for dst, address in self._trace_to:
+                for sock in self.tx_socks:
+                    if not self._send_trace(sock, dst, address, anc):
+                        return
+            self.next_watch = now + self.watch_every  # this round traced them all
+        if self.watch_every and now >= self.next_watch:
+            self.next_watch = now + self.watch_every
+            anc = self._trace_anc()
+            base = self.cfg.probe.base_sport
+            for dst, sport in self.watched(now):
+                to = self._address_of.get(dst)
+                i = sport - base
+                if to is None or not 0 <= i < len(self.tx_socks):
+                    continue
+                if not self._send_trace(self.tx_socks[i], dst, to, anc):
+                    return
+                self.stats["watch_traces"] += 1
+
+    def trace_due_at(self) -> float:
+        """When the next trace (round or watch) is due, monotonic; inf when off."""
+        if not self.trace_every or not self.tx_socks:
+            return float("inf")
+        return min(self.next_trace, self.next_watch) if self.watch_every else self.next_trace
+
+    def watched(self, now: float) -> list[tuple[int, int]]:
+        """(buddy, sport) the watch traces: a 5-tuple across each uplink router (the
+        newest to cross it once the one before moved away), and one moved 5-tuple per
+        (rack, router it left) until it is back (for at most MOVED_WATCH_S)."""
+        for k in [k for k, (_d, _p, t) in self._moved.items() if now - t > MOVED_WATCH_S]:
+            del self._moved[k]
+        keys = {*self._sentinel.values(), *((d, p) for d, p, _t in self._moved.values())}
+        return sorted(keys)
+
+    def _trace_anc(self) -> list[tuple[int, int, bytes]]:
+        return [
+            (socket.IPPROTO_IP, timestamping.IP_TTL, struct.pack("i", self.trace_ttl)),
             (socket.SOL_SOCKET, timestamping.SO_TIMESTAMPING, _NO_TIMESTAMP),
         ]
-        sent = 0
-        for dst, address in self._trace_to:
-            payload = _TRACE.pack(TRACE_MAGIC, dst, time.time_ns())
-            for sock in self.tx_socks:
-                try:
-                    sock.sendmsg([payload], anc, 0, (address, self.port))
-                    sent += 1
-                except BlockingIOError:
-                    self.stats["trace_send_errors"] += 1
-                except OSError as exc:
-                    if exc.errno in (errno.EINVAL, errno.ENOPROTOOPT):
-                        self.trace_every = 0
-                        self.trace_note = f"path tracing off: the kernel refused it ({exc})"
-                        log.warning("event=trace_off reason=%r", str(exc))
-                        return
-                    self.stats["trace_send_errors"] += 1
-        self.stats["traces_sent"] += sent
+
+    def _send_trace(
+        self, sock: socket.socket, dst: int, address: str, anc: list[tuple[int, int, bytes]]
+    ) -> bool:
+        """One trace probe; False once the kernel refused tracing (then it is off)."""
+        payload = _TRACE.pack(TRACE_MAGIC, dst, time.time_ns())
+        try:
+            sock.sendmsg([payload], anc, 0, (address, self.port))
+            self.stats["traces_sent"] += 1
+        except BlockingIOError:
+            self.stats["trace_send_errors"] += 1
+        except OSError as exc:
+            if exc.errno in (errno.EINVAL, errno.ENOPROTOOPT):
+                self.trace_every = 0
+                self.trace_note = f"path tracing off: the kernel refused it ({exc})"
+                log.warning("event=trace_off reason=%r", str(exc))
+                return False
+            self.stats["trace_send_errors"] += 1
+        return True
 
     def drain_traces(self) -> None:
-        """Answers to trace probes from the raw ICMP socket: one path_hop row each."""
+        """Answers to trace probes from the raw ICMP socket: one path_hop row each, at
+        the time the trace was sent (when the path was as its answer says)."""
         sock = self.icmp_sock
         if sock is None:
             return
@@ -697,14 +748,31 @@ class ProbeMesh:
             magic, dst, sent = _TRACE.unpack_from(payload)
             if magic != TRACE_MAGIC:
                 continue
+            fresh = 0 <= raw - sent < TRACE_AGE_NS  # our own send time (else: drained now)
             self.buffers["path_hop"].append(
-                now, self.me, dst, sport, self.trace_ttl, router.encode(), raw - sent
-            )
+                self.clock.skew(sent) if fresh else now,
+                self.me, dst, sport, self.trace_ttl, router.encode(), raw - sent,
+            )  # fmt: skip
             self.stats["trace_answers"] += 1
-            before = self._hop_of.get((dst, sport))
-            self._hop_of[(dst, sport)] = router
-            if before is not None and before != router:
-                self._path_moved()
+            self._answered(dst, sport, router)
+
+    def _answered(self, dst: int, sport: int, router: str) -> None:
+        """Bookkeeping of one answer: the router this 5-tuple crosses now."""
+        key = (dst, sport)
+        before = self._hop_of.get(key)
+        self._hop_of[key] = router
+        watching = self._sentinel.get(router)
+        if watching is None or self._hop_of.get(watching) != router:
+            self._sentinel[router] = key  # the router's watch: a 5-tuple that crosses it
+        rack = self._rack_of.get(dst, "")
+        away = self._moved.get((rack, router))
+        if away is not None and (away[0], away[1]) == key:
+            del self._moved[(rack, router)]  # back across the router it had left
+        if before is not None and before != router:
+            if self._left.pop(key, None) != router and self.watch_every:
+                self._left[key] = before  # it left this router (not: came back to one)
+                self._moved.setdefault((rack, before), (dst, sport, time.monotonic()))
+            self._path_moved()
 
     def _path_moved(self) -> None:
         """A traced 5-tuple crossed another spine than last time: ship now, and trace

@@ -24,10 +24,17 @@ went, that explains every gone path (greedy set cover); two links that explain e
 the same gone paths cannot be told apart (in a fabric of two racks, leaf1–spineY and
 leaf2–spineY never can) and are named together, each with confidence 1/2.
 
-A suspected link is out of service until a trace crosses it again: the outage runs from
-the first trace that saw a 5-tuple move off it to the first that crossed it again. Such
-a link is a ``flapping_link`` from its first outage, like a host port
-(:mod:`analytics.detect.flaps`), naming the racks that lost a path.
+A link is out of service exactly while it is suspected. Its *outage* is the time its
+paths were unusable — from the link failing until the fabric routes over it again, which
+includes the ~1.3 s BGP and BFD take to re-learn a returned link (no traffic crosses it
+until then). Each end is placed halfway between the traces that bound it: the newest trace
+across the link and the first that saw its paths go; the newest that showed a moved
+5-tuple still away and the first across the link again (collectors trace the last
+5-tuple across each uplink and every moved one every watch interval, 0.2 s, and time each
+answer by its trace's send time). Such a link is a ``flapping_link`` from its first
+outage, like a host port (:mod:`analytics.detect.flaps`), naming the racks that lost a
+path; links suspected together share one anomaly (one key), and a twin is dropped from
+it as soon as the traces single the link out.
 """
 
 from __future__ import annotations
@@ -48,6 +55,9 @@ log = logging.getLogger("clockmesh.detect.paths")
 # share of the traces since the move.
 CHANCE = 0.01
 RECENT_NS = 7_000_000_000  # an outage that ended this recently is still reported
+# An anomaly that said "down now" this recently may still be open (the book closes it
+# after its clear time, 60 s by default): when the outage is taken back, it says so.
+SAID_DOWN_NS = 60_000_000_000
 
 
 @dataclass
@@ -61,7 +71,11 @@ class FabricLink:
 @dataclass
 class _Gone:
     since_ns: int  # the trace that saw a 5-tuple move off the spine
-    avoided: int = 0  # traces from X to Z since then, none of them through it
+    # 5-tuples from X to Z traced since then, none of them through it (repeated traces of
+    # one 5-tuple are one piece of evidence, not several)
+    avoided: set[tuple[int, int, int]] = field(default_factory=set)
+    moved: set[tuple[int, int, int]] = field(default_factory=set)  # 5-tuples that left it
+    still_ns: int = 0  # newest trace of a moved 5-tuple still away from it
 
 
 @dataclass
@@ -69,11 +83,15 @@ class _LinkState:
     down_since: int = 0
     outages: collections.deque[Outage] = field(default_factory=collections.deque)
     group: tuple[str, ...] = ()  # the links it was suspected together with
-    back_ns: int = 0  # the first trace across it since it went down
+    evidence_ns: int = 0  # the first trace that saw its paths go (the outage began before)
+    back_ns: int = 0  # the first trace across it since then
+    still_ns: int = 0  # the newest trace before back_ns that showed its paths still away
     # The anomaly's key: the name(s) it was first suspected under, kept while it has
     # outages, so naming it more precisely later updates the anomaly instead of opening
-    # another one.
+    # another one; a twin suspected with a link that already has an anomaly takes its key.
     key: str = ""
+    error_ns: int = 0  # half the width of the last outage's bounds, start and end
+    touched_ns: int = 0  # when a twin's outage was taken back from it
 
 
 def traces_needed(spines: int) -> int:
@@ -111,6 +129,7 @@ class FabricPaths:
         self.spine_of: dict[tuple[int, int, int], str] = {}  # (src, dst, sport) -> spine now
         self.traced_ns: dict[tuple[int, int, int], int] = {}  # ... and when it was traced
         self.returned: dict[tuple[str, str, str], int] = {}  # path back after it had gone
+        self._said_down: dict[str, int] = {}  # anomaly key -> when it last said "down now"
 
     def feed(self, rows: np.ndarray) -> None:
         """``path_hop`` records (numpy, :data:`collector.records.PATH_HOP`)."""
@@ -157,7 +176,21 @@ class FabricPaths:
         for w in self.spines[(x, z)]:  # every path gone before this trace: avoided again
             g = self.gone.get((x, z, w))
             if g is not None and w != y and ts >= g.since_ns:
-                g.avoided += 1
+                g.avoided.add(key)
+                if key in g.moved:
+                    g.still_ns = max(g.still_ns, ts)
+        for end in (x, z):  # the links this trace crossed work: an outage of theirs ends
+            st = self.state.get(self.by_ends.get((end, y), ""))
+            if st is not None and st.down_since and not st.back_ns and ts > st.evidence_ns:
+                st.back_ns = ts
+                st.still_ns = max(
+                    (
+                        g.still_ns
+                        for (a, b, w), g in self.gone.items()
+                        if w == y and end in (a, b) and g.still_ns < ts
+                    ),
+                    default=0,
+                )
         g = self.gone.get((x, z, y))
         if g is not None and ts > g.since_ns:  # the path is back
             del self.gone[(x, z, y)]
@@ -166,31 +199,35 @@ class FabricPaths:
             self.last_seen[(x, z, y)] = ts
         joined = y not in self.spines[(x, z)]
         self.spines[(x, z)].add(y)
-        for end in (x, z):
-            st = self.state.get(self.by_ends.get((end, y), ""))
-            if st is not None and st.down_since and not st.back_ns and ts > st.down_since:
-                st.back_ns = ts
         if before is None or before == y or joined or g is not None:
             return  # new, unchanged, or onto a spine that was not in the group
         if self.returned.get((x, z, y), 0) > before_ns:
             return  # y came back since this 5-tuple's last trace: hashing moved it there
-        if (x, z, before) not in self.gone and self.last_seen.get((x, z, before), 0) < ts:
-            self.gone[(x, z, before)] = _Gone(ts, avoided=1)
+        left = self.gone.get((x, z, before))
+        if left is not None:
+            left.moved.add(key)
+        elif self.last_seen.get((x, z, before), 0) < ts:
+            self.gone[(x, z, before)] = _Gone(ts, avoided={key}, moved={key})
+
+    def working(self) -> dict[str, int]:
+        """Link -> the newest trace across it (a time it certainly carried traffic)."""
+        out: dict[str, int] = collections.defaultdict(int)
+        for (x, z, y), ts in self.last_seen.items():
+            for end in (x, z):
+                name = self.by_ends.get((end, y), "")
+                out[name] = max(out[name], ts)
+        return out
 
     def suspects(self) -> list[tuple[tuple[str, ...], int, int]]:
         """[(links that cannot be told apart, gone paths they explain, since when)]."""
         missing = {
             (x, z, y): g.since_ns
             for (x, z, y), g in self.gone.items()
-            if g.avoided >= traces_needed(len(self.spines[(x, z)]))
+            if len(g.avoided) >= traces_needed(len(self.spines[(x, z)]))
             and self.by_ends.get((x, y)) not in self.maintenance
             and self.by_ends.get((z, y)) not in self.maintenance
         }
-        working: dict[str, int] = collections.defaultdict(int)  # link -> newest trace across
-        for (x, z, y), ts in self.last_seen.items():
-            for end in (x, z):
-                name = self.by_ends.get((end, y), "")
-                working[name] = max(working[name], ts)
+        working = self.working()
         explains: dict[str, set[tuple[str, str, str]]] = collections.defaultdict(set)
         for (x, z, y), since in missing.items():
             for end in (x, z):
@@ -210,58 +247,110 @@ class FabricPaths:
         return groups
 
     def observations(self, now_ns: int) -> list[Observation]:
-        suspected = {}
+        groups: dict[tuple[str, ...], tuple[int, int]] = {}
+        suspected: dict[str, tuple[tuple[str, ...], int, int]] = {}
         for twins, n, since in self.suspects():
+            groups[twins] = (n, since)
             for name in twins:
                 suspected[name] = (twins, n, since)
         for name in self.maintenance & set(self.state):  # out of service: no flap history
             self.state[name] = _LinkState()
+        # A group is observed under one anomaly: its lead's (the member whose last outage
+        # ended last), else a new one named after the group; a member without an anomaly
+        # of its own joins that one.
+        lead = {twins: self._lead(twins) for twins in groups}
+        group_key = {t: self.state[lead[t]].key or " or ".join(t) for t in groups}
+        working = self.working()
         for name, st in self.state.items():
-            if name in suspected and not st.down_since:
-                st.down_since, st.back_ns = suspected[name][2], 0
-                st.outages.append(Outage(st.down_since))
-                st.key = st.key or " or ".join(suspected[name][0])
             if name in suspected:
-                st.group = suspected[name][0]
+                twins, _n, since = suspected[name]
+                if not st.down_since:
+                    st.outages.append(Outage(since))
+                    st.back_ns = st.still_ns = 0
+                    st.key = st.key or group_key[twins]
+                # Began after the newest trace across it and before the first that saw its
+                # paths go (later traces may narrow both: recomputed while it lasts).
+                st.evidence_ns = since
+                last_ok = working.get(name, 0)
+                start = (last_ok + since) // 2 if 0 < last_ok <= since else since
+                st.down_since = st.outages[-1].down_ns = max(start, 1)
+                st.error_ns = since - start
+                st.group = twins
             elif st.down_since and any(t in suspected for t in st.group if t != name):
                 # Named with a twin, then seen working while the twin is still out: the
-                # outage was the twin's, never this link's.
+                # outage was the twin's, never this link's. Its own anomaly, if it has
+                # one, is observed once more as it is (not down).
                 st.outages.pop()
                 st.down_since, st.group = 0, ()
-            elif st.down_since and st.back_ns:
-                st.outages[-1].up_ns = st.back_ns
+                st.touched_ns = self.newest_ns
+            elif st.down_since:
+                # Its paths are back (or nothing is missing any more): the outage ended
+                # after the last trace that showed them still away and by the first that
+                # crossed it again.
+                back = st.back_ns or max(self.newest_ns, st.evidence_ns)
+                still = st.still_ns if st.evidence_ns <= st.still_ns < back else st.evidence_ns
+                end = (still + back) // 2
+                st.outages[-1].up_ns = max(end, st.down_since + 1)
+                st.error_ns += back - end
                 st.down_since = 0
             prune(st.outages, now_ns, self.window_ns)
             if not st.outages:
-                st.key = ""
-        newest = self.newest_ns
-        out = []
-        done: set[str] = set()
+                st.key, st.group = "", ()
+        out, emitted = [], set()
+        for twins, (n, _since) in groups.items():
+            key = self.state[lead[twins]].key
+            if key and key not in emitted:
+                emitted.add(key)
+                out.append(self._observation(lead[twins], twins, key, n))
+        by_key: dict[str, list[str]] = collections.defaultdict(list)
         for name, st in self.state.items():
-            if not st.outages or name in done:
-                continue
-            ended = max((o.up_ns for o in st.outages), default=0)
-            recent = ended and newest - ended < RECENT_NS
-            if not (st.down_since or recent):
-                continue
-            twins = st.group if len(st.group) > 1 else (name,)
-            done |= set(twins)
-            lk = self.links[name]
-            label = " or ".join(twins)
-            extra = {
-                "leaf": lk.leaf,
-                "spine": lk.spine,
-                "candidates": list(twins),
-                "confidence": round(1 / len(twins), 2),
-                "missing_paths": suspected.get(name, ((), 0))[1],
-                "racks_exposed": sorted({self.links[t].leaf for t in twins}),
-                "source": "path traces (hop-2 answers per source port), tomography",
-            }
-            obs = flap_observation(
-                label, list(st.outages), st.down_since, newest, self.window_ns, extra
-            )
-            obs.link = twins[0] if len(twins) == 1 else label
-            obs.key = st.key or label
-            obs.score *= 1 / len(twins) if len(twins) > 1 else 1.0
-            out.append(obs)
+            if st.outages and st.key not in emitted and name not in suspected:
+                by_key[st.key or name].append(name)
+        for key, names in by_key.items():  # ended: observed while recent
+            name = max(names, key=lambda n: (self.state[n].outages[-1].up_ns, n))
+            st = self.state[name]
+            # or once more after a twin's outage was taken back, if its anomaly said
+            # "down now" last (so that it says no longer)
+            last = st.outages[-1].up_ns
+            said = self._said_down.get(key, 0)
+            if st.touched_ns > last and said and st.touched_ns - said < SAID_DOWN_NS:
+                last = st.touched_ns
+            if self.newest_ns - last < RECENT_NS:
+                out.append(self._observation(name, st.group or (name,), key, 0))
         return out
+
+    def _lead(self, twins: tuple[str, ...]) -> str:
+        """The member of a suspected group whose anomaly it is observed under: the one
+        whose last finished outage ended last (an anomaly someone may be looking at)."""
+
+        def ended(name: str) -> tuple[int, bool, str]:
+            st = self.state[name]
+            last = max((o.up_ns for o in st.outages if o.up_ns), default=0)
+            return (last, bool(st.key), name)
+
+        return max(twins, key=ended)
+
+    def _observation(self, name: str, twins: tuple[str, ...], key: str, n: int) -> Observation:
+        st = self.state[name]
+        if len(twins) < 2:
+            twins = (name,)
+        lk = self.links[name]
+        label = " or ".join(twins)
+        extra = {
+            "leaf": lk.leaf,
+            "spine": lk.spine,
+            "candidates": list(twins),
+            "confidence": round(1 / len(twins), 2),
+            "missing_paths": n,
+            "racks_exposed": sorted({self.links[t].leaf for t in twins}),
+            "outage_error_s": round(st.error_ns / 1e9, 2),
+            "source": "path traces (hop-2 answers per source port), tomography",
+        }
+        obs = flap_observation(
+            label, list(st.outages), st.down_since, self.newest_ns, self.window_ns, extra
+        )
+        obs.link = twins[0] if len(twins) == 1 else label
+        obs.key = key
+        self._said_down[key] = self.newest_ns if st.down_since else 0
+        obs.score *= 1 / len(twins) if len(twins) > 1 else 1.0
+        return obs

@@ -234,7 +234,8 @@ def test_echo_setting(tmp_path: Path, probe: dict[str, object], ratio: int) -> N
     ("probe", "message"),
     [({"echo_every": -1}, "probe.echo_every: expected an int >= 0"),
      ({"echo": True, "echo_every": 4}, "probe.echo: deprecated"),
-     ({"echo_every": "often"}, "probe.echo_every: expected int | null, got str")],
+     ({"echo_every": "often"}, "probe.echo_every: expected int | null, got str"),
+     ({"watch_interval_s": -0.2}, "probe.watch_interval_s: expected a number >= 0")],
 )  # fmt: skip
 def test_echo_setting_errors(tmp_path: Path, probe: dict[str, object], message: str) -> None:
     doc = {"host": "h", "backend": {"address": "127.0.0.1"}, "probe": probe,
@@ -243,3 +244,37 @@ def test_echo_setting_errors(tmp_path: Path, probe: dict[str, object], message: 
     with pytest.raises(config_mod.configfile.ConfigError) as err:
         config_mod.load(tmp_path / "c.yml")
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_watch_follows_each_router_and_a_moved_path_until_it_is_back(
+    tmp_path: Path,
+) -> None:
+    """Between rounds the watch traces a 5-tuple across each uplink router, and one that
+    moved off a router until it crosses that router again."""
+    net = loopback_net()
+    a_addr, b_addr = f"{net}.1", f"{net}.2"
+    port = free_udp_port(a_addr)
+    a = _mesh(tmp_path, "wa", a_addr, "wb", b_addr, port, watch_interval_s=0.2)
+    try:
+        dst, base = records.host_id("wb"), port + 1
+        p0, p1, p2, p3 = ((dst, base + p) for p in range(4))
+        now = time.monotonic()
+        for p in range(4):  # a round: ports 0, 2 on spine A, 1, 3 on spine B
+            a._answered(dst, base + p, "10.9.0.1" if p % 2 == 0 else "10.9.0.3")
+        assert a.watched(now) == [p0, p1]
+        assert not a.path_changed
+        a._answered(*p2, "10.9.0.3")  # spine A left the group
+        assert a.path_changed and a.stats["path_changes"] == 1
+        assert a.watched(now) == [p0, p1, p2]  # p2 is watched until it is back on A
+        a._answered(*p0, "10.9.0.3")  # a second moved 5-tuple: one per router is enough
+        assert a.watched(now) == [p0, p1, p2]
+        a._answered(*p2, "10.9.0.1")  # back: A's watch is p2 now, p0 no longer moved
+        a._answered(*p0, "10.9.0.1")
+        assert a._moved == {} and a.watched(now) == [p1, p2]
+        a._answered(*p1, "10.9.0.1")  # off B: B's watch moves on to a 5-tuple on B
+        a._answered(*p3, "10.9.0.3")
+        assert a.watched(now) == [p1, p2, p3]
+        assert a.watched(now + 121.0) == [p2, p3]  # a moved 5-tuple: 120 s at most
+        assert a.trace_due_at() == min(a.next_trace, a.next_watch)
+    finally:
+        a.close()

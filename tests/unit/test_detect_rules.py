@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 
 import numpy as np
@@ -218,7 +219,10 @@ def test_tomography_names_the_one_fabric_link_that_explains_the_missing_paths() 
     assert obs.evidence["confidence"] == 1.0 and obs.evidence["racks_exposed"] == ["leaf1"]
     paths.feed(_round(links, hosts, 7, set()))
     (obs,) = paths.observations(8 * S)
-    assert obs.evidence["down_now"] is False and obs.evidence["outages_s"] == [3.0]
+    # Down after the round at 2 s and by the one at 4 s; back after 4 s and by 7 s: the
+    # middles of those bounds, each known to half its width.
+    assert obs.evidence["down_now"] is False and obs.evidence["outages_s"] == [2.5]
+    assert obs.evidence["outage_error_s"] == 2.5
     assert "leaf1-spine2 flapped 1 time" in obs.summary
 
 
@@ -236,6 +240,110 @@ def test_with_two_racks_the_two_ends_cannot_be_told_apart_and_both_are_named() -
     paths.feed(_round(links, hosts, 5, set()))
     (obs,) = paths.observations(6 * S)  # back: still one anomaly for the pair, not two
     assert obs.key == "leaf1-spine2 or leaf2-spine2" and obs.evidence["down_now"] is False
+
+
+def _only(rows: np.ndarray, host_rack: dict[int, str], src: str, dst: str) -> np.ndarray:
+    """The traces from rack src to rack dst only (the others' not shipped yet)."""
+    of = np.array([host_rack[h] for h in rows["src"].tolist()])
+    to = np.array([host_rack[h] for h in rows["dst"].tolist()])
+    return rows[(of == src) & (to == dst)]
+
+
+def test_a_twin_named_with_a_flapping_link_folds_into_its_anomaly_and_nothing_stays_down() -> None:
+    """A link that flapped before flaps again; the first traces of the second outage come
+    from its twin's rack only, so both are named: that is the same anomaly (its key), the
+    twin is dropped once the other racks' traces single the link out, and once every path
+    crosses it again nothing is down and one anomaly remains."""
+    from analytics.detect.anomalies import AnomalyBook
+    from analytics.detect.paths import FabricPaths
+
+    links, host_rack, hosts = _fabric(3)
+    paths = FabricPaths(links, host_rack)
+    book = AnomalyBook(clear_s=60)
+    ids: set[str] = set()
+
+    def observe(sec: float) -> list[Observation]:
+        got = paths.observations(int(sec * S))
+        ids.update(book.observe(o, int(sec * S)).anomaly_id for o in got)
+        return got
+
+    for sec in (0, 1):
+        paths.feed(_round(links, hosts, sec, set()))
+    paths.feed(_round(links, hosts, 2, {"leaf3-spine2"}))
+    (first,) = observe(2.5)
+    assert first.link == "leaf3-spine2" and first.evidence["down_now"]
+    paths.feed(_round(links, hosts, 3, set()))
+    (obs,) = observe(3.5)
+    assert obs.key == first.key and not obs.evidence["down_now"]
+    paths.feed(_round(links, hosts, 10, set()))
+    paths.feed(_only(_round(links, hosts, 11, {"leaf3-spine2"}), host_rack, "leaf1", "leaf3"))
+    (obs,) = observe(11.5)  # rack 1's traces to rack 3 alone: its link to spine2 or rack 3's
+    assert obs.evidence["candidates"] == ["leaf1-spine2", "leaf3-spine2"], obs.evidence
+    assert obs.key == first.key and obs.evidence["down_now"]
+    paths.feed(_round(links, hosts, 11.2, {"leaf3-spine2"}))
+    (obs,) = observe(12)
+    assert obs.link == "leaf3-spine2" and obs.key == first.key and obs.evidence["flaps"] == 2
+    assert paths.state["leaf1-spine2"].outages == collections.deque()
+    paths.feed(_round(links, hosts, 13, set()))
+    (obs,) = observe(13.5)
+    assert not obs.evidence["down_now"] and len(obs.evidence["outages_s"]) == 2
+    assert all(not st.down_since for st in paths.state.values())
+    for sec in range(14, 30):
+        paths.feed(_round(links, hosts, sec, set()))
+        for o in observe(sec + 0.5):
+            assert o.key == first.key and not o.evidence["down_now"], o
+    assert len(ids) == 1
+
+
+def test_a_twin_with_an_old_anomaly_of_its_own_is_not_reopened() -> None:
+    """leaf1-spine2 flapped long ago; leaf3-spine2 flaps now, twice, and the second time
+    the first traces name both: that is observed under leaf3-spine2's anomaly only."""
+    from analytics.detect.paths import FabricPaths
+
+    links, host_rack, hosts = _fabric(3)
+    paths = FabricPaths(links, host_rack)
+    paths.feed(_round(links, hosts, 0, set()))
+    paths.feed(_round(links, hosts, 1, {"leaf1-spine2"}))
+    (old,) = paths.observations(int(1.5 * S))
+    paths.feed(_round(links, hosts, 2, set()))
+    paths.feed(_round(links, hosts, 100, set()))
+    assert paths.observations(100 * S) == [] and paths.state["leaf1-spine2"].outages
+    paths.feed(_round(links, hosts, 101, {"leaf3-spine2"}))
+    (now,) = paths.observations(int(101.5 * S))
+    assert now.link == "leaf3-spine2" and now.key != old.key
+    keys = set()
+    for sec, down in ((102, set()), (103, set()), (104, {"leaf3-spine2"}), (105, set())):
+        rows = _round(links, hosts, sec, down)
+        if down:  # the first to arrive: rack 1's traces to rack 3 alone
+            paths.feed(_only(rows, host_rack, "leaf1", "leaf3"))
+            for o in paths.observations(int(sec * S) + S // 4):
+                keys.add(o.key)
+                assert o.evidence["candidates"] == ["leaf1-spine2", "leaf3-spine2"], o
+        paths.feed(rows)
+        for o in paths.observations(int(sec * S) + S // 2):
+            keys.add(o.key)
+            assert o.link == "leaf3-spine2", o
+    assert keys == {now.key}
+    assert len(paths.state["leaf1-spine2"].outages) == 1  # its own, from long ago
+
+
+def test_an_outage_is_placed_between_the_traces_that_bound_it() -> None:
+    """Watch traces every 0.2 s: the outage runs from between the last trace across the
+    link and the first that avoided it to between the last that still avoided it and the
+    first across it again."""
+    from analytics.detect.paths import FabricPaths
+
+    links, host_rack, hosts = _fabric(3)
+    paths = FabricPaths(links, host_rack)
+    t = 0.0
+    while t < 20.0:  # down from 5.05 to 8.35 s
+        down = {"leaf2-spine1"} if 5.05 <= t < 8.35 else set()
+        paths.feed(_round(links, hosts, t, down))
+        paths.observations(int(t * S) + S // 10)
+        t = round(t + 0.2, 6)
+    (outage,) = paths.state["leaf2-spine1"].outages
+    assert abs(outage.duration_s(0) - 3.3) <= 0.2  # type: ignore[operator]
+    assert abs(outage.down_ns / S - 5.05) <= 0.1 and abs(outage.up_ns / S - 8.35) <= 0.1
 
 
 def test_contention_names_the_link_and_direction_that_slow_paths_share() -> None:
@@ -346,7 +454,10 @@ def test_hash_threshold_fabric_names_only_the_failed_link_and_recovers_cleanly()
             assert obs.link == "leaf1-spine3" and obs.evidence["flaps"] == 1
     assert paths.state["leaf1-spine3"].down_since == 0
     (outage,) = paths.state["leaf1-spine3"].outages
-    assert 10 * S <= outage.down_ns < 13 * S and 20 * S <= outage.up_ns < 23 * S
+    # Down from the traces of 10.0 s on (after those of 9.9 s), back from 20.0 s on: the
+    # outage is placed between the traces that bound each end, not at the first evidence.
+    assert 9.9 * S <= outage.down_ns <= 10.0 * S and 19.9 * S <= outage.up_ns <= 20.0 * S
+    assert abs(outage.duration_s(0) - 10.0) <= 0.1  # type: ignore[operator]
 
 
 def test_traces_the_topology_cannot_place_are_said_once_and_ignored(caplog) -> None:  # type: ignore[no-untyped-def]
