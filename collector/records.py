@@ -160,14 +160,14 @@ JOB_NCCL = np.dtype(
         ("gid_rule", "u1"),  # job_nccl.GidRule: 0 unknown, 1 set, 2 NCCL auto, 3 index 0, ...
         ("gid_from", "u1"),
         ("port", "u1"),
-        ("roce_version", "i1"),  # NCCL_IB_ROCE_VERSION_NUM in effect (auto selection), 0 n/a
+        ("roce_version", "<i2"),  # NCCL_IB_ROCE_VERSION_NUM in effect (auto selection), 0 n/a
         ("roce_version_from", "u1"),
         ("addr_family", "u1"),  # NCCL_IB_ADDR_FAMILY in effect: 4 or 6, 0 n/a
         ("addr_family_from", "u1"),
         ("addr_range_from", "u1"),
-        ("ib_timeout", "i1"),  # NCCL_IB_TIMEOUT in effect; -1 unknown
+        ("ib_timeout", "<i2"),  # NCCL_IB_TIMEOUT in effect; -1 unknown
         ("ib_timeout_from", "u1"),
-        ("ib_retry_cnt", "i1"),  # NCCL_IB_RETRY_CNT in effect; -1 unknown
+        ("ib_retry_cnt", "<i2"),  # NCCL_IB_RETRY_CNT in effect; -1 unknown
         ("ib_retry_cnt_from", "u1"),
         ("device", "S16"),
         ("addr_range", "S48"),  # NCCL_IB_ADDR_RANGE as set

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from collector import job_nccl, rdma_config, records
+from collector.record_buffer import RecordBuffer
 from collector.job_nccl import From, GidRule, VersionFrom
 from lab import fake_rdma
 
@@ -208,6 +209,9 @@ def test_a_real_process_mapping_libnccl_is_resolved(tmp_path: Path) -> None:
         assert (row["job_id"], row["version"], row["device"]) == (b"j223", b"2.23.4", b"mlx5_0")
         assert (row["gid_rule"], row["gid_index"]) == (GidRule.AUTO, 3)
         assert (row["ib_timeout"], row["ib_timeout_from"], row["ib_retry_cnt"]) == (14, 1, 7)
+        buf = RecordBuffer("job_nccl")  # the collector's spool buffer takes the rows
+        buf.extend(nccl)
+        assert len(buf) == 1
     finally:
         proc.kill()
         proc.wait()
