@@ -267,19 +267,23 @@ def judge_outages(obs: Observation, jobs: list[JobLimit]) -> None:
         parts.append(f"outages up to {longest:.1f} s")
     if e.get("down_now"):
         parts.append("down now")
+    kills: list[str] = []
+    unsure_parts: list[str] = []
+    survives: list[str] = []
     for j in judged:
         worst = max((d for d, v in zip(durations, j["verdicts"], strict=True) if v == "kills"
                      and d is not None), default=None)  # fmt: skip
         unsure = max((d for d, v in zip(durations, j["verdicts"], strict=True) if v == "may kill"
                       and d is not None), default=None)  # fmt: skip
         if worst is not None:
-            parts.append(f"kills job {j['job_id']}: outage {worst:.1f} s > its "
+            kills.append(f"kills job {j['job_id']}: outage {worst:.1f} s > its "
                          f"{_secs(j['survives_s'])}")  # fmt: skip
         elif unsure is not None:
-            parts.append(f"job {j['job_id']} may not survive: outage {unsure:.1f} s, its "
-                         f"limit unknown ({j['survives_from']})")  # fmt: skip
+            unsure_parts.append(f"job {j['job_id']} may not survive: outage {unsure:.1f} s, "
+                                f"its limit unknown ({j['survives_from']})")  # fmt: skip
         elif any(v == "survives" for v in j["verdicts"]):
-            parts.append(f"job {j['job_id']} survives (its {_secs(j['survives_s'])})")
+            survives.append(f"job {j['job_id']} survives (its {_secs(j['survives_s'])})")
+    parts += kills + unsure_parts + survives  # what kills first
     if not jobs and durations:
         over = len(fatal)
         parts.append(
