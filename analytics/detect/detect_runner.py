@@ -145,7 +145,7 @@ class DetectRunner:
         self.paths = FabricPaths(topo.fabric, topo.host_rack, self.config.flap_window_s)
         self.delays = PathDelays(topo.host_rack, self.paths.by_ends, self.paths.spine_of, names)
         self.roce = RoceJobs(names)
-        self.survival = Survival(topo.host_rack, names)  # outages against the jobs crossing
+        self.survival = Survival(topo.host_rack, names, self.config.flap_window_s)
         self.job_delays = JobDelays(names)
         self.delays.jobs_between = self.job_delays.jobs_between
         self._names = names  # shared with the rules, refreshed every pass
@@ -299,7 +299,7 @@ class DetectRunner:
                 ),
             ),
         ]
-        self.survival.judge(observed, self.roce.limits(now_ns))
+        self.survival.judge(observed, self.roce.limits(now_ns), now_ns)  # outages vs jobs
         self._settling = {k: t for k, t in self._settling.items() if t > now_ns}
         if self._settling:  # still true after the grace: a new anomaly (the fix did not take)
             observed = [o for o in observed if o.book_key not in self._settling]

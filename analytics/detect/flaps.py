@@ -308,9 +308,12 @@ class Survival:
     """Which jobs cross each flapping link, remembered while the link has an observation
     (a job killed by an outage and gone since still counts for that outage)."""
 
-    def __init__(self, host_rack: dict[int, str], host_names: dict[int, str]) -> None:
+    def __init__(
+        self, host_rack: dict[int, str], host_names: dict[int, str], window_s: float = 600.0
+    ) -> None:
         self.host_rack = host_rack
         self.host_names = host_names
+        self.window_ns = int(window_s * 1e9)  # as long as the link's outages are counted
         self.seen: dict[str, dict[str, JobLimit]] = {}
 
     def crossing(self, evidence: dict, jobs: dict[str, JobLimit]) -> list[JobLimit]:
@@ -329,7 +332,7 @@ class Survival:
                 out.append(j)
         return out
 
-    def judge(self, observed: list[Observation], jobs: dict[str, JobLimit]) -> None:
+    def judge(self, observed: list[Observation], jobs: dict[str, JobLimit], now_ns: int) -> None:
         keys = set()
         for obs in observed:
             if obs.kind != "flapping_link":
@@ -342,5 +345,9 @@ class Survival:
                                       min(j.first_ns, was.first_ns) if was else j.first_ns,
                                       j.last_ns)  # fmt: skip
             judge_outages(obs, list(mem.values()))
-        for key in set(self.seen) - keys:
-            del self.seen[key]
+        for key in set(self.seen) - keys:  # jobs are remembered as long as the outages
+            mem = self.seen[key]
+            for job in [j for j, jl in mem.items() if now_ns - jl.last_ns > self.window_ns]:
+                del mem[job]
+            if not mem:
+                del self.seen[key]

@@ -75,7 +75,8 @@ def test_each_outage_is_judged_against_the_jobs_crossing_the_link() -> None:
         "elsewhere": JobLimit("elsewhere", qp_limit_s(14, 7), "", {H2}, 0, 5 * S),
         "later": JobLimit("later", qp_limit_s(14, 7), "", {H1}, 30 * S, 40 * S),
     }
-    Survival({H1: "leaf1", H2: "leaf2"}, {H1: "h1-1", H2: "h2-1"}).judge([obs], jobs)
+    surv = Survival({H1: "leaf1", H2: "leaf2"}, {H1: "h1-1", H2: "h2-1"})
+    surv.judge([obs], jobs, 5 * S)
     assert "kills job tight: outage 2.0 s > its 0.54 s" in obs.summary, obs.summary
     assert "job loose survives (its 34.4 s)" in obs.summary, obs.summary
     assert "elsewhere" not in obs.summary and "later" not in obs.summary
@@ -84,6 +85,15 @@ def test_each_outage_is_judged_against_the_jobs_crossing_the_link() -> None:
     assert by_job["later"]["verdicts"] == [None] and "elsewhere" not in by_job
     assert obs.evidence["outages_over_kill_s"] == 1
     assert obs.evidence["collective_kill_s"] == round(tight, 3)
+    # the link flaps again after the tight job died: its verdict on the first outage stays
+    flaps.feed(_counters([(20, 2, 1), (21, 6, 0)]))
+    (obs,) = flaps.observations(21 * S)
+    del jobs["tight"]
+    jobs["loose"].last_ns = 21 * S  # still running
+    surv.judge([obs], jobs, 21 * S)
+    by_job = {j["job_id"]: j for j in obs.evidence["jobs"]}
+    assert by_job["tight"]["verdicts"] == ["kills", None], by_job
+    assert by_job["loose"]["verdicts"] == ["survives", "survives"]
 
 
 def test_a_fabric_link_is_crossed_by_jobs_between_its_rack_and_another() -> None:
