@@ -222,10 +222,16 @@ def flap_observation(
     return obs
 
 
-def _verdict(d: float | None, limit: float | None) -> str | None:
+def _verdict(
+    d: float | None, limit: float | None, bounds: tuple[float, float] | None = None
+) -> str | None:
     if d is None:
         return None  # shorter than one sample: not judged
     if limit is None:
+        if bounds is not None and d < bounds[0]:
+            return "survives"  # shorter than what any release's default survives
+        if bounds is not None and d > bounds[1]:
+            return "kills"  # longer than what any release's default survives
         return "may kill"
     return "kills" if d > limit else "survives"
 
@@ -249,11 +255,12 @@ def judge_outages(obs: Observation, jobs: list[JobLimit]) -> None:
         for i, d in enumerate(durations):
             down, up = spans[i] if i < len(spans) else (0, 0)
             ran = jl.first_ns - JOB_SLACK_NS <= up and (not jl.last_ns or jl.last_ns >= down)
-            verdicts.append(_verdict(d, jl.limit_s) if ran else None)
+            verdicts.append(_verdict(d, jl.limit_s, jl.bounds) if ran else None)
         fatal |= {i for i, v in enumerate(verdicts) if v == "kills"}
         judged.append({
             "job_id": jl.job,
             "survives_s": None if jl.limit_s is None else round(jl.limit_s, 3),
+            "survives_range_s": None if jl.bounds is None else [round(b, 3) for b in jl.bounds],
             "survives_from": jl.words,
             "hosts": len(jl.hosts),
             "verdicts": verdicts,
@@ -277,12 +284,13 @@ def judge_outages(obs: Observation, jobs: list[JobLimit]) -> None:
                       and d is not None), default=None)  # fmt: skip
         if worst is not None:
             kills.append(f"kills job {j['job_id']}: outage {worst:.1f} s > its "
-                         f"{_secs(j['survives_s'])}")  # fmt: skip
+                         f"{_secs(j['survives_s'], j['survives_range_s'])}")  # fmt: skip
         elif unsure is not None:
             unsure_parts.append(f"job {j['job_id']} may not survive: outage {unsure:.1f} s, "
                                 f"its limit unknown ({j['survives_from']})")  # fmt: skip
         elif any(v == "survives" for v in j["verdicts"]):
-            survives.append(f"job {j['job_id']} survives (its {_secs(j['survives_s'])})")
+            survives.append(f"job {j['job_id']} survives (its "
+                            f"{_secs(j['survives_s'], j['survives_range_s'])})")  # fmt: skip
     parts += kills + unsure_parts + survives  # what kills first
     if not jobs and durations:
         over = len(fatal)
@@ -300,7 +308,9 @@ def judge_outages(obs: Observation, jobs: list[JobLimit]) -> None:
         None if judged else round(ASSUMED_LIMIT_S, 3))  # fmt: skip
 
 
-def _secs(s: float | None) -> str:
+def _secs(s: float | None, bounds: list[float] | None = None) -> str:
+    if s is None and bounds:
+        return f"{_secs(bounds[0])} to {_secs(bounds[1])} (NCCL version unknown)"
     return "unknown" if s is None else f"{s:.2g} s" if s < 1 else f"{s:.1f} s"
 
 
@@ -343,7 +353,7 @@ class Survival:
                 was = mem.get(j.job)
                 mem[j.job] = JobLimit(j.job, j.limit_s, j.words, set(j.hosts),
                                       min(j.first_ns, was.first_ns) if was else j.first_ns,
-                                      j.last_ns)  # fmt: skip
+                                      j.last_ns, j.bounds)  # fmt: skip
             judge_outages(obs, list(mem.values()))
         for key in set(self.seen) - keys:  # jobs are remembered as long as the outages
             mem = self.seen[key]

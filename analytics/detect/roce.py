@@ -107,6 +107,15 @@ class _Library:
         return limit, (f"NCCL_IB_TIMEOUT {self.ib_timeout} ({src(self.ib_timeout_from)}), "
                        f"NCCL_IB_RETRY_CNT {self.ib_retry_cnt} ({src(self.ib_retry_cnt_from)})")  # fmt: skip
 
+    def bounds(self) -> tuple[float, float] | None:
+        """With the version (hence the timeout default) unknown and no timeout set: what the
+        job survives lies between the smallest and largest default of any release."""
+        if self.library == "ucx" or self.ib_timeout >= 0 or self.ib_retry_cnt < 0:
+            return None
+        defaults = [v for _, v in job_nccl.TIMEOUT_DEFAULTS]
+        return (job_nccl.qp_limit_s(min(defaults), self.ib_retry_cnt),
+                job_nccl.qp_limit_s(max(defaults), self.ib_retry_cnt))  # fmt: skip
+
 
 @dataclass
 class JobLimit:
@@ -118,6 +127,7 @@ class JobLimit:
     hosts: set[int]
     first_ns: int  # first seen running (host clock)
     last_ns: int = 0  # last seen running
+    bounds: tuple[float, float] | None = None  # limit unknown, but within these (seconds)
 
 
 class RoceJobs:
@@ -316,6 +326,10 @@ class RoceJobs:
                 jl.last_ns = now_ns
                 if limit is None:
                     unknown.setdefault(job, f"{name}: {how}")
+                    b = lib.bounds() if lib else None
+                    if b is not None:
+                        lo, hi = jl.bounds or b
+                        jl.bounds = (min(lo, b[0]), min(hi, b[1]))
                 elif jl.limit_s is None or limit < jl.limit_s:
                     jl.limit_s, jl.words = limit, f"{lib.name() if lib else ''} on {name}: {how}"
         for job, jl in out.items():

@@ -96,6 +96,35 @@ def test_each_outage_is_judged_against_the_jobs_crossing_the_link() -> None:
     assert by_job["loose"]["verdicts"] == ["survives", "survives"]
 
 
+def test_a_job_of_unknown_nccl_version_is_judged_within_what_any_release_survives() -> None:
+    """No version, no NCCL_IB_TIMEOUT: its limit lies between 0.54 s (timeout 14) and
+    34.4 s (20): shorter outages survive, longer ones kill, the rest may kill."""
+    roce = RoceJobs({H1: "h1-1"})
+    roce.feed_gids(_gids(H1))
+    roce.feed_jobs(_jobs(H1, [(b"dunno", -1)]))
+    roce.feed_nccl(_nccl(H1, b"dunno", "", 0, -1, timeout=-1))
+    jl = roce.limits(3 * S)["dunno"]
+    assert jl.limit_s is None and jl.bounds == (qp_limit_s(14, 7), qp_limit_s(20, 7))
+    for secs, verdict, words in ((0.3, "survives", "job dunno survives"),
+                                 (2, "may kill", "job dunno may not survive: outage 2.0 s"),
+                                 (40, "kills", "kills job dunno: outage 40.0 s > its 0.54 s "
+                                               "to 34.4 s (NCCL version unknown)")):  # fmt: skip
+        flaps = _flaps()
+        down, up = 10 * S, 10 * S + int(secs * S)
+        flaps.feed(_counters([(1, 6, 0), (2, 6, 0)]))
+        rows = _counters([(10, 2, 1)])
+        up_rows = _counters([(11, 6, 0)])
+        up_rows["ts_ns"] = up
+        rows["ts_ns"] = down
+        flaps.feed(np.concatenate([rows, up_rows]))
+        (obs,) = flaps.observations(up)
+        jl.first_ns, jl.last_ns = 0, up
+        Survival({}, {H1: "h1-1"}).judge([obs], {"dunno": jl}, up)
+        (j,) = obs.evidence["jobs"]
+        assert j["verdicts"] == [verdict], (secs, j)
+        assert words in obs.summary, obs.summary
+
+
 def test_a_fabric_link_is_crossed_by_jobs_between_its_rack_and_another() -> None:
     surv = Survival({H1: "leaf1", H2: "leaf2", 7: "leaf1"}, {})
     jobs = {
