@@ -240,7 +240,7 @@ def judge_outages(obs: Observation, jobs: list[JobLimit]) -> None:
     """Judge a ``flapping_link`` observation's finished outages against the jobs that
     crossed the link while each happened (``jobs``; none: the current NCCL defaults,
     assumed and said so): sets the summary's verdict, the score, and the evidence's
-    ``jobs``, ``outages_over_kill_s`` and ``collective_kill_s``."""
+    ``job_verdicts``, ``outages_over_kill_s`` and ``collective_kill_s``."""
     e = obs.evidence
     n = int(e.get("flaps") or 0)
     # keep a scale the caller applied (tomography's confidence when links are twins)
@@ -302,7 +302,7 @@ def judge_outages(obs: Observation, jobs: list[JobLimit]) -> None:
     obs.summary = "; ".join(parts)
     obs.score = (1.0 - 0.5 ** (n + (1 if fatal else 0))) * scale
     limits: list[float] = [j["survives_s"] for j in judged if j["survives_s"] is not None]
-    e["jobs"] = judged
+    e["job_verdicts"] = judged  # not "jobs": contention lists job ids there
     e["outages_over_kill_s"] = len(fatal)
     e["collective_kill_s"] = round(min(limits), 3) if limits else (
         None if judged else round(ASSUMED_LIMIT_S, 3))  # fmt: skip

@@ -6,12 +6,12 @@ page (plots inline as SVG: viewable with no network), Markdown (plots as SVG fil
 it) and JSON (the same facts). Plots with matplotlib.
 
 GPU-hours at risk, stated with its assumption, follow the detector's judgement of each
-outage against the jobs that crossed the link (``evidence.jobs``, analytics/detect/flaps.py:
+outage against the jobs that crossed the link (``evidence.job_verdicts``, analytics/detect/flaps.py:
 each job's queue pairs survive 4.096 µs × 2^NCCL_IB_TIMEOUT × (NCCL_IB_RETRY_CNT + 1)): a
 job that survives an outage stalls for it (its hosts × GPUs per host × the outage); a job it
 kills loses the outage and the work since its last checkpoint plus the restart
 (``lost_min`` minutes, stated). Anomalies stored before jobs were judged (no
-``evidence.jobs``) fall back to the hosts behind the link (its rack for a leaf–spine link,
+``evidence.job_verdicts``) fall back to the hosts behind the link (its rack for a leaf–spine link,
 the host for an access link) × the outage, judged against current NCCL defaults.
 """
 
@@ -170,7 +170,7 @@ def collect(
         x["where"] = x["link"] or x["job_id"]
         x["raw_outages"] = list(ev.get("outages_s") or [])
         x["outages_s"] = [o for o in x["raw_outages"] if o is not None]
-        x["jobs"] = ev.get("jobs")  # None: stored before the detector judged jobs
+        x["jobs"] = ev.get("job_verdicts")  # None: stored before the detector judged jobs
         x["closed_by"] = doc.get("closed_by", "")
         end = x["closed_ns"] or b
         x["duration_s"] = round(max(0, min(end, b) - max(x["opened_ns"], a)) / 1e9, 1)

@@ -159,14 +159,14 @@ def test_one_outage_kills_the_job_with_a_short_timeout_and_not_the_other(
         def judged() -> dict[str, Any] | None:
             for a in live()["anomalies"]["open"]:
                 e = a["evidence"]
-                if a["link"] == link.name and e.get("outages_s") and e.get("jobs"):
+                if a["link"] == link.name and e.get("outages_s") and e.get("job_verdicts"):
                     return a
             return None
 
         a = wait_for(judged, 20, "the flap's outage judged against both jobs")
         (outage,) = a["evidence"]["outages_s"]
         assert tight < outage < loose, outage
-        by_job = {j["job_id"]: j for j in a["evidence"]["jobs"]}
+        by_job = {j["job_id"]: j for j in a["evidence"]["job_verdicts"]}
         assert by_job["tight"]["verdicts"] == ["kills"], by_job
         assert by_job["loose"]["verdicts"] == ["survives"], by_job
         assert f"kills job tight: outage {outage:.1f} s > its 0.54 s" in a["summary"], a

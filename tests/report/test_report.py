@@ -24,7 +24,7 @@ def _store(tmp_path: Path, anomalies: bool, jobs: list[dict] | None = None) -> P
     if anomalies:
         ev = {"outages_s": [2.0, 5.0], "racks_exposed": ["leaf1"], "flaps": 2}
         if jobs is not None:  # the detector judged the outages against these jobs
-            ev["jobs"] = jobs
+            ev["job_verdicts"] = jobs
         row = {"opened_ns": T0 + 60 * S, "closed_ns": T0 + 200 * S, "anomaly_id": "flapping-1",
                "kind": "flapping_link", "score": 0.9, "src": 0, "dst": 0, "link": "leaf1-spine2",
                "job_id": "", "detail": json.dumps({"summary": "leaf1-spine2 flapped 2 times",

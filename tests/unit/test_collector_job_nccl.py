@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from collector import job_nccl, rdma_config, records
-from collector.record_buffer import RecordBuffer
 from collector.job_nccl import From, GidRule, VersionFrom
+from collector.record_buffer import RecordBuffer
 from lab import fake_rdma
 
 PID = 4242

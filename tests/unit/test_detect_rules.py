@@ -51,7 +51,7 @@ def test_outage_durations_and_sub_sample_flaps_are_counted() -> None:
     assert obs.evidence["flaps"] == 2
     assert obs.evidence["outages_s"] == [5.0, None]
     # no job crosses it: judged against current NCCL defaults, and the summary says so
-    assert obs.evidence["outages_over_kill_s"] == 0 and obs.evidence["jobs"] == []
+    assert obs.evidence["outages_over_kill_s"] == 0 and obs.evidence["job_verdicts"] == []
     assert "outages up to 5.0 s" in obs.summary
     assert (
         "none longer than the 34.4 s a job survives on NCCL >= 2.23 defaults: "
@@ -80,7 +80,7 @@ def test_each_outage_is_judged_against_the_jobs_crossing_the_link() -> None:
     assert "kills job tight: outage 2.0 s > its 0.54 s" in obs.summary, obs.summary
     assert "job loose survives (its 34.4 s)" in obs.summary, obs.summary
     assert "elsewhere" not in obs.summary and "later" not in obs.summary
-    by_job = {j["job_id"]: j for j in obs.evidence["jobs"]}
+    by_job = {j["job_id"]: j for j in obs.evidence["job_verdicts"]}
     assert by_job["tight"]["verdicts"] == ["kills"] and by_job["loose"]["verdicts"] == ["survives"]
     assert by_job["later"]["verdicts"] == [None] and "elsewhere" not in by_job
     assert obs.evidence["outages_over_kill_s"] == 1
@@ -91,7 +91,7 @@ def test_each_outage_is_judged_against_the_jobs_crossing_the_link() -> None:
     del jobs["tight"]
     jobs["loose"].last_ns = 21 * S  # still running
     surv.judge([obs], jobs, 21 * S)
-    by_job = {j["job_id"]: j for j in obs.evidence["jobs"]}
+    by_job = {j["job_id"]: j for j in obs.evidence["job_verdicts"]}
     assert by_job["tight"]["verdicts"] == ["kills", None], by_job
     assert by_job["loose"]["verdicts"] == ["survives", "survives"]
 
@@ -120,7 +120,7 @@ def test_a_job_of_unknown_nccl_version_is_judged_within_what_any_release_survive
         (obs,) = flaps.observations(up)
         jl.first_ns, jl.last_ns = 0, up
         Survival({}, {H1: "h1-1"}).judge([obs], {"dunno": jl}, up)
-        (j,) = obs.evidence["jobs"]
+        (j,) = obs.evidence["job_verdicts"]
         assert j["verdicts"] == [verdict], (secs, j)
         assert words in obs.summary, obs.summary
 
