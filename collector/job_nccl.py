@@ -365,9 +365,9 @@ def port_gids(sysfs_root: str | Path, device: str, port: int) -> list[GidEntry]:
 
 
 def first_port(sysfs_root: str | Path, device: str) -> int:
+    base = Path(sysfs_root) / "sys/class/infiniband" / device / "ports"
     try:
-        ports = sorted(int(p) for p in os.listdir(
-            Path(sysfs_root) / "sys/class/infiniband" / device / "ports") if p.isdigit())  # fmt: skip
+        ports = sorted(int(p) for p in os.listdir(base) if p.isdigit())
     except OSError:
         return 1
     return ports[0] if ports else 1

@@ -8,7 +8,8 @@
   (``<configfs_root>/rdma_cm/<dev>/ports/<p>/default_roce_mode``) when mounted
   and present; "" otherwise.
 * Jobs (records.JOB_RDMA): ``NCCL_IB_GID_INDEX`` in ``/etc/nccl.conf``
-  (``KEY=VALUE`` lines, ``#`` lines skipped, the first assignment counts, as NCCL reads it), and the environment of every process
+  (``KEY=VALUE`` lines, ``#`` lines skipped, the first assignment counts, as NCCL reads
+  it), and the environment of every process
   holding an RDMA device open (a ``/proc/<pid>/fd`` link to
   ``.../dev/infiniband/uverbsN``; in the lab, the fake tree's file of that name):
   ``NCCL_IB_GID_INDEX``, else ``UCX_IB_GID_INDEX``. The job id is

@@ -41,8 +41,11 @@ OPER_UP = 6
 # (NCCL_IB_TIMEOUT 20 since 2.23, NCCL_IB_RETRY_CNT 7): 4.096 µs × 2^20 × 8 = 34.4 s.
 ASSUMED_TIMEOUT, ASSUMED_RETRY = job_nccl.TIMEOUT_DEFAULTS[0][1], job_nccl.DEFAULT_RETRY_CNT
 ASSUMED_LIMIT_S = job_nccl.qp_limit_s(ASSUMED_TIMEOUT, ASSUMED_RETRY)
-ASSUMED_WORDS = (f"NCCL >= {'.'.join(map(str, job_nccl.TIMEOUT_DEFAULTS[0][0]))} defaults: "
-                 f"NCCL_IB_TIMEOUT {ASSUMED_TIMEOUT}, NCCL_IB_RETRY_CNT {ASSUMED_RETRY}")  # fmt: skip
+_SINCE = ".".join(map(str, job_nccl.TIMEOUT_DEFAULTS[0][0]))
+ASSUMED_WORDS = (
+    f"NCCL >= {_SINCE} defaults: "
+    f"NCCL_IB_TIMEOUT {ASSUMED_TIMEOUT}, NCCL_IB_RETRY_CNT {ASSUMED_RETRY}"
+)
 JOB_SLACK_NS = 10_000_000_000  # a job's snapshot trails its start (5-s scans, shipping)
 DOWN_COUNTERS = {b"carrier_down_count", b"link_downed"}
 NAMES = {b"operstate", *DOWN_COUNTERS}

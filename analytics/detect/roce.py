@@ -104,8 +104,9 @@ class _Library:
                           f"{', '.join(str(v) for _, v in reversed(job_nccl.TIMEOUT_DEFAULTS))} "
                           "by version)")  # fmt: skip
         limit = job_nccl.qp_limit_s(self.ib_timeout, self.ib_retry_cnt)
-        return limit, (f"NCCL_IB_TIMEOUT {self.ib_timeout} ({src(self.ib_timeout_from)}), "
-                       f"NCCL_IB_RETRY_CNT {self.ib_retry_cnt} ({src(self.ib_retry_cnt_from)})")  # fmt: skip
+        timeout = f"NCCL_IB_TIMEOUT {self.ib_timeout} ({src(self.ib_timeout_from)})"
+        retry = f"NCCL_IB_RETRY_CNT {self.ib_retry_cnt} ({src(self.ib_retry_cnt_from)})"
+        return limit, f"{timeout}, {retry}"
 
     def bounds(self) -> tuple[float, float] | None:
         """With the version (hence the timeout default) unknown and no timeout set: what the

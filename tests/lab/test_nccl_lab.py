@@ -98,8 +98,11 @@ def test_gid_verdicts_follow_each_jobs_nccl_version(site: dict[str, Any]) -> Non
             assert h["gid_type"] == (
                 "unknown (NCCL version unknown: no libnccl.so (or UCX) in its /proc/PID/maps "
                 "and no NCCL_VERSION in its environment)"), h  # fmt: skip
-        anomalies = wait_for(lambda: (a := _roce(live)) and {"old", "v1num"} <= set(a) and a,
-                             30, "roce_v1_job for the 2.18 job and the ROCE_VERSION_NUM=1 job")  # fmt: skip
+        anomalies = wait_for(
+            lambda: (a := _roce(live)) and {"old", "v1num"} <= set(a) and a,
+            30,
+            "roce_v1_job for the 2.18 job and the ROCE_VERSION_NUM=1 job",
+        )
         old = anomalies["old"]
         assert "NCCL 2.18.3" in old["summary"] and old["evidence"]["gid_indices"] == [0], old
         assert old["evidence"]["index_source"] == [
