@@ -195,14 +195,21 @@ class ProcessView:
         return f"{self.proc}/{self.pid}"
 
     def root(self) -> str:
-        """Prefix for paths as the process sees them: "" in the collector's own root,
-        ``/proc/PID/root`` in a container (or a recorded tree, where it is a directory)."""
+        """Prefix for paths as the process sees them: "" in the collector's own root and
+        mount namespace, ``/proc/PID/root`` in a chroot or a container (another mount
+        namespace), or a recorded tree's ``root`` directory."""
         link = f"{self.base}/root"
         try:
             target = os.readlink(link)
         except OSError:
             return link if os.path.isdir(link) else ""
-        return "" if target == "/" else link
+        if target != "/":
+            return link  # chroot
+        try:  # a container's root also reads "/": its own mount namespace tells it apart
+            same = os.readlink(f"{self.base}/ns/mnt") == os.readlink(f"{self.proc}/self/ns/mnt")
+        except OSError:
+            return ""
+        return "" if same else link
 
     def maps(self) -> list[str]:
         """Paths of the files the process maps (each once, in order)."""

@@ -215,3 +215,27 @@ def test_a_real_process_mapping_libnccl_is_resolved(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a mount namespace needs root")
+def test_a_process_in_its_own_mount_namespace_is_read_through_its_root(tmp_path: Path) -> None:
+    """As a container: the process's /etc/nccl.conf is on a mount only its namespace has;
+    the collector reads it through /proc/PID/root."""
+    d = tmp_path / "etc"
+    d.mkdir()
+    code = ("import subprocess, sys, time; d = sys.argv[1]; "
+            "subprocess.run(['mount', '-t', 'tmpfs', 'tmpfs', d], check=True); "
+            "open(d + '/nccl.conf', 'w').write('NCCL_IB_TIMEOUT=16\\n'); "
+            "print('ready', flush=True); time.sleep(60)")  # fmt: skip
+    proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", sys.executable,
+                             "-c", code, str(d)], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        assert not (d / "nccl.conf").exists()  # not in the collector's namespace
+        view = job_nccl.ProcessView("/proc", proc.pid, {}, str(d / "nccl.conf"))
+        assert view.root() == f"/proc/{proc.pid}/root"
+        lib = job_nccl.job_library(view)
+        assert lib.settings["NCCL_IB_TIMEOUT"] == job_nccl.Setting("16", From.ETC_CONF)
+    finally:
+        proc.kill()
+        proc.wait()
