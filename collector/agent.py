@@ -274,14 +274,14 @@ class Collector:
         if self._jobs is None or self._jobs.same_netns != self.cfg.lab:
             self._jobs = rdma_config.JobScanner(same_netns=self.cfg.lab)
         found = self._jobs.scan(time.monotonic())
-        rows = rdma_config.job_rows(
+        rows, nccl = rdma_config.job_snapshot(
             self.cfg.rdma.nccl_conf,
             self.clock.now(),
             self.host_id,
             found=found,
             sysfs_root=self.cfg.counters.sysfs_root,
         )
-        fp = rdma_config.fingerprint(rows)
+        fp = rdma_config.fingerprint(rows) + rdma_config.fingerprint(nccl)
         if fp != self._jobs_fp:
             if not len(rows):
                 # No job (or the last one ended): say so, or the ops box would think a
@@ -289,7 +289,10 @@ class Collector:
                 rows = rdma_config.no_jobs_row(self.clock.now(), self.host_id)
             self._jobs_fp = fp
             self.buffers["job_rdma"].extend(rows)
-            log.info("event=job_rdma rows=%d", len(rows))
+            if len(nccl):  # the same snapshot: same ts_ns as its job_rdma rows
+                nccl["ts_ns"] = rows["ts_ns"].max()
+                self.buffers["job_nccl"].extend(nccl)
+            log.info("event=job_rdma rows=%d nccl=%d", len(rows), len(nccl))
 
     def health_values(self) -> dict[str, int]:
         mesh = self.mesh

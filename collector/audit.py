@@ -8,7 +8,10 @@ pass, where the hardware or tool is absent. Categories, as operators sort them:
 - ``frontend``: the ops box answers (``/healthz``) over the management network;
 - ``backend``: the backend interface up with its inventory address and MTU, a route to
   the fabric through it, RDMA devices initialised and ports ACTIVE, the GID index jobs
-  will use is RoCE v2 (``NCCL_IB_GID_INDEX`` in nccl.conf, or NCCL's default when unset),
+  will use is RoCE v2 (``NCCL_IB_GID_INDEX`` in nccl.conf; when unset, as the NCCL
+  installed on the host picks it: 2.21 and later select a GID of
+  ``NCCL_IB_ROCE_VERSION_NUM`` themselves, older ones take index 0; no NCCL found: skipped,
+  the index depends on the version a job brings),
   full-mesh connectivity to every peer's backend address with RTT against a threshold
   (ICMP echo on a raw socket: root, as the playbook runs it);
 - ``collective``: nccl-tests' ``all_reduce_perf`` when installed.
@@ -30,10 +33,14 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from collector import job_nccl
 from collector.rdma_config import parse_nccl_conf
 
 V1, V2 = "IB/RoCE v1", "RoCE v2"
 NCCL_DEFAULT_INDEX = 0  # NCCL_IB_GID_INDEX's default before NCCL 2.21
+# Where a host's NCCL is installed (distribution packages, NVIDIA's, CUDA's, by hand).
+LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64",
+            "/usr/lib", "/usr/local/lib", "/usr/local/cuda/lib64", "/opt/nccl/lib")  # fmt: skip
 RDMA_MODULES = ("ib_core", "ib_uverbs", "rdma_ucm")
 
 
@@ -59,6 +66,23 @@ class AuditArgs:
     min_mem_gib: float = 0.0
     max_rtt_ms: float = 1.0
     lab: bool = False  # the sysfs root is the lab's fake RDMA tree
+    lib_dirs: tuple[str, ...] = LIB_DIRS  # where to look for libnccl.so.X.Y.Z
+
+
+def installed_nccl(lib_dirs: tuple[str, ...]) -> list[tuple[int, int, int]]:
+    """Versions of the libnccl.so.X.Y.Z files in ``lib_dirs`` (newest first)."""
+    found = set()
+    for d in lib_dirs:
+        try:
+            names = os.listdir(d)
+        except OSError:
+            continue
+        for n in names:
+            if n.startswith("libnccl.so."):
+                v = job_nccl.parse_version(n[len("libnccl.so.") :])
+                if v is not None and n.count(".") == 4:
+                    found.add(v)
+    return sorted(found, reverse=True)
 
 
 def _read(path: Path) -> str | None:
@@ -198,6 +222,7 @@ def _rdma(a: AuditArgs) -> list[Check]:
     out = [Check("backend", "rdma_devices", "pass", f"initialised{note}", ", ".join(devices))]
     index_text = _read(Path(a.nccl_conf))
     index = parse_nccl_conf(index_text) if index_text else None
+    versions = [] if index is not None else installed_nccl(a.lib_dirs)
     for dev in devices:
         ports = ib / dev / "ports"
         for p in sorted(os.listdir(ports)) if ports.is_dir() else []:
@@ -206,19 +231,41 @@ def _rdma(a: AuditArgs) -> list[Check]:
             out.append(Check("backend", f"port {dev}/{p}", "pass" if "ACTIVE" in state else "fail",
                              "ACTIVE", state))  # fmt: skip
             types = _gid_types(port)
-            used = NCCL_DEFAULT_INDEX if index is None else index
-            how = (f"NCCL_IB_GID_INDEX unset in {a.nccl_conf}: NCCL < 2.21 uses index "
-                   f"{NCCL_DEFAULT_INDEX}" if index is None
-                   else f"NCCL_IB_GID_INDEX={index} in {a.nccl_conf}")  # fmt: skip
-            kind = types.get(used)
             v2 = sorted(n for n, t in types.items() if t == V2)
-            if kind == V2:
-                out.append(Check("backend", f"gid {dev}/{p}", "pass", f"{how}: RoCE v2", str(used)))
+            here = f"RoCE v2 indices here: {', '.join(map(str, v2)) or 'none'}"
+            if index is not None:
+                uses = [(index, f"NCCL_IB_GID_INDEX={index} in {a.nccl_conf}")]
+            elif not versions:
+                out.append(Check("backend", f"gid {dev}/{p}", "skipped",
+                                 f"NCCL_IB_GID_INDEX unset in {a.nccl_conf} and no "
+                                 f"libnccl.so.X.Y.Z in {', '.join(a.lib_dirs)}: the index depends "
+                                 "on the NCCL version a job brings (2.21 and later select a RoCE "
+                                 f"v2 GID themselves, older ones take index 0: "
+                                 f"{types.get(0, 'no such GID')} here); {here}"))  # fmt: skip
+                continue
+            else:
+                table = job_nccl.port_gids(a.sysfs_root, dev, int(p) if p.isdigit() else 1)
+                uses = []
+                for v in versions:
+                    name = f"NCCL {job_nccl.version_text(v)}"
+                    if v[:2] >= job_nccl.AUTO_GID_SINCE:
+                        i = job_nccl.nccl_auto_gid(table, job_nccl.DEFAULT_ROCE_VERSION, 4, None)
+                        uses.append((i, f"NCCL_IB_GID_INDEX unset in {a.nccl_conf}: {name} "
+                                        f"selects index {i} by default"))  # fmt: skip
+                    else:
+                        uses.append((NCCL_DEFAULT_INDEX, f"NCCL_IB_GID_INDEX unset in "
+                                     f"{a.nccl_conf}: {name} (before 2.21) uses index "
+                                     f"{NCCL_DEFAULT_INDEX}"))  # fmt: skip
+            bad = [(i, how) for i, how in uses if types.get(i) != V2]
+            if not bad:
+                out.append(Check("backend", f"gid {dev}/{p}", "pass",
+                                 "; ".join(f"{how}: RoCE v2" for _, how in uses),
+                                 ", ".join(str(i) for i, _ in uses)))  # fmt: skip
             else:
                 out.append(Check("backend", f"gid {dev}/{p}", "fail",
-                                 f"{how}: {kind or 'no such GID'}, not RoCE v2; RoCE v2 "
-                                 f"indices here: {', '.join(map(str, v2)) or 'none'}",
-                                 str(used)))  # fmt: skip
+                                 "; ".join(f"{how}: {types.get(i) or 'no such GID'}, not RoCE v2"
+                                           for i, how in bad) + f"; {here}",
+                                 ", ".join(str(i) for i, _ in bad)))  # fmt: skip
     return out
 
 

@@ -8,13 +8,17 @@
   (``<configfs_root>/rdma_cm/<dev>/ports/<p>/default_roce_mode``) when mounted
   and present; "" otherwise.
 * Jobs (records.JOB_RDMA): ``NCCL_IB_GID_INDEX`` in ``/etc/nccl.conf``
-  (``KEY=VALUE`` lines, ``#`` comments), and the environment of every process
+  (``KEY=VALUE`` lines, ``#`` lines skipped, the first assignment counts, as NCCL reads
+  it), and the environment of every process
   holding an RDMA device open (a ``/proc/<pid>/fd`` link to
   ``.../dev/infiniband/uverbsN``; in the lab, the fake tree's file of that name):
   ``NCCL_IB_GID_INDEX``, else ``UCX_IB_GID_INDEX``. The job id is
   ``CLOCKMESH_JOB_ID``, else ``SLURM_JOB_ID``, else ``pid-<pid>``. In the lab
   (many "hosts" share one kernel) only processes in the collector's own network
   namespace count.
+* What each job's library will do (records.JOB_NCCL, :mod:`collector.job_nccl`): its NCCL
+  version, settings from the environment and NCCL's files, the GID index resolved as that
+  version resolves it, and its QP timeout and retry count.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from pathlib import Path
 import numpy as np
 from numpy.lib.recfunctions import repack_fields
 
-from collector import records
+from collector import job_nccl, records
 
 _UVERBS = re.compile(r"(^|/)dev/infiniband/uverbs\d+$")
 _ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
@@ -76,20 +80,11 @@ def gid_table(
 
 
 def parse_nccl_conf(text: str, name: str = "NCCL_IB_GID_INDEX") -> int | None:
-    """An integer setting (``NCCL_IB_GID_INDEX`` by default) from nccl.conf text (last
-    assignment wins), or None."""
-    value: int | None = None
-    for line in text.splitlines():
-        line = line.split("#", 1)[0].strip()
-        if "=" not in line:
-            continue
-        key, _, val = line.partition("=")
-        if key.strip() == name:
-            try:
-                value = int(val.strip().strip("\"'"))
-            except ValueError:
-                continue
-    return value
+    """An integer setting (``NCCL_IB_GID_INDEX`` by default) from nccl.conf text as NCCL
+    reads it (:func:`collector.job_nccl.conf_assignments`: the first assignment counts;
+    the value as ``strtoll`` reads it), or None when the file does not set it."""
+    value = job_nccl.conf_assignments(text).get(name)
+    return None if value is None else job_nccl.strtoll(value)
 
 
 def _environ(pid: str, proc: Path) -> dict[str, str]:
@@ -220,13 +215,34 @@ def job_rows(
     found: list[tuple[int, str]] | None = None,
     sysfs_root: str | Path | None = None,
 ) -> np.ndarray:
-    """JOB_RDMA rows: one from nccl.conf (if it sets the index), one per RDMA process.
+    """JOB_RDMA rows: one from nccl.conf (if it sets the index), one per RDMA process."""
+    return job_snapshot(nccl_conf, ts_ns, host, proc=proc, same_netns=same_netns,
+                        device=device, found=found, sysfs_root=sysfs_root)[0]  # fmt: skip
 
+
+def job_snapshot(
+    nccl_conf: str | Path,
+    ts_ns: int,
+    host: int,
+    *,
+    proc: str | Path = "/proc",
+    same_netns: bool = False,
+    device: str = "",
+    found: list[tuple[int, str]] | None = None,
+    sysfs_root: str | Path | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(JOB_RDMA rows, JOB_NCCL rows) of this host's RDMA processes.
+
+    JOB_RDMA: one row from nccl.conf (if it sets the index), one per process with the
+    index its environment sets (-1 none). JOB_NCCL: one per process, what its library will
+    do (:mod:`collector.job_nccl`: version, settings from the environment and NCCL's
+    files, the GID index resolved against the port's GID table, QP timeout and retries).
     A process's device is the RDMA device behind the verbs file it holds
     (``sys/class/infiniband_verbs/uverbsN/ibdev`` under ``sysfs_root``: ``mlx5_0``, the
     name the GID table uses), or the file's own name when that is not known.
     """
     rows: list[tuple[object, ...]] = []
+    nccl: list[tuple[object, ...]] = []
     text = _text(Path(nccl_conf))
     if text is not None:
         gid = parse_nccl_conf(text)
@@ -234,6 +250,7 @@ def job_rows(
             rows.append((ts_ns, host, b"", 0, gid, b"nccl.conf", device.encode()[:16]))
     if found is None:
         found = rdma_processes(proc, same_netns)
+    tables: dict[tuple[str, int], list[job_nccl.GidEntry]] = {}
     for pid, target in found:
         env = _environ(str(pid), Path(proc))
         job = env.get("CLOCKMESH_JOB_ID") or env.get("SLURM_JOB_ID") or f"pid-{pid}"
@@ -241,11 +258,35 @@ def job_rows(
         ibdev = None
         if sysfs_root is not None:
             ibdev = _text(Path(sysfs_root) / "sys/class/infiniband_verbs" / uverbs / "ibdev")
+        dev = device or ibdev or uverbs
         rows.append(
             (ts_ns, host, job.encode()[:32], pid, _gid_from_env(env), b"environ",
-             (device or ibdev or uverbs).encode()[:16])
+             dev.encode()[:16])
         )  # fmt: skip
-    return np.array(rows, dtype=records.JOB_RDMA) if rows else np.zeros(0, records.JOB_RDMA)
+        view = job_nccl.ProcessView(str(proc), pid, env, str(nccl_conf))
+        lib = job_nccl.job_library(view)
+        table = None
+        port = 1
+        if sysfs_root is not None and ibdev:
+            port = job_nccl.first_port(sysfs_root, ibdev)
+            if (ibdev, port) not in tables:
+                tables[(ibdev, port)] = job_nccl.port_gids(sysfs_root, ibdev, port)
+            table = tables[(ibdev, port)]
+        r = job_nccl.resolve(lib, table, port)
+        nccl.append(
+            (ts_ns, host, job.encode()[:32], pid, max(-1, min(r.gid_index, 32767)),
+             lib.library.encode(), job_nccl.version_text(lib.version).encode()[:16],
+             int(lib.version_from), int(r.gid_rule), int(r.gid_from), min(r.port, 255),
+             max(-1, min(r.roce_version, 127)), int(r.roce_version_from), r.addr_family,
+             int(r.addr_family_from), int(r.addr_range_from),
+             max(-1, min(r.ib_timeout, 127)), int(r.ib_timeout_from),
+             max(-1, min(r.ib_retry_cnt, 127)), int(r.ib_retry_cnt_from),
+             dev.encode()[:16], r.addr_range.encode(errors="replace")[:48])
+        )  # fmt: skip
+    return (
+        np.array(rows, dtype=records.JOB_RDMA) if rows else np.zeros(0, records.JOB_RDMA),
+        np.array(nccl, dtype=records.JOB_NCCL) if nccl else np.zeros(0, records.JOB_NCCL),
+    )
 
 
 def no_jobs_row(ts_ns: int, host: int) -> np.ndarray:

@@ -143,6 +143,37 @@ JOB_RDMA = np.dtype(
     ]
 )
 
+# How each RDMA job's library will use the fabric, learned from the process
+# (collector/job_nccl.py): one row per process of the job_rdma snapshot, same ts_ns.
+# The *_from columns are collector.job_nccl.From codes: 0 the library's default,
+# 1 environ, 2 NCCL_CONF_FILE, 3 ~/.nccl.conf, 4 /etc/nccl.conf.
+JOB_NCCL = np.dtype(
+    [
+        ("ts_ns", "<i8"),
+        ("host", "<i8"),
+        ("job_id", "S32"),
+        ("pid", "<i4"),
+        ("gid_index", "<i2"),  # the index the library will use; -1 unknown
+        ("library", "S8"),  # "nccl", "ucx", "" (neither found in the process)
+        ("version", "S16"),  # "2.23.4"; "" unknown
+        ("version_from", "u1"),  # job_nccl.VersionFrom: 0 unknown, 1 maps, 2 library, 3 env
+        ("gid_rule", "u1"),  # job_nccl.GidRule: 0 unknown, 1 set, 2 NCCL auto, 3 index 0, ...
+        ("gid_from", "u1"),
+        ("port", "u1"),
+        ("roce_version", "<i2"),  # NCCL_IB_ROCE_VERSION_NUM in effect (auto selection), 0 n/a
+        ("roce_version_from", "u1"),
+        ("addr_family", "u1"),  # NCCL_IB_ADDR_FAMILY in effect: 4 or 6, 0 n/a
+        ("addr_family_from", "u1"),
+        ("addr_range_from", "u1"),
+        ("ib_timeout", "<i2"),  # NCCL_IB_TIMEOUT in effect; -1 unknown
+        ("ib_timeout_from", "u1"),
+        ("ib_retry_cnt", "<i2"),  # NCCL_IB_RETRY_CNT in effect; -1 unknown
+        ("ib_retry_cnt_from", "u1"),
+        ("device", "S16"),
+        ("addr_range", "S48"),  # NCCL_IB_ADDR_RANGE as set
+    ]
+)
+
 # In-band timestamps a workload reported through the local hook.
 INBAND = np.dtype(
     [
@@ -195,6 +226,7 @@ TABLES: dict[str, np.dtype] = {
     "inband": INBAND,
     "health": HEALTH,
     "path_hop": PATH_HOP,  # appended: table ids are positions, never reordered
+    "job_nccl": JOB_NCCL,
 }
 
 # Stable small integers for the wire format; never reuse a number.

@@ -411,6 +411,12 @@ def job() -> None:
 @click.argument("job_name", metavar="NAME")
 @click.option("--hosts", required=True, help="Comma-separated lab hosts, e.g. h1-1,h2-1,h3-1.")
 @click.option("--gid-index", type=int, default=None, help="NCCL_IB_GID_INDEX in the job's env.")
+@click.option("--nccl-version", default=None, metavar="X.Y.Z",
+              help="Map a libnccl.so.X.Y.Z, as a job of that NCCL version does (default: "
+              "none, the job's NCCL version is unknown).")  # fmt: skip
+@click.option("--env", "env", multiple=True, metavar="KEY=VALUE",
+              help="An NCCL_*/UCX_* variable in the job's environment (repeatable), e.g. "
+              "NCCL_IB_TIMEOUT=14.")  # fmt: skip
 @click.option("--rate", type=float, default=20.0, show_default=True, help="Messages/s per peer.")
 @click.option("--size", type=int, default=1024, show_default=True, help="Message bytes.")
 @_user_errors
@@ -420,12 +426,20 @@ def job_start(
     job_name: str,
     hosts: str,
     gid_index: int | None,
+    nccl_version: str | None,
+    env: tuple[str, ...],
     rate: float,
     size: int,
 ) -> None:
     """Start job NAME: one traffic generator per host, holding the fake RDMA device."""
     from lab import jobgen
 
+    pairs = {}
+    for item in env:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.ClickException(f"--env {item!r}: expected KEY=VALUE")
+        pairs[key] = value
     try:
         recs = jobgen.start_job(
             _make_lab(name, state_dir),
@@ -434,11 +448,14 @@ def job_start(
             gid_index,
             rate,
             size,
+            nccl_version=nccl_version,
+            env=pairs,
         )
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     for rec in recs:
-        click.echo(f"job {job_name}: {rec['node']} pid {rec['pid']} gid_index {rec['gid_index']}")
+        click.echo(f"job {job_name}: {rec['node']} pid {rec['pid']} gid_index {rec['gid_index']} "
+                   f"nccl {rec.get('nccl_version') or 'unknown'}")  # fmt: skip
 
 
 @job.command("stop")
@@ -462,7 +479,8 @@ def job_list(name: str, state_dir: Path | None) -> None:
     for rec in jobgen.list_jobs(_make_lab(name, state_dir)):
         state = "running" if rec["alive"] else "dead"
         click.echo(
-            f"{rec['job']} {rec['node']} pid {rec['pid']} gid_index {rec['gid_index']} {state}"
+            f"{rec['job']} {rec['node']} pid {rec['pid']} gid_index {rec['gid_index']} "
+            f"nccl {rec.get('nccl_version') or 'unknown'} {state}"
         )
 
 

@@ -6,6 +6,10 @@ inside the host's network and mount namespaces. Each process
 * holds the host's fake RDMA device open (``/var/lib/clockmesh/lab/sysfs/dev/infiniband/uverbs0``,
   see lab/fake_rdma.py) with ``NCCL_IB_GID_INDEX`` and ``CLOCKMESH_JOB_ID`` in its
   environment — what the collector looks for in /proc, as with a real NCCL job;
+* with ``--nccl-version X.Y.Z`` (``clockmesh lab job start --nccl-version``), maps a file
+  named ``libnccl.so.X.Y.Z`` (carrying ``NCCL version X.Y.Z`` as the real library does)
+  with mmap, as the dynamic loader maps the real one: the collector learns the job's NCCL
+  version from ``/proc/PID/maps``. Without it the job's NCCL version is unknown;
 * sends ``--rate`` messages per second of ``--size`` bytes to every other host of the
   job over the backend fabric (UDP port ``--port``), one flow per (src, dst) pair;
 * reports every send and every receive (kernel RX timestamp) to the collector's
@@ -15,8 +19,10 @@ inside the host's network and mount namespaces. Each process
   DSCP (26: RoCE v2 is UDP/IP, so the fabric classifies it into the RDMA traffic class,
   ``lab capacity``); a job on a RoCE v1 GID sends without (RoCE v1 frames carry no IP
   header: a routed fabric cannot classify them). The GID type comes from the host's GID
-  table (the lab's fake sysfs tree), the index from ``NCCL_IB_GID_INDEX``, else the
-  host's nccl.conf, else NCCL's default 0 — as NCCL picks it. ``--dscp`` overrides;
+  table (the lab's fake sysfs tree), the index resolved for this very process as its
+  NCCL version resolves it (collector/job_nccl.py: ``NCCL_IB_GID_INDEX``, the 2.21+
+  selection, or index 0 before 2.21; an unknown version sends without DSCP, as a job whose
+  GID nobody can vouch for). ``--dscp`` overrides;
 * opens ``NCCL_IB_QPS_PER_CONNECTION`` (environment, else nccl.conf; default 1) "queue
   pairs" per connection: as many source ports, messages sent over them in turn, so the
   fabric's ECMP spreads the job over more paths, as NCCL's queue pairs are.
@@ -30,7 +36,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import mmap
 import os
+import re
 import signal
 import socket
 import struct
@@ -53,6 +61,9 @@ INBAND = "/run/clockmesh/inband.sock"
 REPORT_EVERY_S = 0.05
 RDMA_DSCP = 26
 NCCL_CONF = "/etc/clockmesh/nccl.conf"  # the lab hosts' private nccl.conf (lab/fleet.py)
+LIB_DIR = "usr/lib"  # under a host's fake RDMA tree: the lab jobs' libnccl.so.X.Y.Z
+_VERSION = re.compile(r"^\d+\.\d+\.\d+$")
+ENV_PREFIXES = ("NCCL_", "UCX_")
 
 
 def nccl_setting(name: str, nccl_conf: str = "") -> int | None:
@@ -69,18 +80,45 @@ def nccl_setting(name: str, nccl_conf: str = "") -> int | None:
 
 
 def transport_dscp(host: str, gid_index: int, sysfs_root: str = "", nccl_conf: str = "") -> int:
-    """The DSCP this host's job traffic carries: RDMA_DSCP on a RoCE v2 GID, 0 on RoCE v1
-    or a GID the table does not have."""
-    from collector import rdma_config
+    """The DSCP this host's job traffic carries: RDMA_DSCP on a RoCE v2 GID, 0 on RoCE v1,
+    a GID the table does not have, or one that cannot be known. ``gid_index`` -1: this
+    process's own, resolved as its NCCL resolves it (after it mapped its libnccl)."""
+    from collector import job_nccl, rdma_config
     from lab import fake_rdma
 
     root = sysfs_root or fake_rdma.IN_HOST_PATH
     index = gid_index
-    if index < 0:  # as NCCL: nccl.conf, else its default
-        index = nccl_setting("NCCL_IB_GID_INDEX", nccl_conf) or 0
+    if index < 0:
+        view = job_nccl.ProcessView("/proc", os.getpid(), dict(os.environ),
+                                    nccl_conf or NCCL_CONF)  # fmt: skip
+        table = job_nccl.port_gids(root, fake_rdma.DEVICE, 1)
+        index = job_nccl.resolve(job_nccl.job_library(view), table).gid_index
     rows = rdma_config.gid_table(root, root + "/sys/kernel/config", 0, records.host_id(host))
     types = {int(r["gid_index"]): r["gid_type"].decode() for r in rows}
     return RDMA_DSCP if types.get(index) == "RoCE v2" else 0
+
+
+def write_nccl_lib(directory: Path, version: str) -> Path:
+    """A stand-in ``libnccl.so.<version>`` (ELF magic and NCCL's version string)."""
+    if not _VERSION.match(version):
+        raise ValueError(f"--nccl-version: expected X.Y.Z (e.g. 2.23.4), got {version!r}")
+    path = directory / f"libnccl.so.{version}"
+    if not path.exists():
+        directory.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_bytes(b"\x7fELF" + bytes(4092) + f"NCCL version {version}+cuda12.4".encode()
+                        + bytes(4096))  # fmt: skip
+        os.replace(tmp, path)
+    return path
+
+
+def map_library(path: str) -> mmap.mmap | None:
+    """Map ``path`` read-only for the life of the job, as the dynamic loader maps a
+    library: it then shows in /proc/PID/maps."""
+    if not path:
+        return None
+    with open(path, "rb") as f:
+        return mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
 
 
 def flow_id(job: str, src: str, dst: str) -> int:
@@ -218,8 +256,14 @@ def start_job(
     size: int,
     dscp: int | None = None,
     port: int = PORT,
+    nccl_version: str | None = None,
+    env: dict[str, str] | None = None,
 ) -> list[dict[str, Any]]:
-    """Start one generator per host (in its namespaces); records go to the lab state."""
+    """Start one generator per host (in its namespaces); records go to the lab state.
+
+    ``nccl_version``: the job maps a ``libnccl.so.<version>`` (None: its version is not
+    knowable); ``env``: more NCCL_*/UCX_* variables in its environment
+    (``NCCL_IB_TIMEOUT``, ``NCCL_IB_ROCE_VERSION_NUM``, ...)."""
     from lab import fake_rdma, processes
 
     topo = lab.topology
@@ -231,15 +275,25 @@ def start_job(
         )
     if len(hosts) < 2:
         raise ValueError("--hosts: a job needs at least two hosts")
+    extra = dict(env or {})
+    bad = [k for k in extra if not k.startswith(ENV_PREFIXES) or not k.replace("_", "").isalnum()]
+    if bad:
+        raise ValueError(f"--env: {', '.join(bad)}: expected NCCL_* or UCX_* variables")
+    if nccl_version is not None and not _VERSION.match(nccl_version):
+        raise ValueError(f"--nccl-version: expected X.Y.Z (e.g. 2.23.4), got {nccl_version!r}")
     if any(j.get("job") == job for j in lab.state.read().get("jobs", []) if processes.alive(j)):
         raise ValueError(f"job {job!r} is already running (clockmesh lab job stop {job})")
     root = Path(__file__).resolve().parents[1]
     recs = []
     for name in hosts:
         h = by_name[name]
-        fake_rdma.write_tree(
+        tree = fake_rdma.write_tree(
             fake_rdma.tree_root(lab.node_dir(name)), name, h.backend_interface, h.backend_address
         )
+        lib_arg = ""
+        if nccl_version is not None:  # inside the host, its tree is at IN_HOST_PATH
+            lib = write_nccl_lib(tree / LIB_DIR, nccl_version)
+            lib_arg = f"{fake_rdma.IN_HOST_PATH}/{LIB_DIR}/{lib.name}"
         peers = ",".join(f"{p}={by_name[p].backend_address}" for p in hosts if p != name)
         argv = [sys.executable, "-m", "lab.jobgen", "--job", job, "--host", name]
         argv += [
@@ -255,21 +309,24 @@ def start_job(
             str(-1 if dscp is None else dscp),
             "--port",
             str(port),  # two jobs on one host need their own ports (as their own QPs)
+            "--nccl-lib",
+            lib_arg,
         ]
-        env = dict(os.environ, CLOCKMESH_JOB_ID=job, PYTHONPATH=str(root))
+        penv = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIXES)}
+        penv.update(extra, CLOCKMESH_JOB_ID=job, PYTHONPATH=str(root))
         if gid_index is not None:
-            env["NCCL_IB_GID_INDEX"] = str(gid_index)
+            penv["NCCL_IB_GID_INDEX"] = str(gid_index)
         proc = subprocess.Popen(
             lab.command(name, argv),
             cwd=str(root),
-            env=env,
+            env=penv,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
         recs.append(processes.record(proc.pid, kind="job", job=job, node=name, gid_index=gid_index,
-                                     dscp=dscp))  # fmt: skip
+                                     dscp=dscp, nccl_version=nccl_version, env=extra))  # fmt: skip
     lab.state.add("jobs", *recs)
     return recs
 
@@ -306,6 +363,8 @@ def main(argv: list[str] | None = None) -> None:
         "--uverbs", default=UVERBS, help="RDMA device file to hold open ('' = none)"
     )
     parser.add_argument("--duration", type=float, default=0.0, help="seconds (0 = until SIGTERM)")
+    parser.add_argument("--nccl-lib", default="",
+                        help="a libnccl.so.X.Y.Z to map for the job's life ('' = none)")  # fmt: skip
     parser.add_argument("--dscp", type=int, default=-1,
                         help="DSCP of the job's packets (-1: from its GID type, as its transport)")  # fmt: skip
     args = parser.parse_args(argv)
@@ -314,7 +373,8 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError:
         parser.error("--peers: expected name=address,name=address")
     gid = int(os.environ.get("NCCL_IB_GID_INDEX", "-1") or -1)
-    dscp = args.dscp if args.dscp >= 0 else transport_dscp(args.host, gid)
+    library = map_library(args.nccl_lib)  # noqa: F841 (held mapped for the whole run)
+    dscp = args.dscp if args.dscp >= 0 else transport_dscp(args.host, -1)
     qps = nccl_setting("NCCL_IB_QPS_PER_CONNECTION") or 1
     signal.signal(signal.SIGTERM, _raise_stop)
     counts = run(

@@ -108,7 +108,10 @@ class Scenario:
         seconds = self.rng.uniform(20, 30)
         f = Fault(kind, CLASS_OF[kind], job, time.time_ns(), detail={
             "hosts": hosts, "gid_index": gid, "seconds": round(seconds, 1)})  # fmt: skip
-        jobgen.start_job(self.lab, job, hosts, gid, 20.0, 512)
+        # A job that sets no index lands on RoCE v1 the commonest way: NCCL before 2.21
+        # takes index 0 (the link-local RoCE v1 GID); 2.21+ would select a v2 GID itself.
+        version = "2.18.3" if gid is None else "2.23.4"
+        jobgen.start_job(self.lab, job, hosts, gid, 20.0, 512, nccl_version=version)
         try:
             time.sleep(seconds)
         finally:

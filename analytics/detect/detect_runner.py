@@ -37,7 +37,7 @@ from analytics.detect import features
 from analytics.detect.anomalies import KINDS, AnomalyBook, Observation
 from analytics.detect.contention import PathDelays
 from analytics.detect.flaps import NAMES as FLAP_COUNTERS
-from analytics.detect.flaps import LinkFlaps
+from analytics.detect.flaps import LinkFlaps, Survival
 from analytics.detect.job_delay import JobDelays
 from analytics.detect.model import Detector, ModelError
 from analytics.detect.model import load as load_model
@@ -145,6 +145,7 @@ class DetectRunner:
         self.paths = FabricPaths(topo.fabric, topo.host_rack, self.config.flap_window_s)
         self.delays = PathDelays(topo.host_rack, self.paths.by_ends, self.paths.spine_of, names)
         self.roce = RoceJobs(names)
+        self.survival = Survival(topo.host_rack, names, self.config.flap_window_s)
         self.job_delays = JobDelays(names)
         self.delays.jobs_between = self.job_delays.jobs_between
         self._names = names  # shared with the rules, refreshed every pass
@@ -185,7 +186,7 @@ class DetectRunner:
             kept = data.filter(pc.is_in(data.column("name"), value_set=_COUNTER_NAMES))
             if kept.num_rows:
                 got.append(("counter", kept))
-        for name in ("rdma_config", "job_rdma", "path_hop"):
+        for name in ("rdma_config", "job_rdma", "job_nccl", "path_hop"):
             data = tables.get(name)
             if data is not None and data.num_rows:
                 got.append((name, data.take(pa.array(np.arange(data.num_rows)))))
@@ -277,6 +278,8 @@ class DetectRunner:
                     self.paths.feed(rows)
                 elif name == "rdma_config":
                     self.roce.feed_gids(rows)
+                elif name == "job_nccl":
+                    self.roce.feed_nccl(rows)
                 else:
                     self.roce.feed_jobs(rows)
             except Exception as exc:  # bad input: one line, the pass goes on
@@ -296,6 +299,7 @@ class DetectRunner:
                 ),
             ),
         ]
+        self.survival.judge(observed, self.roce.limits(now_ns), now_ns)  # outages vs jobs
         self._settling = {k: t for k, t in self._settling.items() if t > now_ns}
         if self._settling:  # still true after the grace: a new anomaly (the fix did not take)
             observed = [o for o in observed if o.book_key not in self._settling]

@@ -8,26 +8,45 @@ is known to one sample interval); a carrier loss between two samples that both s
 port up is a *sub-sample* outage (shorter than one interval, duration unknown).
 
 A link is *flapping* from its first outage: the anomaly opens while the port is still
-down (an outage of a few seconds already kills a collective: NCCL's default IB timeout
-and retry count allow about 4 s), grows with every further outage seen in the last
+down, grows with every further outage seen in the last
 ``window_s``, and stays observed while the port is down; the anomaly book closes it once
 the link has stayed up for its ``clear_s``.
 
 Only what the hosts see is here: a spine-side link going down changes no host counter
 and is found from the probes that cross it (path tomography, not in this module).
+
+**What a job survives** (:func:`judge_outages`, both sources): each outage is judged
+against the jobs crossing the link while it happened — a host link is crossed by the jobs
+on its host, a leaf–spine link by the jobs with hosts under that leaf and in another rack
+— each with the outage its queue pairs survive, ``4.096 µs × 2^NCCL_IB_TIMEOUT ×
+(NCCL_IB_RETRY_CNT + 1)`` from the job's own settings or its NCCL version's defaults
+(:mod:`collector.job_nccl`): "kills job J: outage 12.0 s > its 8.6 s". With no job seen
+crossing the link, the current NCCL defaults are assumed and said so.
 """
 
 from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from analytics.detect.anomalies import Observation
+from analytics.detect.roce import JobLimit
+from collector import job_nccl
 
 OPER_UP = 6
-COLLECTIVE_KILL_S = 4.0  # about what NCCL's default IB timeout x retry count survive
+# With no job seen crossing a link: what a job on current NCCL defaults survives
+# (NCCL_IB_TIMEOUT 20 since 2.23, NCCL_IB_RETRY_CNT 7): 4.096 µs × 2^20 × 8 = 34.4 s.
+ASSUMED_TIMEOUT, ASSUMED_RETRY = job_nccl.TIMEOUT_DEFAULTS[0][1], job_nccl.DEFAULT_RETRY_CNT
+ASSUMED_LIMIT_S = job_nccl.qp_limit_s(ASSUMED_TIMEOUT, ASSUMED_RETRY)
+_SINCE = ".".join(map(str, job_nccl.TIMEOUT_DEFAULTS[0][0]))
+ASSUMED_WORDS = (
+    f"NCCL >= {_SINCE} defaults: "
+    f"NCCL_IB_TIMEOUT {ASSUMED_TIMEOUT}, NCCL_IB_RETRY_CNT {ASSUMED_RETRY}"
+)
+JOB_SLACK_NS = 10_000_000_000  # a job's snapshot trails its start (5-s scans, shipping)
 DOWN_COUNTERS = {b"carrier_down_count", b"link_downed"}
 NAMES = {b"operstate", *DOWN_COUNTERS}
 
@@ -184,31 +203,164 @@ def flap_observation(
     durations = [o.duration_s(now_ns) for o in outages if o.up_ns]
     known = [d for d in durations if d is not None]
     longest = max(known) if known else None
-    killing = sum(1 for d in known if d >= COLLECTIVE_KILL_S)
-    window_min = window_ns / 60e9
-    parts = [f"{link} flapped {n} time{'s' if n != 1 else ''} in {window_min:.0f} min"]
-    if longest is not None:
-        parts.append(f"outages up to {longest:.1f} s")
-    if down_since:
-        parts.append("down now")
-    if killing:
-        parts.append(f"{killing} longer than the {COLLECTIVE_KILL_S:.0f} s a collective survives")
-    score = 1.0 - 0.5 ** (n + (1 if killing else 0))
-    return Observation(
+    obs = Observation(
         kind="flapping_link",
         key=link,
-        score=score,
-        summary="; ".join(parts),
+        score=0.0,
+        summary="",
         link=link,
         evidence={
             **extra,
             "flaps": n,
             "down_now": bool(down_since),
             "outages_s": [None if d is None else round(d, 2) for d in durations],
+            "outages_ns": [[o.down_ns, o.up_ns] for o in outages if o.up_ns],
             "longest_outage_s": None if longest is None else round(longest, 2),
-            "collective_kill_s": COLLECTIVE_KILL_S,
-            "outages_over_kill_s": killing,
+            "window_s": round(window_ns / 1e9),
             "last_down_ns": outages[-1].down_ns if outages else 0,
             "down_since_ns": down_since,
         },
     )
+    judge_outages(obs, [])
+    return obs
+
+
+def _verdict(
+    d: float | None, limit: float | None, bounds: tuple[float, float] | None = None
+) -> str | None:
+    if d is None:
+        return None  # shorter than one sample: not judged
+    if limit is None:
+        if bounds is not None and d < bounds[0]:
+            return "survives"  # shorter than what any release's default survives
+        if bounds is not None and d > bounds[1]:
+            return "kills"  # longer than what any release's default survives
+        return "may kill"
+    return "kills" if d > limit else "survives"
+
+
+def judge_outages(obs: Observation, jobs: list[JobLimit]) -> None:
+    """Judge a ``flapping_link`` observation's finished outages against the jobs that
+    crossed the link while each happened (``jobs``; none: the current NCCL defaults,
+    assumed and said so): sets the summary's verdict, the score, and the evidence's
+    ``job_verdicts``, ``outages_over_kill_s`` and ``collective_kill_s``."""
+    e = obs.evidence
+    n = int(e.get("flaps") or 0)
+    # keep a scale the caller applied (tomography's confidence when links are twins)
+    before = 1.0 - 0.5 ** (n + (1 if e.get("outages_over_kill_s") else 0))
+    scale = obs.score / before if "outages_over_kill_s" in e and before > 0 else 1.0
+    durations: list[float | None] = list(e.get("outages_s") or [])
+    spans: list[list[int]] = list(e.get("outages_ns") or [])
+    judged: list[dict[str, Any]] = []
+    fatal: set[int] = set()
+    for jl in sorted(jobs, key=lambda j: j.job):
+        verdicts: list[str | None] = []
+        for i, d in enumerate(durations):
+            down, up = spans[i] if i < len(spans) else (0, 0)
+            ran = jl.first_ns - JOB_SLACK_NS <= up and (not jl.last_ns or jl.last_ns >= down)
+            verdicts.append(_verdict(d, jl.limit_s, jl.bounds) if ran else None)
+        fatal |= {i for i, v in enumerate(verdicts) if v == "kills"}
+        judged.append({
+            "job_id": jl.job,
+            "survives_s": None if jl.limit_s is None else round(jl.limit_s, 3),
+            "survives_range_s": None if jl.bounds is None else [round(b, 3) for b in jl.bounds],
+            "survives_from": jl.words,
+            "hosts": len(jl.hosts),
+            "verdicts": verdicts,
+        })  # fmt: skip
+    if not jobs:
+        fatal = {i for i, d in enumerate(durations) if d is not None and d > ASSUMED_LIMIT_S}
+    longest = e.get("longest_outage_s")
+    parts = [f"{obs.link} flapped {n} time{'s' if n != 1 else ''} in "
+             f"{(e.get('window_s') or 600) / 60:.0f} min"]  # fmt: skip
+    if longest is not None:
+        parts.append(f"outages up to {longest:.1f} s")
+    if e.get("down_now"):
+        parts.append("down now")
+    kills: list[str] = []
+    unsure_parts: list[str] = []
+    survives: list[str] = []
+    for j in judged:
+        worst = max((d for d, v in zip(durations, j["verdicts"], strict=True) if v == "kills"
+                     and d is not None), default=None)  # fmt: skip
+        unsure = max((d for d, v in zip(durations, j["verdicts"], strict=True) if v == "may kill"
+                      and d is not None), default=None)  # fmt: skip
+        if worst is not None:
+            kills.append(f"kills job {j['job_id']}: outage {worst:.1f} s > its "
+                         f"{_secs(j['survives_s'], j['survives_range_s'])}")  # fmt: skip
+        elif unsure is not None:
+            unsure_parts.append(f"job {j['job_id']} may not survive: outage {unsure:.1f} s, "
+                                f"its limit unknown ({j['survives_from']})")  # fmt: skip
+        elif any(v == "survives" for v in j["verdicts"]):
+            survives.append(f"job {j['job_id']} survives (its "
+                            f"{_secs(j['survives_s'], j['survives_range_s'])})")  # fmt: skip
+    parts += kills + unsure_parts + survives  # what kills first
+    if not jobs and durations:
+        over = len(fatal)
+        parts.append(
+            (f"{over} longer than" if over else "none longer than")
+            + f" the {ASSUMED_LIMIT_S:.1f} s a job survives on {ASSUMED_WORDS} "
+            "(assumed: no job seen crossing it)"
+        )
+    obs.summary = "; ".join(parts)
+    obs.score = (1.0 - 0.5 ** (n + (1 if fatal else 0))) * scale
+    limits: list[float] = [j["survives_s"] for j in judged if j["survives_s"] is not None]
+    e["job_verdicts"] = judged  # not "jobs": contention lists job ids there
+    e["outages_over_kill_s"] = len(fatal)
+    e["collective_kill_s"] = round(min(limits), 3) if limits else (
+        None if judged else round(ASSUMED_LIMIT_S, 3))  # fmt: skip
+
+
+def _secs(s: float | None, bounds: list[float] | None = None) -> str:
+    if s is None and bounds:
+        return f"{_secs(bounds[0])} to {_secs(bounds[1])} (NCCL version unknown)"
+    return "unknown" if s is None else f"{s:.2g} s" if s < 1 else f"{s:.1f} s"
+
+
+class Survival:
+    """Which jobs cross each flapping link, remembered while the link has an observation
+    (a job killed by an outage and gone since still counts for that outage)."""
+
+    def __init__(
+        self, host_rack: dict[int, str], host_names: dict[int, str], window_s: float = 600.0
+    ) -> None:
+        self.host_rack = host_rack
+        self.host_names = host_names
+        self.window_ns = int(window_s * 1e9)  # as long as the link's outages are counted
+        self.seen: dict[str, dict[str, JobLimit]] = {}
+
+    def crossing(self, evidence: dict, jobs: dict[str, JobLimit]) -> list[JobLimit]:
+        host = evidence.get("host")
+        if host:  # a host's access link: the jobs on that host
+            ids = {h for h, n in self.host_names.items() if n == host}
+            return [j for j in jobs.values() if j.hosts & ids]
+        racks = set(evidence.get("racks_exposed") or [])
+        if not racks:
+            return []
+        out = []
+        for j in jobs.values():
+            mine = {self.host_rack.get(h, "") for h in j.hosts}
+            # a leaf-spine link carries the job's traffic between its rack and another
+            if mine & racks and len(mine - {""}) > 1:
+                out.append(j)
+        return out
+
+    def judge(self, observed: list[Observation], jobs: dict[str, JobLimit], now_ns: int) -> None:
+        keys = set()
+        for obs in observed:
+            if obs.kind != "flapping_link":
+                continue
+            keys.add(obs.key)
+            mem = self.seen.setdefault(obs.key, {})
+            for j in self.crossing(obs.evidence, jobs):
+                was = mem.get(j.job)
+                mem[j.job] = JobLimit(j.job, j.limit_s, j.words, set(j.hosts),
+                                      min(j.first_ns, was.first_ns) if was else j.first_ns,
+                                      j.last_ns, j.bounds)  # fmt: skip
+            judge_outages(obs, list(mem.values()))
+        for key in set(self.seen) - keys:  # jobs are remembered as long as the outages
+            mem = self.seen[key]
+            for job in [j for j, jl in mem.items() if now_ns - jl.last_ns > self.window_ns]:
+                del mem[job]
+            if not mem:
+                del self.seen[key]

@@ -32,6 +32,7 @@ import numpy as np
 
 from analytics.detect import features
 from analytics.detect.evaluate import BEFORE_NS
+from analytics.detect.flaps import ASSUMED_LIMIT_S
 from analytics.detect.model import Detector, FaultClassifier, HealthyBaseline, today
 from analytics.store.layout import table_glob
 
@@ -155,7 +156,7 @@ def simulate(n_per_class: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
         probes = rng.random() < 0.5
         X.append(vec(
             flaps=flaps, longest_outage_s=longest,
-            outages_over_kill=float(np.sum(np.asarray(outs) >= 4.0)),
+            outages_over_kill=float(np.sum(np.asarray(outs) > ASSUMED_LIMIT_S)),  # no job
             down_now=float(rng.random() < 0.4 or not finished),
             missing_paths=float(rng.integers(1, 16)) if probes else 0.0,
             candidates=float(rng.integers(1, 3)) if probes else 0.0,

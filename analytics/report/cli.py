@@ -49,10 +49,13 @@ def parse_when(text: str, now_s: float, what: str) -> int:
               help="Racks for the heatmap and the hosts behind each link.")  # fmt: skip
 @click.option("--gpus-per-host", type=click.IntRange(min=0), default=8, show_default=True,
               help="For the GPU-hours at risk.")  # fmt: skip
+@click.option("--lost-min", type=click.FloatRange(min=0), default=30.0, show_default=True,
+              help="GPU minutes a job killed by an outage loses (work since its checkpoint, "
+              "and the restart), for the GPU-hours at risk.")  # fmt: skip
 def report(since: str, until: str, out: Path, store: Path, topology: Path,
-           gpus_per_host: int) -> None:  # fmt: skip
+           gpus_per_host: int, lost_min: float) -> None:  # fmt: skip
     """Write the fleet report for a time range: anomalies, timeline, worst links and pairs,
-    flap outages against what a collective survives, clock sync, remediations, the latest
+    flap outages against what the jobs crossing each link survive, clock sync, remediations, the latest
     audit, GPU-hours at risk; self-contained HTML (plots inline), Markdown and JSON.
 
     A run that fails leaves the previous report in OUT as it was.
@@ -65,7 +68,7 @@ def report(since: str, until: str, out: Path, store: Path, topology: Path,
         raise click.BadParameter("must be after --since", param_hint="--until")
     topo = topology if topology.is_file() else None
     try:
-        facts = collect(store, rng, topo, gpus_per_host)
+        facts = collect(store, rng, topo, gpus_per_host, lost_min)
         paths = write(facts, out)
     except ReportError as exc:
         raise click.ClickException(str(exc)) from None

@@ -5,11 +5,14 @@ and returns the facts as plain data; :func:`write` renders them as a self-contai
 page (plots inline as SVG: viewable with no network), Markdown (plots as SVG files beside
 it) and JSON (the same facts). Plots with matplotlib.
 
-GPU-hours at risk, stated with its assumption: for every flapping link, the hosts behind it
-(its rack for a leaf–spine link, the host for an access link) × the sum of its outages ×
-GPUs per host — every GPU of an exposed host stalls for each outage, and an outage longer
-than a collective survives (~4 s) kills the job (the restart from checkpoint is not
-counted, so this is a floor).
+GPU-hours at risk, stated with its assumption, follow the detector's judgement of each
+outage against the jobs that crossed the link (``evidence.job_verdicts``, analytics/detect/flaps.py:
+each job's queue pairs survive 4.096 µs × 2^NCCL_IB_TIMEOUT × (NCCL_IB_RETRY_CNT + 1)): a
+job that survives an outage stalls for it (its hosts × GPUs per host × the outage); a job it
+kills loses the outage and the work since its last checkpoint plus the restart
+(``lost_min`` minutes, stated). Anomalies stored before jobs were judged (no
+``evidence.job_verdicts``) fall back to the hosts behind the link (its rack for a leaf–spine link,
+the host for an access link) × the outage, judged against current NCCL defaults.
 """
 
 from __future__ import annotations
@@ -26,9 +29,10 @@ from typing import Any
 
 import duckdb
 
+from analytics.detect.flaps import ASSUMED_LIMIT_S, ASSUMED_WORDS
 from analytics.store.catalog import connect_views
 
-COLLECTIVE_KILL_S = 4.0
+LOST_MIN = 30.0  # work a killed job loses: since its last checkpoint, and the restart
 KIND_COLOURS = {"flapping_link": "#d62728", "roce_v1_job": "#9467bd", "contention": "#ff7f0e",
                 "unknown": "#7f7f7f"}  # fmt: skip
 
@@ -69,7 +73,11 @@ def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any]) -> list[d
 
 
 def collect(
-    store: Path, rng: Range, topology: Path | None = None, gpus_per_host: int = 8
+    store: Path,
+    rng: Range,
+    topology: Path | None = None,
+    gpus_per_host: int = 8,
+    lost_min: float = LOST_MIN,
 ) -> dict[str, Any]:
     racks: dict[str, str] = {}
     if topology is not None:
@@ -160,7 +168,9 @@ def collect(
         doc = json.loads(x.pop("detail") or "{}")
         ev = doc.get("evidence") or {}
         x["where"] = x["link"] or x["job_id"]
-        x["outages_s"] = [o for o in ev.get("outages_s") or [] if o is not None]
+        x["raw_outages"] = list(ev.get("outages_s") or [])
+        x["outages_s"] = [o for o in x["raw_outages"] if o is not None]
+        x["jobs"] = ev.get("job_verdicts")  # None: stored before the detector judged jobs
         x["closed_by"] = doc.get("closed_by", "")
         end = x["closed_ns"] or b
         x["duration_s"] = round(max(0, min(end, b) - max(x["opened_ns"], a)) / 1e9, 1)
@@ -172,18 +182,50 @@ def collect(
     # same link: count each outage once (a list that extends an earlier one replaces it).
     seen: dict[str, list[dict[str, Any]]] = {}
     for x in anomalies:
-        if x["kind"] != "flapping_link":
+        if x["kind"] != "flapping_link" and not x["raw_outages"]:
             continue
         mine = seen.setdefault(x["where"], [])
         prev = mine[-1] if mine else None
-        if prev is not None and x["outages_s"][: len(prev["outages_s"])] == prev["outages_s"]:
-            x["new_outages_s"] = x["outages_s"][len(prev["outages_s"]) :]
+        raw = x["raw_outages"]
+        if prev is not None and raw[: len(prev["raw_outages"])] == prev["raw_outages"]:
+            x["new_index"] = list(range(len(prev["raw_outages"]), len(raw)))
         else:
-            x["new_outages_s"] = list(x["outages_s"])
+            x["new_index"] = list(range(len(raw)))
+        x["new_outages_s"] = [raw[i] for i in x["new_index"] if raw[i] is not None]
         mine.append(x)
+    killed: list[dict[str, Any]] = []
+    fatal_outages = 0
     for x in anomalies:
-        new = x.get("new_outages_s", [])
-        x["gpu_hours"] = round(x["hosts_exposed"] * sum(new) * gpus_per_host / 3600, 3)
+        x["gpu_hours"] = 0.0
+        if "new_index" not in x:
+            continue
+        raw = x["raw_outages"]
+        if x["jobs"] is None:  # an older anomaly: the hosts behind the link, defaults assumed
+            new = x["new_outages_s"]
+            x["gpu_hours"] = round(x["hosts_exposed"] * sum(new) * gpus_per_host / 3600, 3)
+            fatal_outages += sum(1 for o in new if o > ASSUMED_LIMIT_S)
+            continue
+        gpu_s = 0.0
+        fatal = set()
+        for j in x["jobs"]:
+            gpus = int(j.get("hosts") or 0) * gpus_per_host
+            verdicts = j.get("verdicts") or []
+            for i in x["new_index"]:
+                d = raw[i]
+                v = verdicts[i] if i < len(verdicts) else None
+                if d is None or v is None:
+                    continue  # not running then, or shorter than one sample
+                if v == "kills":
+                    gpu_s += gpus * (d + lost_min * 60)
+                    fatal.add(i)
+                    killed.append({"job_id": j["job_id"], "link": x["where"], "outage_s": d,
+                                   "survives_s": j.get("survives_s"), "gpus": gpus})  # fmt: skip
+                else:  # survives (or may not: its limit unknown): it stalls for the outage
+                    gpu_s += gpus * d
+        if not x["jobs"]:  # judged, and no job crossed it: nothing at risk
+            fatal = {i for i in x["new_index"] if (raw[i] or 0) > ASSUMED_LIMIT_S}
+        fatal_outages += len(fatal)
+        x["gpu_hours"] = round(gpu_s / 3600, 3)
     by_class: dict[str, int] = {}
     for x in anomalies:
         by_class[x["kind"]] = by_class.get(x["kind"], 0) + 1
@@ -214,8 +256,9 @@ def collect(
         "owd_series_us": series,
         "rack_heatmap_us": {f"{k[0]}→{k[1]}": sorted(v)[len(v) // 2] for k, v in heat.items()},
         "flap_outages_s": outages,
-        "flap_outages_over_kill": sum(1 for o in outages if o >= COLLECTIVE_KILL_S),
-        "collective_kill_s": COLLECTIVE_KILL_S,
+        "flap_outages_over_kill": fatal_outages,
+        "jobs_killed": killed,
+        "assumed_limit_s": round(ASSUMED_LIMIT_S, 1),
         "clock": {k: (round(v, 1) if isinstance(v, float) else v) for k, v in clock.items()},
         "rtt_half": {k: (round(v, 1) if isinstance(v, float) else v) for k, v in rtt.items()},
         "remediations": remediations,
@@ -226,11 +269,15 @@ def collect(
         },
         "gpu_hours_at_risk": round(sum(x["gpu_hours"] for x in anomalies), 3),
         "gpus_per_host": gpus_per_host,
+        "lost_min": lost_min,
         "assumption": (
-            "GPU-hours at risk = for each flapping link, hosts behind it × sum of its outages "
-            f"× {gpus_per_host} GPUs per host: every GPU of an exposed host stalls for each "
-            f"outage; an outage over {COLLECTIVE_KILL_S:.0f} s kills the job, and the restart "
-            "from checkpoint is not counted (a floor)."
+            "GPU-hours at risk = for each link outage, each job seen crossing the link then: "
+            f"its hosts × {gpus_per_host} GPUs per host × the outage if it survives it (it "
+            f"stalls), × (the outage + {lost_min:g} min of work since its checkpoint and the "
+            "restart, assumed) if the outage kills it (longer than 4.096 µs × "
+            "2^NCCL_IB_TIMEOUT × (NCCL_IB_RETRY_CNT + 1) of its own settings or NCCL "
+            "version's defaults); no job seen, nothing at risk; anomalies stored before jobs "
+            "were judged: the hosts behind the link × the outage."
         ),
     }
 
@@ -374,11 +421,25 @@ def markdown(facts: dict[str, Any], svg_names: dict[str, str]) -> str:
                          f"{x['duration_s']} | {outs} | {x['summary']} |")  # fmt: skip
     else:
         lines.append("No anomaly was open in this range.")
-    lines += ["", f"![timeline]({svg_names['timeline']})", "", "## Flap outages", "",
-              f"{len(f['flap_outages_s'])} outage(s); {f['flap_outages_over_kill']} longer than "
-              f"the {f['collective_kill_s']:.0f} s a collective survives: "
-              + (", ".join(f"{o:.1f} s" for o in f["flap_outages_s"][:30]) or "none"),
-              "", "## Worst links", ""]  # fmt: skip
+    lines += [
+        "",
+        f"![timeline]({svg_names['timeline']})",
+        "",
+        "## Flap outages",
+        "",
+        f"{len(f['flap_outages_s'])} outage(s); {f['flap_outages_over_kill']} fatal to a "
+        "job crossing the link (each job against its own limit, 4.096 µs × "
+        "2^NCCL_IB_TIMEOUT × (NCCL_IB_RETRY_CNT + 1); with no job seen crossing it, the "
+        f"{f['assumed_limit_s']} s of {ASSUMED_WORDS}): "
+        + (", ".join(f"{o:.1f} s" for o in f["flap_outages_s"][:30]) or "none"),
+        "",
+    ]
+    lines += [
+        f"- kills job {k['job_id']}: outage {k['outage_s']:.1f} s on {k['link']} > its "
+        f"{k['survives_s']} s ({k['gpus']} GPUs)"
+        for k in f["jobs_killed"][:30]
+    ]
+    lines += ["", "## Worst links", ""]  # fmt: skip
     if f["worst_links"]:
         lines += ["| link | anomalies | classes | outage s | open s |",
                   "| --- | --- | --- | --- | --- |"]  # fmt: skip

@@ -73,7 +73,7 @@ i64, f64, s, u64, i32, b = (
 )
 
 _RECORD_TIME = {"probe_tx": "tx_ns", "probe_rx": "rx_ns", "echo": "t1_ns"}
-_RECORD_CLASS = {"rdma_config": "aggregate", "job_rdma": "aggregate"}
+_RECORD_CLASS = {"rdma_config": "aggregate", "job_rdma": "aggregate", "job_nccl": "aggregate"}
 
 TABLES: dict[str, TableSpec] = {}
 for _name, _dtype in records.TABLES.items():

@@ -370,11 +370,12 @@ def test_roce_v1_job_gets_the_v2_index_from_the_gid_table_then_restored_exactly(
     hosts = [h.name for h in lab.topology.hosts][:2]
     confs = {h: lab.node_dir(h) / "etc" / "nccl.conf" for h in hosts}  # /etc/clockmesh inside
     assert not any(c.exists() for c in confs.values())
-    jobgen.start_job(lab, "unsetjob", hosts, None, 20.0, 512)
+    jobgen.start_job(lab, "unsetjob", hosts, None, 20.0, 512, nccl_version="2.18.3")
     try:
         (a,) = _wait(lambda: [x for x in live()["anomalies"]["open"]
                               if x["job_id"] == "unsetjob"], 30, "roce_v1_job anomaly")  # fmt: skip
-        assert a["kind"] == "roce_v1_job" and "NCCL < 2.21 uses index 0" in str(a["evidence"])
+        assert a["kind"] == "roce_v1_job"
+        assert "NCCL 2.18.3 (before 2.21) uses its default index 0" in str(a["evidence"])
         # 2 of the lab's 3 hosts: past the default cap (half the fleet), refused untouched.
         capped = _playbook(site, "remediate.yml", "-e", f"anomaly_id={a['anomaly_id']}",
                            "-e", "clockmesh_remediate_max_hosts_share=0.5")  # fmt: skip

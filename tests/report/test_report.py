@@ -16,13 +16,15 @@ S = 1_000_000_000
 T0 = 1_795_000_000 * S
 
 
-def _store(tmp_path: Path, anomalies: bool) -> Path:
+def _store(tmp_path: Path, anomalies: bool, jobs: list[dict] | None = None) -> Path:
     store = tmp_path / "store"
     store.mkdir()
     (store / "store.json").write_text(json.dumps({"schema": layout.STORE_SCHEMA}))
     w = StoreWriter(store)
     if anomalies:
         ev = {"outages_s": [2.0, 5.0], "racks_exposed": ["leaf1"], "flaps": 2}
+        if jobs is not None:  # the detector judged the outages against these jobs
+            ev["job_verdicts"] = jobs
         row = {"opened_ns": T0 + 60 * S, "closed_ns": T0 + 200 * S, "anomaly_id": "flapping-1",
                "kind": "flapping_link", "score": 0.9, "src": 0, "dst": 0, "link": "leaf1-spine2",
                "job_id": "", "detail": json.dumps({"summary": "leaf1-spine2 flapped 2 times",
@@ -64,7 +66,8 @@ def test_report_lists_the_anomaly_plots_and_gpu_hours(tmp_path: Path) -> None:
     assert (a["kind"], a["where"], a["outages_s"]) == ("flapping_link", "leaf1-spine2", [2.0, 5.0])
     # leaf1's 2 hosts x 7 s of outages x 8 GPUs = 112 GPU-seconds
     assert facts["gpu_hours_at_risk"] == round(2 * 7 * 8 / 3600, 3)
-    assert facts["flap_outages_over_kill"] == 1 and facts["fleet"]["hosts"] == 1
+    # stored before jobs were judged: against current NCCL defaults (34.4 s), none fatal
+    assert facts["flap_outages_over_kill"] == 0 and facts["fleet"]["hosts"] == 1
     html = (tmp_path / "out" / "report.html").read_text()
     assert html.count("<svg") == 3 and "http://" not in html.split("<svg")[0]
     assert "leaf1-spine2" in html and "GPU-hours at risk" in html
@@ -74,6 +77,43 @@ def test_report_lists_the_anomaly_plots_and_gpu_hours(tmp_path: Path) -> None:
                                      "kinds": ["flapping_link"], "outage_s": 7.0,
                                      "open_s": 140.0}]  # fmt: skip
     assert "| leaf1-spine2 | 1 | flapping_link | 7.0 | 140.0 |" in md
+
+
+def test_gpu_hours_follow_the_judgement_of_each_outage_per_job(tmp_path: Path) -> None:
+    """One job with NCCL_IB_TIMEOUT=14 (0.54 s) killed by both outages, one on the defaults
+    (34.4 s) that survives them: the first loses each outage plus --lost-min of work, the
+    second stalls for the outages; both on 2 hosts x 8 GPUs."""
+    jobs = [
+        {"job_id": "tight", "survives_s": 0.537, "hosts": 2, "verdicts": ["kills", "kills"],
+         "survives_from": "NCCL_IB_TIMEOUT 14 (environ)"},
+        {"job_id": "loose", "survives_s": 34.36, "hosts": 2, "verdicts": ["survives", "survives"],
+         "survives_from": "defaults"},
+        {"job_id": "late", "survives_s": 0.537, "hosts": 2, "verdicts": [None, "kills"],
+         "survives_from": "started after the first outage"},
+    ]  # fmt: skip
+    store = _store(tmp_path, anomalies=True, jobs=jobs)
+    res = _run(tmp_path, store, "--since", "2026-11-18T00:00:00", "--until",
+               "2026-11-19T00:00:00", "--lost-min", "10")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    facts = json.loads((tmp_path / "out" / "report.json").read_text())
+    tight = 16 * (2.0 + 600 + 5.0 + 600)
+    loose = 16 * (2.0 + 5.0)
+    late = 16 * (5.0 + 600)
+    assert facts["gpu_hours_at_risk"] == round((tight + loose + late) / 3600, 3)
+    assert facts["flap_outages_over_kill"] == 2
+    assert sorted((k["job_id"], k["outage_s"]) for k in facts["jobs_killed"]) == [
+        ("late", 5.0), ("tight", 2.0), ("tight", 5.0)]  # fmt: skip
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "kills job tight: outage 2.0 s on leaf1-spine2 > its 0.537 s (16 GPUs)" in md
+    assert "10 min of work since its checkpoint" in md
+    # judged, but no job crossed the link: nothing at risk
+    (tmp_path / "none").mkdir()
+    store2 = _store(tmp_path / "none", anomalies=True, jobs=[])
+    res = _run(tmp_path / "none", store2, "--since", "2026-11-18T00:00:00", "--until",
+               "2026-11-19T00:00:00")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    facts = json.loads((tmp_path / "none" / "out" / "report.json").read_text())
+    assert facts["gpu_hours_at_risk"] == 0 and facts["jobs_killed"] == []
 
 
 def test_empty_range_and_no_anomalies_give_a_clear_report(tmp_path: Path) -> None:

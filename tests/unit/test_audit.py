@@ -31,10 +31,23 @@ def test_gid_index_v2_passes_v1_fails_naming_the_v2_indices(tmp_path: Path) -> N
     assert c.status == "fail" and "IB/RoCE v1, not RoCE v2; RoCE v2 indices here: 1, 3" in c.reason
 
 
-def test_unset_index_is_resolved_to_nccls_default_not_passed(tmp_path: Path) -> None:
+def test_unset_index_is_judged_by_the_installed_nccl_version(tmp_path: Path) -> None:
     root = _tree(tmp_path)
-    c = _gid(_rdma(AuditArgs(sysfs_root=str(root), nccl_conf=str(tmp_path / "absent.conf"))))
-    assert c.status == "fail" and "unset" in c.reason and "uses index 0" in c.reason
+    libs = tmp_path / "lib"
+    libs.mkdir()
+    args = AuditArgs(sysfs_root=str(root), nccl_conf=str(tmp_path / "absent.conf"),
+                     lib_dirs=(str(libs),))  # fmt: skip
+    c = _gid(_rdma(args))  # no NCCL here: the index depends on the version a job brings
+    assert c.status == "skipped" and "unset" in c.reason and "IB/RoCE v1 here" in c.reason
+    (libs / "libnccl.so.2.18.3").write_bytes(b"")
+    c = _gid(_rdma(args))
+    assert c.status == "fail" and "NCCL 2.18.3 (before 2.21) uses index 0" in c.reason
+    (libs / "libnccl.so.2.18.3").unlink()
+    (libs / "libnccl.so.2.23.4").write_bytes(b"")
+    (libs / "libnccl.so.2").write_bytes(b"")  # the soname link: no version of its own
+    c = _gid(_rdma(args))
+    assert (c.status, c.value) == ("pass", "3"), c
+    assert "NCCL 2.23.4 selects index 3 by default: RoCE v2" in c.reason
 
 
 def test_no_rdma_devices_is_skipped_not_passed(tmp_path: Path) -> None:

@@ -45,7 +45,9 @@ def test_fingerprint_ignores_time_only() -> None:
 def test_nccl_conf_parsing() -> None:
     assert rdma_config.parse_nccl_conf((DATA / "mlx5_roce/etc/nccl.conf").read_text()) == 3
     assert rdma_config.parse_nccl_conf("NCCL_IB_GID_INDEX=1\n# NCCL_IB_GID_INDEX=5\n") == 1
-    assert rdma_config.parse_nccl_conf("NCCL_IB_GID_INDEX=x\n") is None
+    assert rdma_config.parse_nccl_conf("NCCL_IB_GID_INDEX=x\n") == 0  # strtoll, as NCCL
+    assert rdma_config.parse_nccl_conf("NCCL_IB_GID_INDEX=\n") is None  # NCCL keeps its default
+    assert rdma_config.parse_nccl_conf("NCCL_DEBUG=WARN\n") is None
 
 
 def test_job_from_a_real_process_holding_uverbs(tmp_path: Path) -> None:

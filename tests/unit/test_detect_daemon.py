@@ -90,15 +90,33 @@ def test_flap_and_roce_v1_job_open_live_stored_and_close(tmp_path: Path) -> None
             records.JOB_RDMA,
         )
         _send(d, "gpu2", 2, "job_rdma", job)
+        # what its library does (the same snapshot): NCCL 2.18.3, its own timeout 14
+        lib = np.zeros(1, records.JOB_NCCL)
+        lib["ts_ns"], lib["host"], lib["job_id"], lib["pid"] = (
+            now,
+            records.host_id("gpu2"),
+            b"llm-7",
+            42,
+        )
+        lib["library"], lib["version"], lib["version_from"] = b"nccl", b"2.18.3", 1
+        lib["gid_rule"], lib["gid_from"], lib["device"] = 1, 1, b"mlx5_0"
+        lib["ib_timeout"], lib["ib_timeout_from"], lib["ib_retry_cnt"] = 14, 1, 7
+        _send(d, "gpu2", 4, "job_nccl", lib)
         _wait(lambda: _live(d)["open_by_kind"]["roce_v1_job"] == 1)
         roce = next(x for x in _live(d)["open"] if x["kind"] == "roce_v1_job")
         assert roce["job_id"] == "llm-7" and "gpu2" in roce["summary"]
         # The running jobs, each host's GID index and its type (the TUI's jobs list).
+        _wait(lambda: json.loads(d.get("/v1/live"))["jobs"][0]["hosts"][0]["library"])
         (job_live,) = json.loads(d.get("/v1/live"))["jobs"]
         assert job_live["job_id"] == "llm-7" and job_live["roce_v1_hosts"] == 1
         assert job_live["hosts"] == [{"host": "gpu2", "device": "mlx5_0", "gid_index": 0,
                                       "gid_type": "IB/RoCE v1",
-                                      "index_source": "set in environ"}]  # fmt: skip
+                                      "index_source": "set in environ",
+                                      "library": "NCCL 2.18.3",
+                                      "version_source": "libnccl.so in /proc/PID/maps",
+                                      "survives_s": 0.537,
+                                      "survives_from": "NCCL_IB_TIMEOUT 14 (environ), "
+                                      "NCCL_IB_RETRY_CNT 7 (NCCL 2.18.3 default)"}]  # fmt: skip
         metrics = d.get("/metrics")
         assert b'clockmesh_anomalies_open{kind="roce_v1_job"} 1.0' in metrics
         assert_promtool_clean(metrics)

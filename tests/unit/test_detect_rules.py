@@ -8,9 +8,10 @@ import json
 import numpy as np
 
 from analytics.detect.anomalies import AnomalyBook, Observation
-from analytics.detect.flaps import LinkFlaps
-from analytics.detect.roce import RoceJobs
+from analytics.detect.flaps import LinkFlaps, Survival
+from analytics.detect.roce import JobLimit, RoceJobs
 from collector import records
+from collector.job_nccl import qp_limit_s
 
 S = 1_000_000_000
 H1 = records.host_id("h1-1")
@@ -50,10 +51,90 @@ def test_outage_durations_and_sub_sample_flaps_are_counted() -> None:
     (obs,) = flaps.observations(13 * S)
     assert obs.evidence["flaps"] == 2
     assert obs.evidence["outages_s"] == [5.0, None]
-    assert obs.evidence["outages_over_kill_s"] == 1
-    assert "outages up to 5.0 s" in obs.summary and "longer than the 4 s" in obs.summary
+    # no job crosses it: judged against current NCCL defaults, and the summary says so
+    assert obs.evidence["outages_over_kill_s"] == 0 and obs.evidence["job_verdicts"] == []
+    assert "outages up to 5.0 s" in obs.summary
+    assert (
+        "none longer than the 34.4 s a job survives on NCCL >= 2.23 defaults: "
+        "NCCL_IB_TIMEOUT 20, NCCL_IB_RETRY_CNT 7 (assumed: no job seen crossing it)" in obs.summary
+    ), obs.summary
     # once up and quiet the rule stops observing it (the book then closes it)
     assert flaps.observations(30 * S) == []
+
+
+def test_each_outage_is_judged_against_the_jobs_crossing_the_link() -> None:
+    """Two jobs on h1-1, one with NCCL_IB_TIMEOUT=14 (0.54 s), one on 2.23's defaults
+    (34.4 s): a 2-s outage of h1-1's link kills the first, the second survives it; a job
+    elsewhere is not judged, and one that started after the outage is not either."""
+    flaps = _flaps()
+    flaps.feed(_counters([(1, 6, 0), (2, 6, 0), (3, 2, 1), (5, 6, 0)]))
+    (obs,) = flaps.observations(5 * S)
+    tight, loose = qp_limit_s(14, 7), qp_limit_s(20, 7)
+    jobs = {
+        "tight": JobLimit("tight", tight, "NCCL_IB_TIMEOUT 14 (environ)", {H1, H2}, 0, 5 * S),
+        "loose": JobLimit("loose", loose, "defaults", {H1, H2}, 0, 5 * S),
+        "elsewhere": JobLimit("elsewhere", qp_limit_s(14, 7), "", {H2}, 0, 5 * S),
+        "later": JobLimit("later", qp_limit_s(14, 7), "", {H1}, 30 * S, 40 * S),
+    }
+    surv = Survival({H1: "leaf1", H2: "leaf2"}, {H1: "h1-1", H2: "h2-1"})
+    surv.judge([obs], jobs, 5 * S)
+    assert "kills job tight: outage 2.0 s > its 0.54 s" in obs.summary, obs.summary
+    assert "job loose survives (its 34.4 s)" in obs.summary, obs.summary
+    assert "elsewhere" not in obs.summary and "later" not in obs.summary
+    by_job = {j["job_id"]: j for j in obs.evidence["job_verdicts"]}
+    assert by_job["tight"]["verdicts"] == ["kills"] and by_job["loose"]["verdicts"] == ["survives"]
+    assert by_job["later"]["verdicts"] == [None] and "elsewhere" not in by_job
+    assert obs.evidence["outages_over_kill_s"] == 1
+    assert obs.evidence["collective_kill_s"] == round(tight, 3)
+    # the link flaps again after the tight job died: its verdict on the first outage stays
+    flaps.feed(_counters([(20, 2, 1), (21, 6, 0)]))
+    (obs,) = flaps.observations(21 * S)
+    del jobs["tight"]
+    jobs["loose"].last_ns = 21 * S  # still running
+    surv.judge([obs], jobs, 21 * S)
+    by_job = {j["job_id"]: j for j in obs.evidence["job_verdicts"]}
+    assert by_job["tight"]["verdicts"] == ["kills", None], by_job
+    assert by_job["loose"]["verdicts"] == ["survives", "survives"]
+
+
+def test_a_job_of_unknown_nccl_version_is_judged_within_what_any_release_survives() -> None:
+    """No version, no NCCL_IB_TIMEOUT: its limit lies between 0.54 s (timeout 14) and
+    34.4 s (20): shorter outages survive, longer ones kill, the rest may kill."""
+    roce = RoceJobs({H1: "h1-1"})
+    roce.feed_gids(_gids(H1))
+    roce.feed_jobs(_jobs(H1, [(b"dunno", -1)]))
+    roce.feed_nccl(_nccl(H1, b"dunno", "", 0, -1, timeout=-1))
+    jl = roce.limits(3 * S)["dunno"]
+    assert jl.limit_s is None and jl.bounds == (qp_limit_s(14, 7), qp_limit_s(20, 7))
+    for secs, verdict, words in ((0.3, "survives", "job dunno survives"),
+                                 (2, "may kill", "job dunno may not survive: outage 2.0 s"),
+                                 (40, "kills", "kills job dunno: outage 40.0 s > its 0.54 s "
+                                               "to 34.4 s (NCCL version unknown)")):  # fmt: skip
+        flaps = _flaps()
+        down, up = 10 * S, 10 * S + int(secs * S)
+        flaps.feed(_counters([(1, 6, 0), (2, 6, 0)]))
+        rows = _counters([(10, 2, 1)])
+        up_rows = _counters([(11, 6, 0)])
+        up_rows["ts_ns"] = up
+        rows["ts_ns"] = down
+        flaps.feed(np.concatenate([rows, up_rows]))
+        (obs,) = flaps.observations(up)
+        jl.first_ns, jl.last_ns = 0, up
+        Survival({}, {H1: "h1-1"}).judge([obs], {"dunno": jl}, up)
+        (j,) = obs.evidence["job_verdicts"]
+        assert j["verdicts"] == [verdict], (secs, j)
+        assert words in obs.summary, obs.summary
+
+
+def test_a_fabric_link_is_crossed_by_jobs_between_its_rack_and_another() -> None:
+    surv = Survival({H1: "leaf1", H2: "leaf2", 7: "leaf1"}, {})
+    jobs = {
+        "across": JobLimit("across", 1.0, "", {H1, H2}, 0),
+        "in-rack": JobLimit("in-rack", 1.0, "", {H1, 7}, 0),
+        "other": JobLimit("other", 1.0, "", {H2, 8}, 0),
+    }
+    got = surv.crossing({"racks_exposed": ["leaf1"]}, jobs)
+    assert [j.job for j in got] == ["across"]
 
 
 def test_a_carrier_loss_counted_before_operstate_shows_it_is_one_outage() -> None:
@@ -101,15 +182,70 @@ def test_a_job_on_a_roce_v1_index_is_found_and_a_v2_job_is_not() -> None:
     assert "on 1 of its 2 hosts" in obs.summary
 
 
-def test_a_job_that_sets_no_index_resolves_to_nccls_default() -> None:
+def _nccl(
+    host: int,
+    job: bytes,
+    version: str,
+    rule: int,
+    index: int,
+    ts: int = 2,
+    timeout: int = 20,
+    timeout_from: int = 0,
+    roce: int = 0,
+    roce_from: int = 0,
+) -> np.ndarray:
+    row = np.zeros(1, records.JOB_NCCL)
+    row["ts_ns"], row["host"], row["job_id"], row["pid"] = ts * S, host, job, 100
+    row["library"], row["version"], row["version_from"] = b"nccl" if version else b"", version, 1
+    row["gid_rule"], row["gid_index"], row["device"] = rule, index, b"mlx5_0"
+    row["roce_version"], row["roce_version_from"], row["addr_family"] = roce, roce_from, 4
+    row["ib_timeout"], row["ib_timeout_from"], row["ib_retry_cnt"] = timeout, timeout_from, 7
+    return row
+
+
+def test_a_job_that_sets_no_index_is_judged_by_its_nccl_version() -> None:
     roce = RoceJobs({H1: "h1-1"})
     roce.feed_gids(_gids(H1))
-    rows = _jobs(H1, [(b"no-index", -1)])
-    rows["device"] = b"uverbs0"  # the scanner names the device file the process holds
+    rows = _jobs(H1, [(b"old", -1), (b"new", -1), (b"v1num", -1), (b"dunno", -1)])
     roce.feed_jobs(rows)
-    (obs,) = roce.observations(3 * S)
-    assert obs.evidence["gid_indices"] == [0]
-    assert "not set; NCCL < 2.21 uses index 0 (assumed)" in obs.evidence["index_source"]
+    roce.feed_nccl(np.concatenate([
+        _nccl(H1, b"old", "2.18.3", 3, 0, timeout=18),  # < 2.21: index 0 (RoCE v1 here)
+        _nccl(H1, b"new", "2.23.4", 2, 3, roce=2),  # auto selection picked the v2 GID
+        _nccl(H1, b"v1num", "2.23.4", 2, 2, roce=1, roce_from=1),  # ROCE_VERSION_NUM=1
+        _nccl(H1, b"dunno", "", 0, -1, timeout=-1),
+    ]))  # fmt: skip
+    got = {o.job_id: o for o in roce.observations(3 * S)}
+    assert set(got) == {"old", "v1num"}  # neither the v2 job nor the unknown one
+    assert "NCCL 2.18.3" in got["old"].summary and got["old"].evidence["gid_indices"] == [0]
+    assert got["old"].evidence["index_source"] == [
+        "not set; NCCL 2.18.3 (before 2.21) uses its default index 0"
+    ]
+    assert "NCCL_IB_ROCE_VERSION_NUM 1 (environ)" in got["v1num"].evidence["index_source"][0]
+    live = {j["job_id"]: j["hosts"][0] for j in roce.live(3 * S)}
+    assert live["new"]["gid_type"] == "RoCE v2" and live["new"]["gid_index"] == 3
+    assert live["new"]["index_source"].startswith(
+        "not set; NCCL 2.23.4 selects index 3 by default (NCCL_IB_ROCE_VERSION_NUM 2 (default)"
+    )
+    assert live["dunno"]["gid_type"] == (
+        "unknown (NCCL version unknown: no libnccl.so (or UCX) in its /proc/PID/maps and no "
+        "NCCL_VERSION in its environment)"
+    )
+    assert live["old"]["survives_s"] == round(4.096e-6 * 2**18 * 8, 3)  # 8.59 s
+    assert live["new"]["survives_from"] == (
+        "NCCL_IB_TIMEOUT 20 (NCCL 2.23.4 default), NCCL_IB_RETRY_CNT 7 (NCCL 2.23.4 default)"
+    )
+    assert live["dunno"]["survives_s"] is None
+
+
+def test_a_job_reported_by_an_older_collector_with_no_index_is_unknown_not_v1() -> None:
+    roce = RoceJobs({H1: "h1-1"})
+    roce.feed_gids(_gids(H1))
+    roce.feed_jobs(_jobs(H1, [(b"no-index", -1)]))
+    assert roce.observations(3 * S) == []
+    (job,) = roce.live(3 * S)
+    assert job["hosts"][0]["gid_type"] == (
+        "unknown (the collector did not report the job's NCCL version)"
+    )
 
 
 def test_a_job_that_sets_no_index_takes_the_hosts_nccl_conf() -> None:
@@ -125,9 +261,9 @@ def test_a_job_that_sets_no_index_takes_the_hosts_nccl_conf() -> None:
     (obs,) = roce.observations(5 * S)
     assert obs.evidence["gid_indices"] == [2]
     assert obs.evidence["index_source"] == ["not set by the job; the host's nccl.conf sets 2"]
-    roce.feed_jobs(_jobs(H1, [(b"no-index", -1)], ts=6))  # nccl.conf gone: NCCL's default
-    (obs,) = roce.observations(7 * S)
-    assert obs.evidence["gid_indices"] == [0]
+    # nccl.conf gone, and no NCCL version reported: unknown, not assumed
+    roce.feed_jobs(_jobs(H1, [(b"no-index", -1)], ts=6))
+    assert roce.observations(7 * S) == []
 
 
 def test_a_finished_job_and_a_missing_gid_entry_raise_nothing(caplog) -> None:  # type: ignore[no-untyped-def]
