@@ -24,6 +24,8 @@ retried with back-off and the refusal is logged once per box and counted.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import http.client
 import json
 import logging
@@ -42,6 +44,16 @@ CONTENT_TYPE = "application/x-clockmesh-segment"
 ROLL_HEADER = "X-Clockmesh-Roll-S"  # the ops box's advised segment interval (seconds)
 MAX_SEGMENTS_PER_REQUEST = 30  # a backlog goes out this many closed segments at a time
 MAX_REQUEST_BYTES = 16 * 1024 * 1024  # ... and at most this many bytes (ops box: 64 MiB)
+
+
+THREAD_NAME = b"cm-shipper"  # the OS thread name (top -H, /proc/<pid>/task/*/comm)
+
+
+def _name_os_thread(name: bytes) -> None:
+    """Name the calling OS thread (Linux ``prctl(PR_SET_NAME)``), so its CPU time can be
+    told apart (benchmarks/bench_collector.py --ops); harmless where unsupported."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(15, name[:15], 0, 0, 0)
 
 
 @dataclass
@@ -313,6 +325,7 @@ class Shipper(threading.Thread):
 
     # ---- thread ---------------------------------------------------------------------
     def run(self) -> None:
+        _name_os_thread(THREAD_NAME)
         while not self._stopping.is_set():
             result = self.ship_one()
             if result is True:
