@@ -111,6 +111,7 @@ class Shipper(threading.Thread):
         self._path = parsed.path.rstrip("/") + "/v1/batch"
         self._ssl = ssl.create_default_context(cafile=ca_file or None) if self._https else None
         self._conn: http.client.HTTPConnection | None = None
+        self._retarget = False  # set_target happened: reconnect before the next request
 
     def set_target(self, url: str, timeout_s: float, retry_max_s: float) -> None:
         """Config reload: next request goes to the new URL (the same box: same key)."""
@@ -122,7 +123,9 @@ class Shipper(threading.Thread):
         self._path = parsed.path.rstrip("/") + "/v1/batch"
         self.timeout_s = timeout_s
         self.retry_max_s = retry_max_s
-        self._drop_connection()
+        # Called from the main thread: the shipper thread drops its connection itself
+        # before its next request (closing it here could pull it out from under a post).
+        self._retarget = True
         self._wake.set()
 
     def wake(self) -> None:
@@ -135,6 +138,9 @@ class Shipper(threading.Thread):
 
     # ---- HTTP -----------------------------------------------------------------------
     def _connection(self) -> http.client.HTTPConnection:
+        if self._retarget:
+            self._retarget = False
+            self._drop_connection()
         if self._conn is None:
             if self._https:
                 self._conn = http.client.HTTPSConnection(
@@ -158,8 +164,8 @@ class Shipper(threading.Thread):
             "Content-Type": CONTENT_TYPE,
             "Content-Length": str(len(body)),
         }
-        reused = self._conn is not None
         conn = self._connection()
+        reused = conn.sock is not None  # an open keep-alive connection
         try:
             conn.request("POST", self._path, body=body, headers=headers)
             resp = conn.getresponse()
@@ -202,8 +208,9 @@ class Shipper(threading.Thread):
             try:
                 bodies.append(self.spool.path_of(seg_id).read_bytes())
             except FileNotFoundError:
-                # Dropped by the size bound between listing and reading: no longer
-                # listed, so the next step goes on with what is left.
+                # Dropped by the size bound between listing and reading (or removed by
+                # hand): gone for every box, so the next step goes on with what is left.
+                self.spool.acknowledged(seg_id)
                 return True
         try:
             status, data, roll = self.post(b"".join(bodies))

@@ -378,7 +378,10 @@ class Spool:
         """The oldest closed ids ``box`` has not acknowledged, at most ``limit`` and
         ``max_bytes`` together (at least one when any is waiting)."""
         with self.lock:
-            acked = self.boxes[box].acked
+            cur = self.boxes.get(box)
+            if cur is None:  # no longer listed (a reload removed it): nothing to ship
+                return []
+            acked = cur.acked
             out: list[int] = []
             total = 0
             for seg_id in sorted(i for i in self._closed if i > acked)[:limit]:
@@ -391,14 +394,16 @@ class Spool:
 
     def set_in_flight(self, box: str, ids: Sequence[int]) -> None:
         with self.lock:
-            self.boxes[box].in_flight = frozenset(ids)
+            cur = self.boxes.get(box)
+            if cur is not None:
+                cur.in_flight = frozenset(ids)
 
     def box_done(self, box: str, upto: int, rejected: str = "") -> None:
         """``box`` stored every segment up to ``upto`` durably (``rejected``: it refused
         ``upto`` with that reason; a copy goes to ``rejected/``). The cursor is stored
         before any file is deleted, so a crash in between only re-sends."""
-        cur = self.boxes[box]
-        if upto <= cur.acked:
+        cur = self.boxes.get(box)
+        if cur is None or upto <= cur.acked:  # a box no longer listed holds nothing back
             return
         if rejected:
             self._keep_rejected(upto, rejected)

@@ -254,6 +254,27 @@ def test_a_segment_both_boxes_refuse_is_kept_once_in_rejected(
     assert list(receiver.segments) == list(second.segments) == [("h01", 2)]
 
 
+def test_reload_drops_a_box_no_longer_listed_and_a_new_one_gets_what_is_held(
+    tmp_path: Path, receiver: Receiver, second: Receiver
+) -> None:
+    port = free_udp_port()
+    down = f"http://127.0.0.1:{port}"  # never answers
+    sp = _spool(tmp_path, [])
+    ships = Shippers(sp, [receiver.url, down], KEY, retry_max_s=0.2)
+    _fill(sp, 3)
+    ships.start()
+    try:
+        _wait(lambda: len(receiver.segments) == 3, "the first box to get every segment")
+        assert sp.depth()[0] == 3  # held for the box that is down
+        ships.set_targets([receiver.url, second.url], 5.0, 0.2)  # SIGHUP: the list changed
+        _wait(lambda: sp.depth()[0] == 0, "the new box to get what was held")
+    finally:
+        ships.stop(5)
+    assert _seqs(second) == list(range(30)) and receiver.duplicates == 0
+    assert [s.url for s in ships.all] == [receiver.url, second.url]
+    assert sorted(sp.boxes) == sorted([box_key(receiver.url), box_key(second.url)])
+
+
 # ---- config ---------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("ingest", "expected"),
