@@ -124,6 +124,15 @@ def url_from_inventory(path: Path) -> str:
         raise click.ClickException(
             f"{path}: cannot read inventory: {exc}".splitlines()[0]
         ) from None
+    urls = ((data.get("all") or {}).get("vars") or {}).get("clockmesh_ingest_urls")
+    if urls:  # two ops boxes (docs/deploy.md "Two ops boxes"): the first that answers
+        if not isinstance(urls, list) or not all(
+            isinstance(u, str) and u.startswith(("http://", "https://")) for u in urls
+        ):
+            raise click.ClickException(
+                f"{path}: all.vars.clockmesh_ingest_urls: expected a list of http(s) URLs"
+            )
+        return ",".join(urls)
     url = ((data.get("all") or {}).get("vars") or {}).get("clockmesh_ingest_url")
     if not isinstance(url, str) or not url.startswith(("http://", "https://")):
         raise click.ClickException(

@@ -89,6 +89,25 @@ def test_live_with_two_urls_reads_the_one_that_answers_and_names_the_one_down(
     assert out.returncode == 0 and out.stderr.strip() == f"read from {daemon.url}"
 
 
+def test_live_reads_both_boxes_from_an_inventory_that_lists_them(
+    daemon: Daemon, tmp_path: Path
+) -> None:
+    _post_fleet(daemon, loss=0.0)
+    dead = _dead_url()
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(
+        f"all:\n  vars:\n    clockmesh_ingest_url: {dead}\n"
+        f"    clockmesh_ingest_urls: [{dead}, {daemon.url}]\n"
+    )
+    out = cli("live", "--inventory", str(inventory))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"fleet health from {daemon.url} ({dead} is down: ")
+    inventory.write_text("all:\n  vars:\n    clockmesh_ingest_urls: [8470]\n")
+    bad = cli("live", "--inventory", str(inventory))
+    assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1
+    assert f"{inventory}: all.vars.clockmesh_ingest_urls: expected a list of http(s)" in bad.stderr
+
+
 def test_live_with_both_boxes_down_is_a_one_line_error_naming_each() -> None:
     a, b = _dead_url(), _dead_url()
     out = cli("live", "--url", f"{a},{b}")
