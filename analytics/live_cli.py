@@ -18,6 +18,8 @@ from typing import Any
 import click
 import yaml
 
+from analytics.ingest import endpoints
+
 STALE_S = 5.0  # a host whose last batch is older than this is stale
 LOSSY = 0.01  # more than 1 % of a host's probes lost is worth a look
 
@@ -122,6 +124,15 @@ def url_from_inventory(path: Path) -> str:
         raise click.ClickException(
             f"{path}: cannot read inventory: {exc}".splitlines()[0]
         ) from None
+    urls = ((data.get("all") or {}).get("vars") or {}).get("clockmesh_ingest_urls")
+    if urls:  # two ops boxes (docs/deploy.md "Two ops boxes"): the first that answers
+        if not isinstance(urls, list) or not all(
+            isinstance(u, str) and u.startswith(("http://", "https://")) for u in urls
+        ):
+            raise click.ClickException(
+                f"{path}: all.vars.clockmesh_ingest_urls: expected a list of http(s) URLs"
+            )
+        return ",".join(urls)
     url = ((data.get("all") or {}).get("vars") or {}).get("clockmesh_ingest_url")
     if not isinstance(url, str) or not url.startswith(("http://", "https://")):
         raise click.ClickException(
@@ -137,7 +148,9 @@ def fetch_live(url: str, timeout_s: float = 5.0) -> dict[str, Any]:
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--url", help="Ingest daemon base URL, e.g. http://198.19.0.2:8470.")
+@click.option("--url", multiple=True,
+              help="Ingest daemon base URL, e.g. http://198.19.0.2:8470; two ops boxes: repeat"
+              " it or a comma list (the first that answers is read).")  # fmt: skip
 @click.option(
     "--inventory",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -159,7 +172,7 @@ def fetch_live(url: str, timeout_s: float = 5.0) -> dict[str, Any]:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the per-host rows as JSON.")
 def live(
-    url: str | None,
+    url: tuple[str, ...],
     inventory: Path | None,
     wait_hosts: int,
     timeout_s: float,
@@ -170,14 +183,18 @@ def live(
     and the detector's open anomalies."""
     if bool(url) == bool(inventory):
         raise click.UsageError("give exactly one of --url or --inventory")
-    base = url or url_from_inventory(inventory)  # type: ignore[arg-type]
+    base = ",".join(url) or url_from_inventory(inventory)  # type: ignore[arg-type]
+    pick = endpoints.FirstAnswering(endpoints.split(base), fetch_live)
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            doc = fetch_live(base)
+            doc = pick() if len(pick.targets) > 1 else fetch_live(base)
             rows = summarise(doc)
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            doc, rows, error = {}, [], f"{base}/v1/live: {getattr(exc, 'reason', exc)}"
+        except (urllib.error.URLError, OSError, ValueError) as exc:  # none answers: ConnectionError
+            error = f"{base}/v1/live: {getattr(exc, 'reason', exc)}"
+            if len(pick.targets) > 1:  # each box's error, /v1/live of each
+                error = f"no ops box answers /v1/live: {exc}"
+            doc, rows = {}, []
         else:
             error = ""
         done = not wait_hosts or sum(r.healthy for r in rows) >= wait_hosts
@@ -188,9 +205,11 @@ def live(
     if error:
         raise click.ClickException(error)
     if as_json:
+        if len(pick.targets) > 1:
+            click.echo(f"read from {pick.note()}", err=True)  # which box (stdout stays JSON)
         click.echo(json.dumps([asdict(r) for r in rows], indent=2))
     else:
-        click.echo(render(rows, doc, base))
+        click.echo(render(rows, doc, pick.note() or base))
     if not found:
         raise click.ClickException(f"no open {wait_anomaly} anomaly after {timeout_s:.0f} s")
     if not done:

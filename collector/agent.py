@@ -28,7 +28,7 @@ import numpy as np
 from collector import buddies as buddies_mod
 from collector import config as config_mod
 from collector import fleet_key, rdma_config, records
-from collector.config import CollectorConfig
+from collector.config import CollectorConfig, box_key
 from collector.configfile import ConfigError
 from collector.inband import InbandHook
 from collector.lab_clock import RecordingClock
@@ -36,7 +36,7 @@ from collector.link_watch import LinkWatch
 from collector.probe_mesh import ProbeMesh
 from collector.probe_packet import PacketCodec
 from collector.record_buffer import RecordBuffer
-from collector.shipper import Shipper
+from collector.shipper import Shipper, Shippers
 from collector.spool import Spool
 from collector.sysfs_counters import SysfsCounters
 
@@ -119,10 +119,11 @@ class Collector:
             roll_s=cfg.spool.roll_s,
             roll_bytes=cfg.spool.roll_bytes,
             max_roll_s=cfg.spool.max_roll_s,
+            boxes=[box_key(url) for url in cfg.ingest.targets()],
         )
-        self.shipper = Shipper(
+        self.shippers = Shippers(  # one shipping thread per ops box
             self.spool,
-            cfg.ingest.url,
+            cfg.ingest.targets(),
             self.key,
             timeout_s=cfg.ingest.timeout_s,
             retry_max_s=cfg.ingest.retry_max_s,
@@ -323,7 +324,12 @@ class Collector:
         values["spool_dropped_rows"] = st.dropped_rows
         values["spool_dropped_segments"] = st.dropped_segments
         values["spool_rows_written"] = st.rows_written
-        values["batches_rejected"] = self.shipper.stats.rejected
+        values["batches_rejected"] = self.shippers.rejected
+        for i, sh in enumerate(self.shippers.all):  # per ops box, in ingest.urls order
+            cur = self.spool.boxes.get(sh.box)
+            values[f"box{i}_refused"] = sh.stats.refused
+            values[f"box{i}_dropped_rows"] = cur.dropped_rows if cur else 0
+            values[f"box{i}_dropped_segments"] = cur.dropped_segments if cur else 0
         if self.counters is not None:
             values["counter_files_unreadable"] = self.counters.unreadable
         if self.links is not None:
@@ -361,7 +367,7 @@ class Collector:
                 self.urgent_rolls += 1
             if urgent:
                 self._urgent, self._last_urgent = False, now
-            self.shipper.wake()
+            self.shippers.wake()  # every box's shipper: an urgent segment goes to all at once
 
     def status(self) -> dict[str, Any]:
         now = time.monotonic()
@@ -373,7 +379,7 @@ class Collector:
             self.rates = ((sent - s_prev) / (now - t_prev), (recv - r_prev) / (now - t_prev))
             self._last_status = (now, sent, recv)
         segs, nbytes, rows = self.spool.depth()
-        sh = self.shipper.stats
+        boxes = [self._box_status(sh) for sh in self.shippers.all]
         return {
             "host": self.cfg.host,
             "host_id": self.host_id,
@@ -412,18 +418,8 @@ class Collector:
                 "recovered_segments": self.spool.stats.recovered_segments,
                 "rejected_segments": self.spool.stats.rejected_segments,
             },
-            "shipping": {
-                "url": self.cfg.ingest.url,
-                "segments_acked": sh.segments_acked,
-                "rows_acked": sh.rows_acked,
-                "duplicates": sh.duplicates,
-                "rejected": sh.rejected,
-                "failures": sh.failures,
-                "last_ack_segment": sh.last_ack_segment,
-                "last_ack_unix": sh.last_ack_unix,
-                "last_error": sh.last_error,
-                "backoff_s": sh.backoff_s,
-            },
+            # the first ops box's figures (as with one box), and every box's in "boxes"
+            "shipping": {**boxes[0], "boxes": boxes},
             "lab_clock": (
                 {
                     "offset_ns": self.clock.offset_ns,
@@ -447,6 +443,30 @@ class Collector:
             ),
             "reloads": self.reloads,
             "reload_errors": self.reload_errors,
+        }
+
+    def _box_status(self, sh: Shipper) -> dict[str, Any]:
+        """One ops box's shipping figures (status file ``shipping.boxes``)."""
+        st = sh.stats
+        cur = self.spool.boxes.get(sh.box)
+        waiting = self.spool.box_depth(sh.box) if cur else (0, 0, 0)
+        return {
+            "url": sh.url,
+            "segments_acked": st.segments_acked,
+            "rows_acked": st.rows_acked,
+            "duplicates": st.duplicates,
+            "rejected": st.rejected,
+            "refused": st.refused,
+            "failures": st.failures,
+            "last_ack_segment": st.last_ack_segment,
+            "last_ack_unix": st.last_ack_unix,
+            "last_error": st.last_error,
+            "backoff_s": st.backoff_s,
+            "acked_through": cur.acked if cur else 0,
+            "waiting_segments": waiting[0],
+            "waiting_rows": waiting[2],
+            "dropped_segments": cur.dropped_segments if cur else 0,
+            "dropped_rows": cur.dropped_rows if cur else 0,
         }
 
     def _tracing_note(self) -> str:
@@ -489,7 +509,7 @@ class Collector:
         self._close_io()
         old = self.cfg
         self.cfg, self.key = new, key
-        self.shipper.key = key
+        self.shippers.set_key(key)
         self.clock = RecordingClock(new.lab_clock, self.clock.t0_ns)
         if self.rdma is not None:
             self.rdma.codec, self.rdma.clock = PacketCodec(key), self.clock
@@ -497,7 +517,9 @@ class Collector:
         self.spool.roll_s = new.spool.roll_s
         self.spool.max_roll_s = new.spool.max_roll_s
         self.spool.roll_bytes = new.spool.roll_bytes
-        self.shipper.set_target(new.ingest.url, new.ingest.timeout_s, new.ingest.retry_max_s)
+        self.shippers.set_targets(
+            new.ingest.targets(), new.ingest.timeout_s, new.ingest.retry_max_s
+        )
         setup_logging(new.log_level)
         try:
             self._open_io()
@@ -538,7 +560,7 @@ class Collector:
         try:
             self._probe_verbs()
             self._open_io()
-            self.shipper.start()
+            self.shippers.start()
             self._scan_rdma_config()
             self._scan_jobs()
             self._sample_counters()
@@ -550,7 +572,7 @@ class Collector:
                 self.cfg.host,
                 os.getpid(),
                 self.cfg.spool.dir,
-                self.cfg.ingest.url,
+                ",".join(self.cfg.ingest.targets()),
                 self.clock.t0_ns if self.cfg.lab_clock else "-",
             )
             if ready is not None:
@@ -638,13 +660,10 @@ class Collector:
             self.flush()
             self.spool.close()
         finally:
-            self.shipper.stop()
-            if self.shipper.is_alive():
-                self.shipper.join(self.cfg.ingest.timeout_s + 1.0)
-            if not self.shipper.is_alive():
-                # Ship what the final roll closed, if the ops box answers quickly;
-                # whatever is left is durable and ships after the next start.
-                self.shipper.drain(SHUTDOWN_SHIP_S)
+            self.shippers.stop(self.cfg.ingest.timeout_s + 1.0)
+            # Ship what the final roll closed, if the ops boxes answer quickly (each
+            # box on its own); whatever is left is durable and ships after the next start.
+            self.shippers.drain(SHUTDOWN_SHIP_S)
             self.state = "stopped"
             self.write_status()
         log.info("event=stopped segments_waiting=%d", self.spool.depth()[0])

@@ -181,17 +181,35 @@ def status(config_path: str | None, status_file: str | None, as_json: bool) -> N
         + f"  (total {sum(rej.values())})",
         f"  spool          {sp.get('segments')} segments, {sp.get('bytes')} bytes, {sp.get('rows')} rows"
         f" waiting; dropped {sp.get('dropped_rows')} rows",
-        f"  last ack       segment {sh.get('last_ack_segment')} {_age(sh.get('last_ack_unix', 0))}"
-        f" ({sh.get('segments_acked')} acked, {sh.get('rejected')} rejected)",
     ]
-    if sh.get("last_error"):
-        lines.append(f"  shipping error {sh['last_error']} (retry in {sh.get('backoff_s')}s)")
+    lines += _shipping_lines(sh)
     if data.get("lab_clock"):
         lc = data["lab_clock"]
         lines.append(
             f"  lab clock      offset {lc['offset_ns']} ns, drift {lc['drift_ppm']} ppm, t0 {lc['t0_ns']}"
         )
     click.echo("\n".join(lines))
+
+
+def _shipping_lines(sh: dict) -> list[str]:
+    """One ops box: its last ack (as before); several: one line per box."""
+    boxes = sh.get("boxes") or [sh]
+    lines = []
+    for box in boxes:
+        label = "last ack      " if len(boxes) == 1 else f"ops box {box.get('url')}: last ack"
+        line = (
+            f"  {label} segment {box.get('last_ack_segment')} {_age(box.get('last_ack_unix', 0))}"
+            f" ({box.get('segments_acked')} acked, {box.get('rejected')} rejected"
+        )
+        if len(boxes) > 1 or box.get("refused") or box.get("dropped_rows"):
+            line += (
+                f", {box.get('waiting_segments', 0)} segments waiting, {box.get('refused', 0)}"
+                f" refused, {box.get('dropped_rows', 0)} rows dropped unshipped"
+            )
+        lines.append(line + ")")
+        if box.get("last_error"):
+            lines.append(f"  shipping error {box['last_error']} (retry in {box.get('backoff_s')}s)")
+    return lines
 
 
 @collector.command("audit")
@@ -222,7 +240,7 @@ def audit(
         backend_interface=cfg.backend.interface,
         backend_address=cfg.backend.address,
         peers={p.name: p.address for p in cfg.peers if p.name != cfg.host},
-        ingest_url=cfg.ingest.url,
+        ingest_url=cfg.ingest.targets()[0],
         sysfs_root=cfg.counters.sysfs_root,
         nccl_conf=nccl_conf or cfg.rdma.nccl_conf,
         status_file=cfg.status_file,

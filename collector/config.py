@@ -2,13 +2,16 @@
 
 Written by the ``clockmesh_collector`` role from inventory variables; see
 ``roles/clockmesh_collector/templates/collector.yml.j2`` and docs/configuration.md.
-Every key is optional except ``host``, ``backend.address``, ``ingest.url`` and
-``fleet_key_file``. Unknown keys are errors (a typo must not silently fall back
+Every key is optional except ``host``, ``backend.address``, ``ingest.url`` (or
+``ingest.urls``, one per ops box) and ``fleet_key_file``. Unknown keys are errors (a typo must not silently fall back
 to a default).
 """
 
 from __future__ import annotations
 
+import re
+import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -73,10 +76,27 @@ class Probe(_Strict, kw_only=True):
 
 
 class Ingest(_Strict, kw_only=True):
-    url: str  # ops-box ingest endpoint, e.g. http://198.19.0.1:8470
+    url: str = ""  # ops-box ingest endpoint, e.g. http://198.19.0.1:8470
+    # Several ops boxes (a standby pair): every segment is shipped to each of them.
+    # Exactly one of url and urls is set.
+    urls: list[str] = msgspec.field(default_factory=list)
     ca_file: str = ""  # CA bundle when the ops box serves TLS
     timeout_s: float = 5.0
     retry_max_s: float = 30.0  # cap of the exponential back-off while unreachable
+
+    def targets(self) -> list[str]:
+        """Every ops box's ingest URL, in the order given (the first is the primary)."""
+        return list(self.urls) if self.urls else [self.url]
+
+
+def box_key(url: str) -> str:
+    """A file-name-safe name of one ops box's ingest URL; two spellings of the same
+    endpoint (host case, default port, trailing slash) give the same key."""
+    parts = urllib.parse.urlsplit(url.strip())
+    scheme = parts.scheme.lower()
+    port = parts.port or (443 if scheme == "https" else 80)
+    name = f"{scheme}_{(parts.hostname or '').lower()}_{port}{parts.path.rstrip('/')}"
+    return re.sub(r"[^A-Za-z0-9.-]+", "_", name)
 
 
 class Spool(_Strict, kw_only=True):
@@ -184,8 +204,29 @@ def validate(config: CollectorConfig, path: str | Path) -> None:
         "log_level",
         "expected one of debug, info, warning, error",
     )
+    _validate_ingest(config.ingest, need)
+
+
+def _validate_ingest(ingest: Ingest, need: Callable[[bool, str, str], None]) -> None:
+    """ingest.url or ingest.urls: http(s) URLs, each ops box once."""
     need(
-        config.ingest.url.startswith(("http://", "https://")),
+        bool(ingest.url) != bool(ingest.urls),
         "ingest.url",
-        "expected an http:// or https:// URL",
+        "expected exactly one of ingest.url (one ops box) and ingest.urls (a list)",
     )
+    key = "ingest.urls" if ingest.urls else "ingest.url"
+    seen: dict[str, str] = {}
+    for i, url in enumerate(ingest.targets()):
+        where = f"{key}[{i}]" if ingest.urls else key
+        need(url.startswith(("http://", "https://")), where, "expected an http:// or https:// URL")
+        try:
+            box = box_key(url)
+        except ValueError as exc:  # e.g. a port out of range
+            need(False, where, f"expected an http:// or https:// URL ({exc})")
+            return
+        need(
+            box not in seen,
+            where,
+            f"{url} is the same ops box as {seen.get(box)}: list each ops box once",
+        )
+        seen[box] = url

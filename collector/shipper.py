@@ -1,4 +1,4 @@
-"""Ships closed spool segments to the ops box, in order, exactly once after ingest.
+"""Ships closed spool segments to each ops box, in order, exactly once after ingest.
 
 Contract (docs/collector.md, "Shipping contract"): ``POST <ingest.url>/v1/batch`` with
 the segment bytes as body (with a backlog: up to ``MAX_SEGMENTS_PER_REQUEST`` closed
@@ -13,10 +13,19 @@ segment with capped exponential back-off. A 4xx of a multi-segment body: the seg
 go again one by one, so only the bad one is set aside. Every ack (and 503) carries the
 segment interval the ops box wants (``roll_s``, header ``X-Clockmesh-Roll-S``); the
 spool rolls at ``max(spool.roll_s, advised)``, capped by ``spool.max_roll_s``.
+
+Several ops boxes (``ingest.urls``, docs/collector.md "Two ops boxes"): one
+:class:`Shipper` thread per box, each with its own acknowledgement cursor in the
+spool, so a box that is down, slow or refusing holds up no other. A 401/403 means the
+box refuses this collector (another fleet key): nothing is set aside, the box is
+retried with back-off and the refusal is logged once per box and counted.
+:class:`Shippers` starts, wakes, stops and drains them together.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import http.client
 import json
 import logging
@@ -27,6 +36,7 @@ import urllib.parse
 from dataclasses import dataclass
 
 from collector import wire
+from collector.config import box_key
 from collector.spool import Spool
 
 log = logging.getLogger("clockmesh.collector.shipper")
@@ -34,6 +44,16 @@ CONTENT_TYPE = "application/x-clockmesh-segment"
 ROLL_HEADER = "X-Clockmesh-Roll-S"  # the ops box's advised segment interval (seconds)
 MAX_SEGMENTS_PER_REQUEST = 30  # a backlog goes out this many closed segments at a time
 MAX_REQUEST_BYTES = 16 * 1024 * 1024  # ... and at most this many bytes (ops box: 64 MiB)
+
+
+THREAD_NAME = b"cm-shipper"  # the OS thread name (top -H, /proc/<pid>/task/*/comm)
+
+
+def _name_os_thread(name: bytes) -> None:
+    """Name the calling OS thread (Linux ``prctl(PR_SET_NAME)``), so its CPU time can be
+    told apart (benchmarks/bench_collector.py --ops); harmless where unsupported."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(15, name[:15], 0, 0, 0)
 
 
 @dataclass
@@ -49,10 +69,12 @@ class ShipperStats:
     backoff_s: float = 0.0
     requests_acked: int = 0
     advised_roll_s: float = 0.0
+    refused: int = 0  # 401/403 answers: the box does not take this collector's key
 
 
 class Shipper(threading.Thread):
-    """Background thread: oldest closed segment -> POST -> ack -> delete."""
+    """Background thread for one ops box: oldest closed segment it has not acknowledged
+    -> POST -> ack -> its cursor moves on (the spool deletes once every box is past)."""
 
     def __init__(
         self,
@@ -67,8 +89,11 @@ class Shipper(threading.Thread):
         max_segments: int = MAX_SEGMENTS_PER_REQUEST,
         max_body_bytes: int = MAX_REQUEST_BYTES,
     ) -> None:
-        super().__init__(name="clockmesh-shipper", daemon=True)
+        self.url = url
+        self.box = box_key(url)
+        super().__init__(name=f"clockmesh-shipper-{self.box}", daemon=True)
         self.spool = spool
+        spool.ensure_box(self.box)
         self.key = key
         self.timeout_s = timeout_s
         self.retry_max_s = retry_max_s
@@ -86,9 +111,11 @@ class Shipper(threading.Thread):
         self._path = parsed.path.rstrip("/") + "/v1/batch"
         self._ssl = ssl.create_default_context(cafile=ca_file or None) if self._https else None
         self._conn: http.client.HTTPConnection | None = None
+        self._retarget = False  # set_target happened: reconnect before the next request
 
     def set_target(self, url: str, timeout_s: float, retry_max_s: float) -> None:
-        """Config reload: next request goes to the new URL."""
+        """Config reload: next request goes to the new URL (the same box: same key)."""
+        self.url = url
         parsed = urllib.parse.urlsplit(url)
         self._https = parsed.scheme == "https"
         self._host = parsed.hostname or ""
@@ -96,7 +123,9 @@ class Shipper(threading.Thread):
         self._path = parsed.path.rstrip("/") + "/v1/batch"
         self.timeout_s = timeout_s
         self.retry_max_s = retry_max_s
-        self._drop_connection()
+        # Called from the main thread: the shipper thread drops its connection itself
+        # before its next request (closing it here could pull it out from under a post).
+        self._retarget = True
         self._wake.set()
 
     def wake(self) -> None:
@@ -109,6 +138,9 @@ class Shipper(threading.Thread):
 
     # ---- HTTP -----------------------------------------------------------------------
     def _connection(self) -> http.client.HTTPConnection:
+        if self._retarget:
+            self._retarget = False
+            self._drop_connection()
         if self._conn is None:
             if self._https:
                 self._conn = http.client.HTTPSConnection(
@@ -132,8 +164,8 @@ class Shipper(threading.Thread):
             "Content-Type": CONTENT_TYPE,
             "Content-Length": str(len(body)),
         }
-        reused = self._conn is not None
         conn = self._connection()
+        reused = conn.sock is not None  # an open keep-alive connection
         try:
             conn.request("POST", self._path, body=body, headers=headers)
             resp = conn.getresponse()
@@ -161,16 +193,14 @@ class Shipper(threading.Thread):
         retryable failure, None when there is nothing to ship.
         """
         limit = 1 if self._single_left > 0 else self.max_segments
-        ids = self.spool.oldest_closed_many(limit, self.max_body_bytes)
+        ids = self.spool.pending(self.box, limit, self.max_body_bytes)
         if not ids:
             return None
-        with self.spool.lock:
-            self.spool.in_flight = frozenset(ids)
+        self.spool.set_in_flight(self.box, ids)
         try:
             return self._ship(ids)
         finally:
-            with self.spool.lock:
-                self.spool.in_flight = frozenset()
+            self.spool.set_in_flight(self.box, ())
 
     def _ship(self, ids: list[int]) -> bool:
         bodies = []
@@ -178,7 +208,8 @@ class Shipper(threading.Thread):
             try:
                 bodies.append(self.spool.path_of(seg_id).read_bytes())
             except FileNotFoundError:
-                # Dropped by the size bound between listing and reading.
+                # Dropped by the size bound between listing and reading (or removed by
+                # hand): gone for every box, so the next step goes on with what is left.
                 self.spool.acknowledged(seg_id)
                 return True
         try:
@@ -189,6 +220,11 @@ class Shipper(threading.Thread):
         self._take_advice(roll)
         if 200 <= status < 300:
             return self._handle_ok(ids, status, data)
+        if status in (401, 403):
+            # The box refuses this collector itself (another fleet key), not a segment:
+            # keep everything for it and retry; the other boxes go on meanwhile.
+            self._refused(ids[0], status, data[:200].decode("utf-8", "replace").strip())
+            return False
         if 400 <= status < 500 and len(ids) > 1:
             # Which segment is bad? Resend them one by one: only that one is set aside
             # (also what an ops box without multi-segment bodies needs).
@@ -200,9 +236,12 @@ class Shipper(threading.Thread):
             self._single_left = max(0, self._single_left - 1)
             seg_id = ids[0]
             reason = data[:200].decode("utf-8", "replace").strip()
-            self.spool.rejected(seg_id, f"HTTP {status}: {reason}")
+            self.spool.box_done(self.box, seg_id, rejected=f"HTTP {status}: {reason}")
             self.stats.rejected += 1
-            log.error("event=batch_rejected segment=%d status=%d reason=%r", seg_id, status, reason)
+            log.error(
+                "event=batch_rejected box=%s segment=%d status=%d reason=%r",
+                self.url, seg_id, status, reason,
+            )  # fmt: skip
             return True
         self._failed(ids[0], f"HTTP {status}")
         return False
@@ -248,8 +287,7 @@ class Shipper(threading.Thread):
         ):
             self._failed(ids[0], f"acknowledgement does not match: {answer!r}")
             return False
-        for seg_id in ids:
-            self.spool.acknowledged(seg_id)
+        self.spool.box_done(self.box, ids[-1])
         if self._single_left > 0:
             self._single_left -= 1
         self.stats.requests_acked += 1
@@ -260,7 +298,7 @@ class Shipper(threading.Thread):
         self.stats.last_ack_unix = time.time()
         self.stats.backoff_s = 0.0
         if self.stats.last_error:
-            log.info("event=ingest_reachable segment=%d", ids[0])
+            log.info("event=ingest_reachable box=%s segment=%d", self.url, ids[0])
         self.stats.last_error = ""
         log.debug(
             "event=batch_acked segments=%d-%d count=%d status=%s rows=%d",
@@ -268,16 +306,33 @@ class Shipper(threading.Thread):
         )  # fmt: skip
         return True
 
+    def _refused(self, seg_id: int, status: int, reason: str) -> None:
+        self.stats.refused += 1
+        error = f"HTTP {status}: {reason} (another fleet key?)"
+        if self.stats.last_error != error:  # once per box until it answers otherwise
+            log.error(
+                "event=box_refused box=%s segment=%d status=%d reason=%r "
+                "hint='does this ops box use another fleet key?' action=retry",
+                self.url, seg_id, status, reason,
+            )  # fmt: skip
+        self._back_off(error)
+
     def _failed(self, seg_id: int, error: str) -> None:
         self.stats.failures += 1
         if not self.stats.last_error:
-            log.warning("event=ship_failed segment=%d error=%r action=retry", seg_id, error)
+            log.warning(
+                "event=ship_failed box=%s segment=%d error=%r action=retry", self.url, seg_id, error
+            )
+        self._back_off(error)
+
+    def _back_off(self, error: str) -> None:
         self.stats.last_error = error
         nxt = self.stats.backoff_s * 2 if self.stats.backoff_s else self.retry_min_s
         self.stats.backoff_s = min(self.retry_max_s, nxt)
 
     # ---- thread ---------------------------------------------------------------------
     def run(self) -> None:
+        _name_os_thread(THREAD_NAME)
         while not self._stopping.is_set():
             result = self.ship_one()
             if result is True:
@@ -296,3 +351,94 @@ class Shipper(threading.Thread):
         while time.monotonic() < end:
             if self.ship_one() is not True:
                 return
+
+
+class Shippers:
+    """One :class:`Shipper` per ops box over one spool: started, woken (an urgent
+    segment goes to every box at once), stopped and drained together."""
+
+    def __init__(
+        self,
+        spool: Spool,
+        urls: list[str],
+        key: bytes,
+        *,
+        timeout_s: float = 5.0,
+        retry_max_s: float = 30.0,
+        ca_file: str = "",
+    ) -> None:
+        self.spool = spool
+        self.key = key
+        self.ca_file = ca_file
+        spool.set_boxes([box_key(url) for url in urls])
+        self.all = [self._new(url, timeout_s, retry_max_s) for url in urls]
+        self._started = False
+
+    def _new(self, url: str, timeout_s: float, retry_max_s: float) -> Shipper:
+        return Shipper(
+            self.spool,
+            url,
+            self.key,
+            timeout_s=timeout_s,
+            retry_max_s=retry_max_s,
+            ca_file=self.ca_file,
+        )
+
+    def start(self) -> None:
+        self._started = True
+        for sh in self.all:
+            sh.start()
+
+    def wake(self) -> None:
+        for sh in self.all:
+            sh.wake()
+
+    def set_key(self, key: bytes) -> None:
+        self.key = key
+        for sh in self.all:
+            sh.key = key
+
+    def set_targets(self, urls: list[str], timeout_s: float, retry_max_s: float) -> None:
+        """Config reload: keep the shippers of boxes still listed (their cursors and
+        connections), start those of new boxes, stop those of boxes no longer listed."""
+        old = {sh.box: sh for sh in self.all}
+        new: list[Shipper] = []
+        for url in urls:
+            sh = old.pop(box_key(url), None)
+            if sh is None:
+                sh = self._new(url, timeout_s, retry_max_s)
+                if self._started:
+                    sh.start()
+            else:
+                sh.set_target(url, timeout_s, retry_max_s)
+            new.append(sh)
+        for sh in old.values():
+            sh.stop()
+        self.all = new
+        self.spool.set_boxes([sh.box for sh in new])
+
+    def stop(self, join_s: float) -> None:
+        for sh in self.all:
+            sh.stop()
+        end = time.monotonic() + join_s
+        for sh in self.all:
+            if sh.is_alive():
+                sh.join(max(0.0, end - time.monotonic()))
+
+    def drain(self, deadline_s: float) -> None:
+        """Every stopped box's shipper ships what is closed, side by side, for up to
+        ``deadline_s`` (shutdown): a box that does not answer holds up no other."""
+        threads = [
+            threading.Thread(target=sh.drain, args=(deadline_s,), daemon=True)
+            for sh in self.all
+            if not sh.is_alive()
+        ]
+        for th in threads:
+            th.start()
+        end = time.monotonic() + deadline_s + 0.5
+        for th in threads:
+            th.join(max(0.0, end - time.monotonic()))
+
+    @property
+    def rejected(self) -> int:
+        return sum(sh.stats.rejected for sh in self.all)

@@ -5,7 +5,9 @@ Directory layout (``spool.dir``)::
     next_segment            the next segment id (decimal), replaced atomically
     0000000000000042.open   the segment being written: header, then chunks appended
     0000000000000041.seg    closed (fsynced) segments, shipped in id order
-    rejected/               segments the ops box refused with a 4xx (kept for humans)
+    ack-<box>               per ops box: the highest segment id it acknowledged (all lower
+                            ones too), replaced atomically with fsync after each ack
+    rejected/               segments an ops box refused with a 4xx (kept for humans)
 
 Life of a segment: its id is reserved durably (``next_segment`` written with
 fsync *before* the file exists, so ids are monotonic per host across restarts
@@ -22,7 +24,14 @@ advises a longer one in its acknowledgements when its fleet sends more requests
 than it budgets for (docs/collector.md, "Shipping contract"). On start, a
 left-over ``.open`` file is cut back to its valid prefix
 (``wire.decode(allow_torn_tail=True)``) and closed. Past ``max_bytes`` the
-oldest closed segments are deleted and their rows counted as dropped.
+oldest closed segments are deleted and their rows counted as dropped (per ops box
+that had not acknowledged them yet, too).
+
+Several ops boxes (docs/collector.md, "Two ops boxes"): each box has its own
+acknowledgement cursor (``ack-<box>``); a box's shipper takes the oldest closed
+segments above its cursor, and a segment is deleted once every box's cursor is at
+or past it. Closed segments have increasing ids and each box's shipper goes oldest
+first, so "everything up to the cursor is done for that box" holds.
 """
 
 from __future__ import annotations
@@ -33,7 +42,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +55,17 @@ _NAME = re.compile(r"^(\d{16})\.(seg|open)$")
 # Segment ids reserved per fsynced ``next_segment`` rewrite (one per ~100 s of
 # 1.5-s segments instead of one per segment).
 ID_BLOCK = 64
+
+
+@dataclass
+class BoxCursor:
+    """One ops box's progress through the spool."""
+
+    acked: int = 0  # every closed id <= this is done (acknowledged or rejected) for the box
+    in_flight: frozenset[int] = frozenset()  # ids its shipper is posting; never dropped
+    dropped_segments: int = 0  # dropped by the size bound before this box acknowledged them
+    dropped_rows: int = 0
+    rejected_segments: int = 0
 
 
 @dataclass
@@ -85,6 +105,7 @@ class Spool:
         roll_bytes: int,
         max_roll_s: float = 30.0,
         now_ns: Callable[[], int] = time.time_ns,
+        boxes: Sequence[str] = (),
     ) -> None:
         self.dir = Path(directory)
         self.host = host
@@ -98,7 +119,8 @@ class Spool:
         self.stats = SpoolStats()
         self.lock = threading.Lock()  # guards the closed-segment map (shipper vs. dropper)
         self._closed: dict[int, tuple[int, int]] = {}  # id -> (bytes, rows)
-        self.in_flight: frozenset[int] = frozenset()  # ids the shipper is posting; never dropped
+        self.in_flight: frozenset[int] = frozenset()  # ids being posted; never dropped
+        self.boxes: dict[str, BoxCursor] = {}  # ops box key -> its cursor
         self._fd: int | None = None
         self._open_id = 0
         self._open_bytes = 0
@@ -108,7 +130,10 @@ class Spool:
         (self.dir / "rejected").mkdir(exist_ok=True)
         self._next_id = self._read_next_id()
         self._reserved = self._next_id  # ids below this are durably reserved
+        for box in boxes:
+            self.boxes[box] = BoxCursor(acked=self._read_cursor(box))
         self._recover()
+        self._collect()
 
     # ---- start-up -------------------------------------------------------------------
     def _read_next_id(self) -> int:
@@ -273,9 +298,15 @@ class Spool:
             for seg_id in sorted(self._closed):
                 if total <= self.max_bytes:
                     break
-                if seg_id in self.in_flight:
+                if seg_id in self.in_flight or any(
+                    seg_id in cur.in_flight for cur in self.boxes.values()
+                ):
                     continue
                 size, rows = self._closed.pop(seg_id)
+                for cur in self.boxes.values():
+                    if cur.acked < seg_id:
+                        cur.dropped_segments += 1
+                        cur.dropped_rows += rows
                 with contextlib.suppress(FileNotFoundError):
                     (self.dir / segment_name(seg_id, "seg")).unlink()
                 total -= size
@@ -290,20 +321,6 @@ class Spool:
         with self.lock:
             return min(self._closed) if self._closed else None
 
-    def oldest_closed_many(self, limit: int, max_bytes: int) -> list[int]:
-        """The oldest closed ids, at most ``limit`` and ``max_bytes`` together (at least
-        one when any is closed)."""
-        with self.lock:
-            out: list[int] = []
-            total = 0
-            for seg_id in sorted(self._closed)[:limit]:
-                size = self._closed[seg_id][0]
-                if out and total + size > max_bytes:
-                    break
-                out.append(seg_id)
-                total += size
-            return out
-
     def path_of(self, seg_id: int) -> Path:
         return self.dir / segment_name(seg_id, "seg")
 
@@ -314,12 +331,117 @@ class Spool:
             with contextlib.suppress(FileNotFoundError):
                 self.path_of(seg_id).unlink()
 
-    def rejected(self, seg_id: int, reason: str) -> None:
+    # ---- several ops boxes ------------------------------------------------------------
+    def _cursor_path(self, box: str) -> Path:
+        return self.dir / f"ack-{box}"
+
+    def _read_cursor(self, box: str) -> int:
+        path = self._cursor_path(box)
+        try:
+            return int(path.read_text().strip() or "0")
+        except FileNotFoundError:
+            return 0
+        except ValueError:
+            # Unreadable: start from the oldest segment (the box answers "duplicate").
+            log.warning("event=spool_bad_ack_cursor path=%s action=resend", path)
+            return 0
+
+    def _store_cursor(self, box: str, value: int) -> None:
+        """``ack-<box>`` = ``value``, durably (fsynced file, then atomic rename)."""
+        path = self._cursor_path(box)
+        tmp = path.with_name(path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o640)
+        try:
+            os.write(fd, f"{value}\n".encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+
+    def set_boxes(self, boxes: Sequence[str]) -> None:
+        """The ops boxes segments go to (all at once: a segment is deleted only when every
+        box listed here is past it). A new box starts at its stored cursor, or at the
+        oldest segment; a box no longer listed stops holding segments back."""
         with self.lock:
-            self._closed.pop(seg_id, None)
-            path = self.path_of(seg_id)
-            if path.exists():
-                self._reject_local(path, reason)
+            self.boxes = {
+                box: self.boxes.get(box) or BoxCursor(acked=self._read_cursor(box)) for box in boxes
+            }
+        self._collect()
+
+    def ensure_box(self, box: str) -> None:
+        """Register ``box`` if unknown (a lone shipper; several go through set_boxes)."""
+        with self.lock:
+            if box not in self.boxes:
+                self.boxes[box] = BoxCursor(acked=self._read_cursor(box))
+
+    def pending(self, box: str, limit: int, max_bytes: int) -> list[int]:
+        """The oldest closed ids ``box`` has not acknowledged, at most ``limit`` and
+        ``max_bytes`` together (at least one when any is waiting)."""
+        with self.lock:
+            cur = self.boxes.get(box)
+            if cur is None:  # no longer listed (a reload removed it): nothing to ship
+                return []
+            acked = cur.acked
+            out: list[int] = []
+            total = 0
+            for seg_id in sorted(i for i in self._closed if i > acked)[:limit]:
+                size = self._closed[seg_id][0]
+                if out and total + size > max_bytes:
+                    break
+                out.append(seg_id)
+                total += size
+            return out
+
+    def set_in_flight(self, box: str, ids: Sequence[int]) -> None:
+        with self.lock:
+            cur = self.boxes.get(box)
+            if cur is not None:
+                cur.in_flight = frozenset(ids)
+
+    def box_done(self, box: str, upto: int, rejected: str = "") -> None:
+        """``box`` stored every segment up to ``upto`` durably (``rejected``: it refused
+        ``upto`` with that reason; a copy goes to ``rejected/``). The cursor is stored
+        before any file is deleted, so a crash in between only re-sends."""
+        cur = self.boxes.get(box)
+        if cur is None or upto <= cur.acked:  # a box no longer listed holds nothing back
+            return
+        if rejected:
+            self._keep_rejected(upto, rejected)
+            cur.rejected_segments += 1
+        self._store_cursor(box, upto)
+        with self.lock:
+            cur.acked = upto
+        self._collect()
+
+    def _keep_rejected(self, seg_id: int, reason: str) -> None:
+        target = self.dir / "rejected" / segment_name(seg_id, "seg")
+        try:
+            os.link(self.path_of(seg_id), target)
+        except FileExistsError:
+            return  # another box refused it too
+        except FileNotFoundError:
+            return  # dropped by the bound meanwhile
+        with self.lock:
+            self.stats.rejected_segments += 1
+        log.warning("event=spool_rejected path=%s reason=%r", target, reason)
+
+    def _collect(self) -> None:
+        """Delete the closed segments every box is past."""
+        with self.lock:
+            if not self.boxes:
+                return
+            upto = min(cur.acked for cur in self.boxes.values())
+            for seg_id in [i for i in self._closed if i <= upto]:
+                del self._closed[seg_id]
+                with contextlib.suppress(FileNotFoundError):
+                    self.path_of(seg_id).unlink()
+
+    def box_depth(self, box: str) -> tuple[int, int, int]:
+        """(closed segments, bytes, rows) waiting for ``box``."""
+        with self.lock:
+            acked = self.boxes[box].acked
+            waiting = [v for i, v in self._closed.items() if i > acked]
+            return len(waiting), sum(s for s, _ in waiting), sum(r for _, r in waiting)
 
     def depth(self) -> tuple[int, int, int]:
         """(closed segments, their bytes, their rows) waiting to be shipped."""

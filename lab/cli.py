@@ -92,6 +92,8 @@ def lab() -> None:
     metavar="SEED",
     help="Give every host a seeded ground-truth clock error (±5 ms, ±50 ppm) in the inventory.",
 )
+@click.option("--ops", type=click.IntRange(1, 2), default=1, show_default=True,
+              help="Ops boxes: 2 adds a standby (ops2, mgmt .3) the collectors ship to as well.")  # fmt: skip
 @_user_errors
 def up(
     name: str,
@@ -100,15 +102,17 @@ def up(
     leaves: int,
     hosts_per_leaf: int,
     clock_seed: int | None,
+    ops: int,
 ) -> None:
     """Build the lab: namespaces, veths, ECMP routes, mgmt bridge, sshd per host."""
     the_lab = _make_lab(name, state_dir)
     t0 = time.monotonic()
-    topo = the_lab.up(spines, leaves, hosts_per_leaf, clock_seed)
+    topo = the_lab.up(spines, leaves, hosts_per_leaf, clock_seed, ops)
     took = time.monotonic() - t0
     click.echo(
         f"lab {name}: {len(topo.hosts)} hosts, {len(topo.leaves)} leaves, "
-        f"{len(topo.spines)} spines, ops box {topo.ops.mgmt_address}, "
+        f"{len(topo.spines)} spines, ops box"
+        f"{'es' if topo.standby else ''} {', '.join(b.mgmt_address for b in topo.ops_boxes)}, "
         f"mgmt {topo.mgmt.subnet} on {topo.mgmt.bridge} — up in {took:.1f}s"
     )
     click.echo(f"inventory: {the_lab.inventory_path}")

@@ -200,7 +200,8 @@ class Lab:
     def ssh_command(self, node: str, argv: list[str] | None = None) -> list[str]:
         """An ``ssh`` argv reaching ``node`` with the lab key and strict host key checking."""
         topo = self.topology
-        addr = topo.ops.mgmt_address if node == topo.ops.name else topo.host(node).mgmt_address
+        boxes = {box.name: box.mgmt_address for box in topo.ops_boxes}
+        addr = boxes[node] if node in boxes else topo.host(node).mgmt_address
         return [
             "ssh",
             "-i",
@@ -224,10 +225,12 @@ class Lab:
         leaves: int = 4,
         hosts_per_leaf: int = 4,
         clock_seed: int | None = None,
+        ops: int = 1,
     ) -> Topology:
-        """Build the lab. On any failure everything created so far is torn down."""
+        """Build the lab (``ops`` 2: with a standby ops box). On any failure everything
+        created so far is torn down."""
         require_root()
-        plan.build(self.name, 1, spines, leaves, hosts_per_leaf, clock_seed)  # validate first
+        plan.build(self.name, 1, spines, leaves, hosts_per_leaf, clock_seed, ops)  # validate
         if self.state.exists():
             live = self._namespaces()
             if live:
@@ -246,7 +249,7 @@ class Lab:
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / MARKER_FILE).write_text(f"{self.name}\n")
         try:
-            topo = self._build(spines, leaves, hosts_per_leaf, clock_seed)
+            topo = self._build(spines, leaves, hosts_per_leaf, clock_seed, ops)
         except BaseException as exc:
             with contextlib.suppress(Exception):
                 self.down(keep_files=True)
@@ -256,13 +259,13 @@ class Lab:
         return topo
 
     def _build(
-        self, spines: int, leaves: int, hosts_per_leaf: int, clock_seed: int | None
+        self, spines: int, leaves: int, hosts_per_leaf: int, clock_seed: int | None, ops: int = 1
     ) -> Topology:
         t0 = time.monotonic()
         alias = ALIAS_PREFIX + self.name
         with _global_lock(), IPRoute() as root:
             slot = self._allocate_slot(root)
-            topo = plan.build(self.name, slot, spines, leaves, hosts_per_leaf, clock_seed)
+            topo = plan.build(self.name, slot, spines, leaves, hosts_per_leaf, clock_seed, ops)
             mgmt_nodes = topo.mgmt_nodes
             root_links = [plan.mgmt_root_iface(slot, n.name) for n in mgmt_nodes]
             with self.state.update() as st:
@@ -277,6 +280,7 @@ class Lab:
                         "leaves": leaves,
                         "hosts_per_leaf": hosts_per_leaf,
                         "clock_seed": clock_seed,
+                        "ops": ops,
                     },
                     namespaces=[],
                     root_links=[topo.mgmt.bridge, *root_links],
@@ -295,7 +299,7 @@ class Lab:
         # Namespaces: recorded first, then created.
         all_ns = [h.namespace for h in topo.hosts]
         all_ns += [r.namespace for r in (*topo.leaves, *topo.spines)]
-        all_ns.append(topo.ops.namespace)
+        all_ns += [box.namespace for box in topo.ops_boxes]
         self.state.add("namespaces", *all_ns)
         for ns in all_ns:
             netns.create(ns)
@@ -512,7 +516,7 @@ class Lab:
         authorized.write_text(client_pub + "\n")
         authorized.chmod(0o600)
         nodes = [(h.name, h.namespace, h.mgmt_address) for h in topo.hosts]
-        nodes.append((topo.ops.name, topo.ops.namespace, topo.ops.mgmt_address))
+        nodes += [(box.name, box.namespace, box.mgmt_address) for box in topo.ops_boxes]
         # Host keys in parallel (ssh-keygen per node).
         keygens = []
         for node, _, _ in nodes:
@@ -654,7 +658,7 @@ class Lab:
                 f"node: no node named {node!r} in lab {self.name!r} "
                 f"(expected one of {', '.join(topo.nodes)})"
             ) from None
-        if node in {h.name for h in topo.hosts} or node == topo.ops.name:
+        if node in {h.name for h in topo.hosts} or node in {b.name for b in topo.ops_boxes}:
             rec = self._sshd_record(node)
             if rec is None or not processes.alive(rec):
                 raise LabError(
@@ -700,7 +704,7 @@ class Lab:
             sshd_recs = {r["node"]: r for r in data.get("processes", []) if r.get("what") == "sshd"}
             for name, ns, addr in [
                 *((h.name, h.namespace, h.mgmt_address) for h in topo.hosts),
-                (topo.ops.name, topo.ops.namespace, topo.ops.mgmt_address),
+                *((b.name, b.namespace, b.mgmt_address) for b in topo.ops_boxes),
             ]:
                 rec = sshd_recs.get(name)
                 ns_ok = ns in present_set
@@ -717,7 +721,7 @@ class Lab:
             links = link_states(topo, present_set)
         expected = 0
         if topo is not None:
-            expected = len(topo.hosts) + len(topo.leaves) + len(topo.spines) + 1
+            expected = len(topo.hosts) + len(topo.leaves) + len(topo.spines) + len(topo.ops_boxes)
         faults = [
             dict(f, alive=processes.alive(f)) if "pid" in f else f for f in data.get("faults", [])
         ]

@@ -28,10 +28,10 @@ NCCL_CONF = "/etc/clockmesh/nccl.conf"  # inside a lab host's mount namespace
 
 
 def write_configs(
-    lab: Any, base: Path, key: bytes, url: str, probe: dict[str, Any] | None = None
+    lab: Any, base: Path, key: bytes, url: str | list[str], probe: dict[str, Any] | None = None
 ) -> dict[str, Path]:
     """Each lab host's fake RDMA tree and ``base/<host>/collector.yml``; returns host ->
-    its config."""
+    its config. ``url``: the ops box, or a list of ops boxes (a standby pair)."""
     topo = lab.topology
     base.mkdir(parents=True, exist_ok=True)
     (base / "fleet.key").write_bytes(key)
@@ -55,7 +55,7 @@ def write_configs(
             "backend": {"address": h.backend_address, "interface": h.backend_interface},
             "peers": peers,
             "probe": {"buddies_random": 10, **(probe or {})},
-            "ingest": {"url": url},
+            "ingest": {"urls": url} if isinstance(url, list) else {"url": url},
             "spool": {"dir": str(d / "spool"), "roll_s": 0.5},
             "counters": {"sysfs_root": fake_rdma.IN_HOST_PATH},
             "rdma": {
@@ -75,7 +75,7 @@ def write_configs(
 
 
 def start(
-    lab: Any, base: Path, key: bytes, url: str, probe: dict[str, Any] | None = None
+    lab: Any, base: Path, key: bytes, url: str | list[str], probe: dict[str, Any] | None = None
 ) -> dict[str, subprocess.Popen[bytes]]:
     """One collector per lab host; returns host name -> process (stop with :func:`stop`)."""
     procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -131,6 +131,12 @@ def start_opsbox(
     }
     (base / "ingest.yml").write_text(json.dumps(cfg))
     url = f"http://{gateway}:{port}"
+    return restart_opsbox(base, url), url
+
+
+def restart_opsbox(base: Path, url: str) -> subprocess.Popen[bytes]:
+    """``clockmesh ingest run`` with the config :func:`start_opsbox` wrote in ``base`` (the
+    same store and port: an ops box coming back); returns once it answers."""
     with open(base / "ingest.log", "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "clockmesh.cli", "ingest", "run", "--config",
@@ -143,7 +149,7 @@ def start_opsbox(
             raise RuntimeError(f"ingest daemon exited; see {base / 'ingest.log'}")
         try:
             urllib.request.urlopen(url + "/healthz", timeout=1).read()
-            return proc, url
+            return proc
         except (OSError, urllib.error.HTTPError):
             time.sleep(0.1)
     proc.kill()

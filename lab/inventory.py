@@ -61,6 +61,15 @@ def build(
                 "ansible_python_interpreter": "/usr/bin/python3",
                 "clockmesh_fleet_key": fleet_key,
                 "clockmesh_ingest_url": f"http://{topo.ops.mgmt_address}:{INGEST_PORT}",
+                **(
+                    {
+                        "clockmesh_ingest_urls": [
+                            f"http://{b.mgmt_address}:{INGEST_PORT}" for b in topo.ops_boxes
+                        ]
+                    }
+                    if len(topo.ops_boxes) > 1
+                    else {}
+                ),  # a standby pair (`lab up --ops 2`): collectors ship to both
                 "clockmesh_lab": True,
                 # The ops box names host ports after their links (detector, reports).
                 "clockmesh_opsbox_topology_file": str(topology_file) if topology_file else "",
@@ -70,7 +79,7 @@ def build(
             "children": {
                 "collectors": {"children": racks},
                 "opsbox": {
-                    "hosts": {topo.ops.name: {"ansible_host": topo.ops.mgmt_address}},
+                    "hosts": {b.name: {"ansible_host": b.mgmt_address} for b in topo.ops_boxes},
                 },
                 "fabric": {"hosts": switches},
             },

@@ -11,6 +11,7 @@ Addressing plan (also in docs/lab.md):
     leaf side 198.18.128.0 + 2k, spine side + 2k + 1.
 - Management network, 198.19.0.0/16, one /24 per lab ("slot" 1..254 picked at ``up`` so
   labs never overlap): the root-namespace bridge ``cmbr<slot>`` is .1, the ops box .2,
+  the standby ops box (``--ops 2``, node ``ops2``) .3,
   host number i (1-based, leaf-major order) is .(9+i).
 
 Interface names: a host has ``bk0`` (backend) and ``mg0`` (mgmt); a leaf names its ports
@@ -38,7 +39,7 @@ from lab.topology import (
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9]{0,11}$")
 # A namespace belongs to lab NAME iff it matches this with the lab's name in front.
-NODE_RE = r"(?:h\d+-\d+|leaf\d+|spine\d+|ops)"
+NODE_RE = r"(?:h\d+-\d+|leaf\d+|spine\d+|ops2?)"
 BACKEND_IFACE = "bk0"
 MGMT_IFACE = "mg0"
 MAX_LEAVES = 127
@@ -105,9 +106,13 @@ def build(
     leaves: int = 4,
     hosts_per_leaf: int = 4,
     clock_seed: int | None = None,
+    ops: int = 1,
 ) -> Topology:
-    """The full topology of a lab: every node, address, interface and link."""
+    """The full topology of a lab: every node, address, interface and link; ``ops`` 2 adds
+    a standby ops box (``ops2``)."""
     check_name(name)
+    if ops not in (1, 2):
+        raise PlanError(f"--ops: expected 1 or 2 ops boxes, got {ops}")
     if not 1 <= spines <= MAX_SPINES:
         raise PlanError(f"--spines: expected 1..{MAX_SPINES}, got {spines}")
     if not 1 <= leaves <= MAX_LEAVES:
@@ -189,4 +194,14 @@ def build(
         ),
         mgmt=Mgmt(bridge=bridge_name(slot), subnet=str(subnet), gateway=str(mgmt_ip[0])),
         links=links,
+        standby=(
+            OpsBox(
+                name="ops2",
+                namespace=f"{name}-ops2",
+                mgmt_address=str(mgmt_ip[2]),
+                mgmt_interface=MGMT_IFACE,
+            )
+            if ops == 2
+            else None
+        ),
     )

@@ -96,6 +96,12 @@ class Topology(msgspec.Struct, frozen=True):
     ops: OpsBox
     mgmt: Mgmt
     links: list[Link]
+    standby: OpsBox | None = None  # a second ops box (`lab up --ops 2`), on .3
+
+    @property
+    def ops_boxes(self) -> list[OpsBox]:
+        """The ops box, then the standby when the lab has two."""
+        return [self.ops] if self.standby is None else [self.ops, self.standby]
 
     def host(self, name: str) -> Host:
         for host in self.hosts:
@@ -111,8 +117,9 @@ class Topology(msgspec.Struct, frozen=True):
 
     def node_namespace(self, node: str) -> str:
         """The network namespace of a host, leaf, spine or the ops box."""
-        if node == self.ops.name:
-            return self.ops.namespace
+        for box in self.ops_boxes:
+            if node == box.name:
+                return box.namespace
         for host in self.hosts:
             if host.name == node:
                 return host.namespace
@@ -127,13 +134,13 @@ class Topology(msgspec.Struct, frozen=True):
             *(h.name for h in self.hosts),
             *(r.name for r in self.leaves),
             *(r.name for r in self.spines),
-            self.ops.name,
+            *(box.name for box in self.ops_boxes),
         ]
 
     @property
     def mgmt_nodes(self) -> list[Host | OpsBox]:
-        """Every node on the management network (hosts, then the ops box)."""
-        return [*self.hosts, self.ops]
+        """Every node on the management network (hosts, then the ops boxes)."""
+        return [*self.hosts, *self.ops_boxes]
 
     def access_link(self, host: str) -> Link:
         """The host's link to its leaf."""

@@ -6,14 +6,17 @@ from pathlib import Path
 
 import click
 
+from analytics.ingest import endpoints
 from analytics.sql_cli import DEFAULT_STORE
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--url", default="http://127.0.0.1:8470", show_default=True,
-              help="Ingest daemon base URL (/v1/live over HTTP: runs from the controller too).")  # fmt: skip
+              help="Ingest daemon base URL (/v1/live over HTTP: runs from the controller too);"
+              " two ops boxes: a comma list, the first that answers is read.")  # fmt: skip
 @click.option("--store", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_STORE,
-              show_default=True, help="Store for history, audits and remediation (read-only).")  # fmt: skip
+              show_default=True, help="Store for history, audits and remediation (read-only);"
+              " two ops boxes: a comma list, the first that answers is read.")  # fmt: skip
 @click.option("--topology", type=click.Path(dir_okay=False, path_type=Path),
               default="/etc/clockmesh/topology.json", show_default=True,
               help="Topology: racks for grouping, links for remediation.")  # fmt: skip
@@ -45,8 +48,11 @@ def tui(url: str, store: Path, topology: Path, inventory: Path | None, refresh_s
         words = load_search_words(topo)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
-    ClockmeshApp(
-        LiveSource(url), racks=racks, search_words=words, store=store if store.is_dir() else None,
+    source, store, say = endpoints.tui_sources(url, store, LiveSource)  # several ops boxes
+    app = ClockmeshApp(
+        source, racks=racks, search_words=words, store=store if store.is_dir() else None,
         inventory=inventory, topology=topo, refresh_s=refresh_s,
         thresholds=Thresholds(amber_us=amber_us, red_loss=red_loss, silent_s=silent_s),
-    ).run()  # fmt: skip
+    )  # fmt: skip
+    say(app)
+    app.run()

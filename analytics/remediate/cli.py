@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from analytics.ingest import endpoints
 from analytics.remediate import records, runner, stable
 from analytics.remediate.plan import (
     Caps,
@@ -21,7 +22,7 @@ from analytics.sql_cli import store_option
 
 DEFAULT_TOPOLOGY = "/etc/clockmesh/topology.json"
 
-_store = store_option
+_store = endpoints.store_choice(store_option)  # --store a,b: the first that answers
 _topology = click.option(
     "--topology",
     type=click.Path(dir_okay=False, path_type=Path),

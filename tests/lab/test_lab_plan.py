@@ -116,3 +116,32 @@ def test_inventory_contract(tmp_path: Path) -> None:
     assert set(h["clockmesh_lab_clock"]) == {"offset_ns", "drift_ppm"}
     assert data["all"]["children"]["opsbox"]["hosts"]["ops"]["ansible_host"] == "198.19.9.2"
     assert path.stat().st_mode & 0o077 == 0  # holds the fleet key
+
+
+def test_a_standby_ops_box_gets_its_namespace_address_and_the_inventory_lists_both(
+    tmp_path: Path,
+) -> None:
+    topo = plan.build("demo", 9, leaves=2, hosts_per_leaf=2, ops=2)
+    assert topo.standby is not None and [b.name for b in topo.ops_boxes] == ["ops", "ops2"]
+    assert (topo.standby.namespace, topo.standby.mgmt_address) == ("demo-ops2", "198.19.9.3")
+    assert topo.node_namespace("ops2") == "demo-ops2" and "ops2" in topo.nodes
+    mgmt = [n.mgmt_address for n in topo.mgmt_nodes]
+    assert len(set(mgmt)) == len(mgmt) == 6
+    assert plan.namespace_pattern("demo").match("demo-ops2")
+    path = tmp_path / "topology.json"
+    path.write_bytes(topology.dumps(topo))
+    assert topology.load(path) == topo
+    inv = inventory.build(topo, tmp_path / "id", tmp_path / "kh", "ab" * 32)
+    assert inv["all"]["vars"]["clockmesh_ingest_url"] == "http://198.19.9.2:8470"
+    assert inv["all"]["vars"]["clockmesh_ingest_urls"] == [
+        "http://198.19.9.2:8470",
+        "http://198.19.9.3:8470",
+    ]
+    assert inv["all"]["children"]["opsbox"]["hosts"] == {
+        "ops": {"ansible_host": "198.19.9.2"},
+        "ops2": {"ansible_host": "198.19.9.3"},
+    }
+    one = inventory.build(plan.build("demo", 9), tmp_path / "id", tmp_path / "kh", "ab" * 32)
+    assert "clockmesh_ingest_urls" not in one["all"]["vars"]  # one box: as before
+    with pytest.raises(plan.PlanError, match="--ops: expected 1 or 2"):
+        plan.build("demo", 9, ops=3)

@@ -27,8 +27,10 @@ class Receiver:
         self.duplicates = 0
         self.bad = 0
         # "ok" | "fail" (503) | "drop_after_store" (once per segment) |
-        # "close_idle" (answer, then close the keep-alive connection without saying so)
+        # "close_idle" (answer, then close the keep-alive connection without saying so) |
+        # "hold" (a slow box: every request waits until ``release`` is set, then is served)
         self.mode = "ok"
+        self.release = threading.Event()
         self._dropped: set[tuple[str, int]] = set()
         self.lock = threading.Lock()
         receiver = self
@@ -52,6 +54,8 @@ class Receiver:
         self.thread.start()
 
     def handle(self, req: BaseHTTPRequestHandler, body: bytes) -> None:
+        if self.mode == "hold":
+            self.release.wait()
         with self.lock:
             self.posts += 1
             if req.path != "/v1/batch":

@@ -69,10 +69,27 @@ def test_lost_ack_is_retried_and_answered_as_duplicate(tmp_path: Path, receiver:
 
 def test_4xx_moves_the_batch_aside_and_goes_on(tmp_path: Path, receiver: Receiver) -> None:
     sp = _fill(tmp_path, 2)
-    sh = Shipper(sp, receiver.url, b"not-the-fleet-key-at-all", max_segments=1)  # 401
+    body = sp.path_of(1).read_bytes()
+    sp.path_of(1).write_bytes(body[:-5])  # a torn body: the receiver answers 400
+    sh = Shipper(sp, receiver.url, KEY, max_segments=1)
     assert sh.ship_one() is True
     assert (tmp_path / "spool/rejected/0000000000000001.seg").exists()
+    assert not sp.path_of(1).exists()
     assert sh.stats.rejected == 1 and sp.oldest_closed() == 2
+
+
+def test_401_another_fleet_key_keeps_the_segments_and_retries(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    sp = _fill(tmp_path, 2)
+    sh = Shipper(sp, receiver.url, b"not-the-fleet-key-at-all", max_segments=1, retry_min_s=0.1)
+    assert sh.ship_one() is False and sh.ship_one() is False  # refused: nothing set aside
+    assert sh.stats.refused == 2 and sh.stats.rejected == 0 and sh.stats.backoff_s == 0.2
+    assert "another fleet key" in sh.stats.last_error
+    assert not list((tmp_path / "spool/rejected").iterdir()) and sp.oldest_closed() == 1
+    sh.key = KEY  # the key is fixed: everything kept ships
+    assert sh.ship_one() is True and sh.ship_one() is True
+    assert [seg for _, seg in receiver.order] == [1, 2]
 
 
 def test_unreachable_is_a_retry_not_a_crash(tmp_path: Path) -> None:
