@@ -152,16 +152,20 @@ def attribute(
     racks: Mapping[str, str],
     link_leaf: Mapping[str, str],
     explained: list[list[str]] | None = None,
+    closed: Iterable[Mapping[str, Any]] = (),
 ) -> tuple[list[list[str]], dict[str, HostLoss]]:
     """Each pair's ``explained_by`` (in order) and each host's :class:`HostLoss`.
 
     ``pairs``: ``src``, ``dst`` (names), ``sent``, ``received``; ``racks``: host -> leaf.
     ``explained``: each pair's ``explained_by`` as the daemon placed it (a reader of
-    ``/v1/live`` passes it; the places are then not computed again).
+    ``/v1/live`` passes it; the places are then not computed again). ``closed``:
+    anomalies closed within the live window — the loss they caused is still counted there,
+    so they still explain it; only an open one makes a culprit.
     """
-    pl = places(anomalies, link_leaf)
+    anomalies = list(anomalies)
+    pl = places([*anomalies, *closed], link_leaf)
     out = {h: HostLoss() for h in hosts}
-    for h, ids in pl.host.items():
+    for h, ids in places(anomalies, link_leaf).host.items():
         if h in out:
             out[h].culprit_of = list(ids)
     given = explained
@@ -226,12 +230,12 @@ def annotate(
     anomalies: Iterable[Mapping[str, Any]],
     racks: Mapping[str, str],
     link_leaf: Mapping[str, str],
+    closed: Iterable[Mapping[str, Any]] = (),
 ) -> None:
     """Add the attribution to a ``/v1/live`` document's rows, in place: each pair's
     ``explained_by``; each host's ``verdict`` and :meth:`HostLoss.doc` fields."""
-    explained, losses = attribute(
-        (str(h["host"]) for h in hosts), pairs, anomalies, racks, link_leaf
-    )
+    names = (str(h["host"]) for h in hosts)
+    explained, losses = attribute(names, pairs, anomalies, racks, link_leaf, closed=closed)
     for p, ids in zip(pairs, explained, strict=True):
         p["explained_by"] = ids
     for h in hosts:

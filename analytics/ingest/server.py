@@ -539,8 +539,10 @@ class IngestServer:
         # both directions and its verdict (analytics/detect/attribution.py).
         racks = {names[i]: r for i, r in self.detect.paths.host_rack.items() if i in names}
         link_leaf = {n: lk.leaf for n, lk in self.detect.paths.links.items()}
+        since = live.generated_ns - int((live.window_s + 10) * 1e9)  # loss still counted
+        ended = [a for a in doc["anomalies"]["recently_closed"] if a["closed_ns"] >= since]
         open_ = doc["anomalies"]["open"]
-        attribution.annotate(doc["hosts"], doc["pairs"], open_, racks, link_leaf)
+        attribution.annotate(doc["hosts"], doc["pairs"], open_, racks, link_leaf, ended)
         return doc
 
     # ---- group commit ------------------------------------------------------------

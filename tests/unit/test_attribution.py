@@ -96,3 +96,13 @@ def test_clockmesh_live_names_the_culprit_and_counts_the_affected_apart() -> Non
     assert " culprit " in line and "its own link: flapping-00c0ffee00" in line
     n_aff = sum(r.status == "affected" for r in rows.values())
     assert f"1 failing (1 culprit), {n_aff} affected by an open anomaly" in text
+
+
+def test_an_anomaly_closed_within_the_window_still_explains_its_loss_but_names_no_culprit() -> None:
+    pairs = _mesh({(s, "h2-1"): 30 for s in RACKS})
+    flap = {"anomaly_id": "flapping-1", "kind": "flapping_link", "link": "h2-1-leaf2",
+            "closed_ns": 5, "evidence": {"host": "h2-1", "device": "bk0"}}  # fmt: skip
+    _, losses = attribution.attribute(RACKS, pairs, [], RACKS, LEAVES, closed=[flap])
+    verdicts = {h: attribution.verdict(x, 0.5) for h, x in losses.items()}
+    assert set(verdicts.values()) == {"affected"}  # the former culprit too: its link is up
+    assert losses["h2-1"].culprit_of == [] and losses["h2-1"].affected_by == {"flapping-1"}
