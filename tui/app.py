@@ -39,6 +39,7 @@ from textual.widgets import (
     Tree,
 )
 
+from tui import preview
 from tui.data import (
     AFFECTED,
     AMBER,
@@ -377,16 +378,24 @@ class RemediationScreen(ModalScreen[None]):
             self.proc = p
 
         def echo(line: str) -> None:
-            self.app.call_from_thread(log.write_line, line)
+            if not line.startswith("skipping: ["):  # folded: the roles' branches not taken
+                self.app.call_from_thread(log.write_line, line)
 
         result = runner.stream(argv, echo, on_start=started)
         self.proc = None
-        self.app.call_from_thread(self._finished, check, result.ok, result.changed)
+        self.app.call_from_thread(self._finished, check, result.ok, result.changed, result.lines)
 
-    def _finished(self, check: bool, ok: bool, changed: dict[str, int]) -> None:
+    def _finished(
+        self, check: bool, ok: bool, changed: dict[str, int], lines: list[str] | None = None
+    ) -> None:
         log = self.query_one("#output", Log)
         if check and ok:
             self.previewed = True
+            # The change itself first (which lines on which host or switch), then the log
+            # with the skipped tasks folded away (tui/preview.py).
+            log.clear()
+            log.write_lines(preview.render(preview.parse(lines or [])))
+            log.scroll_home(animate=False)
             log.write_line(
                 f"== the real run would change: {({h: n for h, n in changed.items() if n}) or 'nothing'}"
             )
