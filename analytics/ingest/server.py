@@ -163,6 +163,7 @@ class IngestServer:
         )
         self.metrics.registry.register(self.detect.collector())
         self.clock.on_owd = self.detect.feed_owd
+        self._attribution = attribution.LiveAttribution()  # /v1/live: culprit and victims
         reg = self.metrics.registry
         self._pace_gauges = (
             Gauge("clockmesh_ingest_advised_roll_seconds",
@@ -542,7 +543,8 @@ class IngestServer:
         since = live.generated_ns - int((live.window_s + 10) * 1e9)  # loss still counted
         ended = [a for a in doc["anomalies"]["recently_closed"] if a["closed_ns"] >= since]
         open_ = doc["anomalies"]["open"]
-        attribution.annotate(doc["hosts"], doc["pairs"], open_, racks, link_leaf, ended)
+        self._attribution.annotate(live.generated_ns, doc["hosts"], doc["pairs"], open_, racks,
+                                   link_leaf, ended)  # fmt: skip
         return doc
 
     # ---- group commit ------------------------------------------------------------
