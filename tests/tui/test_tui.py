@@ -596,3 +596,31 @@ async def test_enter_alone_never_confirms_a_real_run() -> None:
         await pilot.press("tab", "enter")  # moving to "Yes" is a choice
         await pilot.pause(0.1)
         assert answers == [False, True]
+
+
+def test_delay_an_open_contention_explains_is_affected_not_slow() -> None:
+    """The sample's slow pair (h1-2 → h2-2, 42 µs corrected) and lossy pair (h1-3 → h2-3)
+    leave leaf1 upwards: with a contention anomaly on leaf1-spine1 (leaf→spine) open, their
+    ends are affected by it (a full queue delays and drops); the silent host stays silent,
+    and the same contention in the other direction explains neither."""
+    from analytics.detect import attribution
+    from tui.data import fleet
+
+    def states(direction: str | None) -> dict[str, Any]:
+        live = sample_live(anomalies=0)
+        if direction:
+            live["anomalies"]["open"] = [{"anomaly_id": "contention-1", "kind": "contention",
+                                          "link": "leaf1-spine1", "job_id": "",
+                                          "evidence": {"direction": direction}}]  # fmt: skip
+        attribution.annotate(live["hosts"], live["pairs"], live["anomalies"]["open"],
+                             sample_racks(), attribution.link_leaves(sample_topology()))  # fmt: skip
+        return {t.host: t for t in fleet(live, sample_racks()).tiles}
+
+    before = {h: t.state for h, t in states(None).items()}
+    assert [before[h] for h in ("h1-2", "h2-2", "h1-3", "h2-3", "h1-4")] == [
+        "slow", "slow", "loss", "loss", "silent"]  # fmt: skip
+    after = states("leaf→spine")
+    assert [after[h].state for h in ("h1-2", "h2-2", "h1-3", "h2-3", "h1-4")] == [
+        "affected", "affected", "affected", "affected", "silent"]  # fmt: skip
+    assert after["h1-2"].because == "leaf1-spine1" and after["h2-2"].worst_peer == "h1-2"
+    assert {h: t.state for h, t in states("spine→leaf").items()} == before
