@@ -91,11 +91,16 @@ def _open(live: dict[str, Any]) -> list[dict[str, Any]]:
     return [a for a in open_ if isinstance(a, dict)]
 
 
-def _because(r: HostHealth) -> str:
+def _because(r: HostHealth, where: dict[str, str]) -> str:
+    """Whose fault, naming the anomaly and its place: ``where`` is id -> link or job."""
+
+    def named(ids: list[str]) -> str:
+        return ", ".join(f"{where[i]} ({i})" if where.get(i) else i for i in ids)
+
     if r.culprit_of:
-        return "its own link: " + ", ".join(r.culprit_of)
+        return "its own link " + named(r.culprit_of)
     if r.affected_by and r.status == "affected":
-        return "affected by " + ", ".join(r.affected_by)
+        return "affected by " + named(r.affected_by)
     return ""
 
 
@@ -103,11 +108,14 @@ def render(rows: list[HostHealth], live: dict[str, Any], url: str) -> str:
     header = (f"{'HOST':<12} {'STATUS':<8} {'LAST':>7} {'BUDDIES':>7} {'SENT':>8} "
               f"{'LOSS OUT':>8} {'LOSS IN':>8} {'RAW OWD p50':>12}  WHY")  # fmt: skip
     lines = [f"fleet health from {url} (last {live.get('live_window_s', '?')} s)", header]
+    anomalies = live.get("anomalies") or {}
+    where = {str(a.get("anomaly_id")): str(a.get("link") or a.get("job_id") or "")
+             for a in [*_open(live), *(anomalies.get("recently_closed") or [])]}  # fmt: skip
     for r in rows:
         owd = f"{r.owd_raw_p50_us:.1f} µs" if r.owd_raw_p50_us is not None else "-"
         lines.append(
             f"{r.host:<12} {r.status:<8} {r.last_batch_age_s:>6.1f}s {r.buddies:>7} {r.sent:>8} "
-            f"{r.loss_sent:>8.2%} {r.loss_received:>8.2%} {owd:>12}  {_because(r)}".rstrip()
+            f"{r.loss_sent:>8.2%} {r.loss_received:>8.2%} {owd:>12}  {_because(r, where)}".rstrip()
         )
     healthy = sum(r.healthy for r in rows)
     count = {s: sum(r.status == s for r in rows) for s in ("culprit", "affected")}
@@ -127,9 +135,9 @@ def render(rows: list[HostHealth], live: dict[str, Any], url: str) -> str:
     else:
         lines.append(f"open anomalies: {len(open_)}")
         for a in open_:
-            where = a.get("link") or a.get("job_id") or "-"
+            place = a.get("link") or a.get("job_id") or "-"
             lines.append(
-                f"  {a.get('kind', '?'):<14} {where:<14} score {a.get('score', 0):.2f}  "
+                f"  {a.get('kind', '?'):<14} {place:<14} score {a.get('score', 0):.2f}  "
                 f"{a.get('anomaly_id', '')}  {a.get('summary', '')}"
             )
     return "\n".join(lines)

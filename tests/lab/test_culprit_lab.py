@@ -140,5 +140,5 @@ def test_a_host_whose_own_link_flaps_is_the_culprit_and_its_peers_are_affected(
     text = subprocess.run([sys.executable, "-m", "clockmesh.cli", "live", "--url", url],
                           cwd=ROOT, capture_output=True, text=True, timeout=60).stdout  # fmt: skip
     line = next(x for x in text.splitlines() if x.startswith(CULPRIT + " "))
-    assert " culprit " in line and f"its own link: {aid}" in line, text
+    assert " culprit " in line and f"its own link {LINK} ({aid})" in line, text
     assert "1 failing (1 culprit)" in text, text

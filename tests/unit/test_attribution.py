@@ -93,7 +93,7 @@ def test_clockmesh_live_names_the_culprit_and_counts_the_affected_apart() -> Non
     assert {h["verdict"] for h in doc["hosts"]} == {r.status for r in rows.values()}
     text = live_cli.render(list(rows.values()), doc, "http://ops:8470")
     line = next(x for x in text.splitlines() if x.startswith(CULPRIT + " "))
-    assert " culprit " in line and "its own link: flapping-00c0ffee00" in line
+    assert " culprit " in line and f"its own link {CULPRIT}-leaf1 (flapping-00c0ffee00)" in line
     n_aff = sum(r.status == "affected" for r in rows.values())
     assert f"1 failing (1 culprit), {n_aff} affected by an open anomaly" in text
 
