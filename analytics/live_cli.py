@@ -1,8 +1,10 @@
 """``clockmesh live``: fleet health at a glance, from the ingest daemon's ``/v1/live``.
 
-One row per host: how fresh its telemetry is, how many buddies it probes, what share
-of its probes arrive, and the raw (not yet clock-corrected) one-way delay. Meant for
-the first minute after a deploy and for a 3 a.m. "is the fleet even reporting?".
+One row per host: how fresh its telemetry is, how many buddies it probes, what share of
+the probes it sent and of those sent to it were lost, the raw (not yet clock-corrected)
+one-way delay, and its verdict: the culprit of an open anomaly (its own link), affected
+by one (all its loss is explained), lossy, stale, silent or ok. Meant for the first
+minute after a deploy and for a 3 a.m. "is the fleet even reporting, and who is at fault?".
 """
 
 from __future__ import annotations
@@ -11,17 +13,18 @@ import json
 import time
 import urllib.error
 import urllib.request
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import click
 import yaml
 
+from analytics.detect import attribution
 from analytics.ingest import endpoints
 
-STALE_S = 5.0  # a host whose last batch is older than this is stale
-LOSSY = 0.01  # more than 1 % of a host's probes lost is worth a look
+STALE_S = attribution.STALE_S  # a host whose last batch is older than this is stale
+LOSSY = attribution.LOSSY  # more than 1 % lost (either direction, unexplained) is worth a look
 
 
 @dataclass(frozen=True)
@@ -31,9 +34,13 @@ class HostHealth:
     buddies: int  # distinct hosts it probes (pairs it sends on)
     sent: int
     received: int  # of its probes, how many arrived (at any buddy)
-    loss: float
+    loss: float  # the worse of loss_sent and loss_received
+    loss_sent: float  # of the probes it sent, lost
+    loss_received: float  # of the probes sent to it, lost
     owd_raw_p50_us: float | None
-    status: str  # ok | stale | lossy | silent
+    status: str  # culprit | stale | silent | lossy | affected | ok
+    culprit_of: list[str] = field(default_factory=list)  # open anomalies naming its link
+    affected_by: list[str] = field(default_factory=list)  # open anomalies explaining its loss
 
     @property
     def healthy(self) -> bool:
@@ -41,70 +48,99 @@ class HostHealth:
 
 
 def summarise(live: dict[str, Any], stale_s: float = STALE_S) -> list[HostHealth]:
-    """Per-host health from a /v1/live document."""
+    """Per-host health from a /v1/live document: loss judged in both directions, and
+    attributed to the open anomalies that explain it (analytics/detect/attribution.py)."""
+    pairs = live.get("pairs", [])
+    names = [str(h["host"]) for h in live.get("hosts", [])]
+    # The daemon places every open anomaly (it knows the racks): each pair's explained_by.
+    # Without it (an older daemon), host links are still placed from their evidence.
+    given = [p.get("explained_by") for p in pairs]
+    explained = given if all(isinstance(x, list) for x in given) else None
+    _, losses = attribution.attribute(names, pairs, _open(live), {}, {}, explained=explained)
     by_src: dict[str, list[dict[str, Any]]] = {}
-    for pair in live.get("pairs", []):
+    for pair in pairs:
         by_src.setdefault(str(pair["src"]), []).append(pair)
     rows = []
     for host in live.get("hosts", []):
         name = str(host["host"])
-        pairs = by_src.get(name, [])
-        sent = sum(int(p["sent"]) for p in pairs)
-        received = sum(int(p["received"]) for p in pairs)
-        loss = 1.0 - received / sent if sent else 0.0
-        delays = sorted(p["owd_raw_p50_us"] for p in pairs if p.get("owd_raw_p50_us") is not None)
+        mine = by_src.get(name, [])
+        loss = losses[name]
+        delays = sorted(p["owd_raw_p50_us"] for p in mine if p.get("owd_raw_p50_us") is not None)
         age = float(host["last_batch_age_s"])
-        if age > stale_s:
-            status = "stale"
-        elif not sent:
-            status = "silent"
-        elif loss > LOSSY:
-            status = "lossy"
-        else:
-            status = "ok"
         rows.append(
             HostHealth(
                 host=name,
                 last_batch_age_s=age,
-                buddies=len({p["dst"] for p in pairs}),
-                sent=sent,
-                received=received,
-                loss=loss,
+                buddies=len({p["dst"] for p in mine}),
+                sent=loss.sent,
+                received=loss.sent - loss.lost,
+                loss=loss.worst,
+                loss_sent=loss.loss_sent,
+                loss_received=loss.loss_received,
                 owd_raw_p50_us=delays[len(delays) // 2] if delays else None,
-                status=status,
+                status=attribution.verdict(loss, age, stale_s),
+                culprit_of=list(loss.culprit_of),
+                affected_by=sorted(loss.affected_by),
             )
         )
     return rows
 
 
+def _open(live: dict[str, Any]) -> list[dict[str, Any]]:
+    anomalies = live.get("anomalies")
+    open_ = anomalies.get("open", []) if isinstance(anomalies, dict) else []
+    return [a for a in open_ if isinstance(a, dict)]
+
+
+def _because(r: HostHealth, where: dict[str, str]) -> str:
+    """Whose fault, naming the anomaly and its place: ``where`` is id -> link or job."""
+
+    def named(ids: list[str]) -> str:
+        return ", ".join(f"{where[i]} ({i})" if where.get(i) else i for i in ids)
+
+    if r.culprit_of:
+        return "its own link " + named(r.culprit_of)
+    if r.affected_by and r.status == "affected":
+        return "affected by " + named(r.affected_by)
+    return ""
+
+
 def render(rows: list[HostHealth], live: dict[str, Any], url: str) -> str:
-    header = f"{'HOST':<12} {'STATUS':<7} {'LAST':>7} {'BUDDIES':>7} {'SENT':>8} {'RECV':>8} {'LOSS':>7} {'RAW OWD p50':>12}"
+    header = (f"{'HOST':<12} {'STATUS':<8} {'LAST':>7} {'BUDDIES':>7} {'SENT':>8} "
+              f"{'LOSS OUT':>8} {'LOSS IN':>8} {'RAW OWD p50':>12}  WHY")  # fmt: skip
     lines = [f"fleet health from {url} (last {live.get('live_window_s', '?')} s)", header]
+    anomalies = live.get("anomalies") or {}
+    where = {str(a.get("anomaly_id")): str(a.get("link") or a.get("job_id") or "")
+             for a in [*_open(live), *(anomalies.get("recently_closed") or [])]}  # fmt: skip
     for r in rows:
         owd = f"{r.owd_raw_p50_us:.1f} µs" if r.owd_raw_p50_us is not None else "-"
         lines.append(
-            f"{r.host:<12} {r.status:<7} {r.last_batch_age_s:>6.1f}s {r.buddies:>7} {r.sent:>8} "
-            f"{r.received:>8} {r.loss:>6.2%} {owd:>12}"
+            f"{r.host:<12} {r.status:<8} {r.last_batch_age_s:>6.1f}s {r.buddies:>7} {r.sent:>8} "
+            f"{r.loss_sent:>8.2%} {r.loss_received:>8.2%} {owd:>12}  {_because(r, where)}".rstrip()
         )
     healthy = sum(r.healthy for r in rows)
+    count = {s: sum(r.status == s for r in rows) for s in ("culprit", "affected")}
+    failing = len(rows) - healthy - count["affected"]
     store = live.get("store", {})
     lines.append(
-        f"{healthy}/{len(rows)} hosts healthy; store {'accepting' if store.get('accepting', True) else 'NOT accepting: ' + str(store.get('reason'))}"
+        f"{healthy}/{len(rows)} hosts healthy, {failing} failing"
+        + (f" ({count['culprit']} culprit)" if count["culprit"] else "")
+        + f", {count['affected']} affected by an open anomaly; store "
+        + ("accepting" if store.get("accepting", True) else f"NOT accepting: {store.get('reason')}")
     )
-    lines.append("raw OWD = receiver clock minus sender clock, before clock solving")
-    anomalies = live.get("anomalies")
-    if isinstance(anomalies, dict):
-        open_ = anomalies.get("open") or []
-        if not open_:
-            lines.append("no open anomalies")
-        else:
-            lines.append(f"open anomalies: {len(open_)}")
-            for a in open_:
-                where = a.get("link") or a.get("job_id") or "-"
-                lines.append(
-                    f"  {a.get('kind', '?'):<14} {where:<14} score {a.get('score', 0):.2f}  "
-                    f"{a.get('anomaly_id', '')}  {a.get('summary', '')}"
-                )
+    lines.append("LOSS OUT = of the probes it sent, LOSS IN = of the probes sent to it; "
+                 "raw OWD = receiver clock minus sender clock, before clock solving")  # fmt: skip
+    open_ = _open(live)
+    if not open_:
+        lines.append("no open anomalies")
+    else:
+        lines.append(f"open anomalies: {len(open_)}")
+        for a in open_:
+            place = a.get("link") or a.get("job_id") or "-"
+            lines.append(
+                f"  {a.get('kind', '?'):<14} {place:<14} score {a.get('score', 0):.2f}  "
+                f"{a.get('anomaly_id', '')}  {a.get('summary', '')}"
+            )
     return "\n".join(lines)
 
 

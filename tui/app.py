@@ -39,20 +39,35 @@ from textual.widgets import (
     Tree,
 )
 
-from tui.data import GREEN, Fleet, LiveSource, Thresholds, fleet, matches
+from tui import preview
+from tui.data import (
+    AFFECTED,
+    AMBER,
+    CULPRIT,
+    GREEN,
+    GREY,
+    RED,
+    Fleet,
+    LiveSource,
+    Thresholds,
+    fleet,
+    matches,
+)
 from tui.drill import HostScreen, JobScreen, for_anomaly
 from tui.widgets import GLYPH, STYLE, RowList, fill, us
 
-HOST_COLUMNS = [("rack", 10), ("host", 20), ("state", 6), ("worst OWD µs", 12), ("loss", 7),
-                ("worst peer", 20), ("clock σ ns", 10), ("last batch", 10)]  # fmt: skip
+HOST_COLUMNS = [("rack", 10), ("host", 20), ("state", 8), ("worst OWD µs", 12), ("loss", 7),
+                ("worst peer", 20), ("because of", 20), ("clock σ ns", 10),
+                ("last batch", 10)]  # fmt: skip
+ORDER = {CULPRIT: 0, RED: 1, AMBER: 1, GREY: 1, AFFECTED: 2, GREEN: 3}  # the table's order
 
 
 class FleetPane(Vertical):
     """NICs grouped by rack (an ECMP group), coloured by worst corrected OWD and loss."""
 
     def compose(self) -> ComposeResult:
-        yield Input(placeholder="filter: name, address, rack, tag or state (ok/slow/loss/silent)",
-                    id="filter")  # fmt: skip
+        yield Input(placeholder="filter: name, address, rack, tag or state "
+                    "(ok/slow/loss/silent/culprit/affected)", id="filter")  # fmt: skip
         with VerticalScroll(id="tiles-box"):
             yield Static(id="tiles")
         yield RowList(HOST_COLUMNS, id="hosts")
@@ -79,9 +94,9 @@ class FleetPane(Vertical):
             tiles = [t for t in f.racks[rack] if matches(t, query, self._words())]
             if not tiles:
                 continue
-            bad = sum(1 for t in tiles if t.state != GREEN)
+            ok = sum(1 for t in tiles if t.state == GREEN)
             text.append(f"{rack:<12}", style="bold")
-            text.append(f"{len(tiles) - bad:>4}/{len(tiles):<4} ")
+            text.append(f"{ok:>4}/{len(tiles):<4} ")
             for t in tiles:
                 text.append(f"{GLYPH[t.state]} {t.host}  ", style=STYLE[t.state])
             text.append("\n")
@@ -90,10 +105,11 @@ class FleetPane(Vertical):
 
     def _show_table(self, f: Fleet, query: str) -> None:
         rows = [t for t in f.tiles if matches(t, query, self._words())] if query else f.tiles[:]
-        rows.sort(key=lambda t: (t.state == GREEN, t.rack, t.host))  # problems first
+        # the culprits first, then what fails unexplained, then the affected
+        rows.sort(key=lambda t: (ORDER[t.state], t.rack, t.host))
         self.query_one("#hosts", RowList).set_rows([
             (t.host, (t.rack, t.host, (t.state, STYLE[t.state]), us(t.worst_owd_us),
-                      f"{t.worst_loss:.2%}", t.worst_peer,
+                      f"{t.worst_loss:.2%}", t.worst_peer, t.because,
                       "—" if t.uncertainty_ns is None else f"{t.uncertainty_ns:.0f}",
                       f"{t.age_s:.0f} s"))
             for t in rows
@@ -362,16 +378,24 @@ class RemediationScreen(ModalScreen[None]):
             self.proc = p
 
         def echo(line: str) -> None:
-            self.app.call_from_thread(log.write_line, line)
+            if not line.startswith("skipping: ["):  # folded: the roles' branches not taken
+                self.app.call_from_thread(log.write_line, line)
 
         result = runner.stream(argv, echo, on_start=started)
         self.proc = None
-        self.app.call_from_thread(self._finished, check, result.ok, result.changed)
+        self.app.call_from_thread(self._finished, check, result.ok, result.changed, result.lines)
 
-    def _finished(self, check: bool, ok: bool, changed: dict[str, int]) -> None:
+    def _finished(
+        self, check: bool, ok: bool, changed: dict[str, int], lines: list[str] | None = None
+    ) -> None:
         log = self.query_one("#output", Log)
         if check and ok:
             self.previewed = True
+            # The change itself first (which lines on which host or switch), then the log
+            # with the skipped tasks folded away (tui/preview.py).
+            log.clear()
+            log.write_lines(preview.render(preview.parse(lines or [])))
+            log.scroll_home(animate=False)
             log.write_line(
                 f"== the real run would change: {({h: n for h, n in changed.items() if n}) or 'nothing'}"
             )
@@ -514,6 +538,12 @@ class ClockmeshApp(App[None]):
         sigma = "—" if f.clock_sigma_ns is None else f"{f.clock_sigma_ns:.0f} ns"
         summary = Text()
         summary.append(f" {f.healthy}/{len(f.tiles)} NICs healthy ", style="bold")
+        summary.append(f"· {f.failing} failing ", style="bold red" if f.failing else "")
+        if f.culprits:
+            who = "; ".join(f"{t.host}: {t.because}" for t in f.culprits[:3])
+            more = f" +{len(f.culprits) - 3}" if len(f.culprits) > 3 else ""
+            summary.append(f"(culprit {who}{more}) ", style="bold red")
+        summary.append(f"· {f.affected} affected ", style="cyan" if f.affected else "")
         summary.append(f"· open anomalies: {kinds} · jobs: {f.jobs} running")
         if f.jobs_v1:
             summary.append(f", {f.jobs_v1} on RoCE v1", style="bold red")

@@ -2,8 +2,10 @@
 
 :class:`LiveSource` fetches ``/v1/live`` over HTTP (so the TUI runs on the controller as
 well as on the ops box); :func:`fleet` turns one answer into NIC tiles grouped by rack
-(an ECMP group), each coloured by its worst *corrected* one-way delay and its loss, and a
-header: healthy/total NICs, jobs, open anomalies by class, clock-sync quality.
+(an ECMP group), each coloured by its worst *corrected* one-way delay and its loss — or
+marked the *culprit* of an open anomaly (its own link) or *affected* by one (its loss or
+delay is all on pairs the anomaly explains) — and a header: healthy, failing and affected
+NICs, jobs, open anomalies by class, clock-sync quality.
 
 Corrected one-way delay of a pair = raw (receiver clock − sender clock) − (offset of the
 receiver − offset of the sender), with the clock solver's offsets from the same answer.
@@ -18,7 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from analytics.detect import attribution
+
 GREEN, AMBER, RED, GREY = "ok", "slow", "loss", "silent"
+CULPRIT, AFFECTED = "culprit", "affected"  # an open anomaly names its link / explains it
+FAILING = (CULPRIT, RED, AMBER, GREY)
 
 
 @dataclass(frozen=True)
@@ -39,7 +45,10 @@ class Tile:
     uncertainty_ns: float | None
     clock_status: str
     age_s: float
-    state: str  # GREEN, AMBER, RED, GREY
+    state: str  # CULPRIT, GREY, RED, AMBER, AFFECTED, GREEN
+    culprit_of: list[str] = field(default_factory=list)  # open anomalies naming its link
+    affected_by: list[str] = field(default_factory=list)  # anomalies explaining its worst
+    because: str = ""  # where those anomalies are: their links or jobs ("h1-2-leaf1")
 
 
 @dataclass
@@ -47,6 +56,9 @@ class Fleet:
     tiles: list[Tile] = field(default_factory=list)
     racks: dict[str, list[Tile]] = field(default_factory=dict)
     healthy: int = 0
+    failing: int = 0  # culprit, loss, slow or silent
+    affected: int = 0  # loss or delay, all of it explained by open anomalies
+    culprits: list[Tile] = field(default_factory=list)
     anomalies_by_kind: dict[str, int] = field(default_factory=dict)
     anomalies: list[dict[str, Any]] = field(default_factory=list)
     jobs: int = 0  # running (/v1/live jobs)
@@ -92,46 +104,80 @@ def corrected(raw: float | None, src: str, dst: str, offsets: dict[str, Any]) ->
     return float(raw - (offsets[dst] - offsets[src]) / 1e3)
 
 
+def _worse(table: dict[str, tuple[float, str, list[str]]], me: str, value: float, peer: str,
+           ids: list[str]) -> None:  # fmt: skip
+    if value > table.get(me, (-1e18, "", []))[0]:
+        table[me] = (value, peer, ids)
+
+
 def fleet(live: dict[str, Any], racks: dict[str, str], th: Thresholds | None = None) -> Fleet:
+    """The fleet model of one ``/v1/live`` answer. A pair whose place an open anomaly
+    names (its ``explained_by``, placed by the daemon: analytics/detect/attribution.py)
+    makes its hosts *affected*, not failing; a host whose own link an open anomaly names
+    is the *culprit*."""
     th = th or Thresholds()
     clock = {h["host"]: h for h in (live.get("clock") or {}).get("hosts", [])}
     offsets = {n: h.get("offset_ns") for n, h in clock.items()}
-    worst: dict[str, tuple[float, str]] = {}
-    loss: dict[str, tuple[float, str]] = {}
+    anomalies = live.get("anomalies") or {}
+    culprits = attribution.places(anomalies.get("open", []), {}).host
+    where = {str(a.get("anomaly_id")): str(a.get("link") or a.get("job_id") or a.get("kind"))
+             for a in anomalies.get("open", [])}  # fmt: skip
+    # worst corrected delay and worst loss per host, unexplained (u) and explained (x)
+    owd_u: dict[str, tuple[float, str, list[str]]] = {}
+    owd_x: dict[str, tuple[float, str, list[str]]] = {}
+    loss_u: dict[str, tuple[float, str, list[str]]] = {}
+    loss_x: dict[str, tuple[float, str, list[str]]] = {}
     for p in live.get("pairs", []):
         src, dst = p["src"], p["dst"]
+        ids = list(p.get("explained_by") or [])
+        owd_t, loss_t = (owd_x, loss_x) if ids else (owd_u, loss_u)
         owd = corrected(p.get("owd_raw_p50_us"), src, dst, offsets)
-        if owd is not None:
-            for me, peer in ((src, dst), (dst, src)):
-                if owd > worst.get(me, (-1e18, ""))[0]:
-                    worst[me] = (owd, peer)
         lo = float(p.get("loss") or 0.0)
         for me, peer in ((src, dst), (dst, src)):
-            if lo > loss.get(me, (-1.0, ""))[0]:
-                loss[me] = (lo, peer)
+            if owd is not None:
+                _worse(owd_t, me, owd, peer, ids)
+            _worse(loss_t, me, lo, peer, ids)
     out = Fleet()
+    none: tuple[float, str, list[str]] = (0.0, "", [])
     for h in live.get("hosts", []):
         name = h["host"]
-        w = worst.get(name)
-        lo, lo_peer = loss.get(name, (0.0, ""))
+        lo, lo_peer, _ = loss_u.get(name, none)
+        xlo, xlo_peer, xlo_ids = loss_x.get(name, none)
+        w = owd_u.get(name)
+        xw = owd_x.get(name)
+        worst_owd = max((v[0] for v in (w, xw) if v is not None), default=None)
         c = clock.get(name, {})
         age = float(h.get("last_batch_age_s") or 0.0)
-        if age > th.silent_s:
-            state = GREY
+        culprit_of = list(h.get("culprit_of") or culprits.get(name, []))
+        affected_by: list[str] = []
+        peer = ""
+        if culprit_of:
+            state = CULPRIT
+            peer = (xlo_peer if xlo > th.red_loss else "") or lo_peer
+        elif age > th.silent_s:
+            state, peer = GREY, (w[1] if w else "")
         elif lo > th.red_loss:
-            state = RED
+            state, peer = RED, lo_peer
         elif w is not None and w[0] > th.amber_us:
-            state = AMBER
+            state, peer = AMBER, w[1]
+        elif xlo > th.red_loss:
+            state, peer, affected_by = AFFECTED, xlo_peer, xlo_ids
+        elif xw is not None and xw[0] > th.amber_us:
+            state, peer, affected_by = AFFECTED, xw[1], xw[2]
         else:
             state = GREEN
-        tile = Tile(name, _rack_of(name, racks), None if w is None else round(w[0], 2),
-                    lo, lo_peer if lo > th.red_loss else (w[1] if w else ""),
-                    c.get("offset_ns"), c.get("uncertainty_ns"), str(c.get("status", "")),
-                    age, state)  # fmt: skip
+            peer = w[1] if w else ""
+        because = ", ".join(where.get(i, i) for i in culprit_of or affected_by)
+        tile = Tile(name, _rack_of(name, racks), None if worst_owd is None else round(worst_owd, 2),
+                    max(lo, xlo), peer, c.get("offset_ns"), c.get("uncertainty_ns"),
+                    str(c.get("status", "")), age, state, culprit_of, affected_by,
+                    because)  # fmt: skip
         out.tiles.append(tile)
         out.racks.setdefault(tile.rack, []).append(tile)
     out.healthy = sum(1 for t in out.tiles if t.state == GREEN)
-    anomalies = live.get("anomalies") or {}
+    out.affected = sum(1 for t in out.tiles if t.state == AFFECTED)
+    out.failing = len(out.tiles) - out.healthy - out.affected
+    out.culprits = [t for t in out.tiles if t.state == CULPRIT]
     out.anomalies = list(anomalies.get("open", []))
     out.anomalies_by_kind = {k: n for k, n in (anomalies.get("open_by_kind") or {}).items() if n}
     out.model = str(anomalies.get("model", ""))

@@ -21,7 +21,7 @@ from textual.widgets import DataTable, Footer, Header, Label, Static
 
 from analytics.store.catalog import connect_views
 from tui import history
-from tui.data import corrected
+from tui.data import Tile, corrected
 from tui.history import Series
 from tui.widgets import GLYPH, STYLE, Chart, fill, us
 
@@ -125,13 +125,31 @@ class DrillScreen(Screen[None]):
         self.query_one("#hist-label", Label).update(note)
 
 
+def _blame(tile: Tile, live: dict[str, Any]) -> str:
+    """Whose fault, in words: the anomaly naming this host's own link, or those explaining
+    its loss or delay; and its loss in both directions when the daemon gave it."""
+    me: dict[str, Any] = next((h for h in live.get("hosts", []) if h.get("host") == tile.host), {})
+    summaries = {a.get("anomaly_id"): a.get("summary", "")
+                 for a in (live.get("anomalies") or {}).get("open", [])}  # fmt: skip
+    out = ""
+    if "loss_sent" in me:
+        out += (f"  loss: {me['loss_sent']:.2%} of what it sent, "
+                f"{me['loss_received']:.2%} of what was sent to it")  # fmt: skip
+    ids = tile.culprit_of or tile.affected_by
+    if ids:
+        what = "the culprit of" if tile.culprit_of else "affected by"
+        out += f"\n{what} " + "; ".join(f"{i}: {summaries.get(i, '')}".rstrip(": ") for i in ids)
+    return out
+
+
 class HostScreen(DrillScreen):
     """One host: its pairs now (raw and corrected OWD, loss; enter: the pair), its clock,
     its one-way delay over the last hour, its NIC and RDMA counters."""
 
     TABLES = (
         ("peers", (("direction", 9), ("peer", 20), ("sent", 6), ("loss", 7),
-                   ("raw p50 µs", 12), ("raw p99 µs", 12), ("corrected p50 µs", 16))),
+                   ("raw p50 µs", 12), ("raw p99 µs", 12), ("corrected p50 µs", 16),
+                   ("explained by", 19))),
         ("counters", (("device", 10), ("counter", 28), ("value", 16), ("Δ 10 min", 10),
                       ("sampled", 8))),
     )  # fmt: skip
@@ -150,6 +168,7 @@ class HostScreen(DrillScreen):
         if tile is not None:
             text.append(f"  rack {tile.rack}  ")
             text.append(f"{GLYPH[tile.state]} {tile.state}", style=STYLE[tile.state])
+            text.append(_blame(tile, live))
         text.append(
             f"\nclock: offset {_num(me.get('offset_ns'), ',.0f')} ns "
             f"± {_num(me.get('uncertainty_ns'), ',.0f')} ns, "
@@ -170,7 +189,7 @@ class HostScreen(DrillScreen):
             rows.append((key, (
                 "→ to" if out else "← from", p["dst"] if out else p["src"], str(p.get("sent", 0)),
                 f"{p.get('loss', 0):.2%}", us(raw), us(p.get("owd_raw_p99_us")),
-                us(corrected(raw, p["src"], p["dst"], offs)),
+                us(corrected(raw, p["src"], p["dst"], offs)), ", ".join(p.get("explained_by") or []),
             )))  # fmt: skip
         fill(self.query_one("#peers", DataTable), rows)
 

@@ -14,11 +14,12 @@ from textual.strip import Strip
 from textual.widgets import DataTable
 from textual_plotext import PlotextPlot
 
-from tui.data import AMBER, GREEN, GREY, RED
+from tui.data import AFFECTED, AMBER, CULPRIT, GREEN, GREY, RED
 from tui.history import Series
 
-STYLE = {GREEN: "bold green", AMBER: "bold yellow", RED: "bold red", GREY: "dim"}
-GLYPH = {GREEN: "●", AMBER: "▲", RED: "✖", GREY: "○"}
+STYLE = {GREEN: "bold green", AMBER: "bold yellow", RED: "bold red", GREY: "dim",
+         CULPRIT: "bold reverse red", AFFECTED: "cyan"}  # fmt: skip
+GLYPH = {GREEN: "●", AMBER: "▲", RED: "✖", GREY: "○", CULPRIT: "◆", AFFECTED: "◌"}
 
 
 def us(x: float | None) -> str:

@@ -42,6 +42,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -51,6 +52,7 @@ from prometheus_client import Gauge
 
 from analytics.clock.clock_runner import SOURCES as CLOCK_SOURCES
 from analytics.clock.clock_runner import ClockRunner
+from analytics.detect import attribution
 from analytics.detect.detect_runner import DetectConfig, DetectRunner
 from analytics.ingest import body as ingest_body
 from analytics.ingest.config import IngestConfig, ResolvedIngest, auto_max_rows
@@ -161,6 +163,7 @@ class IngestServer:
         )
         self.metrics.registry.register(self.detect.collector())
         self.clock.on_owd = self.detect.feed_owd
+        self._attribution = attribution.LiveAttribution()  # /v1/live: culprit and victims
         reg = self.metrics.registry
         self._pace_gauges = (
             Gauge("clockmesh_ingest_advised_roll_seconds",
@@ -485,7 +488,7 @@ class IngestServer:
         now_ns = time.time_ns()
         names = {h.host_id: h.host for h in self.view.hosts.values()}
         live = self.view.live
-        return {
+        doc: dict[str, Any] = {
             "generated_ns": now_ns,
             "live_window_s": live.window_s,
             "live_computed_ns": live.generated_ns,
@@ -533,6 +536,16 @@ class IngestServer:
                 },
             },
         }
+        # Culprit and victims: which open anomaly explains each pair, each host's loss in
+        # both directions and its verdict (analytics/detect/attribution.py).
+        racks = {names[i]: r for i, r in self.detect.paths.host_rack.items() if i in names}
+        link_leaf = {n: lk.leaf for n, lk in self.detect.paths.links.items()}
+        since = live.generated_ns - int((live.window_s + 10) * 1e9)  # loss still counted
+        ended = [a for a in doc["anomalies"]["recently_closed"] if a["closed_ns"] >= since]
+        open_ = doc["anomalies"]["open"]
+        self._attribution.annotate(live.generated_ns, doc["hosts"], doc["pairs"], open_, racks,
+                                   link_leaf, ended)  # fmt: skip
+        return doc
 
     # ---- group commit ------------------------------------------------------------
     async def _committer(self) -> None:

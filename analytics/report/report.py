@@ -29,6 +29,7 @@ from typing import Any
 
 import duckdb
 
+from analytics.detect import attribution
 from analytics.detect.flaps import ASSUMED_LIMIT_S, ASSUMED_WORDS
 from analytics.store.catalog import connect_views
 
@@ -80,10 +81,12 @@ def collect(
     lost_min: float = LOST_MIN,
 ) -> dict[str, Any]:
     racks: dict[str, str] = {}
+    link_leaf: dict[str, str] = {}
     if topology is not None:
         try:
-            racks = {h["name"]: str(h.get("rack", "")) for h in
-                     json.loads(topology.read_text())["hosts"]}  # fmt: skip
+            topo_doc = json.loads(topology.read_text())
+            racks = {h["name"]: str(h.get("rack", "")) for h in topo_doc["hosts"]}
+            link_leaf = attribution.link_leaves(topo_doc)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ReportError(f"{topology}: not a clockmesh topology file ({exc})") from None
     con = _connect(store)
@@ -112,14 +115,41 @@ def collect(
             SELECT minute_ns, 1 - sum(received) / greatest(sum(sent), 1) AS loss
             FROM probe_minute WHERE {days} AND minute_ns >= ? AND minute_ns < ?
             GROUP BY minute_ns ORDER BY minute_ns""", [a, b, a, b])  # fmt: skip
+        # Corrected one-way delay (the clock solver's owd rows): raw delays carry each
+        # pair's clock offset, so pairs and racks are compared on corrected ones only.
+        corrected = {(r["src"], r["dst"]): r["p50_us"] for r in _rows(con, f"""
+            SELECT src, dst, quantile_cont(owd_ns, 0.5) / 1e3 AS p50_us FROM owd
+            WHERE {days} AND ts_ns >= ? AND ts_ns < ? GROUP BY src, dst""", [a, b, a, b])}  # fmt: skip
         worst = pairs[:3]
-        series: dict[str, list[tuple[int, float]]] = {}
+        series: dict[str, list[tuple[int, float, float]]] = {}
+        series_kind: dict[str, str] = {}
         for p in worst:
             key = f"{names.get(p['src'], p['src'])}→{names.get(p['dst'], p['dst'])}"
-            series[key] = [(r["minute_ns"], r["p50"]) for r in _rows(con, f"""
-                SELECT minute_ns, delay_p50_ns / 1e3 AS p50 FROM probe_minute
-                WHERE {days} AND minute_ns >= ? AND minute_ns < ? AND src = ? AND dst = ?
-                ORDER BY minute_ns""", [a, b, a, b, p["src"], p["dst"]])]  # fmt: skip
+            pts = [(r["minute_ns"], r["p50"], r["p99"]) for r in _rows(con, f"""
+                SELECT (ts_ns // 60000000000) * 60000000000 AS minute_ns,
+                       quantile_cont(owd_ns, 0.5) / 1e3 AS p50,
+                       quantile_cont(owd_ns, 0.99) / 1e3 AS p99 FROM owd
+                WHERE {days} AND ts_ns >= ? AND ts_ns < ? AND src = ? AND dst = ?
+                GROUP BY ALL ORDER BY minute_ns""", [a, b, a, b, p["src"], p["dst"]])]  # fmt: skip
+            series_kind[key] = "corrected"
+            if not pts:  # the clock solver has not run over this range: raw, said so
+                series_kind[key] = "raw"
+                pts = [(r["minute_ns"], r["p50"], r["p99"]) for r in _rows(con, f"""
+                    SELECT minute_ns, delay_p50_ns / 1e3 AS p50, delay_p99_ns / 1e3 AS p99
+                    FROM probe_minute
+                    WHERE {days} AND minute_ns >= ? AND minute_ns < ? AND src = ? AND dst = ?
+                    ORDER BY minute_ns""", [a, b, a, b, p["src"], p["dst"]])]  # fmt: skip
+            series[key] = pts
+        # Each worst pair's lost probes per minute: whether an anomaly open then explains them.
+        pair_minutes: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        keys = [f"{p['src']}>{p['dst']}" for p in pairs[:10]]
+        for r in _rows(con, f"""
+                SELECT src, dst, minute_ns, sum(sent) - sum(received) AS lost FROM probe_minute
+                WHERE {days} AND minute_ns >= ? AND minute_ns < ?
+                  AND list_contains(?::VARCHAR[], src::VARCHAR || '>' || dst::VARCHAR)
+                GROUP BY ALL HAVING sum(sent) > sum(received) ORDER BY minute_ns""",
+                [a, b, a, b, keys]):  # fmt: skip
+            pair_minutes.setdefault((r["src"], r["dst"]), []).append((r["minute_ns"], r["lost"]))
         clock = _rows(con, f"""
             SELECT count(DISTINCT host) AS hosts, count(*) AS estimates,
                    quantile_cont(uncertainty_ns, 0.5) AS median_ns,
@@ -164,9 +194,11 @@ def collect(
     finally:
         con.close()
 
+    evidence: dict[str, dict[str, Any]] = {}
     for x in anomalies:
         doc = json.loads(x.pop("detail") or "{}")
         ev = doc.get("evidence") or {}
+        evidence[x["anomaly_id"]] = ev
         x["where"] = x["link"] or x["job_id"]
         x["raw_outages"] = list(ev.get("outages_s") or [])
         x["outages_s"] = [o for o in x["raw_outages"] if o is not None]
@@ -232,14 +264,19 @@ def collect(
     pair_rows = [
         {"pair": f"{names.get(p['src'], p['src'])}→{names.get(p['dst'], p['dst'])}",
          "loss": round(p["loss"], 5), "p50_us": round(p["p50_us"] or 0, 2),
-         "p99_us": round(p["p99_us"] or 0, 2), "sent": p["sent"]}
+         "p99_us": round(p["p99_us"] or 0, 2), "sent": p["sent"],
+         "corrected_p50_us": None if (c := corrected.get((p["src"], p["dst"]))) is None
+         else round(c, 2),
+         "affected_by": _explained(anomalies, evidence, pair_minutes.get((p["src"], p["dst"]), []),
+                                   names.get(p["src"], ""), names.get(p["dst"], ""), racks,
+                                   link_leaf)}
         for p in pairs[:10]
     ]  # fmt: skip
     heat: dict[tuple[str, str], list[float]] = {}
-    for p in pairs:
-        s, d = names.get(p["src"], ""), names.get(p["dst"], "")
-        if s in racks and d in racks and p["p50_us"] is not None:
-            heat.setdefault((racks[s], racks[d]), []).append(p["p50_us"])
+    for (src, dst), c in corrected.items():  # corrected, never raw: offsets differ per pair
+        s, d = names.get(src, ""), names.get(dst, "")
+        if s in racks and d in racks and c is not None:
+            heat.setdefault((racks[s], racks[d]), []).append(c)
     outages = sorted((o for x in anomalies for o in x.get("new_outages_s", [])), reverse=True)
     return {
         "range": {"since": _when(a), "until": _when(b), "since_ns": a, "until_ns": b},
@@ -253,7 +290,8 @@ def collect(
         "worst_links": worst_links(anomalies),
         "worst_pairs": pair_rows,
         "loss_by_minute": [(m["minute_ns"], m["loss"]) for m in minutes],
-        "owd_series_us": series,
+        "owd_series_us": series,  # pair -> [(minute_ns, p50, p99)]
+        "owd_series_kind": series_kind,  # pair -> corrected | raw (no solver output)
         "rack_heatmap_us": {f"{k[0]}→{k[1]}": sorted(v)[len(v) // 2] for k, v in heat.items()},
         "flap_outages_s": outages,
         "flap_outages_over_kill": fatal_outages,
@@ -280,6 +318,38 @@ def collect(
             "were judged: the hosts behind the link × the outage."
         ),
     }
+
+
+def _explained(
+    anomalies: list[dict[str, Any]],
+    evidence: dict[str, dict[str, Any]],
+    lost: list[tuple[int, int]],
+    src: str,
+    dst: str,
+    racks: dict[str, str],
+    link_leaf: dict[str, str],
+) -> list[str]:
+    """The anomalies (``kind where``) that explain a pair's lost probes: their place lies
+    on the pair's path (analytics/detect/attribution.py) and they were open in every
+    minute it lost probes (from a minute before opening to a minute after closing). Empty
+    when the pair lost nothing, or lost probes no anomaly explains."""
+    if not lost:
+        return []
+    out = []
+    for x in anomalies:
+        place = {"anomaly_id": x["anomaly_id"], "link": x["link"],
+                 "evidence": evidence.get(x["anomaly_id"], {})}  # fmt: skip
+        pl = attribution.places([place], link_leaf)
+        if not pl.explained_by(src, dst, racks.get(src, ""), racks.get(dst, "")):
+            continue
+        start = x["opened_ns"] - 60_000_000_000
+        end = (x["closed_ns"] or 2**62) + 60_000_000_000
+        out.append((x, [m for m, _ in lost if start <= m <= end]))
+    minutes = {m for m, _ in lost}
+    covered = {m for _, ms in out for m in ms}
+    if covered != minutes:  # some of its loss no anomaly explains: it is not only a victim
+        return []
+    return [f"{x['kind']} {x['where']}" for x, ms in out if ms]
 
 
 def worst_links(anomalies: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -311,6 +381,43 @@ def _svg(fig: Any) -> str:
     plt.close(fig)
     text = buf.getvalue()
     return text[text.index("<svg") :]
+
+
+def owd_plot(ax: Any, facts: dict[str, Any]) -> None:
+    """The worst pairs' one-way delay per minute: p50 lines with a p50–p99 band each, on
+    a log axis, so one 100-ms minute stays a spike instead of flattening every other
+    line to the floor (corrected delays; raw where the solver has not run, said so)."""
+    import matplotlib.dates as mdates
+
+    a, b = facts["range"]["since_ns"], facts["range"]["until_ns"]
+
+    def t(ns: int) -> float:
+        return float(mdates.date2num(dt.datetime.fromtimestamp(ns / 1e9, dt.UTC)))
+
+    # p50 lines with a p50–p99 band per pair, on a log axis: one 100-ms minute stays a
+    # spike instead of flattening every other line to the floor.
+    kinds = facts.get("owd_series_kind", {})
+    values = []
+    for name, pts in facts["owd_series_us"].items():
+        pts = [p for p in pts if p[1] is not None]
+        if pts:
+            x = [t(p[0]) for p in pts]
+            lo = [p[1] for p in pts]
+            hi = [max(p[1], p[2] if p[2] is not None else p[1]) for p in pts]
+            label = name + (" (raw)" if kinds.get(name) == "raw" else "")
+            (line,) = ax.plot(x, lo, lw=1.2, marker="o", ms=2, label=label)
+            ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.2, lw=0)
+            values += lo + hi
+    if values and min(values) > 0:
+        ax.set_yscale("log")
+    elif values:  # raw delays carry clock offsets and can be negative
+        ax.set_yscale("symlog", linthresh=10.0)
+    ax.set_xlim(t(a), t(b))
+    ax.xaxis_date()
+    raw = any(k == "raw" for k in kinds.values())
+    ax.set_ylabel("one-way delay (µs, " + ("corrected; raw where marked" if raw else "corrected")
+                  + ", log)")  # fmt: skip
+    ax.set_title("worst pairs: one-way delay per minute, p50 (line) to p99 (band)")
 
 
 def plots(facts: dict[str, Any]) -> dict[str, str]:
@@ -353,14 +460,7 @@ def plots(facts: dict[str, Any]) -> dict[str, str]:
     out["timeline"] = _svg(fig)
 
     fig, ax = plt.subplots(figsize=(10, 3.5))
-    for name, pts in facts["owd_series_us"].items():
-        if pts:
-            ax.plot([t(m) for m, _ in pts], [v for _, v in pts], lw=1.2, marker="o", ms=2,
-                    label=name)  # fmt: skip
-    ax.set_xlim(t(a), t(b))
-    ax.xaxis_date()
-    ax.set_ylabel("one-way delay p50 (µs, raw)")
-    ax.set_title("worst pairs: one-way delay per minute")
+    owd_plot(ax, facts)
     if facts["owd_series_us"]:
         ax.legend(fontsize=8)
     else:
@@ -383,9 +483,10 @@ def plots(facts: dict[str, Any]) -> dict[str, str]:
         ax.set_yticks(range(len(racks)), racks, fontsize=8)
         ax.set_xlabel("to rack")
         ax.set_ylabel("from rack")
-        fig.colorbar(im, ax=ax, label="median one-way delay p50 (µs, raw)")
+        fig.colorbar(im, ax=ax, label="median one-way delay p50 (µs, corrected)")
     else:
-        ax.text(0.5, 0.5, "no rack data (give --topology)", transform=ax.transAxes, ha="center")
+        ax.text(0.5, 0.5, "no rack data (give --topology; corrected delays need the clock "
+                "solver)", transform=ax.transAxes, ha="center", wrap=True)  # fmt: skip
     ax.set_title("rack × rack delay")
     out["heatmap"] = _svg(fig)
     return out
@@ -449,9 +550,14 @@ def markdown(facts: dict[str, Any], svg_names: dict[str, str]) -> str:
         lines.append("No link had an anomaly in this range.")
     lines += ["", "## Worst pairs", ""]
     if f["worst_pairs"]:
-        lines += ["| pair | loss | p50 µs | p99 µs | probes |", "| --- | --- | --- | --- | --- |"]
-        lines += [f"| {p['pair']} | {100 * p['loss']:.3f} % | {p['p50_us']} | {p['p99_us']} | "
-                  f"{p['sent']:,} |" for p in f["worst_pairs"]]  # fmt: skip
+        lines += ["| pair | loss | corrected p50 µs | raw p50 µs | raw p99 µs | probes | "
+                  "its loss |", "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+        lines += [f"| {p['pair']} | {100 * p['loss']:.3f} % | "
+                  f"{'—' if p['corrected_p50_us'] is None else p['corrected_p50_us']} | "
+                  f"{p['p50_us']} | {p['p99_us']} | {p['sent']:,} | "
+                  + ("affected by " + ", ".join(p["affected_by"]) if p["affected_by"]
+                     else "unexplained" if p["loss"] > 0 else "—") + " |"
+                  for p in f["worst_pairs"]]  # fmt: skip
     else:
         lines.append("No probe data in this range.")
     c = f["clock"]

@@ -135,3 +135,71 @@ def test_missing_store_and_bad_range_are_one_line_and_keep_the_last_report(tmp_p
     res = _run(tmp_path, store, "--since", "yesterday")
     assert res.exit_code == 2 and "expected a duration ago" in res.output
     assert (tmp_path / "out" / "report.json").read_text() == before
+
+
+def _owd(store: Path, rows: list[tuple[int, int, int, float]]) -> None:
+    """The clock solver's corrected one-way delays: (ts_ns, src, dst, owd_ns)."""
+    t = {"ts_ns": [r[0] for r in rows], "src": [r[1] for r in rows], "dst": [r[2] for r in rows],
+         "sport": [40001] * len(rows), "seq": list(range(len(rows))),
+         "owd_ns": [r[3] for r in rows], "uncertainty_ns": [40.0] * len(rows)}  # fmt: skip
+    StoreWriter(store).write_partitioned("owd", pa.table(t, schema=layout.TABLES["owd"].schema),
+                                         "o.parquet")  # fmt: skip
+
+
+RANGE = ("--since", "2026-11-18T00:00:00", "--until", "2026-11-19T00:00:00")
+
+
+def test_the_heatmap_shows_corrected_delay_and_a_pairs_loss_is_attributed(tmp_path: Path) -> None:
+    """Raw delay is 5.5 µs plus whatever the two clocks disagree by; the heatmap shows the
+    solver's corrected delay (4.0 µs here). The pair's only lost probes (minute 2) fall
+    while the anomaly on its rack's uplink was open: affected by it, not unexplained."""
+    store = _store(tmp_path, anomalies=True)
+    _owd(store, [(T0 + m * 60 * S + k * S, 1, 2, 4000.0) for m in range(5) for k in range(10)])
+    assert _run(tmp_path, store, *RANGE).exit_code == 0
+    facts = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert facts["rack_heatmap_us"] == {"leaf1→leaf2": 4.0}
+    (pair,) = facts["worst_pairs"]
+    assert pair["corrected_p50_us"] == 4.0 and pair["p50_us"] == 5.5
+    assert pair["affected_by"] == ["flapping_link leaf1-spine2"]
+    assert facts["owd_series_kind"] == {"h1-1→h2-1": "corrected"}
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "| h1-1→h2-1 | 1.000 % | 4.0 | 5.5 | 9.0 | 3,000 | affected by flapping_link" in md
+    # without the anomaly the same loss is the pair's own
+    (tmp_path / "b").mkdir()
+    store2 = _store(tmp_path / "b", anomalies=False)
+    assert _run(tmp_path, store2, *RANGE).exit_code == 0
+    facts = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert facts["worst_pairs"][0]["affected_by"] == []
+    assert facts["rack_heatmap_us"] == {}  # no solver output: no corrected delay to show
+    assert "| 3,000 | unexplained |" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_one_slow_minute_does_not_flatten_the_other_pairs(tmp_path: Path) -> None:
+    """Per-pair delay on a log axis with p50–p99 bands: a 100-ms minute on one pair leaves
+    the 4-µs and 8-µs lines apart, not both squashed onto the floor."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from analytics.report.report import owd_plot
+
+    minutes = [T0 + m * 60 * S for m in range(10)]
+    facts = {"range": {"since_ns": T0, "until_ns": T0 + 600 * S},
+             "owd_series_us": {"a→b": [(m, 4.0, 6.0) for m in minutes],
+                               "c→d": [(m, 100_000.0 if i == 5 else 5.0, 120_000.0 if i == 5
+                                        else 8.0) for i, m in enumerate(minutes)]},
+             "owd_series_kind": {"a→b": "corrected", "c→d": "corrected"}}  # fmt: skip
+    fig, ax = plt.subplots()
+    owd_plot(ax, facts)
+    assert ax.get_yscale() == "log"
+    fig.canvas.draw()
+    lo, hi = ax.get_ylim()
+    import math
+
+    # the 4-µs and 8-µs pairs' p50 and p99 are told apart by > 5 % of the plot's height
+    # (on a linear axis: 4 / 120,000 of it, one line on the floor)
+    apart = (math.log10(8.0) - math.log10(4.0)) / (math.log10(hi) - math.log10(lo))
+    assert apart > 0.05
+    assert len(ax.collections) == 2  # a p50–p99 band per pair
+    plt.close(fig)

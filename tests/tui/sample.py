@@ -223,3 +223,47 @@ def sample_store(root: Any, live: dict[str, Any]) -> None:
                        "updated_ns": x["opened_ns"]}
                       for x in live["anomalies"]["open"]])  # fmt: skip
     write_catalog(root)
+
+
+CULPRIT = "h1-2"  # its counters in sample_store show its link going down
+
+
+def sample_host_flap(racks: int = 3, per_rack: int = 4) -> dict[str, Any]:
+    """The sample fleet while ``CULPRIT``'s own access link flaps: every probe sent to it
+    during the outages is lost (30 %), it sent nothing while down (so it lost nothing of
+    its own), nobody else loses or waits; one open ``flapping_link`` anomaly on its link,
+    the RoCE v1 job's anomaly beside it. The attribution is the daemon's own
+    (:func:`analytics.detect.attribution.annotate`)."""
+    from analytics.detect import attribution
+
+    live = sample_live(racks, per_rack, anomalies=3)
+    offsets = {h["host"]: h["offset_ns"] for h in live["clock"]["hosts"]}
+    for p in live["pairs"]:
+        raw = 3.5 + (offsets[p["dst"]] - offsets[p["src"]]) / 1e3
+        sent = 420 if p["src"] == CULPRIT else 600
+        received = int(sent * 0.7) if p["dst"] == CULPRIT else sent
+        p.update(sent=sent, received=received, loss=round(1 - received / sent, 6),
+                 owd_raw_min_us=raw - 0.5, owd_raw_p50_us=raw, owd_raw_p99_us=raw + 2.0)  # fmt: skip
+    for h in live["hosts"]:
+        h["last_batch_age_s"] = 0.4
+    link = f"{CULPRIT}-leaf1"
+    flap = {"anomaly_id": "flapping-00c0ffee00", "kind": "flapping_link", "link": link,
+            "job_id": "", "score": 0.875, "opened_ns": T0 - 40 * 10**9, "last_seen_ns": T0,
+            "closed_ns": 0, "age_s": 40.0,
+            "summary": f"{link} flapped 3 times in 10 min; outages up to 2.1 s",
+            "evidence": {"host": CULPRIT, "device": "bk0", "flaps": 3, "down_now": False,
+                         "outages_s": [1.9, 2.1, 2.0], "longest_outage_s": 2.1,
+                         "source": "host counters (operstate, carrier_down_count, link_downed)",
+                         "rule": "flapping_link",
+                         "model": {"class": "flapping_link", "probability": 0.99,
+                                   "why": ["x"]}}}  # fmt: skip
+    roce = [a for a in live["anomalies"]["open"] if a["kind"] == "roce_v1_job"]
+    live["anomalies"]["open"] = [flap, *roce]
+    counts = dict.fromkeys(live["anomalies"]["open_by_kind"], 0)
+    for a in live["anomalies"]["open"]:
+        counts[a["kind"]] += 1
+    live["anomalies"]["open_by_kind"] = counts
+    attribution.annotate(live["hosts"], live["pairs"], live["anomalies"]["open"],
+                         sample_racks(racks, per_rack),
+                         attribution.link_leaves(sample_topology(racks, per_rack)))  # fmt: skip
+    return live

@@ -12,7 +12,15 @@ import pytest
 from textual.widgets import Button, DataTable, Log, Static, TabbedContent, Tree
 
 from analytics.remediate import records
-from tests.tui.sample import T0, sample_live, sample_racks, sample_store, sample_topology
+from tests.tui.sample import (
+    CULPRIT,
+    T0,
+    sample_host_flap,
+    sample_live,
+    sample_racks,
+    sample_store,
+    sample_topology,
+)
 from tui.app import ClockmeshApp, ConfirmScreen, RemediationScreen
 from tui.drill import HostScreen, JobScreen, LinkScreen, PairScreen
 from tui.widgets import RowList
@@ -139,6 +147,62 @@ def _sample_site(tmp_path: Path) -> tuple[dict[str, Any], Path, Path]:
     topo = tmp_path / "topology.json"
     topo.write_text(json.dumps(sample_topology()))
     return live, store, topo
+
+
+async def test_host_link_flap_names_the_culprit_and_its_victims_are_affected(
+    tmp_path: Path,
+) -> None:
+    """Issue 26: while one host's own link flaps, every peer loses probes *to* it and it
+    sends nothing while down. The header, the fleet and the drill-downs name that host the
+    culprit of its link's anomaly and its peers affected by it — nobody else is failing."""
+    live = sample_host_flap()
+    store = tmp_path / "store"
+    store.mkdir()
+    sample_store(store, live)  # real Parquet: the culprit's counters show its link going down
+    topo = tmp_path / "topology.json"
+    topo.write_text(json.dumps(sample_topology()))
+    app = _app(Feed(live), store=store, topology=topo)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await pilot.pause(0.3)
+        states = {t.host: t.state for t in app.fleet.tiles}
+        assert states.pop(CULPRIT) == "culprit"
+        assert set(states.values()) <= {"ok", "affected"}
+        probing = {p["src"] for p in live["pairs"] if p["dst"] == CULPRIT}
+        assert {h for h, s in states.items() if s == "affected"} == probing  # lost to it
+        affected, ok = len(probing), len(states) - len(probing)
+        summary = _text(app, "#summary")
+        assert f"{ok}/12 NICs healthy · 1 failing (culprit {CULPRIT}: {CULPRIT}-leaf1)" in summary
+        assert f"· {affected} affected ·" in summary
+        table = app.query_one("#hosts", RowList)
+        first = [str(c) for c in table.get_row_at(0)]
+        assert first[1:3] == [CULPRIT, "culprit"] and first[6] == f"{CULPRIT}-leaf1"
+        victim = [str(c) for c in table.get_row_at(1)]
+        assert victim[2] == "affected" and victim[5] == CULPRIT  # its worst peer: the culprit
+        assert victim[6] == first[6]  # because of the culprit's link
+        assert "◆ h1-2" in _text(app, "#tiles")
+        # The culprit's drill-down: whose fault, its loss both ways, its link going down.
+        app.push_screen(HostScreen(CULPRIT))
+        await pilot.pause(0.1)
+        host = app.screen
+        head = str(host.query_one("#drill-head", Static).render())
+        assert "culprit" in head and "0.00% of what it sent, 30.00% of what was sent to it" in head
+        assert f"the culprit of flapping-00c0ffee00: {CULPRIT}-leaf1 flapped 3 times" in head
+        counters = host.query_one("#counters", DataTable)
+        await _until(pilot, lambda: counters.row_count == 3, "the culprit's counters")
+        assert _rows(counters)[0][1:4] == ["carrier_down_count", "7", "+2"]
+        peers = _rows(host.query_one("#peers", DataTable))
+        assert all(r[7] == "flapping-00c0ffee00" for r in peers)  # every pair: its link
+        await pilot.press("escape")
+        # A victim's drill-down: affected by the culprit's anomaly, not failing.
+        name = victim[1]
+        app.push_screen(HostScreen(name))
+        await pilot.pause(0.1)
+        head = str(app.screen.query_one("#drill-head", Static).render())
+        assert "◌ affected" in head and "affected by flapping-00c0ffee00" in head
+        peers = _rows(app.screen.query_one("#peers", DataTable))
+        to_culprit = [r for r in peers if r[1] == CULPRIT]
+        assert to_culprit and all(r[7] == "flapping-00c0ffee00" for r in to_culprit)
+        assert all(r[7] == "" for r in peers if r[1] != CULPRIT)
 
 
 async def test_drill_downs_host_pair_link_and_job_read_the_store(tmp_path: Path) -> None:
@@ -475,6 +539,15 @@ def test_snapshot_pair_drill_down(snap_compare, tmp_path: Path) -> None:
     assert snap_compare(app, terminal_size=(100, 30), run_before=go)
 
 
+def test_snapshot_host_link_flap(snap_compare) -> None:
+    """The culprit first, marked; the hosts that lost probes to it affected, not failing."""
+
+    async def go(pilot) -> None:
+        await pilot.pause(0.3)
+
+    assert snap_compare(_app(Feed(sample_host_flap())), terminal_size=(100, 30), run_before=go)
+
+
 async def test_host_list_keeps_the_cursor_on_its_host_and_selects_by_key_or_click() -> None:
     from textual.app import App, ComposeResult
 
@@ -523,3 +596,31 @@ async def test_enter_alone_never_confirms_a_real_run() -> None:
         await pilot.press("tab", "enter")  # moving to "Yes" is a choice
         await pilot.pause(0.1)
         assert answers == [False, True]
+
+
+def test_delay_an_open_contention_explains_is_affected_not_slow() -> None:
+    """The sample's slow pair (h1-2 → h2-2, 42 µs corrected) and lossy pair (h1-3 → h2-3)
+    leave leaf1 upwards: with a contention anomaly on leaf1-spine1 (leaf→spine) open, their
+    ends are affected by it (a full queue delays and drops); the silent host stays silent,
+    and the same contention in the other direction explains neither."""
+    from analytics.detect import attribution
+    from tui.data import fleet
+
+    def states(direction: str | None) -> dict[str, Any]:
+        live = sample_live(anomalies=0)
+        if direction:
+            live["anomalies"]["open"] = [{"anomaly_id": "contention-1", "kind": "contention",
+                                          "link": "leaf1-spine1", "job_id": "",
+                                          "evidence": {"direction": direction}}]  # fmt: skip
+        attribution.annotate(live["hosts"], live["pairs"], live["anomalies"]["open"],
+                             sample_racks(), attribution.link_leaves(sample_topology()))  # fmt: skip
+        return {t.host: t for t in fleet(live, sample_racks()).tiles}
+
+    before = {h: t.state for h, t in states(None).items()}
+    assert [before[h] for h in ("h1-2", "h2-2", "h1-3", "h2-3", "h1-4")] == [
+        "slow", "slow", "loss", "loss", "silent"]  # fmt: skip
+    after = states("leaf→spine")
+    assert [after[h].state for h in ("h1-2", "h2-2", "h1-3", "h2-3", "h1-4")] == [
+        "affected", "affected", "affected", "affected", "silent"]  # fmt: skip
+    assert after["h1-2"].because == "leaf1-spine1" and after["h2-2"].worst_peer == "h1-2"
+    assert {h: t.state for h, t in states("spine→leaf").items()} == before

@@ -52,10 +52,14 @@ def test_live_shows_every_host_healthy_and_waits(daemon: Daemon) -> None:
 
 
 def test_live_flags_lossy_hosts_as_json(daemon: Daemon) -> None:
-    _post_fleet(daemon, loss=0.5)
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 30
     rows: list[dict] = []
+    batch = 0
     while time.monotonic() < deadline:
+        # Fresh batches while waiting: the live picture settles probes 5 s after they
+        # arrive, the very age at which a host without a newer batch turns stale.
+        _post_fleet(daemon, loss=0.5, first=10 * batch)
+        batch += 1
         out = live("--url", daemon.url, "--json")
         assert out.returncode == 0, out.stderr
         rows = json.loads(out.stdout)

@@ -1,0 +1,144 @@
+"""Culprit and victims on a real fabric (issue 26): one host's own access link flaps,
+pulled with a plain ``ip link set`` on the switch side. The host sends nothing while its
+link is down, and every peer loses the probes it sends to it; ``/v1/live`` and
+``clockmesh live --json`` must name that host the culprit of its link's anomaly and every
+other host ok or affected by it — never the peers as failing, never the host as ok."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lab import fleet
+from lab.fabric import Lab
+from tests.lab.helpers import wait_for
+
+pytestmark = [pytest.mark.root, pytest.mark.lab]
+
+ROOT = Path(__file__).resolve().parents[2]
+CULPRIT, LINK = "h2-1", "h2-1-leaf2"
+
+
+@pytest.fixture(scope="module")
+def opsbox(
+    lab_factory: Callable[..., Lab], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
+    lab = lab_factory("cu", spines=2, leaves=3, hosts_per_leaf=2)
+    base = tmp_path_factory.mktemp("culprit")
+    key = b"culprit-lab-fleet-key-0123456789"
+    opsbox_proc = None
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    try:
+        # The anomaly stays open 90 s after the link is stable: the checks below read the
+        # live picture while the loss is in its window.
+        opsbox_proc, url = fleet.start_opsbox(lab, base, key, detect_interval_s=0.2,
+                                              detect_clear_s=90)  # fmt: skip
+        procs = fleet.start(lab, base / "hosts", key, url, {"trace_interval_s": 1.0})
+
+        def live() -> dict[str, Any]:
+            with urllib.request.urlopen(url + "/v1/live", timeout=10) as resp:
+                return dict(json.load(resp))
+
+        n = len(lab.topology.hosts)
+        wait_for(lambda: len(live()["hosts"]) == n, 60, "every host shipping")
+        yield {"lab": lab, "url": url, "live": live}
+    finally:
+        fleet.stop(procs)
+        fleet.stop_opsbox(opsbox_proc)
+
+
+async def _tui_header(url: str, lab: Lab) -> tuple[str, dict[str, str]]:
+    from textual.widgets import Static
+
+    from tui.app import ClockmeshApp
+    from tui.data import LiveSource
+
+    racks = {h.name: h.rack for h in lab.topology.hosts}
+    app = ClockmeshApp(LiveSource(url, timeout_s=10.0), racks=racks, refresh_s=1.0)
+    async with app.run_test(size=(160, 40)) as pilot:
+        for _ in range(300):  # the first answer (a 10-s fetch at most, on a busy machine)
+            await pilot.pause(0.1)
+            if app.fleet.tiles:
+                break
+        summary = str(app.query_one("#summary", Static).render())
+        return summary, {t.host: t.state for t in app.fleet.tiles}
+
+
+def _cli(url: str) -> list[dict[str, Any]]:
+    out = subprocess.run([sys.executable, "-m", "clockmesh.cli", "live", "--url", url, "--json"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    return list(json.loads(out.stdout))
+
+
+def test_a_host_whose_own_link_flaps_is_the_culprit_and_its_peers_are_affected(
+    opsbox: dict[str, Any],
+) -> None:
+    lab, live, url = opsbox["lab"], opsbox["live"], opsbox["url"]
+    leaf = lab.topology.link(LINK).b  # the switch side: the host sees its carrier go
+    # Before: a healthy fleet (the first probes of a start can be lost: wait them out).
+    wait_for(lambda: {h["verdict"] for h in live()["hosts"]} == {"ok"}, 150, "every host ok")
+
+    def ip(state: str) -> None:
+        subprocess.run(["ip", "-n", leaf.namespace, "link", "set", leaf.interface, state],
+                       check=True)  # fmt: skip
+
+    try:
+        for _ in range(2):  # two 3-s outages, 4 s apart
+            ip("down")
+            time.sleep(3.0)
+            ip("up")
+            time.sleep(4.0)
+    finally:
+        ip("up")
+    (flap,) = wait_for(
+        lambda: [a for a in live()["anomalies"]["open"] if a["link"] == LINK], 20, "the anomaly"
+    )
+    aid = flap["anomaly_id"]
+
+    def culprit_row(doc: dict[str, Any]) -> dict[str, Any]:
+        return next(h for h in doc["hosts"] if h["host"] == CULPRIT)
+
+    # The loss reaches the live picture once its probes are settled (5 s).
+    wait_for(lambda: culprit_row(live())["loss_received"] > 0.01, 30, "the loss in /v1/live")
+    for _ in range(3):  # the same verdicts in every answer while the loss is in the window
+        doc = live()
+        me = culprit_row(doc)
+        assert me["verdict"] == "culprit" and me["culprit_of"] == [aid], me
+        # what was sent to it was lost, by every peer that probes it; it lost nothing itself
+        assert me["loss_received"] > 0.01 and me["peers_losing_to"] == me["peers_to"] > 0, me
+        others = {h["host"]: h["verdict"] for h in doc["hosts"] if h["host"] != CULPRIT}
+        assert set(others.values()) <= {"ok", "affected"}, others
+        victims = {h["host"] for h in doc["hosts"] if h["verdict"] == "affected"}
+        assert victims, others  # the peers that lost probes to it
+        for h in doc["hosts"]:
+            if h["host"] in victims:
+                assert h["affected_by"] == [aid] and h["loss_unexplained"] <= 0.01, h
+        for p in doc["pairs"]:
+            assert (aid in p["explained_by"]) == (CULPRIT in (p["src"], p["dst"])), p
+        rows = {r["host"]: r for r in _cli(url)}
+        assert rows[CULPRIT]["status"] == "culprit", rows[CULPRIT]
+        assert rows[CULPRIT]["loss_received"] > 0.01 and rows[CULPRIT]["culprit_of"] == [aid]
+        assert {r["status"] for h, r in rows.items() if h != CULPRIT} <= {"ok", "affected"}
+        print(f"{CULPRIT}: culprit, loss in {me['loss_received']:.2%}, out "
+              f"{me['loss_sent']:.2%}; affected: {sorted(victims)}")  # fmt: skip
+        time.sleep(2.0)
+    # The TUI against the same daemon: its header names the culprit, nobody else failing.
+    summary, states = asyncio.run(_tui_header(url, lab))
+    assert f"1 failing (culprit {CULPRIT}: {LINK})" in summary, summary
+    assert states.pop(CULPRIT) == "culprit" and set(states.values()) <= {"ok", "affected"}
+    print(summary)
+    text = subprocess.run([sys.executable, "-m", "clockmesh.cli", "live", "--url", url],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60).stdout  # fmt: skip
+    line = next(x for x in text.splitlines() if x.startswith(CULPRIT + " "))
+    assert " culprit " in line and f"its own link {LINK} ({aid})" in line, text
+    assert "1 failing (1 culprit)" in text, text

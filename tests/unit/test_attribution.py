@@ -1,0 +1,108 @@
+"""Culprit and victims: which open anomaly explains which pair, and each host's verdict
+(analytics/detect/attribution.py), and what ``clockmesh live`` prints from it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from analytics import live_cli
+from analytics.detect import attribution
+from tests.tui.sample import CULPRIT, sample_host_flap
+
+RACKS = {f"h{r}-{i}": f"leaf{r}" for r in (1, 2, 3) for i in (1, 2)}
+LEAVES = {f"leaf{r}-spine{s}": f"leaf{r}" for r in (1, 2, 3) for s in (1, 2)}
+
+
+def _mesh(lost: dict[tuple[str, str], int], sent: int = 100) -> list[dict[str, Any]]:
+    """Every host probes every other; ``lost``: (src, dst) -> probes lost."""
+    return [{"src": s, "dst": d, "sent": sent, "received": sent - lost.get((s, d), 0)}
+            for s in RACKS for d in RACKS if s != d]  # fmt: skip
+
+
+def _verdicts(pairs: list[dict[str, Any]], anomalies: list[dict[str, Any]]) -> dict[str, str]:
+    _, losses = attribution.attribute(RACKS, pairs, anomalies, RACKS, LEAVES)
+    return {h: attribution.verdict(loss, 0.5) for h, loss in losses.items()}
+
+
+def test_a_host_whose_link_flaps_is_the_culprit_and_its_peers_are_affected() -> None:
+    # h2-1's link was down: everything sent to it lost 30 %, it sent less and lost nothing
+    pairs = _mesh({(s, "h2-1"): 30 for s in RACKS})
+    for p in pairs:
+        if p["src"] == "h2-1":
+            p["sent"] = p["received"] = 70
+    flap = {"anomaly_id": "flapping-1", "kind": "flapping_link", "link": "h2-1-leaf2",
+            "evidence": {"host": "h2-1", "device": "bk0"}}  # fmt: skip
+    without = _verdicts(pairs, [])
+    assert without["h2-1"] == "lossy"  # judged by what was sent to it, too: not "ok"
+    assert {without[h] for h in RACKS if h != "h2-1"} == {"lossy"}
+    explained, losses = attribution.attribute(RACKS, pairs, [flap], RACKS, LEAVES)
+    verdicts = {h: attribution.verdict(x, 0.5) for h, x in losses.items()}
+    assert verdicts.pop("h2-1") == "culprit"
+    assert set(verdicts.values()) == {"affected"}
+    assert losses["h2-1"].loss_sent == 0.0 and losses["h2-1"].loss_received == 0.3
+    assert losses["h2-1"].peers_losing_to == 5 and losses["h2-1"].culprit_of == ["flapping-1"]
+    assert losses["h1-1"].affected_by == {"flapping-1"} and losses["h1-1"].unexplained == 0.0
+    on = {(p["src"], p["dst"]): ids for p, ids in zip(pairs, explained, strict=True)}
+    assert on[("h1-1", "h2-1")] == on[("h2-1", "h3-2")] == ["flapping-1"]
+    assert on[("h1-1", "h3-1")] == []
+
+
+def test_a_fabric_link_explains_the_pairs_crossing_its_rack_only() -> None:
+    fabric = {"anomaly_id": "flapping-2", "kind": "flapping_link", "link": "leaf1-spine2",
+              "evidence": {"leaf": "leaf1", "spine": "spine2", "candidates": ["leaf1-spine2"],
+                           "racks_exposed": ["leaf1"]}}  # fmt: skip
+    lost = {("h1-1", "h2-1"): 20, ("h3-1", "h1-2"): 20}  # across leaf1
+    verdicts = _verdicts(_mesh(lost), [fabric])
+    assert [verdicts[h] for h in ("h1-1", "h2-1", "h3-1", "h1-2")] == ["affected"] * 4
+    assert verdicts["h2-2"] == verdicts["h3-2"] == "ok"
+    # the same loss inside rack 1 crosses no spine: nothing explains it
+    assert _verdicts(_mesh({("h1-1", "h1-2"): 20}), [fabric])["h1-1"] == "lossy"
+    # no evidence of its leaf (model re-judged as unknown): the topology places the link
+    bare = {"anomaly_id": "unknown-3", "kind": "unknown", "link": "leaf1-spine2",
+            "evidence": {}}  # fmt: skip
+    assert _verdicts(_mesh(lost), [bare])["h2-1"] == "affected"
+
+
+def test_contention_explains_one_direction_and_a_roce_job_explains_no_probe() -> None:
+    up = {"anomaly_id": "contention-1", "kind": "contention", "link": "leaf1-spine1",
+          "evidence": {"direction": "leaf→spine"}}  # fmt: skip
+    pl = attribution.places([up], LEAVES)
+    assert pl.explained_by("h1-1", "h2-1", "leaf1", "leaf2") == ["contention-1"]
+    assert pl.explained_by("h2-1", "h1-1", "leaf2", "leaf1") == []
+    down = {**up, "anomaly_id": "contention-2", "evidence": {"direction": "spine→leaf"}}
+    assert attribution.places([down], LEAVES).explained_by("h2-1", "h1-1", "leaf2", "leaf1")
+    roce = {"anomaly_id": "roce-1", "kind": "roce_v1_job", "job_id": "j",
+            "evidence": {"hosts": ["h1-1", "h2-1"]}}  # fmt: skip
+    assert _verdicts(_mesh({("h1-1", "h2-1"): 20}), [roce])["h1-1"] == "lossy"
+
+
+def test_a_black_holed_host_is_lossy_from_what_was_sent_to_it() -> None:
+    """No anomaly explains it: the host everyone loses probes to is lossy (it lost nothing
+    of its own), and so are the senders — nothing here may call them affected."""
+    verdicts = _verdicts(_mesh({(s, "h3-2"): 100 for s in RACKS}), [])
+    assert set(verdicts.values()) == {"lossy"}
+
+
+def test_clockmesh_live_names_the_culprit_and_counts_the_affected_apart() -> None:
+    doc = sample_host_flap()
+    rows = {r.host: r for r in live_cli.summarise(doc)}
+    assert rows[CULPRIT].status == "culprit" and rows[CULPRIT].loss_sent == 0.0
+    assert rows[CULPRIT].loss_received > 0.2 and rows[CULPRIT].culprit_of == ["flapping-00c0ffee00"]
+    others = {r.status for h, r in rows.items() if h != CULPRIT}
+    assert others <= {"ok", "affected"} and "affected" in others
+    assert {h["verdict"] for h in doc["hosts"]} == {r.status for r in rows.values()}
+    text = live_cli.render(list(rows.values()), doc, "http://ops:8470")
+    line = next(x for x in text.splitlines() if x.startswith(CULPRIT + " "))
+    assert " culprit " in line and f"its own link {CULPRIT}-leaf1 (flapping-00c0ffee00)" in line
+    n_aff = sum(r.status == "affected" for r in rows.values())
+    assert f"1 failing (1 culprit), {n_aff} affected by an open anomaly" in text
+
+
+def test_an_anomaly_closed_within_the_window_still_explains_its_loss_but_names_no_culprit() -> None:
+    pairs = _mesh({(s, "h2-1"): 30 for s in RACKS})
+    flap = {"anomaly_id": "flapping-1", "kind": "flapping_link", "link": "h2-1-leaf2",
+            "closed_ns": 5, "evidence": {"host": "h2-1", "device": "bk0"}}  # fmt: skip
+    _, losses = attribution.attribute(RACKS, pairs, [], RACKS, LEAVES, closed=[flap])
+    verdicts = {h: attribution.verdict(x, 0.5) for h, x in losses.items()}
+    assert set(verdicts.values()) == {"affected"}  # the former culprit too: its link is up
+    assert losses["h2-1"].culprit_of == [] and losses["h2-1"].affected_by == {"flapping-1"}
