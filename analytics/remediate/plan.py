@@ -117,7 +117,7 @@ class StoredAnomaly:
 def latest_anomalies(
     store: Path, anomaly_id: str = "", open_only: bool = False
 ) -> list[StoredAnomaly]:
-    """Each anomaly's latest row (as the ``anomaly_current`` view picks it), oldest first:
+    """Each anomaly's latest row (the catalog's ``anomaly_current`` view), oldest first:
     one anomaly by id, or every open one."""
     if not (store / "anomalies").is_dir():
         raise Refused(f"{store}: no anomalies table: is this an ops box store?")
