@@ -23,7 +23,9 @@ def live(*args: str) -> subprocess.CompletedProcess[str]:
 
 def _post_fleet(daemon: Daemon, loss: float, first: int = 0) -> None:
     ids = ingest_load.host_ids(HOSTS)
-    t0 = (time.time_ns() // 10**9 - 20) * 10**9  # inside the live window (lag 5 s, 60 s long)
+    # seconds first.. of a fleet that started `first` s before 20 s ago: whatever `first`,
+    # the probes fall inside the live window (lag 5 s, 60 s long) and the segments are new
+    t0 = (time.time_ns() // 10**9 - 20 - first) * 10**9
     for second in range(first, first + 10):
         for i in range(HOSTS):
             body = ingest_load.fleet_segment(i, ids, second, t0_ns=t0, buddies=3, loss=loss)
@@ -59,10 +61,14 @@ def test_live_shows_every_host_healthy_and_waits(daemon: Daemon) -> None:
 
 
 def test_live_flags_lossy_hosts_as_json(daemon: Daemon) -> None:
-    _post_fleet(daemon, loss=0.5)
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60
     rows: list[dict] = []
+    shipped = 0
     while time.monotonic() < deadline:
+        # the fleet keeps shipping, as a real one does: on a loaded machine one `live` run
+        # can take longer than the 5 s after which a host that stopped shipping is stale
+        _post_fleet(daemon, loss=0.5, first=shipped)
+        shipped += 10
         out = live("--url", daemon.url, "--json")
         assert out.returncode == 0, out.stderr
         rows = json.loads(out.stdout)
