@@ -1,6 +1,6 @@
 # clockmesh: the two commands a fresh Debian/Ubuntu machine needs, as root:
 #   make demo   build the lab, deploy with Ansible, show live fleet health, inject a flap, show it found
-#   make test   the whole suite (lint, unit, lab, molecule)
+#   make test   the whole suite (lint, rootless tests in parallel, then lab and molecule tests)
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 PYTHON ?= python3
@@ -19,6 +19,7 @@ help:
 	@echo "make demo   build the lab, deploy with Ansible, show live fleet health, inject a flap and show it found (root)"
 	@echo "make test   run the whole suite: lint, unit, lab and molecule tests (root)"
 	@echo "make lint   ruff, mypy, ansible-lint only"
+	@echo "make unit   the rootless tests only, in parallel (no root, no lab)"
 	@echo "make demo-tui   the TUI on the demo lab (fleet, anomalies, drill-downs, remediation)"
 	@echo "make demo-down  tear the demo lab down"
 
@@ -81,8 +82,21 @@ lint: venv
 	$(BIN)/mypy
 	$(BIN)/ansible-lint
 
+# The suite in two runs, each with its own pytest summary line: the rootless tests in
+# parallel (pytest-xdist, one worker per core of the 2-core CI machine), then the tests
+# marked root/lab/molecule one at a time (they build namespaces, labs and deploy with
+# Ansible: they share the machine's FRR, sshd and CPU, and time their own convergence).
+# Both always run; make fails if either failed. tests/conftest.py keeps the marks honest.
+PYTEST_SERIAL := root or lab or molecule
 test: lint
-	$(BIN)/pytest
+	@rc=0; \
+	$(BIN)/pytest -n 2 -m "not ($(PYTEST_SERIAL))" || rc=$$?; \
+	$(BIN)/pytest -m "$(PYTEST_SERIAL)" || rc=$$?; \
+	exit $$rc
+
+# The fast rootless half only (no lint): what to run while working.
+unit: venv
+	$(BIN)/pytest -n 2 -m "not ($(PYTEST_SERIAL))"
 
 clean:
 	rm -rf $(VENV) .wheelhouse build *.egg-info

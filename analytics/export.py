@@ -20,6 +20,7 @@ from pathlib import Path
 
 import click
 
+from analytics.cli_options import store_option
 from analytics.store import layout
 
 
@@ -123,13 +124,7 @@ def export_store(store: Path, target: Path, since_s: float, tables: list[str]) -
     type=click.Path(file_okay=False, path_type=Path),
     help="New directory to create (must not exist or be empty).",
 )
-@click.option(
-    "--store",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=lambda: os.environ.get("CLOCKMESH_STORE", "/var/lib/clockmesh/store"),
-    show_default="$CLOCKMESH_STORE or /var/lib/clockmesh/store",
-    help="Store directory to export from.",
-)
+@store_option("Store directory to export from.")
 @click.option(
     "--table",
     "tables",

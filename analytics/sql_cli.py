@@ -11,23 +11,13 @@ import csv
 import datetime as dt
 import decimal
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
-DEFAULT_STORE = "/var/lib/clockmesh/store"
-
-# ``--store`` as the ops-box commands that read or write the store take it.
-store_option = click.option(
-    "--store",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=DEFAULT_STORE,
-    show_default=True,
-    help="The ops box's store directory.",
-)
+from analytics.cli_options import store_option
 
 
 def _plain(value: Any) -> Any:
@@ -108,13 +98,7 @@ def run_query(store: Path, query: str) -> tuple[list[str], list[tuple]]:
     show_default=True,
     help="Output format.",
 )
-@click.option(
-    "--store",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=lambda: os.environ.get("CLOCKMESH_STORE", DEFAULT_STORE),
-    show_default=f"$CLOCKMESH_STORE or {DEFAULT_STORE}",
-    help="Store directory (holds catalog.duckdb).",
-)
+@store_option("Store directory (holds catalog.duckdb).")
 @click.option("--list-views", is_flag=True, help="List the catalog's views and exit.")
 def sql(query: str | None, fmt: str, store: Path, list_views: bool) -> None:
     """Run a DuckDB SQL QUERY over the clockmesh store (read-only, safe while ingest runs).

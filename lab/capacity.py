@@ -29,6 +29,7 @@ healed.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 from typing import Any
 
@@ -52,14 +53,21 @@ def _tc(end: LinkEnd, args: list[str]) -> None:
         )
 
 
-def parse_bps(rate: str) -> float:
-    from lab.faults import parse_rate
-
-    return parse_rate(rate)
+def parse_rate(rate: str) -> float:
+    """tc-style rate ('50mbit', '1gbit', '800kbit') -> bits per second."""
+    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "bit": 1.0}
+    text = rate.strip().lower()
+    for unit, mult in units.items():
+        if text.endswith(unit):
+            with contextlib.suppress(ValueError):
+                value = float(text[: -len(unit)])
+                if value > 0:
+                    return value * mult
+    raise LabError(f"--rate: expected a rate like 50mbit, 800kbit or 1gbit, got {rate!r}")
 
 
 def shape_end(end: LinkEnd, rate: str, dscp: int = RDMA_DSCP, queue: int = QUEUE_PACKETS) -> None:
-    bps = parse_bps(rate)
+    bps = parse_rate(rate)
     dev = ["dev", end.interface]
     quantum = ["quantum", "1514"]
     _tc(end, ["qdisc", "replace", *dev, "root", "handle", "1:", "htb", "default", "20"])
@@ -83,7 +91,7 @@ def shape_end(end: LinkEnd, rate: str, dscp: int = RDMA_DSCP, queue: int = QUEUE
 
 def apply(lab: Any, rate: str, dscp: int = RDMA_DSCP, queue: int = QUEUE_PACKETS) -> int:
     """Shape every fabric link (both ends) and record it; returns the link ends shaped."""
-    parse_bps(rate)  # a bad rate fails before anything is touched
+    parse_rate(rate)  # a bad rate fails before anything is touched
     links = [lk for lk in lab.topology.links if lk.kind == "fabric"]
     with lab.state.update() as st:
         st["capacity"] = {"rate": rate, "dscp": dscp, "queue": queue}

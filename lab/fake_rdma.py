@@ -16,14 +16,12 @@ GIDs like a Mellanox NIC with one IPv4 address: 0/1 the link-local GID as RoCE v
 RoCE v2, 2/3 the IPv4-mapped backend address as RoCE v1 / RoCE v2; the rest zero.
 Point the collector at it with ``counters.sysfs_root: /var/lib/clockmesh/lab/sysfs``
 and ``rdma.configfs_root: /var/lib/clockmesh/lab/sysfs/sys/kernel/config``.
-The RDMA counters are static (nothing moves RDMA traffic here).
-
-    python -m lab.fake_rdma --name demo          # every host of lab "demo"
+The RDMA counters are static (nothing moves RDMA traffic here). ``clockmesh lab up``
+writes every host's tree (lab/fabric.py); a job rewrites its hosts' (lab/jobgen.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import ipaddress
 import os
@@ -150,28 +148,3 @@ def write_tree(root: str | Path, host: str, netdev: str, address: str) -> Path:
 def tree_root(node_dir: Path) -> Path:
     """Where a lab host's tree lives on the lab machine (its /var/lib/clockmesh bind source)."""
     return node_dir / "var" / "lab" / "sysfs"
-
-
-def write_lab(name: str) -> list[Path]:
-    """Write the tree of every host of lab ``name``."""
-    from lab.fabric import Lab
-
-    lab = Lab(name)
-    topo = lab.topology
-    return [
-        write_tree(tree_root(lab.node_dir(h.name)), h.name, h.backend_interface, h.backend_address)
-        for h in topo.hosts
-    ]
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m lab.fake_rdma", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    parser.add_argument("--name", default="demo", help="lab name")
-    args = parser.parse_args(argv)
-    for root in write_lab(args.name):
-        print(root)
-
-
-if __name__ == "__main__":
-    main()

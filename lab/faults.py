@@ -28,6 +28,7 @@ from typing import Any
 from pyroute2 import IPRoute, NetlinkError, netns
 
 from lab import capacity, processes
+from lab.capacity import parse_rate
 from lab.fabric import Lab, LabError, link_states, restore_host_routes
 from lab.topology import Host, Link, LinkEnd, Topology
 
@@ -230,19 +231,6 @@ def find_source_port(
     raise LabError(
         f"{link.name}: no source port in {PROBE_PORTS.start}-{PROBE_PORTS.stop - 1} hashed onto it"
     )
-
-
-def parse_rate(rate: str) -> float:
-    """tc-style rate ('50mbit', '1gbit', '800kbit') -> bits per second."""
-    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "bit": 1.0}
-    text = rate.strip().lower()
-    for unit, mult in units.items():
-        if text.endswith(unit):
-            with contextlib.suppress(ValueError):
-                value = float(text[: -len(unit)])
-                if value > 0:
-                    return value * mult
-    raise LabError(f"--rate: expected a rate like 50mbit, 800kbit or 1gbit, got {rate!r}")
 
 
 def congest(

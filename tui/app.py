@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import json
 import subprocess
 import time
 from collections.abc import Callable, Iterable
@@ -441,9 +440,9 @@ class ClockmeshApp(App[None]):
         self.topology_doc: dict[str, Any] | None = None
         self._recommended: dict[tuple[str, str, str], str] = {}
         if topology is not None:
-            from analytics.remediate.plan import Refused, read_topology
+            from analytics.topology import TopologyError, read_topology
 
-            with contextlib.suppress(Refused):  # `clockmesh tui` checked it already
+            with contextlib.suppress(TopologyError):  # `clockmesh tui` checked it already
                 self.topology_doc = read_topology(topology)
         self.store = store
         self.inventory = inventory
@@ -649,11 +648,27 @@ class ClockmeshApp(App[None]):
             p = plan(self.store, topology, anomaly_id=anomaly_id)
         except (Refused, RecordError) as exc:
             return str(exc), False
-        lines = [f"{p.action} {p.target}: {p.summary}"]
-        lines += [f"  {s.name}: BGP neighbour {s.neighbor} shutdown" for s in p.switches]
-        if p.cap:
-            lines.append(f"  blast radius: {json.dumps(p.cap)}")
-        return "\n".join(lines), True
+        return p.describe() + self._remediated(anomaly_id), True
+
+    def _remediated(self, anomaly_id: str) -> str:
+        """This anomaly's remediations so far, in their state now (lines to add to a plan)."""
+        import duckdb
+
+        from analytics.store.catalog import connect_views
+        from tui import history
+
+        if self.store is None:
+            return ""
+        try:
+            con = connect_views(self.store, only=["remediation_current"])
+            try:
+                rows = history.remediations(con, anomaly_id)
+            finally:
+                con.close()
+        except (FileNotFoundError, duckdb.Error) as exc:
+            return f"\n  its remediations so far: cannot be read ({exc})"
+        return "".join(f"\n  so far: {r['remediation_id']} {r['action']} {r['target']}: "
+                       f"{r['state']} (by {r['actor']})" for r in rows)  # fmt: skip
 
 
 def main_app(url: str, **kw: Any) -> ClockmeshApp:

@@ -6,20 +6,17 @@ from pathlib import Path
 
 import click
 
+from analytics.cli_options import store_option, topology_option
 from analytics.ingest import endpoints
-from analytics.sql_cli import DEFAULT_STORE
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--url", default="http://127.0.0.1:8470", show_default=True,
               help="Ingest daemon base URL (/v1/live over HTTP: runs from the controller too);"
               " two ops boxes: a comma list, the first that answers is read.")  # fmt: skip
-@click.option("--store", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_STORE,
-              show_default=True, help="Store for history, audits and remediation (read-only);"
-              " two ops boxes: a comma list, the first that answers is read.")  # fmt: skip
-@click.option("--topology", type=click.Path(dir_okay=False, path_type=Path),
-              default="/etc/clockmesh/topology.json", show_default=True,
-              help="Topology: racks for grouping, links for remediation.")  # fmt: skip
+@store_option("Store for history, audits and remediation (read-only); two ops boxes: a comma"
+              " list, the first that answers is read.")  # fmt: skip
+@topology_option("Topology: racks for grouping, links for remediation.")
 @click.option("-i", "--inventory", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               default=None, help="Ansible inventory: enables remediation playbooks.")  # fmt: skip
 @click.option("--refresh", "refresh_s", type=click.FloatRange(min=0.2), default=1.0,
@@ -39,15 +36,17 @@ def tui(url: str, store: Path, topology: Path, inventory: Path | None, refresh_s
     jobs) or remediate (anomalies) · d an anomaly's link or job · x a pair's other
     direction · esc back · ? help · t light/dark · ctrl+p command palette · q quit.
     """
+    from analytics.topology import TopologyError, read_topology, search_words
+    from analytics.topology import racks as racks_of
     from tui.app import ClockmeshApp
-    from tui.data import LiveSource, Thresholds, load_racks, load_search_words
+    from tui.data import LiveSource, Thresholds
 
     topo = topology if topology.is_file() else None
     try:
-        racks = load_racks(topo)
-        words = load_search_words(topo)
-    except ValueError as exc:
+        doc = read_topology(topo) if topo is not None else None
+    except TopologyError as exc:
         raise click.ClickException(str(exc)) from None
+    racks, words = racks_of(doc), search_words(doc)
     source, store, say = endpoints.tui_sources(url, store, LiveSource)  # several ops boxes
     app = ClockmeshApp(
         source, racks=racks, search_words=words, store=store if store.is_dir() else None,

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from analytics.detect import attribution
+from analytics.topology import racks as racks_of
+from analytics.topology import read_topology, search_words
 
 GREEN, AMBER, RED, GREY = "ok", "slow", "loss", "silent"
 CULPRIT, AFFECTED = "culprit", "affected"  # an open anomaly names its link / explains it
@@ -83,13 +85,7 @@ class LiveSource:
 
 def load_racks(topology: Path | None) -> dict[str, str]:
     """host -> rack (its leaf) from a topology file; {} when none is given."""
-    if topology is None:
-        return {}
-    try:
-        doc = json.loads(Path(topology).read_text(encoding="utf-8"))
-        return {h["name"]: str(h.get("rack", "")) for h in doc["hosts"]}
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"{topology}: not a clockmesh topology file ({exc})") from None
+    return racks_of(read_topology(topology)) if topology is not None else {}
 
 
 def _rack_of(host: str, racks: dict[str, str]) -> str:
@@ -193,22 +189,8 @@ def fleet(live: dict[str, Any], racks: dict[str, str], th: Thresholds | None = N
 
 
 def load_search_words(topology: Path | None) -> dict[str, str]:
-    """host -> what else the filter finds it by: its backend and management addresses and
-    its ``tags`` (a list of strings a topology file may give a host: "a100", "pod3")."""
-    if topology is None:
-        return {}
-    try:
-        doc = json.loads(Path(topology).read_text(encoding="utf-8"))
-        out = {}
-        for h in doc["hosts"]:
-            tags = h.get("tags") or []
-            if not isinstance(tags, list):
-                raise TypeError(f"host {h['name']}: tags must be a list of strings")
-            words = [h.get("backend_address"), h.get("mgmt_address"), *map(str, tags)]
-            out[h["name"]] = " ".join(str(w) for w in words if w)
-        return out
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"{topology}: not a clockmesh topology file ({exc})") from None
+    """host -> what else the filter finds it by (:func:`analytics.topology.search_words`)."""
+    return search_words(read_topology(topology)) if topology is not None else {}
 
 
 def matches(tile: Tile, query: str, words: dict[str, str] | None = None) -> bool:

@@ -303,3 +303,18 @@ def job_view(con: duckdb.DuckDBPyConnection, job: str, now_s: float,
     ).fetchall()
     series = _series(rows, now_s, ["in-band − probes p50, median over its flows"])
     return JobView(job, hosts, flows, series)
+
+
+def remediations(con: duckdb.DuckDBPyConnection, anomaly_id: str = "") -> list[dict[str, Any]]:
+    """Each remediation in its state now, oldest first (the catalog's
+    ``remediation_current``: the rows ``clockmesh remediate history`` and the report show);
+    one anomaly's, or every one."""
+    cur = con.execute(
+        """SELECT remediation_id, anomaly_id, action, target, check_mode, status, state, actor,
+                  ts_ns
+           FROM remediation_current WHERE $a = '' OR anomaly_id = $a
+           ORDER BY ts_ns, remediation_id""",
+        {"a": anomaly_id},
+    )
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]

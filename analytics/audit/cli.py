@@ -11,13 +11,14 @@ from typing import Any
 import click
 import duckdb
 
+from analytics.cli_options import store_option
 from analytics.remediate import records
-from analytics.sql_cli import store_option
-from analytics.store.layout import has_files, table_glob
+from analytics.store.catalog import connect_views
+from analytics.store.layout import has_files
 
 STATUSES = ("pass", "fail", "skipped")
 
-_store = store_option
+_store = store_option()
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -67,15 +68,17 @@ def latest(store: Path) -> tuple[str, list[tuple[str, ...]]]:
         raise click.ClickException(
             f"{store}: no fleet audit yet: run ansible-playbook playbooks/audit.yml"
         )
-    glob = table_glob(store, "fleet_audit")
-    con = duckdb.connect()
+    try:
+        con = connect_views(store, only=["fleet_audit_latest"])
+    except FileNotFoundError as exc:
+        raise click.ClickException(str(exc)) from None
     try:
         rows = con.execute(
-            f"""SELECT run_id, host, category, "check", status, reason, value
-                FROM read_parquet('{glob}')
-                WHERE run_id = (SELECT arg_max(run_id, ts_ns) FROM read_parquet('{glob}'))
-                ORDER BY category, "check", host"""
+            """SELECT run_id, host, category, "check", status, reason, value
+               FROM fleet_audit_latest ORDER BY category, "check", host"""
         ).fetchall()
+    except duckdb.Error as exc:
+        raise click.ClickException(f"{store}/fleet_audit: cannot be read ({exc})") from None
     finally:
         con.close()
     if not rows:  # only the store's empty placeholder file

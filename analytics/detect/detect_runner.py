@@ -18,7 +18,6 @@ serving everyone else.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -47,6 +46,7 @@ from analytics.remediate import records as remediations
 from analytics.store import layout
 from analytics.store.store_writer import StoreWriter
 from analytics.thread_priority import lower_thread_priority
+from analytics.topology import read_topology
 from collector import records
 
 log = logging.getLogger("clockmesh.ingest.detect")
@@ -103,8 +103,8 @@ def load_topology(topology_file: str | Path) -> TopologyMaps:
     Raises ValueError with one line when the file is not a topology.
     """
     path = Path(topology_file)
+    doc = read_topology(path)  # TopologyError (a ValueError): one line
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
         hosts = {h["name"]: h for h in doc["hosts"]}
         ports = {}
         fabric = []

@@ -23,10 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import duckdb
-
 from analytics.detect.anomalies import KINDS
-from analytics.store.layout import table_glob
+from analytics.store.catalog import connect_views
 
 CLASSES = ("flapping_link", "roce_v1_job", "contention")
 LABELS = (*CLASSES, "none")
@@ -79,17 +77,18 @@ def _anomalies(run: Path) -> list[dict[str, Any]]:
     store = run / "store"
     if not (store / "anomalies").is_dir():
         raise EvalError(f"{run}: no store with an anomalies table (store/anomalies/)")
-    glob = table_glob(store, "anomalies")
-    con = duckdb.connect()
+    try:
+        con = connect_views(store, only=["anomalies"])
+    except FileNotFoundError as exc:
+        raise EvalError(str(exc)) from None
     try:
         rows = con.execute(
             # An anomaly the model re-judged counts in each class from the first row that
             # carried it (opened as unknown at t0, contention at t1: contention from t1).
-            f"""SELECT anomaly_id, kind, link, job_id,
+            """SELECT anomaly_id, kind, link, job_id,
                        min(greatest(opened_ns, coalesce(updated_ns, 0))) AS opened_ns,
                        arg_max(detail, coalesce(updated_ns, 0)) AS detail
-                FROM read_parquet('{glob}', union_by_name = true)
-                WHERE opened_ns > 0 AND closed_ns = 0
+                FROM anomalies WHERE opened_ns > 0 AND closed_ns = 0
                 GROUP BY anomaly_id, kind, link, job_id ORDER BY 5"""
         ).fetchall()
     finally:

@@ -34,7 +34,7 @@ from analytics.detect import features
 from analytics.detect.evaluate import BEFORE_NS
 from analytics.detect.flaps import ASSUMED_LIMIT_S
 from analytics.detect.model import Detector, FaultClassifier, HealthyBaseline, today
-from analytics.store.layout import table_glob
+from analytics.store.catalog import connect_views
 
 EVAL_SEEDS_FROM = 1000
 CLASSES = ("flapping_link", "roce_v1_job", "contention", "unknown")
@@ -56,10 +56,6 @@ class TrainingSet:
         self.X.append(x)
         self.y.append(label)
         self.source.append(source)
-
-
-def _glob(run: Path, table: str) -> str:
-    return table_glob(run / "store", table)
 
 
 def _names(row_link: str, row_job: str, evidence: dict[str, Any]) -> set[str]:
@@ -84,12 +80,14 @@ def read_run(run: Path, into: TrainingSet, grace_s: float = 15.0, allow_eval: bo
     windows = [
         (f["start_ns"] - BEFORE_NS, (f["end_ns"] or f["start_ns"]) + grace_ns, f) for f in faults
     ]
-    con = duckdb.connect()
+    try:
+        con = connect_views(run / "store", only=["anomalies", "owd"])
+    except FileNotFoundError as exc:
+        raise TrainError(str(exc)) from None
     try:
         rows = con.execute(
-            f"""SELECT link, job_id, coalesce(updated_ns, opened_ns), detail
-                FROM read_parquet('{_glob(run, "anomalies")}', union_by_name = true)
-                WHERE opened_ns > 0 AND closed_ns = 0"""
+            """SELECT link, job_id, coalesce(updated_ns, opened_ns), detail
+               FROM anomalies WHERE opened_ns > 0 AND closed_ns = 0"""
         ).fetchall()
         for link, job, t, detail in rows:
             try:
@@ -118,8 +116,7 @@ def _healthy_vectors(
     rows = con.execute(
         f"""WITH w AS (
                 SELECT src, dst, sport, ts_ns // 1000000000 AS sec, median(owd_ns) AS m
-                FROM read_parquet('{_glob(run, "owd")}', union_by_name = true)
-                WHERE {where} GROUP BY ALL),
+                FROM owd WHERE {where} GROUP BY ALL),
             b AS (SELECT src, dst, sport, min(m) AS floor FROM w GROUP BY ALL)
             SELECT sec, median((m - floor) / 1e6), max((m - floor) / 1e6),
                    count(*) FILTER (WHERE m - floor > 1e6)

@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from analytics.cli_options import store_option, topology_option
 from analytics.ingest import endpoints
 from analytics.remediate import records, runner, stable
 from analytics.remediate.plan import (
@@ -18,18 +19,9 @@ from analytics.remediate.plan import (
     plan_undo,
     read_topology,
 )
-from analytics.sql_cli import store_option
 
-DEFAULT_TOPOLOGY = "/etc/clockmesh/topology.json"
-
-_store = endpoints.store_choice(store_option)  # --store a,b: the first that answers
-_topology = click.option(
-    "--topology",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=DEFAULT_TOPOLOGY,
-    show_default=True,
-    help="Fabric topology (the ops box's copy; a lab's topology.json).",
-)
+_store = endpoints.store_choice(store_option())  # --store a,b: the first that answers
+_topology = topology_option()
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -124,12 +116,7 @@ def plan_(
     if as_json:
         click.echo(json.dumps(p.as_dict()))
         return
-    click.echo(f"{p.remediation_id}: {p.action} {p.target}")
-    click.echo(f"  {p.summary}")
-    for s in p.switches:
-        click.echo(f"  {s.name}: BGP neighbour {s.neighbor}")
-    if p.cap:
-        click.echo(f"  cap: {json.dumps(p.cap)}")
+    click.echo(p.describe())
 
 
 @remediate.command("stable")
@@ -252,8 +239,7 @@ def history(store: Path, as_json: bool) -> None:
     if not rows:
         click.echo("no remediations yet")
     for r in rows:
-        mode = "preview" if r.check_mode else r.status
-        click.echo(f"{r.remediation_id}  {r.action:<16} {r.target:<16} {mode:<8} by {r.actor} "
+        click.echo(f"{r.remediation_id}  {r.action:<16} {r.target:<16} {r.state:<8} by {r.actor} "
                    f"(anomaly {r.anomaly_id or '-'})")  # fmt: skip
 
 

@@ -47,8 +47,9 @@ from typing import Any
 
 import duckdb
 
+from analytics import topology as topology_file
 from analytics.remediate import records
-from analytics.store import layout
+from analytics.store.catalog import connect_views
 
 ACTIONS = ("fabric_link_out", "host_drain", "roce_v2_gid", "spread_flows")
 SPREAD_QPS = 4  # NCCL_IB_QPS_PER_CONNECTION the spread sets
@@ -92,6 +93,15 @@ class Plan:
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def describe(self) -> str:
+        """The plan in words, as ``clockmesh remediate plan`` and the TUI both show it."""
+        lines = [f"{self.remediation_id}: {self.action} {self.target}", f"  {self.summary}"]
+        verb = "back in service" if self.undo_of else "shut down"
+        lines += [f"  {s.name}: BGP neighbour {s.neighbor} {verb}" for s in self.switches]
+        if self.cap:
+            lines.append(f"  blast radius: {json.dumps(self.cap)}")
+        return "\n".join(lines)
+
 
 @dataclass
 class StoredAnomaly:
@@ -107,26 +117,20 @@ class StoredAnomaly:
 def latest_anomalies(
     store: Path, anomaly_id: str = "", open_only: bool = False
 ) -> list[StoredAnomaly]:
-    """Each anomaly's latest row (as the ``anomaly_current`` view picks it), oldest first:
+    """Each anomaly's latest row (the catalog's ``anomaly_current`` view), oldest first:
     one anomaly by id, or every open one."""
-    glob = layout.table_glob(store, "anomalies")
     if not (store / "anomalies").is_dir():
         raise Refused(f"{store}: no anomalies table: is this an ops box store?")
-    if not layout.has_files(store, "anomalies"):
-        return []
-    where = (
-        ["rn = 1"]
-        + (["anomaly_id = ?"] if anomaly_id else [])
-        + (["closed_ns = 0"] if open_only else [])
-    )
-    con = duckdb.connect()
+    where = (["anomaly_id = ?"] if anomaly_id else []) + (["is_open"] if open_only else [])
+    try:
+        con = connect_views(store, only=["anomaly_current"])
+    except FileNotFoundError as exc:
+        raise Refused(str(exc)) from None
     try:
         rows = con.execute(
             f"""SELECT anomaly_id, kind, link, job_id, closed_ns, opened_ns, detail
-                FROM (SELECT *, row_number() OVER (PARTITION BY anomaly_id
-                        ORDER BY coalesce(updated_ns, 0) DESC, closed_ns DESC) AS rn
-                      FROM read_parquet('{glob}', union_by_name = true))
-                WHERE {" AND ".join(where)} ORDER BY opened_ns""",
+                FROM anomaly_current {"WHERE " + " AND ".join(where) if where else ""}
+                ORDER BY opened_ns""",
             [anomaly_id] if anomaly_id else [],
         ).fetchall()
     except duckdb.Error as exc:
@@ -151,12 +155,11 @@ def read_anomaly(store: Path, anomaly_id: str) -> StoredAnomaly:
 
 
 def read_topology(path: Path) -> dict[str, Any]:
+    """:func:`analytics.topology.read_topology`, its error a refusal."""
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-        _ = [(lk["name"], lk["a"]["node"], lk["b"]["address"]) for lk in doc["links"]]
-        return doc
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise Refused(f"{path}: not a clockmesh topology file ({exc})") from None
+        return topology_file.read_topology(path)
+    except topology_file.TopologyError as exc:
+        raise Refused(str(exc)) from None
 
 
 def plan(

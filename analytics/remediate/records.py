@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from analytics.store import layout
+from analytics.store.catalog import connect_views
 
 
 class RecordError(Exception):
@@ -42,6 +43,7 @@ class Remediation:
     undo: str  # the extra vars that undo it, JSON
     detail: dict[str, Any] = field(default_factory=dict)
     ts_ns: int = 0
+    state: str = ""  # read back: "preview" for a check-mode run, else its status
 
 
 def actor() -> str:
@@ -103,18 +105,18 @@ def write_audit(store: Path, action: str, target: str, detail: dict[str, Any]) -
 
 
 def read_remediations(store: Path) -> list[Remediation]:
-    """Every remediation's latest row, oldest first."""
+    """Every remediation's latest row (the catalog's ``remediation_current``), oldest first."""
     if not layout.has_files(store, "remediations"):
         return []
-    con = duckdb.connect()
+    try:
+        con = connect_views(store, only=["remediation_current"])
+    except FileNotFoundError as exc:
+        raise RecordError(str(exc)) from None
     try:
         rows = con.execute(
-            f"""SELECT arg_max(ts_ns, ts_ns), remediation_id, arg_max(anomaly_id, ts_ns),
-                       arg_max(action, ts_ns), arg_max(target, ts_ns), arg_max(hosts, ts_ns),
-                       arg_max(check_mode, ts_ns), arg_max(status, ts_ns),
-                       arg_max(actor, ts_ns), arg_max(undo, ts_ns), arg_max(detail, ts_ns)
-                FROM read_parquet('{layout.table_glob(store, "remediations")}')
-                GROUP BY remediation_id ORDER BY 1"""
+            """SELECT ts_ns, remediation_id, anomaly_id, action, target, hosts, check_mode,
+                      status, actor, undo, detail, state
+               FROM remediation_current ORDER BY ts_ns, remediation_id"""
         ).fetchall()
     except duckdb.Error as exc:
         raise RecordError(f"{store}/remediations: cannot be read ({exc})") from None
@@ -122,8 +124,8 @@ def read_remediations(store: Path) -> list[Remediation]:
         con.close()
     return [
         Remediation(rid, aid, action, target, [h for h in hosts.split(",") if h], bool(check),
-                    status, who, undo, json.loads(detail or "{}"), ts)
-        for ts, rid, aid, action, target, hosts, check, status, who, undo, detail in rows
+                    status, who, undo, json.loads(detail or "{}"), ts, state)
+        for ts, rid, aid, action, target, hosts, check, status, who, undo, detail, state in rows
     ]  # fmt: skip
 
 

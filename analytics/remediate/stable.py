@@ -25,7 +25,8 @@ from typing import Any
 
 import duckdb
 
-from analytics.store.layout import has_files, table_glob
+from analytics.store.catalog import connect_views
+from analytics.store.layout import has_files
 from collector.records import host_id
 
 # The host counters that count a carrier loss (netdev and RDMA port), and operstate "up".
@@ -108,19 +109,20 @@ def host_link(
     """A host's access link from its own counters in the store over the last ``after_s``."""
     now = time.time_ns() if now_ns is None else now_ns
     since = now - int(after_s * 1e9)
-    files = table_glob(store, "counter")
     if not has_files(store, "counter"):
         return Reading(link, False, None, "host counters", f"{store}: no counters stored yet")
     names = ", ".join(f"'{n}'" for n in (*LOSS_COUNTERS, "operstate"))
-    con = duckdb.connect()
+    try:
+        con = connect_views(store, only=["counter"])
+    except FileNotFoundError as exc:
+        raise ValueError(str(exc)) from None
     try:
         row = con.execute(
             f"""SELECT max(ts_ns), min(ts_ns),
                        max(ts_ns) FILTER (WHERE name <> 'operstate' AND delta > 0),
                        arg_max(value, ts_ns) FILTER (WHERE name = 'operstate'),
                        count(*) FILTER (WHERE name = 'operstate' AND value <> {OPER_UP})
-                FROM read_parquet('{files}')
-                WHERE host = ? AND ts_ns >= ? AND name IN ({names})""",
+                FROM counter WHERE host = ? AND ts_ns >= ? AND name IN ({names})""",
             [host_id(host), since],
         ).fetchone()
     except duckdb.Error as exc:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from analytics.sql_cli import DEFAULT_STORE
+from analytics.cli_options import store_option, topology_option
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -42,11 +42,8 @@ def parse_when(text: str, now_s: float, what: str) -> int:
 )
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
               help="Directory for report.html, report.md (+ SVGs) and report.json.")  # fmt: skip
-@click.option("--store", type=click.Path(path_type=Path), default=DEFAULT_STORE,
-              show_default=True, help="The ops box's store.")  # fmt: skip
-@click.option("--topology", type=click.Path(path_type=Path),
-              default="/etc/clockmesh/topology.json", show_default=True,
-              help="Racks for the heatmap and the hosts behind each link.")  # fmt: skip
+@store_option()
+@topology_option("Racks for the heatmap and the hosts behind each link.")
 @click.option("--gpus-per-host", type=click.IntRange(min=0), default=8, show_default=True,
               help="For the GPU-hours at risk.")  # fmt: skip
 @click.option("--lost-min", type=click.FloatRange(min=0), default=30.0, show_default=True,

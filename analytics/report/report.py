@@ -32,6 +32,8 @@ import duckdb
 from analytics.detect import attribution
 from analytics.detect.flaps import ASSUMED_LIMIT_S, ASSUMED_WORDS
 from analytics.store.catalog import connect_views
+from analytics.topology import TopologyError, read_topology
+from analytics.topology import racks as topology_racks
 
 LOST_MIN = 30.0  # work a killed job loses: since its last checkpoint, and the restart
 KIND_COLOURS = {"flapping_link": "#d62728", "roce_v1_job": "#9467bd", "contention": "#ff7f0e",
@@ -84,11 +86,11 @@ def collect(
     link_leaf: dict[str, str] = {}
     if topology is not None:
         try:
-            topo_doc = json.loads(topology.read_text())
-            racks = {h["name"]: str(h.get("rack", "")) for h in topo_doc["hosts"]}
+            topo_doc = read_topology(topology)
+            racks = topology_racks(topo_doc)
             link_leaf = attribution.link_leaves(topo_doc)
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise ReportError(f"{topology}: not a clockmesh topology file ({exc})") from None
+        except TopologyError as exc:
+            raise ReportError(str(exc)) from None
     con = _connect(store)
     try:
         a, b = rng.since_ns, rng.until_ns
@@ -174,21 +176,18 @@ def collect(
             JOIN clock cd ON cd.host = e.dst AND e.t1_ns >= cd.window_start_ns
                          AND e.t1_ns < cd.window_end_ns
             WHERE isfinite(cs.offset_ns) AND isfinite(cd.offset_ns)""", [a, b, a, b])[0]  # fmt: skip
+        # Each remediation active in the range, in its state now (``remediation_current``).
         remediations = _rows(con, """
-            SELECT remediation_id, arg_max(action, ts_ns) AS action, arg_max(target, ts_ns) AS target,
-                   arg_max(status, ts_ns) AS status, bool_or(check_mode) AS check_mode,
-                   arg_max(actor, ts_ns) AS actor, arg_max(anomaly_id, ts_ns) AS anomaly_id,
-                   min(ts_ns) AS ts_ns
-            FROM remediations WHERE ts_ns >= ? AND ts_ns < ? AND remediation_id <> ''
-            GROUP BY remediation_id ORDER BY ts_ns""", [a, b])  # fmt: skip
+            SELECT remediation_id, action, target, status, check_mode, state, actor, anomaly_id,
+                   first_ns AS ts_ns
+            FROM remediation_current WHERE first_ns < ? AND ts_ns >= ?
+            ORDER BY first_ns, remediation_id""", [b, a])  # fmt: skip
         audit = _rows(con, """
-            SELECT run_id, status, count(*) AS n FROM fleet_audit
-            WHERE run_id = (SELECT arg_max(run_id, ts_ns) FROM fleet_audit WHERE run_id <> '')
+            SELECT run_id, status, count(*) AS n FROM fleet_audit_latest
             GROUP BY ALL ORDER BY status""", [])  # fmt: skip
         audit_fails = _rows(con, """
-            SELECT host, category, "check", reason FROM fleet_audit
-            WHERE run_id = (SELECT arg_max(run_id, ts_ns) FROM fleet_audit WHERE run_id <> '')
-              AND status = 'fail' ORDER BY category, "check", host LIMIT 50""", [])  # fmt: skip
+            SELECT host, category, "check", reason FROM fleet_audit_latest
+            WHERE status = 'fail' ORDER BY category, "check", host LIMIT 50""", [])  # fmt: skip
     except duckdb.Error as exc:
         raise ReportError(f"{store}: cannot be read ({str(exc).splitlines()[0]})") from None
     finally:
@@ -575,7 +574,7 @@ def markdown(facts: dict[str, Any], svg_names: dict[str, str]) -> str:
         lines += ["| id | action | target | status | by | anomaly |",
                   "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
         lines += [f"| {r['remediation_id']} | {r['action']} | {r['target']} | "
-                  f"{'preview' if r['check_mode'] else r['status']} | {r['actor']} | "
+                  f"{r['state']} | {r['actor']} | "
                   f"{r['anomaly_id'] or '—'} |" for r in f["remediations"]]  # fmt: skip
     else:
         lines.append("None in this range.")

@@ -10,6 +10,8 @@ docs/sql.md describes the views and shows queries against them.
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Iterable
 from pathlib import Path
 
 import duckdb
@@ -169,8 +171,28 @@ DERIVED_VIEWS: dict[str, str] = {
             SELECT *, row_number() OVER (
                 PARTITION BY anomaly_id ORDER BY coalesce(updated_ns, 0) DESC, closed_ns DESC
             ) AS rn
-            FROM anomalies WHERE date > DATE '1970-01-01'
+            FROM anomalies
         ) WHERE rn = 1""",
+    # Each remediation's latest row (a re-recorded row wins over an older one of the same id;
+    # a check-mode preview and a real run recorded at the same nanosecond: the real run).
+    # ``remediate history``, the report, the TUI and the preflight all read this one.
+    "remediation_current": f"""
+        SELECT remediation_id, anomaly_id, action, target, hosts, check_mode, status, actor,
+               undo, detail, ts_ns, first_ns, {_ts("first_ns")} AS started,
+               {_ts("ts_ns")} AS updated,
+               CASE WHEN check_mode THEN 'preview' ELSE status END AS state
+        FROM (
+            SELECT *, min(ts_ns) OVER (PARTITION BY remediation_id) AS first_ns,
+                   row_number() OVER (
+                       PARTITION BY remediation_id ORDER BY ts_ns DESC, check_mode ASC, status
+                   ) AS rn
+            FROM remediations WHERE remediation_id <> ''
+        ) WHERE rn = 1""",
+    # The rows of the latest fleet audit run (``clockmesh audit show``, the report, the TUI).
+    "fleet_audit_latest": """
+        SELECT run_id, ts_ns, host, category, "check", status, reason, value
+        FROM fleet_audit
+        WHERE run_id = (SELECT arg_max(run_id, ts_ns) FROM fleet_audit WHERE run_id <> '')""",
     "ingest_rate_minute": f"""
         SELECT {_ts(f"(received_ns // {NS_PER_MIN}) * {NS_PER_MIN}")} AS minute,
                count(*) AS batches, count(DISTINCT host_id) AS hosts, sum(rows) AS rows,
@@ -208,18 +230,43 @@ _DUCK = {"int64": "BIGINT", "int32": "INTEGER", "double": "DOUBLE", "string": "V
          "uint8": "UTINYINT", "int8": "TINYINT", "uint16": "USMALLINT", "uint32": "UINTEGER"}  # fmt: skip
 
 
-def connect_views(store: Path) -> duckdb.DuckDBPyConnection:
+def _needs(names: Iterable[str]) -> set[str]:
+    """``names`` and every view they read, transitively (a word match over the bodies: a
+    column that shares a view's name only adds a view that is not used)."""
+    out: set[str] = set()
+    todo = list(names)
+    while todo:
+        name = todo.pop()
+        if name in out:
+            continue
+        out.add(name)
+        body = DERIVED_VIEWS.get(name, "")
+        todo += [v for v in VIEW_NAMES if v not in out and re.search(rf"\b{v}\b", body)]
+    return out
+
+
+def connect_views(store: Path, only: Iterable[str] | None = None) -> duckdb.DuckDBPyConnection:
     """An in-memory connection with the catalog's views over the store at ``store`` as
     this process sees it (``catalog.duckdb`` holds the paths the daemon saw: another
     mount of the same store — a lab node's, an NFS export, a copy — reads through this).
     A table with no file yet (an older or fresh store) is an empty view of its schema.
 
-    Raises FileNotFoundError (one line) when ``store`` is not a clockmesh store."""
+    ``only``: just these views and what they read (a reader that needs one view opens in
+    milliseconds instead of binding every table's files).
+
+    Raises FileNotFoundError (one line) when ``store`` is not a clockmesh store: neither the
+    daemon's ``store.json`` nor a table directory (``clockmesh remediate record`` and
+    ``audit record`` write their tables into a directory of their own as well)."""
     store = Path(store)
-    if not store.is_dir() or not (store / "store.json").exists():
+    if not store.is_dir() or not (
+        (store / "store.json").exists() or any((store / t).is_dir() for t in TABLES)
+    ):
         raise FileNotFoundError(f"{store}: not a clockmesh store (no store.json)")
+    want = set(VIEW_NAMES) if only is None else _needs(only)
     con = duckdb.connect()
     for table, spec in TABLES.items():
+        if table not in want:
+            continue
         if layout.has_files(store, table):
             con.execute(table_view_sql(store, table))
         else:
@@ -230,5 +277,6 @@ def connect_views(store: Path) -> duckdb.DuckDBPyConnection:
             con.execute(f"CREATE VIEW {table} AS SELECT {cols}, CAST(NULL AS DATE) AS date, "
                         "CAST(NULL AS INTEGER) AS hour WHERE false")  # fmt: skip
     for name, body in DERIVED_VIEWS.items():
-        con.execute(f"CREATE OR REPLACE VIEW {name} AS {body}")
+        if name in want:
+            con.execute(f"CREATE OR REPLACE VIEW {name} AS {body}")
     return con

@@ -24,14 +24,42 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow.parquet as pq
 
 from analytics.store import layout
 from analytics.store.layout import TABLES
-from analytics.store.store_writer import StoreWriter
+
+if TYPE_CHECKING:  # the writer hands itself in; it imports this module for recover()
+    from analytics.store.store_writer import StoreWriter
 
 log = logging.getLogger("clockmesh.ingest.compactor")
+
+
+def recover(root: Path) -> None:
+    """Finish or undo the compaction a crash interrupted (its intent file in ``_ingest/``):
+    the writer calls this when it opens the store, before anything else touches it."""
+    intent_dir = root / "_ingest"
+    for intent in sorted(intent_dir.glob("compact-*.json")):
+        try:
+            data = json.loads(intent.read_text(encoding="utf-8"))
+            output = root / data["output"]
+            sources = [root / s for s in data["sources"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            # The intent itself was torn: nothing was done after it (step 1 fsyncs
+            # before step 2 starts), so it is safe to drop.
+            intent.unlink()
+            continue
+        if output.exists():
+            for src in sources:
+                src.unlink(missing_ok=True)
+            log.warning("event=compaction_finished_on_recovery output=%s", data["output"])
+        else:
+            output.with_name(output.name + ".tmp").unlink(missing_ok=True)
+        layout.fsync_dir(output.parent)
+        intent.unlink()
+    layout.fsync_dir(intent_dir)
 
 
 @dataclass
@@ -68,25 +96,7 @@ class Compactor:
 
     # ---- recovery ----------------------------------------------------------------
     def recover(self) -> None:
-        for intent in sorted(self._intent_dir.glob("compact-*.json")):
-            try:
-                data = json.loads(intent.read_text(encoding="utf-8"))
-                output = self.root / data["output"]
-                sources = [self.root / s for s in data["sources"]]
-            except (OSError, ValueError, KeyError, TypeError):
-                # The intent itself was torn: nothing was done after it (step 1 fsyncs
-                # before step 2 starts), so it is safe to drop.
-                intent.unlink()
-                continue
-            if output.exists():
-                for src in sources:
-                    src.unlink(missing_ok=True)
-                log.warning("event=compaction_finished_on_recovery output=%s", data["output"])
-            else:
-                output.with_name(output.name + ".tmp").unlink(missing_ok=True)
-            layout.fsync_dir(output.parent)
-            intent.unlink()
-        layout.fsync_dir(self._intent_dir)
+        recover(self.root)
 
     # ---- compaction --------------------------------------------------------------
     def run(self, now: float | None = None) -> None:

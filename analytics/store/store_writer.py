@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from analytics.store import layout
+from analytics.store import compactor, layout
 from analytics.store.layout import TABLES, StoreError
 from analytics.store.segment_ledger import SegmentLedger
 
@@ -72,9 +72,7 @@ class StoreWriter:
         (self.root / "_ingest").mkdir(exist_ok=True)
         for name in TABLES:
             self.ensure_placeholder(name)
-        from analytics.store.compactor import Compactor  # import cycle
-
-        Compactor(self).recover()
+        compactor.recover(self.root)
         self.committed = self._highest_committed()
         self._remove_orphans()
         self._load_ledger()

@@ -5,6 +5,7 @@ the main screens at a fixed size."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -348,7 +349,20 @@ async def _open_first_anomaly(app: ClockmeshApp, pilot: Any) -> None:
     await pilot.pause(0.3)
     await pilot.press("a")
     await pilot.press("enter")
-    await pilot.pause(0.5)
+    await _planned(app, pilot)
+
+
+async def _planned(app: ClockmeshApp, pilot: Any, timeout_s: float = 30.0) -> str:
+    """The remediation dialog's plan once planning (a worker thread) has finished: waits
+    for that evidence rather than a fixed time a loaded machine may not keep."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if isinstance(app.screen, RemediationScreen):
+            text = str(app.screen.query_one("#plan", Static).render())
+            if text != "planning…":
+                return text
+        assert time.monotonic() < deadline, "timed out: the plan"
+        await pilot.pause(0.05)
 
 
 def _store_with(tmp_path: Path, live: dict[str, Any]) -> tuple[Path, Path]:
@@ -395,10 +409,9 @@ async def test_anomaly_list_and_remediation_preview_needs_inventory(tmp_path: Pa
         assert str(table.get_row_at(1)[6]) == "spread_flows leaf2-spine2"
         assert table.has_focus  # `a` gave the list the focus: enter acts on it
         await pilot.press("enter")
-        await pilot.pause(0.5)
+        plan = await _planned(app, pilot)
         screen = app.screen
         assert isinstance(screen, RemediationScreen)
-        plan = str(screen.query_one("#plan", Static).render())
         assert "fabric_link_out leaf1-spine1" in plan and "--inventory" in plan
         assert screen.query_one("#preview", Button).disabled  # no inventory: nothing runs
         assert screen.query_one("#run", Button).disabled

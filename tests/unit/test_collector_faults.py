@@ -1,12 +1,12 @@
-"""Fault tests: hostile datagrams, kill -9, and a 60 s ops-box outage.
+"""Fault tests: hostile datagrams and kill -9 (the 60 s ops-box outage is in
+tests/integration/test_collector_outage.py: a minute by design).
 
-The last two ship to the real ingest daemon (``clockmesh ingest run``) and read
+The kill -9 test ships to the real ingest daemon (``clockmesh ingest run``) and read
 back what it stored in its Parquet store with DuckDB.
 """
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 import socket
@@ -85,7 +85,7 @@ class Ingest:
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120  # generous: a shared 2-core machine, two tests at once
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise AssertionError(f"ingest exited: {self.log.read_text()[-2000:]}")
@@ -241,36 +241,3 @@ def test_kill_9_loses_no_acknowledged_record_and_duplicates_none(
     assert len(stored) == len(np.unique(stored)), "duplicated rows after ingest"
     missing = on_disk - set(stored.tolist())
     assert not missing, f"{len(missing)} spooled rows never arrived"
-
-
-@pytest.mark.timeout(300)
-def test_ops_box_unreachable_60s_then_back_every_record_exactly_once(
-    tmp_path: Path, ingest: Ingest
-) -> None:
-    ingest.start()
-    col, sink, _ = _setup(tmp_path, ingest.url, ingest={"retry_max_s": 5.0})
-    try:
-        col.start()
-        col.wait_status(lambda s: s["shipping"]["segments_acked"] >= 2)
-        ingest.stop()
-        t_down = time.monotonic()
-        col.wait_status(lambda s: s["shipping"]["last_error"] != "")
-        time.sleep(max(0.0, 60.0 - (time.monotonic() - t_down)))
-        st = col.status()
-        # roll_s 0.5 (the ops box's advice for one host is far shorter), rolled at the
-        # first flush after: 60 s of outage are >= 60 segments
-        assert st["spool"]["segments"] >= 60, st["spool"]
-        ingest.start()
-        col.wait_status(lambda s: s["spool"]["segments"] <= 1, timeout=60)
-        assert col.stop() == 0  # SIGTERM: flush, roll, ship the rest
-        final = col.status()
-    finally:
-        col.stop()
-        sink.close()
-    assert final["spool"]["segments"] == 0 and final["spool"]["dropped_rows"] == 0
-    stored = ingest.probe_tx_seqs("hx")
-    assert len(stored) == len(np.unique(stored)), "duplicates"
-    # Every probe this collector sent (one seq per probe, consecutive) is stored exactly once.
-    assert (np.diff(stored.astype(np.int64)) == 1).all(), "gaps: records lost"
-    assert len(stored) == final["probes_sent"]
-    assert os.path.getsize(ingest.log) > 0

@@ -133,8 +133,18 @@ def test_rdma_ud_probes_between_two_collectors_on_a_fake_fabric(tmp_path) -> Non
             threads.append(threading.Thread(target=col.run, kwargs={"install_signals": False}))
         for t in threads:
             t.start()
-        time.sleep(4.0)
-        status = [c.status() for c in cols]
+        # until both have sent and received eight rounds over their 8 source ports (the
+        # checks below need every port and a few dozen probes), or a minute has passed
+        deadline = time.monotonic() + 60
+        while True:
+            status = [c.status() for c in cols]
+            rdma = [st.get("rdma") or {} for st in status]
+            if time.monotonic() > deadline or all(
+                r.get("rdma_probes_sent", 0) >= 64 and r.get("rdma_probes_received", 0) >= 64
+                for r in rdma
+            ):
+                break
+            time.sleep(0.2)
     finally:
         for c in cols:
             c.stop_from_thread()
