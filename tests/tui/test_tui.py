@@ -522,6 +522,10 @@ def test_snapshot_main_screens(snap_compare, tab: str) -> None:
     async def go(pilot) -> None:
         await pilot.pause(0.3)
         await pilot.press(tab[0])
+        for _ in range(100):  # the tab shown, not a fixed time: a loaded machine is slow
+            if pilot.app.query_one(TabbedContent).active == tab:
+                break
+            await pilot.pause(0.05)
         await pilot.pause(0.1)
 
     assert snap_compare(_app(), terminal_size=(100, 30), run_before=go)
