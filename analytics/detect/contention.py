@@ -49,16 +49,20 @@ from analytics.detect.anomalies import Observation
 
 WINDOW_NS = 1_000_000_000  # a route's newest second of probes is judged
 STALE_NS = 4_000_000_000  # a route whose newest probe is this much older is not judged
-HOLD_NS = 3_000_000_000  # probes kept per route (several windows)
+LOSS_SPAN_NS = 4_000_000_000  # losses are known LOST_AFTER_NS late: counted over this long
+HOLD_NS = LOSS_SPAN_NS  # probes kept
 QUANTILES = (25.0, 90.0)  # a window's lower quartile (standing queue) and tail
 K_SIGMA = 6.0  # robust σ of the healthy baseline
 FLOOR_NS = 20_000.0  # never a smaller excess: below the lab's and a fabric's jitter
 BASE_KEEP = 120  # healthy windows kept per route (two minutes)
-MIN_BASE = 8  # healthy windows before a route is judged
+MIN_BASE = 5  # healthy windows (seconds) before a route is judged
 MIN_PROBES = 3  # probes (received or lost) in a window to judge it
 MIN_SLOW_PATHS = 2
 RESIDUAL = 0.25  # a queue varies this much of itself within a window
-LOST_AFTER_NS = 500_000_000  # no receive by the time the receiver shipped this much later
+UNSETTLED = 0.5  # lower quartile below this share of the tail's excess: not settled
+PERSIST_NS = 1_000_000_000  # a hop contended this long (probe time) is said
+LOST_AFTER_NS = 2_000_000_000  # no receive by the time the receiver shipped this much later
+# (longer than any queue: a probe held 0.6 s in a lab queue is late, not lost)
 PENDING_NS = 10_000_000_000  # a send or receive waits this long for its other half
 MAX_PROBES = 200_000  # rows per side and feed; beyond, a consistent sample by sequence
 COUNTER_SPAN_NS = 10_000_000_000  # counter rates over this long
@@ -133,6 +137,13 @@ class RouteWindow:
         return self.judged and bool((self.excess > self.thresholds).all())
 
     @property
+    def settled(self) -> bool:
+        """Not a window caught while its queue fills or drains (a tail far above its
+        lower quartile): such a route measures no queue yet, for or against a hop."""
+        tail_up = self.excess[1] > self.thresholds[1]
+        return not (tail_up and self.excess[0] < UNSETTLED * self.excess[1])
+
+    @property
     def queue(self) -> float:
         """What this window's probes waited at least, most of them (ns)."""
         return max(float(self.excess[0]), 0.0)
@@ -189,6 +200,8 @@ class PathDelays:
         # host -> counter -> deque of (ts_ns, delta)
         self._counters: dict[int, dict[str, collections.deque[tuple[int, int]]]] = {}
         self._twins: dict[tuple[str, str], list[tuple[str, str]]] = {}
+        self._last_windows: list[RouteWindow] = []
+        self._since: dict[tuple[str, str], int] = {}  # hop -> contended since (probe time)
 
     # ---- clock-window medians (pair_excess) ----------------------------------------------
     def feed(self, src: np.ndarray, dst: np.ndarray, sport: np.ndarray, median: np.ndarray) -> None:
@@ -203,13 +216,21 @@ class PathDelays:
             path.baseline = min(path.baseline, m)
 
     def pair_excess(self) -> dict[tuple[int, int], float]:
-        """(src, dst) -> the median over its paths of their latest window's excess over
-        their floor (ns): what the probes between two hosts wait in queues now."""
+        """(src, dst) -> what the probes between two hosts wait in queues now (ns): the
+        median over its routes of their newest window's lower quartile over its healthy
+        value (streamed probes); for pairs without judged routes, the median over its
+        paths of their latest clock window's median over their floor."""
+        streamed: dict[tuple[int, int], list[float]] = collections.defaultdict(list)
+        for w in self._last_windows:
+            if w.judged:
+                streamed[(w.src, w.dst)].append(float(w.excess[0]))
         by_pair: dict[tuple[int, int], list[float]] = collections.defaultdict(list)
         for (s, d, _p), path in self.paths.items():
             if path.window == self.window and np.isfinite(path.baseline):
                 by_pair[(s, d)].append(path.median - path.baseline)
-        return {k: float(np.median(v)) for k, v in by_pair.items()}
+        out = {k: float(np.median(v)) for k, v in by_pair.items()}
+        out.update({k: float(np.median(v)) for k, v in streamed.items()})
+        return out
 
     # ---- streamed probes -------------------------------------------------------------------
     def feed_probes(self, tx: np.ndarray, rx: np.ndarray, clocks: ClockState | None) -> None:
@@ -356,17 +377,25 @@ class PathDelays:
             newest = int(mine["t_ns"].max())
             if newest < self.newest_ns - STALE_NS:
                 continue
+            span = mine["delay"][mine["t_ns"] > newest - LOSS_SPAN_NS]
+            lost = int(np.isnan(span).sum())
             w = mine[mine["t_ns"] > newest - WINDOW_NS]
             got = w["delay"][np.isfinite(w["delay"])]
-            lost = len(w) - len(got)
-            if len(w) < MIN_PROBES:
-                continue
+            if len(got) < MIN_PROBES:
+                # A lossy route (a full queue drops most of what crosses it): its newest
+                # few received probes, however old, rather than none judged at all.
+                recent = mine[mine["t_ns"] > newest - LOSS_SPAN_NS]
+                recent = recent[np.isfinite(recent["delay"])]
+                got = recent["delay"][np.argsort(recent["t_ns"])][-MIN_PROBES:]
+                if len(got) < MIN_PROBES and not (len(got) and lost >= MIN_PROBES):
+                    continue
             stats = np.percentile(got, QUANTILES) if len(got) else np.full(len(QUANTILES), np.nan)
             route = self.routes.setdefault((s, d, y), _Route())
             ready = len(route.healthy) >= MIN_BASE
             out.append(
                 RouteWindow(
-                    s, d, y, ((up, "leaf→spine"), (down, "spine→leaf")), newest, len(got), lost,
+                    s, d, y, ((up, "leaf→spine"), (down, "spine→leaf")), newest,
+                    len(span) - lost, lost,
                     stats, stats - route.med if ready else np.full(2, np.nan),
                     route.thresholds() if ready else np.full(2, np.inf),
                     len(by_route[(s, d, y)]),
@@ -375,11 +404,12 @@ class PathDelays:
         return out
 
     def observations(self, now_ns: int) -> list[Observation]:
-        wins = self.windows()
-        judged = [w for w in wins if w.judged]
+        wins = self._last_windows = self.windows()
+        judged = [w for w in wins if w.judged and w.settled]
         hops, a, q = queues(judged)
         found: list[tuple[tuple[str, str], list[RouteWindow], float, float]] = []
         named: dict[tuple[str, str], float] = {}  # hop -> the queue it holds at least (ns)
+        masked: dict[tuple[str, str], float] = {}  # hop -> its estimate, not named
         # Largest estimated queue first: a hop is named when every route across it waited
         # more than its threshold beyond what the hops already named explain, and more
         # than RESIDUAL of what they explain (their own queues vary that much).
@@ -394,8 +424,11 @@ class PathDelays:
                 continue
             left = []
             for w in crossing:
-                explained = sum(named.get(h, 0.0) for h in w.hops)
+                explained = sum(named.get(h, masked.get(h, 0.0)) for h in w.hops)
                 if w.queue - explained <= thr + RESIDUAL * explained:
+                    # Within the noise of the queues already named: not named, but it
+                    # still explains its share (a smaller hop must not take it instead).
+                    masked[hop] = float(q[c])
                     break
                 left.append(w.queue - explained)
             else:
@@ -407,7 +440,11 @@ class PathDelays:
                 self._twins[hop] = twins
         contended = set(named)
         self._learn(wins, contended)
-        return [self._observation(*f) for f in found]
+        # Said once it held PERSIST_NS of probe time: a queue still filling (or draining)
+        # makes routes disagree for a moment, and tomography with them.
+        now = self.newest_ns
+        self._since = {h: self._since.get(h, now) for h, *_ in found}
+        return [self._observation(*f) for f in found if now - self._since[f[0]] >= PERSIST_NS]
 
     def _learn(self, wins: list[RouteWindow], contended: set[tuple[str, str]]) -> None:
         """Healthy windows feed their route's baseline (one per window length)."""
@@ -462,7 +499,8 @@ class PathDelays:
             link=link,
             evidence={
                 "direction": direction,
-                "candidates": [f"{lk} {dr}" for lk, dr in twins] if len(twins) > 1 else [],
+                "candidates": sorted({lk for lk, _dr in twins}) if len(twins) > 1 else [],
+                "candidate_hops": [f"{lk} {dr}" for lk, dr in twins] if len(twins) > 1 else [],
                 "confidence": round(1 / len(twins), 2),
                 "slow_paths": len(slow),
                 "pairs": pairs[:20],

@@ -59,6 +59,13 @@ class _Fleet:
         self.delays.feed_probes(np.array(tx, records.PROBE_TX), np.zeros(0, records.PROBE_RX),
                                 self.clocks)  # fmt: skip
 
+    def judge(self, queue_us: dict[tuple[str, str], float], seconds: int = 4, loss: float = 0.0):
+        """``seconds`` of this queue, judged after each (a hop is said once it held 1 s)."""
+        for _ in range(seconds):
+            self.second(queue_us, loss)
+            got = self.delays.observations(0)
+        return got
+
     def warm(self, seconds: int = 15) -> None:
         for _ in range(seconds):
             self.second({})
@@ -68,10 +75,7 @@ class _Fleet:
 def test_a_sub_millisecond_queue_on_one_direction_is_named_with_link_and_direction() -> None:
     f = _Fleet()
     f.warm()
-    f.second({("leaf2-spine1", "spine→leaf"): 300.0}, loss=0.3)
-    f.second({("leaf2-spine1", "spine→leaf"): 300.0}, loss=0.3)  # a whole window of it
-    f.second({("leaf2-spine1", "spine→leaf"): 300.0}, loss=0.3)  # and the losses known
-    (obs,) = f.delays.observations(0)
+    (obs,) = f.judge({("leaf2-spine1", "spine→leaf"): 300.0}, 4, loss=0.3)  # losses known 2 s late
     assert obs.kind == "contention" and obs.link == "leaf2-spine1"
     ev = obs.evidence
     assert ev["direction"] == "spine→leaf"
@@ -97,7 +101,7 @@ def test_two_congested_uplinks_are_named_not_the_third_racks_downlink() -> None:
     for seed in range(5):
         f = _Fleet(seed=seed)
         f.warm()
-        f.second(
+        obs = f.judge(
             {
                 ("leaf1-spine2", "leaf→spine"): 500.0,
                 ("leaf2-spine2", "leaf→spine"): 500.0,
@@ -105,7 +109,7 @@ def test_two_congested_uplinks_are_named_not_the_third_racks_downlink() -> None:
                 ("leaf2-spine2", "spine→leaf"): 40.0,
             }
         )
-        got = {(o.link, o.evidence["direction"]) for o in f.delays.observations(0)}
+        got = {(o.link, o.evidence["direction"]) for o in obs}
         assert ("leaf1-spine2", "leaf→spine") in got and ("leaf2-spine2", "leaf→spine") in got
         assert not any(link.startswith("leaf3") for link, _ in got), (seed, got)
 
@@ -113,10 +117,10 @@ def test_two_congested_uplinks_are_named_not_the_third_racks_downlink() -> None:
 def test_with_two_racks_both_ends_are_named_together() -> None:
     f = _Fleet(racks=2)
     f.warm()
-    f.second({("leaf1-spine1", "leaf→spine"): 400.0})
-    (obs,) = f.delays.observations(0)
+    (obs,) = f.judge({("leaf1-spine1", "leaf→spine"): 400.0})
     assert obs.evidence["confidence"] == 0.5
-    assert sorted(obs.evidence["candidates"]) == [
+    assert obs.evidence["candidates"] == ["leaf1-spine1", "leaf2-spine1"]
+    assert sorted(obs.evidence["candidate_hops"]) == [
         "leaf1-spine1 leaf→spine", "leaf2-spine1 spine→leaf"
     ]  # fmt: skip
 
@@ -140,7 +144,6 @@ def test_congestion_counters_behind_the_link_are_cited() -> None:
             for i in range(1, 6)]  # fmt: skip
     f.delays.feed_counters(np.array(rows, records.COUNTER))
     f.warm()
-    f.second({("leaf2-spine1", "spine→leaf"): 300.0})
-    (obs,) = f.delays.observations(0)
+    (obs,) = f.judge({("leaf2-spine1", "spine→leaf"): 300.0})
     assert obs.evidence["counters_behind"]["per_s"] == {"np_ecn_marked_roce_packets": 100.0}
     assert "ECN-marked 100/s" in obs.summary
