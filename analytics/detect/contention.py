@@ -72,9 +72,7 @@ CONGESTION_COUNTERS = (
     "np_cnp_sent",  # congestion notifications this host sent back (notification point)
     "rp_cnp_handled",  # ... it received and slowed down for (reaction point)
     "port_xmit_wait",  # ticks the port had data to send and could not (pause/credit)
-    "rx_pause_ctrl_phy",  # pause frames, where a tree exposes them
-    "tx_pause_ctrl_phy",
-)
+)  # mlx5 has its pause counters in ethtool statistics, not sysfs: not read here
 # (evidence key, with what unit) of the rates cited
 _COUNTER_WORDS = {
     "np_ecn_marked_roce_packets": "ECN-marked",

@@ -147,3 +147,42 @@ def test_congestion_counters_behind_the_link_are_cited() -> None:
     (obs,) = f.judge({("leaf2-spine1", "spine→leaf"): 300.0})
     assert obs.evidence["counters_behind"]["per_s"] == {"np_ecn_marked_roce_packets": 100.0}
     assert "ECN-marked 100/s" in obs.summary
+
+
+def test_the_collector_reads_the_nic_congestion_counters_the_detector_cites(tmp_path) -> None:
+    """The recorded mlx5 tree (tests/data/sysfs/mlx5_roce) through the collector's reader,
+    twice a second apart with the counters moved, into the detector's rates."""
+    import shutil
+    from pathlib import Path
+
+    from analytics.detect.contention import CONGESTION_COUNTERS
+    from collector.sysfs_counters import SysfsCounters
+
+    root = tmp_path / "root"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "data/sysfs/mlx5_roce", root)
+    port = root / "sys/class/infiniband/mlx5_0/ports/1"
+    host = records.host_id("h2-1")
+    reader = SysfsCounters(root, ["ens1f0np0"], [])
+    first = reader.sample(1 * S, host)
+    where = {r["name"].decode(): int(r["source"]) for r in first}
+    assert {n: where.get(n) for n in CONGESTION_COUNTERS} == {
+        "np_ecn_marked_roce_packets": 2,
+        "np_cnp_sent": 2,
+        "rp_cnp_handled": 2,
+        "port_xmit_wait": 1,
+    }
+    for sub, name, step in (("hw_counters", "np_ecn_marked_roce_packets", 500),
+                            ("hw_counters", "np_cnp_sent", 50),
+                            ("counters", "port_xmit_wait", 1000)):  # fmt: skip
+        f = port / sub / name
+        f.write_text(f"{int(f.read_text()) + step}\n")
+    second = reader.sample(3 * S, host)
+    rows = np.concatenate([first, second])
+    delays = PathDelays({host: "leaf2"}, {("leaf2", "spine1"): "leaf2-spine1"}, {})
+    delays.feed_counters(rows[np.isin(rows["name"], [n.encode() for n in CONGESTION_COUNTERS])])
+    assert delays.counter_rates([host]) == {
+        "np_cnp_sent": 25.0,
+        "np_ecn_marked_roce_packets": 250.0,
+        "port_xmit_wait": 500.0,
+        "rp_cnp_handled": 0.0,
+    }
