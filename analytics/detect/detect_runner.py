@@ -402,8 +402,13 @@ class DetectRunner:
             return
         for obs, v in zip(observed, verdicts, strict=True):
             obs.rule = obs.kind
-            obs.kind = v.kind
-            obs.score = round(v.severity, 2)
+            # The shipped model learnt contention from millisecond queues: a sub-millisecond
+            # one beyond its routes' own healthy noise is outside what it knows, and it
+            # abstains ("unknown"). The rule's calibrated verdict stands then; the model's
+            # opinion stays in the evidence.
+            keep = obs.rule == "contention" and v.kind == "unknown"
+            obs.kind = obs.rule if keep else v.kind
+            obs.score = obs.score if keep else round(v.severity, 2)
             obs.evidence = {
                 **obs.evidence,
                 "rule": obs.rule,

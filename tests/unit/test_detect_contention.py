@@ -186,3 +186,23 @@ def test_the_collector_reads_the_nic_congestion_counters_the_detector_cites(tmp_
         "port_xmit_wait": 500.0,
         "rp_cnp_handled": 0.0,
     }
+
+
+def test_the_shipped_model_abstaining_on_a_sub_ms_queue_leaves_the_rules_contention() -> None:
+    """The shipped model learnt contention from millisecond queues and calls a 0.3-ms
+    one "unknown"; the rule's calibrated verdict stands, the model's opinion is kept."""
+    from analytics.detect.anomalies import Observation
+    from analytics.detect.detect_runner import DetectRunner
+
+    f = _Fleet()
+    f.warm()
+    (obs,) = f.judge({("leaf2-spine1", "spine→leaf"): 300.0})
+    loud = Observation(kind="contention", key="leaf1-spine1 leaf→spine", score=0.7, summary="",
+                       link="leaf1-spine1", evidence={**obs.evidence, "median_excess_ms": 30.0,
+                                                      "max_excess_ms": 45.0})  # fmt: skip
+    runner = DetectRunner(None)
+    assert runner.model is not None, runner.model_note
+    runner.judge([obs, loud])
+    assert obs.kind == "contention" and obs.evidence["rule"] == "contention"
+    assert obs.evidence["model"]["class"] == "unknown"  # what the shipped model says
+    assert loud.kind == "contention" and loud.evidence["model"]["class"] == "contention"
