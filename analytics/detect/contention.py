@@ -59,7 +59,7 @@ MIN_BASE = 5  # healthy windows (seconds) before a route is judged
 MIN_PROBES = 3  # probes (received or lost) in a window to judge it
 MIN_SLOW_PATHS = 2
 RESIDUAL = 0.25  # a queue varies this much of itself within a window
-UNSETTLED = 0.5  # lower quartile below this share of the tail's excess: not settled
+UNSETTLED = 0.2  # lower quartile below this share of the tail's excess: not settled
 PERSIST_NS = 1_000_000_000  # a hop contended this long (probe time) is said
 LOST_AFTER_NS = 2_000_000_000  # no receive by the time the receiver shipped this much later
 # (longer than any queue: a probe held 0.6 s in a lab queue is late, not lost)
@@ -215,13 +215,13 @@ class PathDelays:
 
     def pair_excess(self) -> dict[tuple[int, int], float]:
         """(src, dst) -> what the probes between two hosts wait in queues now (ns): the
-        median over its routes of their newest window's lower quartile over its healthy
-        value (streamed probes); for pairs without judged routes, the median over its
+        median over its routes of their newest window's tail over its healthy value
+        (streamed probes); for pairs without judged routes, the median over its
         paths of their latest clock window's median over their floor."""
         streamed: dict[tuple[int, int], list[float]] = collections.defaultdict(list)
         for w in self._last_windows:
-            if w.judged:
-                streamed[(w.src, w.dst)].append(float(w.excess[0]))
+            if w.judged:  # the tail: it moves first, while a queue still fills
+                streamed[(w.src, w.dst)].append(float(w.excess[1]))
         by_pair: dict[tuple[int, int], list[float]] = collections.defaultdict(list)
         for (s, d, _p), path in self.paths.items():
             if path.window == self.window and np.isfinite(path.baseline):
@@ -419,6 +419,10 @@ class PathDelays:
             slow = [w for w in crossing if w.slow]
             thr = float(np.median([w.thresholds[0] for w in crossing]))
             if q[c] <= thr or len(slow) < MIN_SLOW_PATHS:
+                continue
+            # A hop already implicated (masked) explains its routes as well as this one:
+            # this hop is named only for a slow route that no such hop crosses.
+            if all(any(h in masked for h in w.hops if h != hop) for w in slow):
                 continue
             left = []
             for w in crossing:
