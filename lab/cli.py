@@ -163,8 +163,10 @@ def _print_status(st: LabStatus) -> None:
             click.echo(f"    {lk.name}: DOWN (a={lk.a_up}, b={lk.b_up})")
         cap = st.capacity
         if cap:
+            held = f", {cap['buffer_us']:g} µs" if cap.get("buffer_us") else ""
             click.echo(f"  fabric capacity: {cap['rate']} per link and direction, RDMA class "
-                       f"DSCP {cap.get('dscp', 26)} first (lab capacity)")  # fmt: skip
+                       f"DSCP {cap.get('dscp', 26)} first, queues of {cap.get('queue', 100)} "
+                       f"packets{held} (lab capacity)")  # fmt: skip
         for lk in st.links:
             faults = [q for q in lk.qdisc if not (cap and q.endswith(":htb"))]
             if faults:
