@@ -420,17 +420,24 @@ class PathDelays:
             thr = float(np.median([w.thresholds[0] for w in crossing]))
             if q[c] <= thr or len(slow) < MIN_SLOW_PATHS:
                 continue
-            # A hop already implicated (masked) explains its routes as well as this one:
-            # this hop is named only for a slow route that no such hop crosses.
-            if all(any(h in masked for h in w.hops if h != hop) for w in slow):
+            # A hop already implicated — masked, or on a slow route with a hop named —
+            # explains its routes as well as this one (the queues that a named hop's
+            # traffic builds downstream): this hop is named only for a slow route that no
+            # such hop crosses.
+            implicated = set(masked) | {
+                h for w in judged if w.slow and any(n in named for n in w.hops) for h in w.hops
+            }
+            if all(any(h in implicated for h in w.hops if h != hop) for w in slow):
                 continue
             left = []
             for w in crossing:
                 explained = sum(named.get(h, masked.get(h, 0.0)) for h in w.hops)
                 if w.queue - explained <= thr + RESIDUAL * explained:
-                    # Within the noise of the queues already named: not named, but it
-                    # still explains its share (a smaller hop must not take it instead).
-                    masked[hop] = float(q[c])
+                    if w.queue > thr:
+                        # Within the noise of the queues already named (not cleared by a
+                        # fast route): not named, but it still explains its share (a
+                        # smaller hop must not take it instead).
+                        masked[hop] = float(q[c])
                     break
                 left.append(w.queue - explained)
             else:
