@@ -157,6 +157,7 @@ class Scenario:
                 "direction": "leaf→spine" if direction == "a2b" else "spine→leaf",
                 "how": "lab saturate"})  # fmt: skip
             loadgen.saturate(self.lab, link, direction, CAPACITY)
+            f.start_ns = time.time_ns()  # onset: the load runs (its port search took seconds)
         try:
             time.sleep(seconds)
         finally:
@@ -194,6 +195,7 @@ class Scenario:
                                    link=link.name, job=job)  # fmt: skip
                 jobgen.start_job(self.lab, job, [a.name, peer.name], 3, 20.0, 512,
                                  port=jobgen.PORT + 1 + i)  # fmt: skip
+            f.start_ns = time.time_ns()  # onset: both jobs' bulk flows run
             time.sleep(seconds)
         finally:
             for job in jobs:
