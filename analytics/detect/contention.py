@@ -56,6 +56,7 @@ K_SIGMA = 6.0  # robust σ of the healthy baseline
 FLOOR_NS = 20_000.0  # never a smaller excess: below the lab's and a fabric's jitter
 BASE_KEEP = 120  # healthy windows kept per route (two minutes)
 MIN_BASE = 5  # healthy windows (seconds) before a route is judged
+MIN_PEERS = 4  # fitted routes whose baselines judge a route that never had a healthy one
 MIN_PROBES = 3  # probes (received or lost) in a window to judge it
 MIN_SLOW_PATHS = 2
 RESIDUAL = 0.25  # a queue varies this much of itself within a window
@@ -389,16 +390,29 @@ class PathDelays:
                     continue
             stats = np.percentile(got, QUANTILES) if len(got) else np.full(len(QUANTILES), np.nan)
             route = self.routes.setdefault((s, d, y), _Route())
-            ready = len(route.healthy) >= MIN_BASE
             out.append(
                 RouteWindow(
                     s, d, y, ((up, "leaf→spine"), (down, "spine→leaf")), newest,
-                    len(span) - lost, lost,
-                    stats, stats - route.med if ready else np.full(2, np.nan),
-                    route.thresholds() if ready else np.full(2, np.inf),
+                    len(span) - lost, lost, stats, np.full(2, np.nan), np.full(2, np.inf),
                     len(by_route[(s, d, y)]),
                 )
             )  # fmt: skip
+        # Each route against its own healthy baseline; one that never had a healthy window
+        # (congested since before it was fitted) against its peers': the median baseline
+        # and noise of the fleet's fitted routes (every inter-rack route crosses as many
+        # hops), when at least MIN_PEERS have one.
+        fitted = [r for r in self.routes.values() if len(r.healthy) >= MIN_BASE]
+        peer = _Route()
+        if len(fitted) >= MIN_PEERS:
+            peer.med = np.median([r.med for r in fitted], axis=0)
+            peer.sigma = np.median([r.sigma for r in fitted], axis=0)
+        for w in out:
+            route = self.routes[(w.src, w.dst, w.spine)]
+            base = route if len(route.healthy) >= MIN_BASE else peer
+            if not len(route.healthy) and np.isfinite(base.med).all():
+                w.excess, w.thresholds = w.stats - base.med, base.thresholds()
+            elif base is route:
+                w.excess, w.thresholds = w.stats - route.med, route.thresholds()
         return out
 
     def observations(self, now_ns: int) -> list[Observation]:
@@ -456,8 +470,18 @@ class PathDelays:
         return [self._observation(*f) for f in found if now - self._since[f[0]] >= PERSIST_NS]
 
     def _learn(self, wins: list[RouteWindow], contended: set[tuple[str, str]]) -> None:
-        """Healthy windows feed their route's baseline (one per window length)."""
+        """Healthy windows feed their route's baseline (one per window length). A window
+        far above what the fleet's other routes show now is not learnt as healthy: every
+        inter-rack route crosses the same number of hops, so a route congested since
+        before its baseline was fitted stands out against the others."""
+        lows = np.array([w.stats[0] for w in wins if np.isfinite(w.stats).all()])
+        ceiling = float("inf")
+        if len(lows) >= 4:
+            mid = float(np.median(lows))
+            ceiling = mid + max(FLOOR_NS, K_SIGMA * 1.4826 * float(np.median(np.abs(lows - mid))))
         for w in wins:
+            if np.isfinite(w.stats).all() and w.stats[0] > ceiling:
+                continue
             route = self.routes[(w.src, w.dst, w.spine)]
             if not np.isfinite(w.stats).all() or w.lost:
                 continue
