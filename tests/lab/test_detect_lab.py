@@ -344,12 +344,12 @@ def test_healthy_roce_v2_jobs_on_shallow_buffers_raise_no_contention(
 ) -> None:
     """Realistic buffers and healthy RoCE v2 jobs between every rack, well under the
     links' capacity: the probes' tails move with the jobs' traffic, no queue stands —
-    no contention (and nothing else) opens."""
+    no contention opens."""
     from lab import capacity
 
     lab, live = opsbox["lab"], opsbox["live"]
     hosts = [h.name for h in lab.topology.hosts]
-    _wait(lambda: not live()["anomalies"]["open"], 60, "nothing open before")
+    _wait(lambda: not _open(live, "contention"), 60, "no contention open before")
     capacity.apply(lab, "50mbit", buffer_us=500)
     try:
         jobgen.start_job(lab, "healthyA", hosts, 3, 200.0, 1400)
