@@ -18,6 +18,12 @@ bulk traffic while RoCE v2 jobs and the probes (which carry the DSCP, ``probe.ds
 not. That makes a RoCE v1 job's in-band delay diverge from the out-of-band probes' under
 load, as in production.
 
+A switch port holds tens to hundreds of microseconds of queue, not the tens of
+milliseconds a Linux queue of 100 packets holds at lab rates: ``--buffer 400us`` sizes
+each class's queue in time at the capacity (:func:`buffer_packets`: whole full-size
+frames, at least one), so a saturated port queues at most that long and drops beyond.
+The scenario generator (:mod:`lab.scenario`) uses 50 Mbit/s with 500 µs buffers.
+
 Shape per link end (``tc``): ``htb`` root, one class at the capacity, three children —
 control (rate 5 %, prio 0), RDMA (90 %, prio 1) and best effort (5 %, prio 2), each with a
 ceiling of 100 % and a ``pfifo`` of ``queue_packets`` (a switch's shallow buffer) — and
@@ -38,6 +44,14 @@ from lab.topology import Link, LinkEnd
 
 RDMA_DSCP = 26
 QUEUE_PACKETS = 100
+MTU_BITS = 1514 * 8  # a full frame on a lab veth
+
+
+def buffer_packets(rate: str, buffer_us: float) -> int:
+    """Packets of each class's queue that hold ``buffer_us`` of full frames at ``rate``
+    (a switch buffer sized in time): at least 1. A saturated queue then waits at most
+    that long (plus the frame in service) and drops beyond."""
+    return max(1, int(buffer_us * 1e-6 * parse_rate(rate) / MTU_BITS))
 
 
 class CapacityError(LabError):
@@ -89,12 +103,26 @@ def shape_end(end: LinkEnd, rate: str, dscp: int = RDMA_DSCP, queue: int = QUEUE
               "flowid", "1:10"])  # fmt: skip
 
 
-def apply(lab: Any, rate: str, dscp: int = RDMA_DSCP, queue: int = QUEUE_PACKETS) -> int:
-    """Shape every fabric link (both ends) and record it; returns the link ends shaped."""
+def apply(
+    lab: Any,
+    rate: str,
+    dscp: int = RDMA_DSCP,
+    queue: int = QUEUE_PACKETS,
+    buffer_us: float | None = None,
+) -> int:
+    """Shape every fabric link (both ends) and record it; returns the link ends shaped.
+    ``buffer_us`` sizes each queue in time instead of ``queue`` packets
+    (:func:`buffer_packets`)."""
     parse_rate(rate)  # a bad rate fails before anything is touched
+    if buffer_us is not None:
+        if buffer_us <= 0:
+            raise CapacityError(f"--buffer: expected a time above 0, got {buffer_us} µs")
+        queue = buffer_packets(rate, buffer_us)
     links = [lk for lk in lab.topology.links if lk.kind == "fabric"]
     with lab.state.update() as st:
         st["capacity"] = {"rate": rate, "dscp": dscp, "queue": queue}
+        if buffer_us is not None:
+            st["capacity"]["buffer_us"] = buffer_us
     n = 0
     for lk in links:
         for end in (lk.a, lk.b):

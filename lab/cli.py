@@ -57,7 +57,7 @@ def _make_lab(name: str, state_dir: Path | None) -> Lab:
         raise click.ClickException(str(exc)) from None
 
 
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m)?$")
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(us|µs|ms|s|m)?$")
 
 
 def parse_duration(text: str, option: str) -> float:
@@ -67,7 +67,7 @@ def parse_duration(text: str, option: str) -> float:
             f"expected a duration like 3s, 500ms or 1m, got {text!r}", param_hint=option
         )
     value, unit = float(match.group(1)), match.group(2) or "s"
-    return value * {"ms": 0.001, "s": 1.0, "m": 60.0}[unit]
+    return value * {"us": 1e-6, "µs": 1e-6, "ms": 0.001, "s": 1.0, "m": 60.0}[unit]
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -167,8 +167,10 @@ def _print_status(st: LabStatus) -> None:
             click.echo(f"    {lk.name}: DOWN (a={lk.a_up}, b={lk.b_up})")
         cap = st.capacity
         if cap:
+            held = f", {cap['buffer_us']:g} µs" if cap.get("buffer_us") else ""
             click.echo(f"  fabric capacity: {cap['rate']} per link and direction, RDMA class "
-                       f"DSCP {cap.get('dscp', 26)} first (lab capacity)")  # fmt: skip
+                       f"DSCP {cap.get('dscp', 26)} first, queues of {cap.get('queue', 100)} "
+                       f"packets{held} (lab capacity)")  # fmt: skip
         for lk in st.links:
             faults = [q for q in lk.qdisc if not (cap and q.endswith(":htb"))]
             if faults:
@@ -353,15 +355,39 @@ def congest(name: str, state_dir: Path | None, link: str, rate: str, direction: 
 @click.argument("dst")
 @click.option("--rate", default="50mbit", show_default=True,
               help="The links' capacity: the load is 1.5x this over each spine.")  # fmt: skip
+@click.option("--dscp", type=click.IntRange(0, 63), default=0, show_default=True,
+              help="26: the RDMA class of `lab capacity` (contends with jobs and probes).")  # fmt: skip
 @_user_errors
-def bulk(name: str, state_dir: Path | None, src: str, dst: str, rate: str) -> None:
-    """Best-effort bulk traffic from host SRC to host DST over every spine (stop with
-    `lab heal`): with `lab capacity`, every path between their racks queues best effort."""
+def bulk(name: str, state_dir: Path | None, src: str, dst: str, rate: str, dscp: int) -> None:
+    """Bulk traffic from host SRC to host DST over every spine (stop with `lab heal`):
+    with `lab capacity`, every path between their racks queues (best effort by default)."""
     from lab import faults
 
-    for rec in faults.bulk(_make_lab(name, state_dir), src, dst, rate):
+    for rec in faults.bulk(_make_lab(name, state_dir), src, dst, rate, dscp=dscp):
         click.echo(f"{rec['link']}: load {rec['src']}->{rec['dst']} sport {rec['sport']} at "
-                   f"{rec['pps']} pkt/s, DSCP 0 (pid {rec['pid']})")  # fmt: skip
+                   f"{rec['pps']} pkt/s, DSCP {dscp} (pid {rec['pid']})")  # fmt: skip
+
+
+@lab.command()
+@_lab_options
+@click.argument("link")
+@click.option("--direction", type=click.Choice(["a2b", "b2a"]), default="a2b",
+              show_default=True, help="a2b = leaf->spine, b2a = spine->leaf.")  # fmt: skip
+@click.option("--rate", default="50mbit", show_default=True,
+              help="The links' capacity (lab capacity): the load is 1.5x this.")  # fmt: skip
+@click.option("--dscp", type=click.IntRange(0, 63), default=26, show_default=True,
+              help="26: the RDMA class, as another job's RoCE v2 traffic.")  # fmt: skip
+@_user_errors
+def saturate(
+    name: str, state_dir: Path | None, link: str, direction: str, rate: str, dscp: int
+) -> None:
+    """Fill one direction of LINK and no other queue (stop with `lab heal`): with
+    `lab capacity --buffer`, sub-millisecond contention, drops beyond the buffer."""
+    from lab import loadgen
+
+    for rec in loadgen.saturate(_make_lab(name, state_dir), link, direction, rate, dscp):
+        click.echo(f"{rec['link']} {direction}: load {rec['src']}->{rec['dst']} sport "
+                   f"{rec['sport']} at {rec['pps']} pkt/s, DSCP {dscp} (pid {rec['pid']})")  # fmt: skip
 
 
 @lab.command(name="capacity")
@@ -372,10 +398,19 @@ def bulk(name: str, state_dir: Path | None, src: str, dst: str, rate: str) -> No
               help="DSCP of the RDMA traffic class (RoCE v2), served first.")  # fmt: skip
 @click.option("--queue", type=click.IntRange(1, 100_000), default=100, show_default=True,
               help="Packets each class may queue (a switch's buffer).")  # fmt: skip
+@click.option("--buffer", "buffer_", default=None,
+              help="Size each queue in time instead (e.g. 400us, 1ms): a switch's shallow "
+              "buffer; a saturated port queues at most this long and drops beyond.")  # fmt: skip
 @click.option("--off", is_flag=True, help="Remove the capacity: unlimited links again.")
 @_user_errors
 def capacity_cmd(
-    name: str, state_dir: Path | None, rate: str, dscp: int, queue: int, off: bool
+    name: str,
+    state_dir: Path | None,
+    rate: str,
+    dscp: int,
+    queue: int,
+    buffer_: str | None,
+    off: bool,
 ) -> None:
     """Give every leaf–spine link a capacity and an RDMA traffic class (by DSCP), as a
     RoCE fabric has: jobs sharing a link slow each other, RoCE v1 traffic (no IP header,
@@ -386,8 +421,12 @@ def capacity_cmd(
     if off:
         click.echo(f"{capacity.remove(lab)} link ends unlimited again")
         return
-    n = capacity.apply(lab, rate, dscp, queue)
-    click.echo(f"{n} link ends at {rate}, DSCP {dscp} in the RDMA class, queues of {queue} packets")
+    buffer_us = parse_duration(buffer_, "--buffer") * 1e6 if buffer_ else None
+    n = capacity.apply(lab, rate, dscp, queue, buffer_us)
+    queue = capacity.current(lab)["queue"]
+    held = f" ({buffer_} at {rate})" if buffer_ else ""
+    click.echo(f"{n} link ends at {rate}, DSCP {dscp} in the RDMA class, queues of {queue} "
+               f"packets{held}")  # fmt: skip
 
 
 @lab.command()
@@ -513,12 +552,23 @@ def scenario() -> None:
 @click.option(
     "--kinds",
     default=",".join(
-        ("fabric_flap", "host_flap", "roce_v1_job", "healthy_job", "contention", "clean")
+        (
+            "fabric_flap",
+            "host_flap",
+            "roce_v1_job",
+            "healthy_job",
+            "contention",
+            "clean",
+            "job_contention",
+        )
     ),
     show_default=True,
     help="Comma list of fault kinds to draw from.",
 )
 @click.option("--name", default=None, help="Lab name (default sc<seed>); unique per machine.")
+@click.option("--buffers/--no-buffers", default=True, show_default=True,
+              help="Leaf–spine links at 50 Mbit/s with 500-µs buffers (a switch's shallow "
+              "buffer) before the fleet starts; --no-buffers: unlimited links.")  # fmt: skip
 @_user_errors
 def scenario_run(
     seed: int,
@@ -529,6 +579,7 @@ def scenario_run(
     hosts_per_leaf: int,
     kinds: str,
     name: str | None,
+    buffers: bool,
 ) -> None:
     """Build a lab, run a fleet in it, inject a seeded random fault mix, record the truth.
 
@@ -548,7 +599,9 @@ def scenario_run(
     the_lab = Lab(name or f"sc{seed % 10_000_000}", out / "lab")
     the_lab.up(spines, leaves, hosts_per_leaf)
     try:
-        truth = sc.Scenario(the_lab, out, seed, log=click.echo).run(minutes, chosen)
+        truth = sc.Scenario(the_lab, out, seed, log=click.echo, buffers=buffers).run(
+            minutes, chosen
+        )
     except (RuntimeError, OSError, ValueError) as exc:
         raise click.ClickException(f"scenario {seed}: {exc} (logs in {out})") from None
     finally:

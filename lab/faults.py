@@ -265,15 +265,17 @@ def congest(
 
 
 def _start_load(
-    lab: Lab, src: Host, dst: Host, sport: int, bps: float, **info: Any
+    lab: Lab, src: Host, dst: Host, sport: int, bps: float, dscp: int = 0, **info: Any
 ) -> dict[str, Any]:
-    """A paced best-effort UDP load (``python -m lab.loadgen``, 1400-byte datagrams) of
-    ``bps`` from src:sport to dst, recorded as a fault (``heal`` stops it)."""
+    """A paced UDP load (``python -m lab.loadgen``, 1400-byte datagrams, best effort
+    unless ``dscp``) of ``bps`` from src:sport to dst, recorded as a fault (``heal``
+    stops it)."""
     size = 1400
     pps = min(bps / ((size + 42) * 8), MAX_LOAD_PPS)
     cmd = ["ip", "netns", "exec", src.namespace, sys.executable, "-m", "lab.loadgen"]
     cmd += ["--src", src.backend_address, "--sport", str(sport), "--dst", dst.backend_address]
     cmd += ["--dport", str(LOAD_DPORT), "--pps", f"{pps:.0f}", "--size", str(size)]
+    cmd += ["--dscp", str(dscp)]
     proc = subprocess.Popen(
         cmd,
         stdin=subprocess.DEVNULL,
@@ -290,7 +292,7 @@ def _start_load(
 
 # ---------------------------------------------------------------------------- bulk
 def bulk(
-    lab: Lab, src_name: str, dst_name: str, rate: str, overload: float = 1.5
+    lab: Lab, src_name: str, dst_name: str, rate: str, overload: float = 1.5, dscp: int = 0
 ) -> list[dict[str, Any]]:
     """Best-effort bulk traffic (DSCP 0) from ``src`` to ``dst`` over *every* spine: one
     paced UDP load per uplink of the source's leaf, each from a source port that hashes
@@ -308,7 +310,7 @@ def bulk(
     # Every port first: a running load would crowd the counters the search watches.
     ports = [(link, find_source_port(topo, src, dst, link, link.a)) for link in uplinks]
     return [
-        _start_load(lab, src, dst, sport, bps * overload, kind="bulk", link=link.name)
+        _start_load(lab, src, dst, sport, bps * overload, dscp, kind="bulk", link=link.name)
         for link, sport in ports
     ]
 

@@ -11,9 +11,17 @@ box (``clockmesh ingest run``, store in ``DIR/store``) and a collector in every 
 - ``roce_v1_job``: a job on 2–3 hosts of different racks on a RoCE v1 GID: index 2 (the
   IPv4-mapped v1 GID of the lab's tables) or no index at all (NCCL's old default, 0);
 - ``healthy_job``: the same on RoCE v2 (index 3): must raise nothing;
-- ``contention``: ``lab congest`` on a random fabric link (a ``tbf`` and a load that
-  hashes onto it) for 20–30 s;
+- ``contention``: one direction of a random leaf–spine link filled by RDMA-class bulk
+  traffic (:func:`lab.loadgen.saturate`, 1.3 × the capacity) for 20–30 s: with the
+  scenario's shallow buffers a sub-millisecond queue that drops beyond;
+- ``job_contention``: two RoCE v2 jobs between a host of one rack and a host of another,
+  hashed onto the same spine, each moving its bulk data (0.65 × the capacity, RDMA
+  class) along its flow: together they fill the source leaf's uplink to that spine;
 - ``clean``: nothing, 20–40 s.
+
+Realistic buffers by default: every leaf–spine link gets ``CAPACITY`` (50 Mbit/s) and
+queues of ``BUFFER_US`` (500 µs, :func:`lab.capacity.apply`) before the fleet starts, as a
+RoCE fabric's switch ports (``buffers=False``: unlimited links, as before).
 
 Every fault is written to ``DIR/truth.json`` with its class, place and wall-clock start
 and end (the same clock the ops box stamps anomalies with). The detector never reads it:
@@ -33,16 +41,27 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lab import faults, fleet, jobgen
+from lab import capacity, faults, fleet, jobgen, loadgen
 from lab.fabric import Lab
 
-KINDS = ("fabric_flap", "host_flap", "roce_v1_job", "healthy_job", "contention", "clean")
-WEIGHTS = (3, 2, 2, 1, 1, 1)
+KINDS = (
+    "fabric_flap",
+    "host_flap",
+    "roce_v1_job",
+    "healthy_job",
+    "contention",
+    "clean",
+    "job_contention",
+)
+WEIGHTS = (3, 2, 2, 1, 2, 1, 1)
+CAPACITY = "50mbit"
+BUFFER_US = 500.0
 CLASS_OF = {
     "fabric_flap": "flapping_link",
     "host_flap": "flapping_link",
     "roce_v1_job": "roce_v1_job",
     "contention": "contention",
+    "job_contention": "contention",
     "healthy_job": "none",
     "clean": "none",
 }
@@ -66,8 +85,16 @@ def _ip(namespace: str, interface: str, state: str) -> None:
 
 
 class Scenario:
-    def __init__(self, lab: Lab, out: Path, seed: int, log: Callable[[str], None] = print):
+    def __init__(
+        self,
+        lab: Lab,
+        out: Path,
+        seed: int,
+        log: Callable[[str], None] = print,
+        buffers: bool = True,
+    ) -> None:
         self.lab = lab
+        self.buffers = buffers
         self.out = out
         self.rng = random.Random(seed)
         self.seed = seed
@@ -122,12 +149,60 @@ class Scenario:
     def _contention(self, fabric: list[str]) -> Fault:
         link = self.rng.choice(fabric)
         seconds = self.rng.uniform(20, 30)
-        f = Fault("contention", "contention", link, time.time_ns(), detail={
-            "rate": "20mbit", "seconds": round(seconds, 1), "how": "lab congest"})  # fmt: skip
-        faults.congest(self.lab, link, "20mbit", "a2b")
+        if not self.buffers:  # unlimited links: the old loud fault (tbf of 50 ms)
+            f = Fault("contention", "contention", link, time.time_ns(), detail={
+                "rate": "20mbit", "seconds": round(seconds, 1), "how": "lab congest"})  # fmt: skip
+            faults.congest(self.lab, link, "20mbit", "a2b")
+        else:
+            direction = self.rng.choice(["a2b", "b2a"])
+            f = Fault("contention", "contention", link, time.time_ns(), detail={
+                "rate": CAPACITY, "buffer_us": BUFFER_US, "seconds": round(seconds, 1),
+                "direction": "leaf→spine" if direction == "a2b" else "spine→leaf",
+                "how": "lab saturate"})  # fmt: skip
+            loadgen.saturate(self.lab, link, direction, CAPACITY)
+            f.start_ns = time.time_ns()  # onset: the load runs (its port search took seconds)
         try:
             time.sleep(seconds)
         finally:
+            faults.heal(self.lab)
+            f.end_ns = time.time_ns()
+        return f
+
+    def _job_contention(self) -> Fault:
+        """Two jobs from one host, to hosts of two other racks (one rack twice when there
+        are two), their bulk flows hashed onto one uplink: together 1.3 × its capacity,
+        each other link they cross at most 0.65 ×."""
+        topo = self.lab.topology
+        racks = sorted({h.rack for h in topo.hosts})
+        ra = self.rng.choice(racks)
+        rest = [r for r in racks if r != ra]
+        far = self.rng.sample(rest, 2) if len(rest) >= 2 else rest * 2
+        a = self.rng.choice([h for h in topo.hosts if h.rack == ra])
+        peers = [self.rng.choice([h for h in topo.hosts if h.rack == r]) for r in far]
+        uplinks = [lk for lk in topo.links if lk.kind == "fabric" and lk.a.node == ra]
+        link = self.rng.choice(uplinks)
+        seconds = self.rng.uniform(20, 30)
+        jobs = []
+        for _ in peers:
+            self._jobs += 1
+            jobs.append(f"sc{self.seed}j{self._jobs}")
+        f = Fault("job_contention", "contention", link.name, time.time_ns(), detail={
+            "jobs": jobs, "hosts": [a.name, *(p.name for p in peers)],
+            "direction": "leaf→spine", "rate": CAPACITY, "seconds": round(seconds, 1)})  # fmt: skip
+        # every bulk flow's source port first: a running load crowds the port search
+        ports = [faults.find_source_port(topo, a, p, link, link.a) for p in peers]
+        bps = faults.parse_rate(CAPACITY) * 0.65
+        try:
+            for i, (job, peer, sport) in enumerate(zip(jobs, peers, ports, strict=True)):
+                faults._start_load(self.lab, a, peer, sport, bps, 26, kind="job_bulk",
+                                   link=link.name, job=job)  # fmt: skip
+                jobgen.start_job(self.lab, job, [a.name, peer.name], 3, 20.0, 512,
+                                 port=jobgen.PORT + 1 + i)  # fmt: skip
+            f.start_ns = time.time_ns()  # onset: both jobs' bulk flows run
+            time.sleep(seconds)
+        finally:
+            for job in jobs:
+                jobgen.stop_job(self.lab, job)
             faults.heal(self.lab)
             f.end_ns = time.time_ns()
         return f
@@ -150,6 +225,8 @@ class Scenario:
             return self._job(kind)
         if kind == "contention":
             return self._contention(fabric)
+        if kind == "job_contention":
+            return self._job_contention()
         return self._clean()
 
     # ---- the run ------------------------------------------------------------------------
@@ -163,6 +240,8 @@ class Scenario:
         procs: dict[str, subprocess.Popen[bytes]] = {}
         started = time.time_ns()
         try:
+            if self.buffers:  # before the fleet: its baselines are learnt on these links
+                capacity.apply(self.lab, CAPACITY, buffer_us=BUFFER_US)
             # The ops box and collectors at their default rates (probes, traces, detector
             # passes): the latency a scenario measures is the one a user gets.
             opsbox, url = fleet.start_opsbox(self.lab, self.out, key, detect_clear_s=DETECT_CLEAR_S)
@@ -205,6 +284,7 @@ class Scenario:
             "lab": self.lab.name,
             "topology": str(self.out / "topology.json"),
             "store": str(self.out / "store"),
+            "capacity": capacity.current(self.lab) if self.buffers else {},
             "faults": [asdict(f) for f in self.faults],
         }
         tmp = self.out / "truth.json.tmp"

@@ -1,30 +1,86 @@
-"""Contention: the link whose paths are slower than their own baseline.
+"""Contention: the link and direction whose queue holds probes back, at microsecond scale.
 
-Input: each clock-solver window's corrected one-way delays (``owd`` rows: src, dst,
-source port), summarised per path as the window's median, and which spine each path
-(src, dst, source port) takes, from the path traces (:mod:`analytics.detect.paths`).
-Each path has its own healthy baseline: the lowest window median seen. A path whose
-median exceeds its baseline by more than ``excess_ns`` (1 ms: a queue, not jitter) in a
-window is *slow*; one within a tenth of that is *fast*.
+**Input, streamed.** Every committed ``probe_tx`` and ``probe_rx`` row reaches the
+detector as it arrives (:meth:`PathDelays.feed_probes`), not after the clock solver's
+window: a probe's send and receive (same sender, same sequence number) make one one-way
+delay, corrected with the clock solver's latest solution (each host's offset and drift,
+carried forward to the send time) as the stored ``owd`` rows are. A probe sent and not
+received once its receiver has shipped later receives is *lost*. Until both hosts are
+solved a probe is not counted. Each (src, dst, source port) maps to the spine it crosses
+from the path traces (:mod:`analytics.detect.paths`); the probes of a host pair through
+one spine cross the same links and are one *route*.
 
-A path X → Z through spine Y crosses leafX–spineY upwards and leafZ–spineY downwards.
-Every fast path clears the two (link, direction) it crosses; the suspects are the
-smallest set of (link, direction) among the rest that explains every slow path (greedy
-set cover, as for flaps), each with the slow paths and their median excess as evidence.
+**Each route against its own healthy noise.** Per route, the judged statistic is the
+``TAIL_Q`` (p90) of the corrected delay over its newest ``WINDOW_NS`` (1 s) of probes.
+Its healthy baseline is the last ``BASE_KEEP`` such values from windows judged healthy
+(one per second): their median and robust σ (1.4826 × MAD). A route is *slow* when its
+tail exceeds the baseline median by more than ``K_SIGMA`` robust σ, and never by less
+than ``FLOOR_NS`` (20 µs): what this route's own jitter cannot explain. Lost probes on
+the route are evidence of the same queue (a full queue drops).
+
+**Where: tomography by magnitude.** A route X → Z through Y crosses leafX–spineY
+upwards and leafZ–spineY downwards; its excess is the sum of the queues it waits in.
+Non-negative least squares over every judged route (slow and healthy) estimates each
+(link, direction)'s queue (:func:`queues`); a fast route pins both of its hops near zero,
+so a rack behind two congested uplinks is not blamed for them. A (link, direction) is
+contended when its estimated queue exceeds the thresholds of the routes crossing it and
+``MIN_SLOW_PATHS`` slow routes cross it. Columns that are equal over the judged routes
+(two racks: leafX up and leafZ down) cannot be told apart and are named together, each
+with confidence 1/n. The answer depends only on the data: links are ordered by name.
+
+The evidence cites the RoCE congestion counters' rates (ECN-marked packets, CNPs sent and
+handled, transmit wait; :data:`CONGESTION_COUNTERS`) on the hosts behind the named link.
+
+The per-window medians of the clock solver's ``owd`` rows (:meth:`PathDelays.feed`) are
+still kept per path for :meth:`pair_excess` (the in-band RoCE v1 signal).
 """
 
 from __future__ import annotations
 
 import collections
+import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from analytics.clock.clock_state import ClockState
 from analytics.detect.anomalies import Observation
 
-EXCESS_NS = 1_000_000.0
+WINDOW_NS = 1_000_000_000  # a route's newest second of probes is judged
+STALE_NS = 4_000_000_000  # a route whose newest probe is this much older is not judged
+LOSS_SPAN_NS = 4_000_000_000  # losses are known LOST_AFTER_NS late: counted over this long
+HOLD_NS = LOSS_SPAN_NS  # probes kept
+QUANTILES = (25.0, 90.0)  # a window's lower quartile (standing queue) and tail
+K_SIGMA = 6.0  # robust σ of the healthy baseline
+FLOOR_NS = 20_000.0  # never a smaller excess: below the lab's and a fabric's jitter
+BASE_KEEP = 120  # healthy windows kept per route (two minutes)
+MIN_BASE = 5  # healthy windows (seconds) before a route is judged
+MIN_PEERS = 4  # fitted routes whose baselines judge a route that never had a healthy one
+MIN_PROBES = 3  # probes (received or lost) in a window to judge it
 MIN_SLOW_PATHS = 2
+RESIDUAL = 0.25  # a queue varies this much of itself within a window
+UNSETTLED = 0.2  # lower quartile below this share of the tail's excess: not settled
+PERSIST_NS = 1_000_000_000  # a hop contended this long (probe time) is said
+LOST_AFTER_NS = 2_000_000_000  # no receive by the time the receiver shipped this much later
+# (longer than any queue: a probe held 0.6 s in a lab queue is late, not lost)
+PENDING_NS = 10_000_000_000  # a send or receive waits this long for its other half
+MAX_PROBES = 200_000  # rows per side and feed; beyond, a consistent sample by sequence
+COUNTER_SPAN_NS = 10_000_000_000  # counter rates over this long
+# The NIC's congestion counters (mlx5 sysfs: ports/<p>/hw_counters and counters/).
+CONGESTION_COUNTERS = (
+    "np_ecn_marked_roce_packets",  # received with ECN CE: a queue on the way in marked them
+    "np_cnp_sent",  # congestion notifications this host sent back (notification point)
+    "rp_cnp_handled",  # ... it received and slowed down for (reaction point)
+    "port_xmit_wait",  # ticks the port had data to send and could not (pause/credit)
+)  # mlx5 has its pause counters in ethtool statistics, not sysfs: not read here
+# (evidence key, with what unit) of the rates cited
+_COUNTER_WORDS = {
+    "np_ecn_marked_roce_packets": "ECN-marked",
+    "np_cnp_sent": "CNP sent",
+    "rp_cnp_handled": "CNP handled",
+    "port_xmit_wait": "xmit wait",
+}
 
 
 @dataclass
@@ -34,6 +90,83 @@ class _Path:
     window: int = -1
 
 
+@dataclass
+class _Route:
+    """Probes of (src, dst) through one spine: the healthy values of its windows' lower
+    quartile and tail, and how they vary."""
+
+    healthy: collections.deque[tuple[float, float]] = field(
+        default_factory=lambda: collections.deque(maxlen=BASE_KEEP)
+    )
+    last_base_ns: int = 0
+    med: np.ndarray = field(default_factory=lambda: np.full(2, np.nan))
+    sigma: np.ndarray = field(default_factory=lambda: np.full(2, np.nan))
+
+    def fit(self) -> None:
+        h = np.array(self.healthy, float)
+        self.med = np.median(h, axis=0)
+        self.sigma = 1.4826 * np.median(np.abs(h - self.med), axis=0)
+
+    def thresholds(self) -> np.ndarray:
+        return np.maximum(FLOOR_NS, K_SIGMA * self.sigma)
+
+
+@dataclass
+class RouteWindow:
+    src: int
+    dst: int
+    spine: str
+    hops: tuple[tuple[str, str], tuple[str, str]]  # (link, direction) up, down
+    newest_ns: int
+    received: int
+    lost: int
+    stats: np.ndarray  # the window's (p25, p90) corrected delay, ns (nan: all lost)
+    excess: np.ndarray  # ... over the route's healthy medians (nan: not judged yet)
+    thresholds: np.ndarray  # ... and the excess each must pass
+    ports: int
+
+    @property
+    def judged(self) -> bool:
+        return bool(np.isfinite(self.excess).all())
+
+    @property
+    def slow(self) -> bool:
+        """A standing queue: its lower quartile and its tail both above their healthy
+        range (a busy link that leaves a quarter of the probes unqueued is not one)."""
+        return self.judged and bool((self.excess > self.thresholds).all())
+
+    @property
+    def settled(self) -> bool:
+        """Not a window caught while its queue fills or drains (a tail far above its
+        lower quartile): such a route measures no queue yet, for or against a hop."""
+        tail_up = self.excess[1] > self.thresholds[1]
+        return not (tail_up and self.excess[0] < UNSETTLED * self.excess[1])
+
+    @property
+    def queue(self) -> float:
+        """What this window's probes waited at least, most of them (ns)."""
+        return max(float(self.excess[0]), 0.0)
+
+
+def queues(routes: list[RouteWindow]) -> tuple[list[tuple[str, str]], np.ndarray, np.ndarray]:
+    """(hops in name order, the routes × hops crossing matrix, each hop's estimated queue
+    in ns): non-negative least squares of the routes' standing queues (their lower
+    quartile's excess, clipped at 0)."""
+    from scipy.optimize import nnls
+
+    hops = sorted({h for r in routes for h in r.hops})
+    col = {h: i for i, h in enumerate(hops)}
+    a = np.zeros((len(routes), len(hops)))
+    for i, r in enumerate(routes):
+        for h in r.hops:
+            a[i, col[h]] = 1.0
+    b = np.array([r.queue for r in routes]) / 1e3  # µs: a well-scaled system
+    if not len(routes):
+        return hops, a, np.zeros(0)
+    q, _ = nnls(a, b, maxiter=50 * max(len(hops), 1))
+    return hops, a, q * 1e3
+
+
 class PathDelays:
     def __init__(
         self,
@@ -41,19 +174,35 @@ class PathDelays:
         links_by_ends: dict[tuple[str, str], str],
         spine_of: dict[tuple[int, int, int], str],
         host_names: dict[int, str] | None = None,
-        excess_ns: float = EXCESS_NS,
+        floor_ns: float = FLOOR_NS,
     ) -> None:
         self.host_rack = host_rack
         self.by_ends = links_by_ends
         self.spine_of = spine_of  # (src, dst, sport) -> spine, kept by FabricPaths
         self.host_names = host_names if host_names is not None else {}
-        self.excess_ns = excess_ns
+        self.floor_ns = floor_ns
         self.paths: dict[tuple[int, int, int], _Path] = {}
         self.window = 0
         # (src, dst) -> the jobs whose messages run between these hosts now (the in-band
         # reports, :meth:`JobDelays.jobs_between`): named beside a contended link.
         self.jobs_between: Callable[[int, int], set[str]] = lambda s, d: set()
+        # streamed probes
+        self._tx = np.zeros(0, _TX)
+        self._rx = np.zeros(0, _RX)
+        self._rx_mark: dict[int, int] = {}  # receiver -> newest receive it shipped
+        self._probes = np.zeros(0, _PROBE)  # joined (delay) or lost (nan), newest HOLD_NS
+        self._sample = 1
+        self.newest_ns = 0
+        self.routes: dict[tuple[int, int, str], _Route] = {}
+        self.lost_total = 0
+        self.joined_total = 0
+        # host -> counter -> deque of (ts_ns, delta)
+        self._counters: dict[int, dict[str, collections.deque[tuple[int, int]]]] = {}
+        self._twins: dict[tuple[str, str], list[tuple[str, str]]] = {}
+        self._last_windows: list[RouteWindow] = []
+        self._since: dict[tuple[str, str], int] = {}  # hop -> contended since (probe time)
 
+    # ---- clock-window medians (pair_excess) ----------------------------------------------
     def feed(self, src: np.ndarray, dst: np.ndarray, sport: np.ndarray, median: np.ndarray) -> None:
         """One solver window: the median corrected one-way delay of each path."""
         self.window += 1
@@ -66,81 +215,348 @@ class PathDelays:
             path.baseline = min(path.baseline, m)
 
     def pair_excess(self) -> dict[tuple[int, int], float]:
-        """(src, dst) -> the median over its paths of their latest window's excess over
-        their floor (ns): what the probes between two hosts wait in queues now."""
+        """(src, dst) -> what the probes between two hosts wait in queues now (ns): the
+        median over its routes of their newest window's tail over its healthy value
+        (streamed probes); for pairs without judged routes, the median over its
+        paths of their latest clock window's median over their floor."""
+        streamed: dict[tuple[int, int], list[float]] = collections.defaultdict(list)
+        for w in self._last_windows:
+            if w.judged:  # the tail: it moves first, while a queue still fills
+                streamed[(w.src, w.dst)].append(float(w.excess[1]))
         by_pair: dict[tuple[int, int], list[float]] = collections.defaultdict(list)
         for (s, d, _p), path in self.paths.items():
             if path.window == self.window and np.isfinite(path.baseline):
                 by_pair[(s, d)].append(path.median - path.baseline)
-        return {k: float(np.median(v)) for k, v in by_pair.items()}
+        out = {k: float(np.median(v)) for k, v in by_pair.items()}
+        out.update({k: float(np.median(v)) for k, v in streamed.items()})
+        return out
 
-    def observations(self, now_ns: int) -> list[Observation]:
-        slow: dict[tuple[int, int, int], float] = {}
-        crossing: dict[tuple[int, int, int], list[tuple[str, str]]] = {}
-        cleared: set[tuple[str, str]] = set()
-        for key, path in self.paths.items():
-            if path.window != self.window or not np.isfinite(path.baseline):
+    # ---- streamed probes -------------------------------------------------------------------
+    def feed_probes(self, tx: np.ndarray, rx: np.ndarray, clocks: ClockState | None) -> None:
+        """``probe_tx`` and ``probe_rx`` records (numpy, any order, any commit) and the clock
+        solver's latest solution (None: nothing is counted yet)."""
+        if len(tx) > MAX_PROBES or len(rx) > MAX_PROBES:
+            # A consistent sample (the same sequence numbers on both sides); a new rate
+            # starts the pending halves afresh (an old half would look lost).
+            k = 1 << max(0, math.ceil(math.log2(max(len(tx), len(rx)) / MAX_PROBES)))
+            if k > self._sample:
+                self._sample = k
+                self._tx, self._rx = self._tx[:0], self._rx[:0]
+        if self._sample > 1:
+            tx = tx[tx["seq"] % self._sample == 0]
+            rx = rx[rx["seq"] % self._sample == 0]
+        new_tx = np.empty(len(tx), _TX)
+        for name in _TX.names or ():
+            new_tx[name] = tx[name]
+        new_rx = np.empty(len(rx), _RX)
+        for name in _RX.names or ():
+            new_rx[name] = rx[name]
+        if len(new_rx):
+            for d in np.unique(new_rx["dst"]).tolist():
+                newest = int(new_rx["rx_ns"][new_rx["dst"] == d].max())
+                self._rx_mark[d] = max(self._rx_mark.get(d, 0), newest)
+        txs = np.concatenate([self._tx, new_tx])
+        rxs = np.concatenate([self._rx, new_rx])
+        if len(txs):
+            self.newest_ns = max(self.newest_ns, int(txs["tx_ns"].max()))
+        # Match send and receive: sort both by (src, seq), a send just before its receive.
+        n = len(txs)
+        src = np.concatenate([txs["src"], rxs["src"]])
+        seq = np.concatenate([txs["seq"], rxs["seq"]])
+        kind = np.concatenate([np.zeros(n, np.int8), np.ones(len(rxs), np.int8)])
+        order = np.lexsort((kind, seq, src))
+        ss, qq, kk = src[order], seq[order], kind[order]
+        pair = np.flatnonzero(
+            (ss[:-1] == ss[1:]) & (qq[:-1] == qq[1:]) & (kk[:-1] == 0) & (kk[1:] == 1)
+        )
+        ti, ri = order[pair], order[pair + 1] - n
+        matched_tx = np.zeros(n, bool)
+        matched_tx[ti] = True
+        matched_rx = np.zeros(len(rxs), bool)
+        matched_rx[ri] = True
+        out = [self._joined(txs[ti], rxs["rx_ns"][ri], clocks)]
+        # Sends never received: lost once their receiver shipped receives well after them.
+        left = txs[~matched_tx]
+        mark = np.array([self._rx_mark.get(d, 0) for d in left["dst"].tolist()], np.int64)
+        lost = left["tx_ns"] + LOST_AFTER_NS < mark
+        horizon = self.newest_ns - PENDING_NS
+        if lost.any() and clocks is not None:
+            gone = left[lost]
+            solved = np.isin(gone["src"], clocks.hosts) & np.isin(gone["dst"], clocks.hosts)
+            gone = gone[solved]
+            rec = np.empty(len(gone), _PROBE)
+            for name in ("src", "dst", "sport"):
+                rec[name] = gone[name]
+            rec["t_ns"] = gone["tx_ns"]
+            rec["delay"] = np.nan
+            self.lost_total += len(rec)
+            out.append(rec)
+        keep = ~lost & (left["tx_ns"] >= horizon)
+        self._tx = left[keep]
+        rleft = rxs[~matched_rx]
+        self._rx = rleft[rleft["rx_ns"] >= horizon]
+        probes = np.concatenate([self._probes, *out])
+        self._probes = probes[probes["t_ns"] >= self.newest_ns - HOLD_NS]
+
+    def _joined(self, tx: np.ndarray, rx_ns: np.ndarray, clocks: ClockState | None) -> np.ndarray:
+        if clocks is None or not len(tx) or not len(clocks.hosts):
+            return np.zeros(0, _PROBE)
+        order = np.argsort(clocks.hosts)
+        hosts = clocks.hosts[order]
+        i = np.searchsorted(hosts, tx["src"]).clip(0, len(hosts) - 1)
+        j = np.searchsorted(hosts, tx["dst"]).clip(0, len(hosts) - 1)
+        ok = (hosts[i] == tx["src"]) & (hosts[j] == tx["dst"])
+        tx, rx_ns, i, j = tx[ok], rx_ns[ok], order[i[ok]], order[j[ok]]
+        dt = (tx["tx_ns"] - clocks.ref_ns).astype(np.float64)
+        skew = (clocks.offset_ns[j] - clocks.offset_ns[i]) + (
+            clocks.drift[j] - clocks.drift[i]
+        ) * dt
+        rec = np.empty(len(tx), _PROBE)
+        for name in ("src", "dst", "sport"):
+            rec[name] = tx[name]
+        rec["t_ns"] = tx["tx_ns"]
+        rec["delay"] = (rx_ns - tx["tx_ns"]).astype(np.float64) - skew
+        self.joined_total += len(rec)
+        return rec
+
+    def feed_counters(self, rows: np.ndarray) -> None:
+        """``counter`` records of :data:`CONGESTION_COUNTERS` (numpy): their deltas per host."""
+        for ts, host, name, delta in zip(rows["ts_ns"].tolist(), rows["host"].tolist(),
+                                         rows["name"].tolist(), rows["delta"].tolist(),
+                                         strict=True):  # fmt: skip
+            d = self._counters.setdefault(host, {}).setdefault(
+                name.decode(errors="replace"), collections.deque()
+            )
+            d.append((ts, max(delta, 0)))
+            while d and d[0][0] < ts - COUNTER_SPAN_NS:
+                d.popleft()
+
+    def counter_rates(self, hosts: list[int]) -> dict[str, float]:
+        """Per second, summed over ``hosts``, over the last ``COUNTER_SPAN_NS`` they
+        reported (only the counters some host has)."""
+        out: dict[str, float] = {}
+        for h in hosts:
+            for name, d in self._counters.get(h, {}).items():
+                if len(d) < 2:
+                    continue
+                span = (d[-1][0] - d[0][0]) / 1e9
+                if span > 0:
+                    out[name] = out.get(name, 0.0) + sum(x for _t, x in list(d)[1:]) / span
+        return {k: round(v, 1) for k, v in sorted(out.items())}
+
+    # ---- judging ------------------------------------------------------------------------------
+    def windows(self) -> list[RouteWindow]:
+        """Every route's newest window, with its excess over its own healthy tail (routes
+        still learning their baseline have none: they are fed it, not judged)."""
+        p = self._probes
+        if not len(p):
+            return []
+        out = []
+        keys = np.stack([p["src"], p["dst"], p["sport"].astype(np.int64)], axis=1)
+        uniq, inv = np.unique(keys, axis=0, return_inverse=True)
+        inv = inv.reshape(-1)
+        spine = [self.spine_of.get((int(s), int(d), int(sp))) for s, d, sp in uniq.tolist()]
+        by_route: dict[tuple[int, int, str], list[int]] = collections.defaultdict(list)
+        for u, y in enumerate(spine):
+            if y is not None:
+                by_route[(int(uniq[u, 0]), int(uniq[u, 1]), y)].append(u)
+        route_of = np.full(len(uniq), -1)
+        names = sorted(by_route)
+        for r, key in enumerate(names):
+            route_of[by_route[key]] = r
+        rid = route_of[inv]
+        for r, (s, d, y) in enumerate(names):
+            x, z = self.host_rack.get(s), self.host_rack.get(d)
+            if x is None or z is None or x == z:
                 continue
-            spine = self.spine_of.get(key)
-            src_rack, dst_rack = self.host_rack.get(key[0]), self.host_rack.get(key[1])
-            if spine is None or src_rack is None or dst_rack is None or src_rack == dst_rack:
-                continue
-            up, down = self.by_ends.get((src_rack, spine)), self.by_ends.get((dst_rack, spine))
+            up, down = self.by_ends.get((x, y)), self.by_ends.get((z, y))
             if up is None or down is None:
                 continue
-            hops = [(up, "leaf→spine"), (down, "spine→leaf")]
-            excess = path.median - path.baseline
-            if excess > self.excess_ns:
-                slow[key] = excess
-                crossing[key] = hops
-            elif excess < self.excess_ns / 10:
-                cleared.update(hops)
-        explains: dict[tuple[str, str], set[tuple[int, int, int]]] = collections.defaultdict(set)
-        for key, hops in crossing.items():
-            for hop in hops:
-                if hop not in cleared:
-                    explains[hop].add(key)
-        out = []
-        left = {k for k in slow if any(k in e for e in explains.values())}
-        while left:
-            best = max(explains, key=lambda h: (len(explains[h] & left), h))
-            covered = explains[best] & left
-            if len(covered) < MIN_SLOW_PATHS:
-                break
-            left -= covered
-            link, direction = best
-            excesses = sorted(slow[k] for k in covered)
-            pairs = sorted(
-                {f"{self.host_names.get(s, s)}→{self.host_names.get(d, d)}" for s, d, _ in covered}
-            )
-            med_ms = excesses[len(excesses) // 2] / 1e6
-            on = {(s, d): self.jobs_between(s, d) for s, d, _ in covered}
-            jobs = sorted(set().union(*on.values()))
-            job_hosts = sorted({self.host_names.get(h, str(h)) for (s, d), j in on.items()
-                                if j for h in (s, d)})  # fmt: skip
+            mine = p[rid == r]
+            newest = int(mine["t_ns"].max())
+            if newest < self.newest_ns - STALE_NS:
+                continue
+            span = mine["delay"][mine["t_ns"] > newest - LOSS_SPAN_NS]
+            lost = int(np.isnan(span).sum())
+            w = mine[mine["t_ns"] > newest - WINDOW_NS]
+            got = w["delay"][np.isfinite(w["delay"])]
+            if len(got) < MIN_PROBES:
+                # A lossy route (a full queue drops most of what crosses it): its newest
+                # few received probes, however old, rather than none judged at all.
+                recent = mine[mine["t_ns"] > newest - LOSS_SPAN_NS]
+                recent = recent[np.isfinite(recent["delay"])]
+                got = recent["delay"][np.argsort(recent["t_ns"])][-MIN_PROBES:]
+                if len(got) < MIN_PROBES and not (len(got) and lost >= MIN_PROBES):
+                    continue
+            stats = np.percentile(got, QUANTILES) if len(got) else np.full(len(QUANTILES), np.nan)
+            route = self.routes.setdefault((s, d, y), _Route())
             out.append(
-                Observation(
-                    kind="contention",
-                    key=f"{link} {direction}",
-                    score=min(1.0, 0.5 + 0.1 * len(covered)),
-                    summary=(
-                        f"{link} ({direction}) is contended: +{med_ms:.1f} ms one-way on "
-                        f"{len(covered)} path(s) crossing it ({len(pairs)} pair(s))"
-                        + (f"; jobs between these hosts: {', '.join(jobs[:6])}" if jobs else "")
-                    ),
-                    link=link,
-                    evidence={
-                        "direction": direction,
-                        "slow_paths": len(covered),
-                        "pairs": pairs[:20],
-                        "jobs": jobs[:20],
-                        "job_hosts": job_hosts[:64],  # the hosts those jobs run between
-                        "median_excess_ms": round(med_ms, 3),
-                        "max_excess_ms": round(excesses[-1] / 1e6, 3),
-                        "threshold_ms": self.excess_ns / 1e6,
-                        "source": "corrected one-way delays per path against its baseline, "
-                        "paths from traces, tomography",
-                    },
+                RouteWindow(
+                    s, d, y, ((up, "leaf→spine"), (down, "spine→leaf")), newest,
+                    len(span) - lost, lost, stats, np.full(2, np.nan), np.full(2, np.inf),
+                    len(by_route[(s, d, y)]),
                 )
-            )
+            )  # fmt: skip
+        # Each route against its own healthy baseline; one that never had a healthy window
+        # (congested since before it was fitted) against its peers': the median baseline
+        # and noise of the fleet's fitted routes (every inter-rack route crosses as many
+        # hops), when at least MIN_PEERS have one.
+        fitted = [r for r in self.routes.values() if len(r.healthy) >= MIN_BASE]
+        peer = _Route()
+        if len(fitted) >= MIN_PEERS:
+            peer.med = np.median([r.med for r in fitted], axis=0)
+            peer.sigma = np.median([r.sigma for r in fitted], axis=0)
+        for w in out:
+            route = self.routes[(w.src, w.dst, w.spine)]
+            base = route if len(route.healthy) >= MIN_BASE else peer
+            if not len(route.healthy) and np.isfinite(base.med).all():
+                w.excess, w.thresholds = w.stats - base.med, base.thresholds()
+            elif base is route:
+                w.excess, w.thresholds = w.stats - route.med, route.thresholds()
         return out
+
+    def observations(self, now_ns: int) -> list[Observation]:
+        wins = self._last_windows = self.windows()
+        judged = [w for w in wins if w.judged and w.settled]
+        hops, a, q = queues(judged)
+        found: list[tuple[tuple[str, str], list[RouteWindow], float, float]] = []
+        named: dict[tuple[str, str], float] = {}  # hop -> the queue it holds at least (ns)
+        masked: dict[tuple[str, str], float] = {}  # hop -> its estimate, not named
+        # Largest estimated queue first: a hop is named when every route across it waited
+        # more than its threshold beyond what the hops already named explain, and more
+        # than RESIDUAL of what they explain (their own queues vary that much).
+        for c in sorted(range(len(hops)), key=lambda c: (-q[c], hops[c])):
+            hop = hops[c]
+            if hop in named:
+                continue
+            crossing = [w for w, on in zip(judged, a[:, c], strict=True) if on]
+            slow = [w for w in crossing if w.slow]
+            thr = float(np.median([w.thresholds[0] for w in crossing]))
+            if q[c] <= thr or len(slow) < MIN_SLOW_PATHS:
+                continue
+            # A hop already implicated — masked, or on a slow route with a hop named —
+            # explains its routes as well as this one (the queues that a named hop's
+            # traffic builds downstream): this hop is named only for a slow route that no
+            # such hop crosses.
+            implicated = set(masked) | {
+                h for w in judged if w.slow and any(n in named for n in w.hops) for h in w.hops
+            }
+            if all(any(h in implicated for h in w.hops if h != hop) for w in slow):
+                continue
+            left = []
+            for w in crossing:
+                explained = sum(named.get(h, masked.get(h, 0.0)) for h in w.hops)
+                if w.queue - explained <= thr + RESIDUAL * explained:
+                    if w.queue > thr:
+                        # Within the noise of the queues already named (not cleared by a
+                        # fast route): not named, but it still explains its share (a
+                        # smaller hop must not take it instead).
+                        masked[hop] = float(q[c])
+                    break
+                left.append(w.queue - explained)
+            else:
+                twins = [hops[t] for t in range(len(hops)) if np.array_equal(a[:, t], a[:, c])]
+                named.update(dict.fromkeys(twins, 0.0))
+                named[hop] = min(left)
+                slow.sort(key=lambda w: (w.src, w.dst, w.spine))
+                found.append((hop, slow, min(left), thr))
+                self._twins[hop] = twins
+        contended = set(named)
+        self._learn(wins, contended)
+        # Said once it held PERSIST_NS of probe time: a queue still filling (or draining)
+        # makes routes disagree for a moment, and tomography with them.
+        now = self.newest_ns
+        self._since = {h: self._since.get(h, now) for h, *_ in found}
+        return [self._observation(*f) for f in found if now - self._since[f[0]] >= PERSIST_NS]
+
+    def _learn(self, wins: list[RouteWindow], contended: set[tuple[str, str]]) -> None:
+        """Healthy windows feed their route's baseline (one per window length). A window
+        far above what the fleet's other routes show now is not learnt as healthy: every
+        inter-rack route crosses the same number of hops, so a route congested since
+        before its baseline was fitted stands out against the others."""
+        lows = np.array([w.stats[0] for w in wins if np.isfinite(w.stats).all()])
+        ceiling = float("inf")
+        if len(lows) >= 4:
+            mid = float(np.median(lows))
+            ceiling = mid + max(FLOOR_NS, K_SIGMA * 1.4826 * float(np.median(np.abs(lows - mid))))
+        for w in wins:
+            if np.isfinite(w.stats).all() and w.stats[0] > ceiling:
+                continue
+            route = self.routes[(w.src, w.dst, w.spine)]
+            if not np.isfinite(w.stats).all() or w.lost:
+                continue
+            if w.newest_ns - route.last_base_ns < WINDOW_NS:
+                continue
+            if w.slow or any(h in contended for h in w.hops):
+                continue
+            route.healthy.append((float(w.stats[0]), float(w.stats[1])))
+            route.last_base_ns = w.newest_ns
+            route.fit()
+
+    def _observation(
+        self, hop: tuple[str, str], slow: list[RouteWindow], queue: float, thr: float
+    ) -> Observation:
+        link, direction = hop
+        twins = self._twins.get(hop, [hop])
+        excesses = sorted(float(w.excess[1]) for w in slow)
+        med_us = excesses[len(excesses) // 2] / 1e3
+        received = sum(w.received for w in slow)
+        lost = sum(w.lost for w in slow)
+        loss = lost / (lost + received) if lost + received else 0.0
+        pairs = sorted(
+            {f"{self.host_names.get(w.src, w.src)}→{self.host_names.get(w.dst, w.dst)}"
+             for w in slow}
+        )  # fmt: skip
+        on = {(w.src, w.dst): self.jobs_between(w.src, w.dst) for w in slow}
+        jobs = sorted(set().union(*on.values()))
+        job_hosts = sorted({self.host_names.get(h, str(h)) for (s, d), j in on.items()
+                            if j for h in (s, d)})  # fmt: skip
+        leaf = next((lf for (lf, _y), name in self.by_ends.items() if name == link), "")
+        behind = sorted(h for h, r in self.host_rack.items() if r == leaf)
+        rates = self.counter_rates(behind)
+        cited = [f"{_COUNTER_WORDS[k]} {v:g}/s" for k, v in rates.items() if k in _COUNTER_WORDS]
+        label = " or ".join(f"{lk} ({dr})" for lk, dr in twins)
+        summary = (
+            f"{label} is contended: a standing queue of ≥{queue / 1e3:.0f} µs; p90 one-way delay "
+            f"+{med_us:.0f} µs over healthy on {len(slow)} route(s) crossing it "
+            f"({len(pairs)} pair(s), threshold {thr / 1e3:.0f} µs)"
+            + (f", {loss:.0%} of their probes lost" if lost else "")
+            + (f"; jobs between these hosts: {', '.join(jobs[:6])}" if jobs else "")
+            + (f"; NICs behind {leaf}: {', '.join(cited)}" if cited else "")
+        )
+        return Observation(
+            kind="contention",
+            key=f"{link} {direction}",
+            score=min(1.0, 0.5 + 0.1 * len(slow) + (0.2 if lost else 0.0)) / len(twins),
+            summary=summary,
+            link=link,
+            evidence={
+                "direction": direction,
+                "candidates": sorted({lk for lk, _dr in twins}) if len(twins) > 1 else [],
+                "candidate_hops": [f"{lk} {dr}" for lk, dr in twins] if len(twins) > 1 else [],
+                "confidence": round(1 / len(twins), 2),
+                "slow_paths": len(slow),
+                "pairs": pairs[:20],
+                "jobs": jobs[:20],
+                "job_hosts": job_hosts[:64],  # the hosts those jobs run between
+                "queue_us": round(queue / 1e3, 1),
+                "median_excess_ms": round(med_us / 1e3, 4),
+                "max_excess_ms": round(excesses[-1] / 1e6, 4),
+                "threshold_us": round(thr / 1e3, 1),
+                "lost_probes": lost,
+                "loss": round(loss, 3),
+                "counters_behind": {
+                    "hosts": [self.host_names.get(h, str(h)) for h in behind],
+                    "per_s": rates,
+                },
+                "source": "corrected one-way delays per route (p90 per second) against its "
+                "healthy baseline, paths from traces, tomography by queue size",
+            },
+        )
+
+
+_TX = np.dtype([("src", "<i8"), ("seq", "<u8"), ("dst", "<i8"), ("sport", "<u2"),
+                ("tx_ns", "<i8")])  # fmt: skip
+_RX = np.dtype([("src", "<i8"), ("seq", "<u8"), ("dst", "<i8"), ("rx_ns", "<i8")])
+_PROBE = np.dtype([("src", "<i8"), ("dst", "<i8"), ("sport", "<u2"), ("t_ns", "<i8"),
+                   ("delay", "<f8")])  # fmt: skip

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -34,7 +35,7 @@ from prometheus_client.registry import Collector
 from analytics.clock.clock_state import ClockState
 from analytics.detect import features
 from analytics.detect.anomalies import KINDS, AnomalyBook, Observation
-from analytics.detect.contention import PathDelays
+from analytics.detect.contention import CONGESTION_COUNTERS, PathDelays
 from analytics.detect.flaps import NAMES as FLAP_COUNTERS
 from analytics.detect.flaps import LinkFlaps, Survival
 from analytics.detect.job_delay import JobDelays
@@ -52,6 +53,7 @@ from collector import records
 log = logging.getLogger("clockmesh.ingest.detect")
 
 _COUNTER_NAMES = pa.array(sorted(n.decode() for n in FLAP_COUNTERS))
+_CONGESTION_NAMES = pa.array(sorted(CONGESTION_COUNTERS))
 
 
 # After a remediation closed an anomaly, the rule that found it is not listened to for
@@ -159,7 +161,7 @@ class DetectRunner:
             except ModelError as exc:  # the daemon serves on, judging with the rules alone
                 self.model_note = f"rules only: {exc}"
                 log.warning("event=detect_model_refused reason=%r", str(exc))
-        self._queue: list[tuple[str, pa.Table]] = []
+        self._queue: list[tuple[str, Any]] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -178,14 +180,35 @@ class DetectRunner:
         self._recent: list[dict] = []
 
     # ---- commit thread -------------------------------------------------------------
-    def feed(self, tables: Mapping[str, pa.Table]) -> None:
-        """Queue copies of what the rules read (cheap: the link-state counters only)."""
-        got = []
+    def feed(
+        self, tables: Mapping[str, pa.Table], probes: Mapping[str, np.ndarray] | None = None
+    ) -> None:
+        """Queue copies of what the rules read (cheap: the link-state and congestion
+        counters only). ``probes``: the commit's ``probe_tx``/``probe_rx`` numpy records
+        that the daemon keeps unchanged (queued as they are, no copy); without them the
+        Arrow tables' rows are copied."""
+        got: list[tuple[str, Any]] = []
         data = tables.get("counter")
         if data is not None and data.num_rows:
             kept = data.filter(pc.is_in(data.column("name"), value_set=_COUNTER_NAMES))
             if kept.num_rows:
                 got.append(("counter", kept))
+            kept = data.filter(pc.is_in(data.column("name"), value_set=_CONGESTION_NAMES))
+            if kept.num_rows:
+                got.append(("congestion", kept))
+        pair = []
+        for name in ("probe_tx", "probe_rx"):
+            rows = (probes or {}).get(name)
+            if rows is None:
+                t = tables.get(name)
+                rows = (
+                    layout.arrow_to_records(name, t)
+                    if t is not None and t.num_rows
+                    else np.zeros(0, records.TABLES[name])
+                )
+            pair.append(rows)
+        if len(pair[0]) or len(pair[1]):
+            got.append(("probes", tuple(pair)))
         for name in ("rdma_config", "job_rdma", "job_nccl", "path_hop"):
             data = tables.get(name)
             if data is not None and data.num_rows:
@@ -247,9 +270,16 @@ class DetectRunner:
         self._names.clear()
         self._names.update(self._host_names())
         with self._lock:
+            queue: list[tuple[str, Any]]
             queue, self._queue = self._queue, []
         for name, data in queue:
             try:
+                if name == "probes":
+                    self.delays.feed_probes(data[0], data[1], self._clock_state())
+                    continue
+                if name == "congestion":
+                    self.delays.feed_counters(layout.arrow_to_records("counter", data))
+                    continue
                 if name == "owd":
                     self.delays.feed(
                         data.column("src").to_numpy(),
@@ -376,8 +406,13 @@ class DetectRunner:
             return
         for obs, v in zip(observed, verdicts, strict=True):
             obs.rule = obs.kind
-            obs.kind = v.kind
-            obs.score = round(v.severity, 2)
+            # The shipped model learnt contention from millisecond queues: a sub-millisecond
+            # one beyond its routes' own healthy noise is outside what it knows, and it
+            # abstains ("unknown"). The rule's calibrated verdict stands then; the model's
+            # opinion stays in the evidence.
+            keep = obs.rule == "contention" and v.kind == "unknown"
+            obs.kind = obs.rule if keep else v.kind
+            obs.score = obs.score if keep else round(v.severity, 2)
             obs.evidence = {
                 **obs.evidence,
                 "rule": obs.rule,

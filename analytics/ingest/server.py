@@ -781,7 +781,7 @@ class IngestServer:
         self.metrics.bytes.inc(sum(x[2] for x in segs))
         self.hot.add(now_ns, clock_rows)  # the fresh numpy records (kept, never changed)
         self.clock.feed(clock_rows)  # solved per window in the clock thread
-        self.detect.feed(tables)  # judged every detect_interval_s in the detector thread
+        self.detect.feed(tables, clock_rows)  # judged every detect_interval_s (detector thread)
         self.metrics.hot_rows.set(self.hot.rows)
         log.debug("commit %d took %.3fs", number, time.monotonic() - started)
         return nbytes

@@ -399,3 +399,72 @@ def test_spine_side_flaps_of_every_fabric_link_are_measured_to_a_third_of_a_seco
             others = [x for x in live()["anomalies"]["open"] if x["anomaly_id"] != anomaly_id]
             assert others == [], f"{link.name}: open beside it: {others}"
     print("\n".join(report))
+
+
+def test_sub_millisecond_contention_is_named_with_link_and_direction(
+    opsbox: dict[str, Any],
+) -> None:
+    """Shallow buffers (lab capacity --buffer 500us): one direction of a random leaf–spine
+    link filled by another job's RoCE v2-class traffic queues at most ~0.5 ms and drops
+    beyond — the detector names that link and direction, and nothing else, from the
+    probes' microsecond delays (the old 1-ms rule saw nothing)."""
+    from lab import capacity, loadgen
+
+    lab, live = opsbox["lab"], opsbox["live"]
+    seed = int(time.time_ns() % 100_000)
+    rng = random.Random(seed)
+    link = rng.choice([lk for lk in lab.topology.links if lk.kind == "fabric"])
+    direction = rng.choice(["a2b", "b2a"])
+    words = "leaf→spine" if direction == "a2b" else "spine→leaf"
+
+    def on_link() -> dict[str, Any] | None:
+        got = [a for a in _open(live, "contention") if a["link"] == link.name]
+        return got[0] if got else None
+
+    capacity.apply(lab, "50mbit", buffer_us=500)
+    try:
+        _wait(lambda: not _open(live, "contention"), 60, "no contention open before")
+        # Every route learns its healthy tail (a window a second) before it is judged: a
+        # fleet started moments ago (this test alone) needs the clocks solved and ~10 s.
+        time.sleep(20.0)
+        assert not _open(live, "contention"), _open(live, "contention")
+        loadgen.saturate(lab, link.name, direction, "50mbit")
+        t0 = time.monotonic()
+        a = _wait(on_link, 30, f"seed {seed}: contention naming {link.name} {words}")
+        print(f"seed {seed}: {link.name} {words} saturated -> named in "
+              f"{time.monotonic() - t0:.1f} s: {a['summary']}")  # fmt: skip
+        ev = a["evidence"]
+        assert ev["direction"] == words, (seed, ev)
+        assert ev["queue_us"] < 1000 and ev["median_excess_ms"] < 1.0, (seed, ev)
+        others = [x for x in _open(live, "contention") if x["link"] != link.name]
+        assert others == [], f"seed {seed}: blamed more than {link.name}: {others}"
+    finally:
+        faults.heal(lab)
+        capacity.remove(lab)
+    _wait(lambda: on_link() is None, 60, f"seed {seed}: contention closed after heal")
+
+
+def test_healthy_roce_v2_jobs_on_shallow_buffers_raise_no_contention(
+    opsbox: dict[str, Any],
+) -> None:
+    """Realistic buffers and healthy RoCE v2 jobs between every rack, well under the
+    links' capacity: the probes' tails move with the jobs' traffic, no queue stands —
+    no contention opens."""
+    from lab import capacity
+
+    lab, live = opsbox["lab"], opsbox["live"]
+    hosts = [h.name for h in lab.topology.hosts]
+    _wait(lambda: not _open(live, "contention"), 60, "no contention open before")
+    capacity.apply(lab, "50mbit", buffer_us=500)
+    try:
+        jobgen.start_job(lab, "healthyA", hosts, 3, 200.0, 1400)
+        jobgen.start_job(lab, "healthyB", hosts, 3, 200.0, 1400, port=jobgen.PORT + 1)
+        deadline = time.monotonic() + 40.0
+        while time.monotonic() < deadline:
+            opened = [a for a in live()["anomalies"]["open"] if a["kind"] == "contention"]
+            assert opened == [], opened
+            time.sleep(0.5)
+    finally:
+        jobgen.stop_job(lab, "healthyA")
+        jobgen.stop_job(lab, "healthyB")
+        capacity.remove(lab)

@@ -482,33 +482,6 @@ def test_an_outage_is_placed_between_the_traces_that_bound_it() -> None:
     assert abs(outage.down_ns / S - 5.05) <= 0.1 and abs(outage.up_ns / S - 8.35) <= 0.1
 
 
-def test_contention_names_the_link_and_direction_that_slow_paths_share() -> None:
-    from analytics.detect.contention import PathDelays
-    from analytics.detect.paths import FabricPaths
-
-    links, host_rack, hosts = _fabric(3)
-    paths = FabricPaths(links, host_rack)
-    paths.feed(_round(links, hosts, 0, set()))  # which spine each (src, dst, port) takes
-    delays = PathDelays(host_rack, paths.by_ends, paths.spine_of, excess_ns=1e6)
-    keys = sorted(paths.spine_of)
-    src, dst, sport = (np.array([k[i] for k in keys]) for i in range(3))
-    base = np.full(len(keys), 6_000.0)
-    delays.feed(src, dst, sport, base)
-    assert delays.observations(0) == []
-    # leaf1 -> spine2 congested: every path from rack 1 through spine 2 gets +30 ms
-    slow = base.copy()
-    for i, k in enumerate(keys):
-        if host_rack[k[0]] == "leaf1" and paths.spine_of[k] == "spine2":
-            slow[i] += 30e6
-    delays.feed(src, dst, sport, slow)
-    (obs,) = delays.observations(0)
-    assert obs.kind == "contention" and obs.link == "leaf1-spine2"
-    assert obs.evidence["direction"] == "leaf→spine"
-    assert obs.evidence["median_excess_ms"] == 30.0
-    delays.feed(src, dst, sport, base)  # healed
-    assert delays.observations(0) == []
-
-
 class _HashThresholdFabric:
     """Racks of hosts under leaves, every leaf on every spine, and Linux's hash-threshold
     ECMP: each 5-tuple has a fixed hash in [0, 1); the group's live members, in order,

@@ -1,0 +1,208 @@
+"""Contention at microsecond scale: streamed probes, per-route healthy noise, tomography by
+queue size, on hand-made probe rows with real clock offsets between the hosts."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from analytics.clock.clock_state import ClockState
+from analytics.detect.contention import PathDelays, queues
+from collector import records
+from tests.unit.test_detect_rules import _fabric, _round
+
+S = 1_000_000_000
+MS = 1_000_000
+
+
+class _Fleet:
+    """Every host probes 4 ports to one host of every other rack twice a second; each
+    host's clock is off by its own offset, which the clock state knows."""
+
+    def __init__(self, racks: int = 3, seed: int = 1) -> None:
+        from analytics.detect.paths import FabricPaths
+
+        self.links, self.host_rack, self.hosts = _fabric(racks)
+        self.paths = FabricPaths(self.links, self.host_rack)
+        self.paths.feed(_round(self.links, self.hosts, 0, set()))
+        self.delays = PathDelays(self.host_rack, self.paths.by_ends, self.paths.spine_of)
+        self.rng = np.random.default_rng(seed)
+        ids = sorted(self.host_rack)
+        self.offset = {h: float(self.rng.uniform(-5e6, 5e6)) for h in ids}
+        self.clocks = ClockState(
+            0, np.array(ids, np.int64), np.array([self.offset[h] for h in ids]),
+            np.zeros(len(ids)), np.zeros(len(ids)), np.zeros(len(ids)),
+            np.zeros(len(ids), np.int64),
+        )  # fmt: skip
+        self.seq = dict.fromkeys(ids, 0)
+        self.t = 10 * S
+
+    def second(self, queue_us: dict[tuple[str, str], float], loss: float = 0.0) -> None:
+        """One second of probes; ``queue_us``: (link, direction) -> queue it holds."""
+        tx, rx = [], []
+        for _ in range(2):
+            for (s, d, sport), spine in sorted(self.paths.spine_of.items()):
+                x, z = self.host_rack[s], self.host_rack[d]
+                hops = [(f"{x}-{spine}", "leaf→spine"), (f"{z}-{spine}", "spine→leaf")]
+                q = sum(queue_us.get(h, 0.0) for h in hops)
+                t = self.t + int(self.rng.uniform(0, S / 2))
+                owd = 8_000 + self.rng.exponential(1_500) + q * 1e3 * self.rng.uniform(0.8, 1)
+                self.seq[s] += 1
+                tx.append((self.seq[s], s, d, sport, 9000, 0, 0, 0, 0, t + self.offset[s]))
+                if q and self.rng.random() < loss:
+                    continue
+                rx.append((self.seq[s], s, d, sport, 9000, 0, 0, 0, 64,
+                           int(t + owd + self.offset[d]), 0))  # fmt: skip
+            self.t += S // 2
+        # receivers ship their receives first: nothing waits on a receiver that is behind
+        self.delays.feed_probes(np.zeros(0, records.PROBE_TX), np.array(rx, records.PROBE_RX),
+                                self.clocks)  # fmt: skip
+        self.delays.feed_probes(np.array(tx, records.PROBE_TX), np.zeros(0, records.PROBE_RX),
+                                self.clocks)  # fmt: skip
+
+    def judge(self, queue_us: dict[tuple[str, str], float], seconds: int = 4, loss: float = 0.0):
+        """``seconds`` of this queue, judged after each (a hop is said once it held 1 s)."""
+        for _ in range(seconds):
+            self.second(queue_us, loss)
+            got = self.delays.observations(0)
+        return got
+
+    def warm(self, seconds: int = 15) -> None:
+        for _ in range(seconds):
+            self.second({})
+            assert self.delays.observations(0) == []
+
+
+def test_a_sub_millisecond_queue_on_one_direction_is_named_with_link_and_direction() -> None:
+    f = _Fleet()
+    f.warm()
+    (obs,) = f.judge({("leaf2-spine1", "spine→leaf"): 300.0}, 4, loss=0.3)  # losses known 2 s late
+    assert obs.kind == "contention" and obs.link == "leaf2-spine1"
+    ev = obs.evidence
+    assert ev["direction"] == "spine→leaf"
+    assert 200 <= ev["queue_us"] <= 320, ev
+    assert ev["threshold_us"] < 100 and ev["slow_paths"] >= 2
+    assert ev["lost_probes"] > 0 and "lost" in obs.summary
+    for _ in range(2):
+        f.second({})
+    assert f.delays.observations(0) == []
+
+
+def test_healthy_jitter_raises_nothing() -> None:
+    f = _Fleet(seed=3)
+    for _ in range(60):
+        f.second({})
+        assert f.delays.observations(0) == []
+
+
+def test_two_congested_uplinks_are_named_not_the_third_racks_downlink() -> None:
+    """Two jobs between racks 1 and 2 fill both racks' uplinks to spine2 (and keep the
+    downlinks into them busy): every route into rack 3 through spine2 is slow too, but
+    the routes out of rack 3 are not, so its link is never blamed."""
+    for seed in range(5):
+        f = _Fleet(seed=seed)
+        f.warm()
+        obs = f.judge(
+            {
+                ("leaf1-spine2", "leaf→spine"): 500.0,
+                ("leaf2-spine2", "leaf→spine"): 500.0,
+                ("leaf1-spine2", "spine→leaf"): 40.0,
+                ("leaf2-spine2", "spine→leaf"): 40.0,
+            }
+        )
+        got = {(o.link, o.evidence["direction"]) for o in obs}
+        assert ("leaf1-spine2", "leaf→spine") in got and ("leaf2-spine2", "leaf→spine") in got
+        assert not any(link.startswith("leaf3") for link, _ in got), (seed, got)
+
+
+def test_with_two_racks_both_ends_are_named_together() -> None:
+    f = _Fleet(racks=2)
+    f.warm()
+    (obs,) = f.judge({("leaf1-spine1", "leaf→spine"): 400.0})
+    assert obs.evidence["confidence"] == 0.5
+    assert obs.evidence["candidates"] == ["leaf1-spine1", "leaf2-spine1"]
+    assert sorted(obs.evidence["candidate_hops"]) == [
+        "leaf1-spine1 leaf→spine", "leaf2-spine1 spine→leaf"
+    ]  # fmt: skip
+
+
+def test_queues_are_the_least_squares_answer() -> None:
+    from analytics.detect.contention import RouteWindow
+
+    def route(up: str, down: str, excess: float) -> RouteWindow:
+        return RouteWindow(1, 2, "s", ((up, "u"), (down, "d")), 0, 8, 0, np.zeros(2),
+                           np.array([excess, excess]), np.array([1.0, 1.0]), 1)  # fmt: skip
+
+    hops, _a, q = queues([route("a", "x", 500e3), route("a", "y", 500e3), route("b", "x", 0.0)])
+    got = dict(zip(hops, q.round(), strict=True))
+    assert got[("a", "u")] == 500e3 and got[("x", "d")] == 0 and got[("y", "d")] == 0
+
+
+def test_congestion_counters_behind_the_link_are_cited() -> None:
+    f = _Fleet()
+    h = f.hosts["leaf2"][0]
+    rows = [(i * S, h, b"mlx5_0", 1, 2, (0,) * 5, b"np_ecn_marked_roce_packets", 100 * i, 100)
+            for i in range(1, 6)]  # fmt: skip
+    f.delays.feed_counters(np.array(rows, records.COUNTER))
+    f.warm()
+    (obs,) = f.judge({("leaf2-spine1", "spine→leaf"): 300.0})
+    assert obs.evidence["counters_behind"]["per_s"] == {"np_ecn_marked_roce_packets": 100.0}
+    assert "ECN-marked 100/s" in obs.summary
+
+
+def test_the_collector_reads_the_nic_congestion_counters_the_detector_cites(tmp_path) -> None:
+    """The recorded mlx5 tree (tests/data/sysfs/mlx5_roce) through the collector's reader,
+    twice a second apart with the counters moved, into the detector's rates."""
+    import shutil
+    from pathlib import Path
+
+    from analytics.detect.contention import CONGESTION_COUNTERS
+    from collector.sysfs_counters import SysfsCounters
+
+    root = tmp_path / "root"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "data/sysfs/mlx5_roce", root)
+    port = root / "sys/class/infiniband/mlx5_0/ports/1"
+    host = records.host_id("h2-1")
+    reader = SysfsCounters(root, ["ens1f0np0"], [])
+    first = reader.sample(1 * S, host)
+    where = {r["name"].decode(): int(r["source"]) for r in first}
+    assert {n: where.get(n) for n in CONGESTION_COUNTERS} == {
+        "np_ecn_marked_roce_packets": 2,
+        "np_cnp_sent": 2,
+        "rp_cnp_handled": 2,
+        "port_xmit_wait": 1,
+    }
+    for sub, name, step in (("hw_counters", "np_ecn_marked_roce_packets", 500),
+                            ("hw_counters", "np_cnp_sent", 50),
+                            ("counters", "port_xmit_wait", 1000)):  # fmt: skip
+        f = port / sub / name
+        f.write_text(f"{int(f.read_text()) + step}\n")
+    second = reader.sample(3 * S, host)
+    rows = np.concatenate([first, second])
+    delays = PathDelays({host: "leaf2"}, {("leaf2", "spine1"): "leaf2-spine1"}, {})
+    delays.feed_counters(rows[np.isin(rows["name"], [n.encode() for n in CONGESTION_COUNTERS])])
+    assert delays.counter_rates([host]) == {
+        "np_cnp_sent": 25.0,
+        "np_ecn_marked_roce_packets": 250.0,
+        "port_xmit_wait": 500.0,
+        "rp_cnp_handled": 0.0,
+    }
+
+
+def test_the_shipped_model_abstaining_on_a_sub_ms_queue_leaves_the_rules_contention() -> None:
+    """The shipped model learnt contention from millisecond queues and calls a 0.3-ms
+    one "unknown"; the rule's calibrated verdict stands, the model's opinion is kept."""
+    from analytics.detect.anomalies import Observation
+    from analytics.detect.detect_runner import DetectRunner
+
+    f = _Fleet()
+    f.warm()
+    (obs,) = f.judge({("leaf2-spine1", "spine→leaf"): 300.0})
+    loud = Observation(kind="contention", key="leaf1-spine1 leaf→spine", score=0.7, summary="",
+                       link="leaf1-spine1", evidence={**obs.evidence, "median_excess_ms": 30.0,
+                                                      "max_excess_ms": 45.0})  # fmt: skip
+    runner = DetectRunner(None)
+    assert runner.model is not None, runner.model_note
+    runner.judge([obs, loud])
+    assert obs.kind == "contention" and obs.evidence["rule"] == "contention"
+    assert obs.evidence["model"]["class"] == "unknown"  # what the shipped model says
+    assert loud.kind == "contention" and loud.evidence["model"]["class"] == "contention"
