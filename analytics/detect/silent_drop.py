@@ -1,0 +1,471 @@
+"""Silent drops: a switch that discards part of what crosses it while links and routing stay up.
+
+A stale FIB entry, a bad line card or a mis-programmed ACL drops some destinations, or a
+share of the flows, at one switch: no port goes down, BGP keeps advertising, no ICMP is
+sent. Only the probes notice (Pingmesh, 007, NetBouncer): this module judges every probe
+sent (``probe_tx``) received or lost, per path — (src, dst, UDP source port): one 5-tuple,
+so one ECMP path — and localises the loss on the paths the traces say each 5-tuple crosses
+(:mod:`analytics.detect.paths`, ``spine_of``).
+
+**Lost, within seconds.** A probe is *lost* once its destination's collector has shipped
+probe_rx rows received ``MARGIN_S`` after the probe was sent (the destination's watermark)
+and none of them is that probe: a receiver that ships nothing judges nothing (a host that
+is down is a flap, not a drop; its own port counters say so). With 1-s segments that is
+1–2 s after the probe. A *lossy* path lost every probe but at most a quarter of those it
+sent in the last ``WINDOW_S`` (at least ``MIN_LOST``, spread over at least two send
+rounds, the newest lost too); a *clean* one lost none.
+
+**Tomography.** Each lossy path is explained by a place it crosses: a switch (all its
+flows), a switch towards one destination (a spine towards host D: every path X → D
+through it), a leaf–spine link in one direction — or a host (all that a host sends: a
+host problem, not a switch's; never reported here). Greedily, the place explaining the
+most unexplained lossy paths is taken, each clean path it would also claim counting
+against it (``CLEAN_WEIGHT``), until no place explains ``MIN_PATHS`` more. Places that
+explain exactly the same paths cannot be told apart and are named together.
+
+**Not a flap, not contention.** A path whose traced spine changed after its loss began
+moved (a link went and routing took it out: :mod:`analytics.detect.paths` names that
+flap), and paths over a link the path tomography suspects or a remediation took out are
+not judged. When the probes that do get through on a link-direction the lossy paths cross
+wait (median) longer than ``RISE_NS`` over their pair's floor, the loss is a full queue
+(:mod:`analytics.detect.contention`), not a silent drop, and nothing is reported.
+
+The class is a rule the model does not re-judge: the forest was trained on the other
+classes only (docs/detect.md).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from analytics.detect.anomalies import Observation
+
+log = logging.getLogger("clockmesh.detect.silent_drop")
+
+KIND = "silent_drop"
+MARGIN_S = 0.3  # the destination's clock may be this far ahead of the sender's
+WINDOW_S = 4.0  # probes judged over the last this many seconds (send time)
+HISTORY_S = 30.0  # received delays kept for each pair's floor
+PENDING_S = 30.0  # a probe its destination never judged is forgotten after this
+MIN_LOST = 3
+MAX_LOSS_KEPT = 0.25  # a lossy path received at most this share of its probes
+MIN_SPREAD_NS = 500_000_000  # its lost probes span at least two send rounds
+MIN_PATHS = 2  # lossy paths a place must explain to be named
+CLEAN_WEIGHT = 0.05  # a clean path a place would claim counts this much against it
+RISE_NS = 100_000.0  # received probes this much over their pair's floor: a queue, not a drop
+MAX_PATHS = 50_000  # paths judged; beyond, a stable hash-sample of them
+_MIX = np.uint64(0x9E3779B97F4A7C15)
+TABLES = ("probe_tx", "probe_rx")
+_TX = ("src", "dst", "sport", "seq", "tx_ns")
+_RX = ("src", "dst", "sport", "seq", "rx_ns")
+
+
+def columns(name: str, data: pa.Table) -> dict[str, np.ndarray]:
+    """The columns this module reads of a commit's ``probe_tx``/``probe_rx``, copied (the
+    commit's buffers are reused)."""
+    cols = {}
+    for c in _TX if name == "probe_tx" else _RX:
+        a = data.column(c).to_numpy()
+        cols[c] = a.astype(np.int64)  # a copy (seq is uint64, sport uint16)
+    return cols
+
+
+def _key(a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        k = a.astype(np.uint64) * _MIX + b.astype(np.uint64)
+        if c is not None:
+            k = k * _MIX + c.astype(np.uint64)
+    return k
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a loss can be: ``("switch", sw)``, ``("to", spine, host_id)``, ``("link",
+    name, direction)``, or a host (``("out", host_id)``: not a switch's fault)."""
+
+    what: str
+    name: str
+    detail: str = ""  # direction of a link; destination host id of "to"
+
+    @property
+    def reported(self) -> bool:
+        return self.what != "out"
+
+
+@dataclass
+class _Cols:
+    data: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def add(self, cols: dict[str, np.ndarray]) -> None:
+        if not self.data:
+            self.data = cols
+        else:
+            self.data = {k: np.concatenate((self.data[k], cols[k])) for k in self.data}
+
+    def keep(self, mask: np.ndarray) -> None:
+        self.data = {k: v[mask] for k, v in self.data.items()}
+
+    def __len__(self) -> int:
+        return len(next(iter(self.data.values()))) if self.data else 0
+
+
+class SilentDrops:
+    def __init__(
+        self,
+        host_rack: dict[int, str],
+        links_by_ends: dict[tuple[str, str], str],
+        spine_of: dict[tuple[int, int, int], str],
+        host_names: dict[int, str] | None = None,
+        excluded_links: Callable[[], set[str]] | None = None,
+    ) -> None:
+        self.host_rack = host_rack
+        self.by_ends = links_by_ends
+        self.spine_of = spine_of  # (src, dst, sport) -> spine, kept by FabricPaths
+        self.host_names = host_names if host_names is not None else {}
+        # () -> links whose paths are not judged now (suspected flaps, maintenance)
+        self.excluded_links: Callable[[], set[str]] = excluded_links or set
+        self._tx = _Cols()  # sent, not judged yet
+        self._rx = _Cols()  # received, not matched yet
+        self._hist = _Cols()  # judged: src, dst, sport, tx_ns, lost, delay
+        self.watermark: dict[int, int] = {}  # receiver -> newest rx_ns it shipped
+        self.sample_bits = 0  # paths kept: hash % 2**bits == 0 (grows, never shrinks)
+        self._lossy_spine: dict[tuple[int, int, int], str] = {}  # spine when it went lossy
+        self.held_as_queue = 0  # passes whose loss came with a delay rise (contention)
+
+    # ---- input -----------------------------------------------------------------------
+    def _sampled(self, cols: dict[str, np.ndarray]) -> np.ndarray | None:
+        if not self.sample_bits:
+            return None
+        k = _key(cols["src"], cols["dst"], cols["sport"])
+        return (k >> np.uint64(40)) % np.uint64(1 << self.sample_bits) == 0
+
+    def feed(self, name: str, cols: dict[str, np.ndarray]) -> None:
+        """A commit's probe_tx or probe_rx columns (:func:`columns`)."""
+        if not len(cols["src"]):
+            return
+        keep = self._sampled(cols)
+        if keep is not None:
+            cols = {k: v[keep] for k, v in cols.items()}
+        if name == "probe_tx":
+            self._tx.add(cols)
+            return
+        dst, rx = cols["dst"], cols["rx_ns"]
+        order = np.lexsort((rx, dst))
+        last = np.flatnonzero(np.append(dst[order][1:] != dst[order][:-1], True))
+        for d, t in zip(dst[order][last].tolist(), rx[order][last].tolist(), strict=True):
+            if t > self.watermark.get(d, 0):
+                self.watermark[d] = t
+        self._rx.add({"key": _key(cols["src"], cols["seq"]), "rx_ns": rx})
+
+    def _judge(self) -> None:
+        """Match the pending probe_tx with the probe_rx; judged ones go to the history."""
+        if not len(self._tx):
+            return
+        tx = self._tx.data
+        key = _key(tx["src"], tx["seq"])
+        rx_ns = np.full(len(key), np.iinfo(np.int64).min, np.int64)
+        matched = np.zeros(len(key), bool)
+        if len(self._rx):
+            rk = self._rx.data["key"]
+            order = np.argsort(rk, kind="stable")
+            sk = rk[order]
+            pos = np.minimum(np.searchsorted(sk, key), len(sk) - 1)
+            matched = sk[pos] == key
+            rx_ns[matched] = self._rx.data["rx_ns"][order][pos[matched]]
+            used = np.zeros(len(rk), bool)
+            used[order[pos[matched]]] = True
+            newest_rx = int(self._rx.data["rx_ns"].max())
+            self._rx.keep(~used & (self._rx.data["rx_ns"] >= newest_rx - int(PENDING_S * 1e9)))
+        uniq, inv = np.unique(tx["dst"], return_inverse=True)
+        wm = np.array([self.watermark.get(int(d), 0) for d in uniq.tolist()], np.int64)[inv]
+        judged = matched | (wm >= tx["tx_ns"] + int(MARGIN_S * 1e9))
+        if judged.any():
+            delay = np.where(matched, rx_ns - tx["tx_ns"], 0).astype(np.float64)
+            delay[~matched] = np.nan
+            self._hist.add({
+                "src": tx["src"][judged], "dst": tx["dst"][judged],
+                "sport": tx["sport"][judged], "tx_ns": tx["tx_ns"][judged],
+                "lost": ~matched[judged], "delay": delay[judged],
+            })  # fmt: skip
+        newest = int(tx["tx_ns"].max())
+        self._tx.keep(~judged & (tx["tx_ns"] >= newest - int(PENDING_S * 1e9)))
+        h = self._hist.data
+        if len(self._hist):
+            self._hist.keep(h["tx_ns"] >= int(h["tx_ns"].max()) - int(HISTORY_S * 1e9))
+        self._bound()
+
+    def _bound(self) -> None:
+        """More than MAX_PATHS paths: keep a stable hash-sample (half, then a quarter...),
+        applied to what is held too, so a probe and its partner are always both kept."""
+        h = self._hist.data
+        if not len(self._hist):
+            return
+        paths = len(np.unique(_key(h["src"], h["dst"], h["sport"])))
+        if paths <= MAX_PATHS:
+            return
+        self.sample_bits += 1
+        log.info("event=silent_drop_sampling paths=%d keep=1/%d", paths, 1 << self.sample_bits)
+        for part in (self._hist, self._tx):
+            keep = self._sampled(part.data)
+            if keep is not None and len(part):
+                part.keep(keep)
+        self._rx = _Cols()  # unmatched rows carry no path: start afresh
+
+    # ---- judgement -------------------------------------------------------------------
+    def path_stats(self) -> dict[tuple[int, int, int], dict[str, float]]:
+        """Per path over the last WINDOW_S of judged probes: sent, lost, first and last
+        lost send time, whether the newest was lost, the median received delay; and the
+        pair's floor (lowest delay over HISTORY_S)."""
+        self._judge()
+        h = self._hist.data
+        if not len(self._hist):
+            return {}
+        floor: dict[tuple[int, int], float] = {}
+        got = ~h["lost"]
+        if got.any():
+            pk = _key(h["src"][got], h["dst"][got])
+            order = np.lexsort((h["delay"][got], pk))
+            first = np.flatnonzero(np.append(True, pk[order][1:] != pk[order][:-1]))
+            for i in order[first].tolist():
+                floor[(int(h["src"][got][i]), int(h["dst"][got][i]))] = float(h["delay"][got][i])
+        recent = h["tx_ns"] >= int(h["tx_ns"].max()) - int(WINDOW_S * 1e9)
+        w = {k: v[recent] for k, v in h.items()}
+        order = np.lexsort((w["tx_ns"], w["sport"], w["dst"], w["src"]))
+        w = {k: v[order] for k, v in w.items()}
+        pk = _key(w["src"], w["dst"], w["sport"])
+        heads = np.flatnonzero(np.append(True, pk[1:] != pk[:-1]))
+        ends = np.append(heads[1:], len(pk))
+        out = {}
+        for a, b in zip(heads.tolist(), ends.tolist(), strict=True):
+            lost = w["lost"][a:b]
+            t = w["tx_ns"][a:b]
+            d = w["delay"][a:b][~lost]
+            key = (int(w["src"][a]), int(w["dst"][a]), int(w["sport"][a]))
+            out[key] = {
+                "sent": float(b - a),
+                "lost": float(lost.sum()),
+                "spread_ns": float(t[lost].max() - t[lost].min()) if lost.any() else 0.0,
+                "newest_lost": float(lost[-1]),
+                "delay": float(np.median(d)) if len(d) else float("nan"),
+                "floor": floor.get(key[:2], float("nan")),
+            }
+        return out
+
+    def _places(self, key: tuple[int, int, int], spine: str | None) -> list[Place]:
+        s, d, _ = key
+        x, z = self.host_rack.get(s), self.host_rack.get(d)
+        if x is None or z is None:
+            return []
+        if x == z:
+            return [Place("out", str(s)), Place("switch", x)]
+        if spine is None:
+            return []
+        up, down = self.by_ends.get((x, spine)), self.by_ends.get((z, spine))
+        if up is None or down is None:
+            return []
+        return [
+            Place("out", str(s)),
+            Place("switch", spine),
+            Place("switch", x),
+            Place("switch", z),
+            Place("to", spine, str(d)),
+            Place("link", up, "leaf→spine"),
+            Place("link", down, "spine→leaf"),
+        ]
+
+    def observations(self, now_ns: int) -> list[Observation]:
+        stats = self.path_stats()
+        excluded = set(self.excluded_links())
+        lossy: set[tuple[int, int, int]] = set()
+        clean: set[tuple[int, int, int]] = set()
+        crossing: dict[tuple[int, int, int], list[Place]] = {}
+        for key, st in stats.items():
+            spine = self.spine_of.get(key)
+            places = self._places(key, spine)
+            if not places or any(p.what == "link" and p.name in excluded for p in places):
+                continue
+            crossing[key] = places
+            is_lossy = (
+                st["lost"] >= MIN_LOST
+                and st["sent"] - st["lost"] <= MAX_LOSS_KEPT * st["sent"]
+                and st["newest_lost"]
+                and st["spread_ns"] >= MIN_SPREAD_NS
+            )
+            if is_lossy:
+                was = self._lossy_spine.setdefault(key, spine or "")
+                if spine is not None and was != spine:  # the path moved: a flap's doing
+                    continue
+                lossy.add(key)
+            elif st["lost"] == 0:
+                clean.add(key)
+        for key in [k for k in self._lossy_spine if k not in lossy]:
+            del self._lossy_spine[key]
+        if len(lossy) < MIN_PATHS:
+            return []
+        claims: dict[Place, set[tuple[int, int, int]]] = collections.defaultdict(set)
+        clean_of: collections.Counter[Place] = collections.Counter()
+        for key, places in crossing.items():
+            for p in places:
+                if key in lossy:
+                    claims[p].add(key)
+                elif key in clean:
+                    clean_of[p] += 1
+        left = set(lossy)
+        chosen: list[tuple[list[Place], set[tuple[int, int, int]]]] = []
+        while left:
+            best = max(
+                claims,
+                key=lambda p, left=left: (  # type: ignore[misc]
+                    len(claims[p] & left) - CLEAN_WEIGHT * clean_of[p],
+                    -clean_of[p],
+                    repr(p),
+                ),
+            )
+            covered = claims[best] & left
+            if len(covered) < MIN_PATHS:
+                break
+            twins = [p for p in claims if claims[p] & left == covered
+                     and clean_of[p] == clean_of[best]]  # fmt: skip
+            chosen.append((sorted(twins, key=repr), covered))
+            left -= covered
+        reportable = sum(len(c) for places, c in chosen if all(p.reported for p in places))
+        out: dict[str, Observation] = {}
+        for places, covered in chosen:
+            if not all(p.reported for p in places):
+                continue  # a host's own loss: its port counters speak for it
+            rise = self._rise(covered, crossing, stats)
+            if rise > RISE_NS:
+                self.held_as_queue += 1
+                continue
+            obs = self._observation(places, covered, clean_of, crossing, stats, rise, reportable)
+            seen = out.get(obs.key)
+            if seen is None:
+                out[obs.key] = obs
+            else:
+                _merge(seen, obs)
+        return list(out.values())
+
+    def _rise(
+        self,
+        covered: set[tuple[int, int, int]],
+        crossing: dict[tuple[int, int, int], list[Place]],
+        stats: dict[tuple[int, int, int], dict[str, float]],
+    ) -> float:
+        """The largest, over the link-directions the lossy paths cross, of the median of
+        the received probes' delay over their pair's floor on the paths crossing it (ns): a
+        full queue delays what it does not drop; 0 when nothing got through."""
+        hops = {p for k in covered for p in crossing[k] if p.what == "link"}
+        by_hop: dict[Place, list[float]] = collections.defaultdict(list)
+        for k, st in stats.items():
+            ex = st["delay"] - st["floor"]
+            if k in crossing and np.isfinite(ex):
+                for p in hops.intersection(crossing[k]):
+                    by_hop[p].append(ex)
+        return max((float(np.median(v)) for v in by_hop.values()), default=0.0)
+
+    def _observation(
+        self,
+        places: list[Place],
+        covered: set[tuple[int, int, int]],
+        clean_of: collections.Counter[Place],
+        crossing: dict[tuple[int, int, int], list[Place]],
+        stats: dict[tuple[int, int, int], dict[str, float]],
+        rise: float,
+        reportable: int,
+    ) -> Observation:
+        name = self.host_names.get
+        best = places[0]
+        to = [p for p in places if p.what == "to"]
+        switches = [p for p in places if p.what == "switch"]
+        dests = sorted({name(int(p.detail), f"host {p.detail}") for p in to})
+        sw = to[0].name if to else switches[0].name if switches else ""
+        # the links the lossy paths leave the switch by (towards their destinations) or
+        # the link named
+        links = sorted({
+            p.name for k in covered for p in crossing[k]
+            if p.what == "link" and (
+                (sw and p.detail == "spine→leaf" and p.name.endswith(f"-{sw}"))
+                or (sw and p.detail == "leaf→spine" and p.name.startswith(f"{sw}-"))
+                or (not sw and p in places))
+        })  # fmt: skip
+        link_places = [p for p in places if p.what == "link"]
+        if not sw and link_places:
+            links = sorted({p.name for p in link_places})
+        through = len(covered) + clean_of[best]
+        lost = sum(stats[k]["lost"] for k in covered)
+        sent = sum(stats[k]["sent"] for k in covered)
+        pairs = sorted({f"{name(s, f'host {s}')}→{name(d, f'host {d}')}" for s, d, _ in covered})
+        sources = sorted({name(s, f"host {s}") for s, _, _ in covered})
+        if sw:
+            where = f"{sw} towards {', '.join(dests)}" if dests else sw
+            key = f"{sw}" + (f" → {','.join(dests)}" if dests else "")
+        else:
+            where = " or ".join(f"{p.name} ({p.detail})" for p in link_places)
+            key = where
+        share = len(covered) / through if through else 1.0
+        what = (
+            f"every path through it ({len(covered)}) loses"
+            if share >= 1.0
+            else f"{len(covered)} of {through} paths through it ({share:.0%}) lose"
+        )
+        summary = (
+            f"{where} silently drops traffic: {what} every probe "
+            f"({len(sources)} source host(s)); links and routes up, paths unmoved, no queue"
+        )
+        if len(links) == 1:
+            summary += f"; out of service: {links[0]}"
+        alternatives = [_words(p, name) for p in places]
+        return Observation(
+            kind=KIND,
+            key=key,
+            score=min(1.0, 0.5 + 0.05 * len(covered)),
+            summary=summary,
+            link=links[0] if len(links) == 1 else "",
+            evidence={
+                "switch": sw,
+                "links": links,
+                "destinations": dests,
+                "candidates": alternatives,
+                "confidence": round(
+                    len(covered)
+                    / max(reportable, 1)
+                    / len({p.name for p in places if p.what != "link"} or {""}),
+                    2,
+                ),
+                "lossy_paths": len(covered),
+                "clean_paths_through": clean_of[best],
+                "flow_share": round(share, 3),
+                "lost_probes": int(lost),
+                "sent_probes": int(sent),
+                "pairs": pairs[:20],
+                "delay_rise_us": round(rise / 1e3, 1),
+                "source": "probe loss per (pair, source port), paths from traces, tomography",
+            },
+        )
+
+
+def _words(p: Place, name: object) -> str:
+    get = name  # host_names.get
+    if p.what == "to":
+        return f"{p.name} towards {get(int(p.detail), f'host {p.detail}')}"  # type: ignore[operator]
+    if p.what == "link":
+        return f"{p.name} ({p.detail})"
+    return p.name
+
+
+def _merge(a: Observation, b: Observation) -> None:
+    """Two places of one switch (two destinations): one anomaly."""
+    e, f = a.evidence, b.evidence
+    for k in ("links", "destinations", "candidates", "pairs"):
+        e[k] = sorted(set(e[k]) | set(f[k]))
+    for k in ("lossy_paths", "clean_paths_through", "lost_probes", "sent_probes"):
+        e[k] += f[k]
+    e["confidence"] = round(min(1.0, e["confidence"] + f["confidence"]), 2)
+    a.link = e["links"][0] if len(e["links"]) == 1 else ""
+    a.score = max(a.score, b.score)
