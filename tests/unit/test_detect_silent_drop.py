@@ -228,3 +228,35 @@ def test_the_daemon_s_detector_reports_it_and_the_model_does_not_re_judge_it(
     assert a["evidence"]["destinations"] == ["h1-2"]
     assert "model" not in a["evidence"]
     assert runner.live()["open_by_kind"]["silent_drop"] == 1
+
+
+def _stored(store: Path, aid: str, link: str, links: list[str]) -> None:
+    from analytics.store.store_writer import StoreWriter
+
+    detail = {"summary": "spine2 silently drops traffic", "evidence": {"links": links}}
+    row = {"opened_ns": T0, "closed_ns": 0, "anomaly_id": aid, "kind": "silent_drop",
+           "score": 0.9, "src": 0, "dst": 0, "link": link, "job_id": "",
+           "detail": json.dumps(detail), "updated_ns": T0 + 1}  # fmt: skip
+    table = pa.table({k: [v] for k, v in row.items()}, schema=layout.TABLES["anomalies"].schema)
+    StoreWriter(store).write_partitioned("anomalies", table, f"{aid}.parquet")
+
+
+def test_remediation_takes_the_one_link_out_of_service_with_the_cap_and_an_undo(
+    tmp_path: Path,
+) -> None:
+    from analytics.remediate.plan import Refused, plan, recommended
+    from tests.unit.test_remediate_plan import _topology as plan_topology
+
+    store = tmp_path / "store"
+    store.mkdir()
+    topo = plan_topology()
+    _stored(store, "silent-1", "leaf3-spine2", ["leaf3-spine2"])
+    p = plan(store, topo, anomaly_id="silent-1")
+    assert (p.action, p.target) == ("fabric_link_out", "leaf3-spine2")
+    assert p.undo == {"action": "fabric_link_in", "target": "leaf3-spine2"}
+    assert p.cap["leaf"] == "leaf3" and p.cap["leaf_out_after"] == 1
+    assert recommended(topo, "silent_drop", "leaf3-spine2") == ("fabric_link_out", "leaf3-spine2")
+    # A whole spine dropping a share of everything: no one link; said in one line.
+    _stored(store, "silent-2", "", ["leaf1-spine2", "leaf2-spine2", "leaf3-spine2"])
+    with pytest.raises(Refused, match=r"no single link explains it .*take the switch out"):
+        plan(store, topo, anomaly_id="silent-2")
