@@ -512,7 +512,15 @@ def scenario() -> None:
 @click.option(
     "--kinds",
     default=",".join(
-        ("fabric_flap", "host_flap", "roce_v1_job", "healthy_job", "contention", "clean")
+        (
+            "fabric_flap",
+            "host_flap",
+            "roce_v1_job",
+            "healthy_job",
+            "contention",
+            "clean",
+            "silent_drop",
+        )
     ),
     show_default=True,
     help="Comma list of fault kinds to draw from.",

@@ -13,6 +13,10 @@ box (``clockmesh ingest run``, store in ``DIR/store``) and a collector in every 
 - ``healthy_job``: the same on RoCE v2 (index 3): must raise nothing;
 - ``contention``: ``lab congest`` on a random fabric link (a ``tbf`` and a load that
   hashes onto it) for 20–30 s;
+- ``silent_drop``: a spine silently drops (``lab drop``), links and BGP up, for 15–25 s:
+  everything it forwards to one random host (a blackhole /32: the detector should name the
+  spine and the host, and the link to the host's leaf — the truth's ``where``), or 30 % of
+  all the flows it forwards (nftables hashing the 5-tuple: ``where`` is the spine);
 - ``clean``: nothing, 20–40 s.
 
 Every fault is written to ``DIR/truth.json`` with its class, place and wall-clock start
@@ -36,13 +40,16 @@ from typing import Any
 from lab import faults, fleet, jobgen
 from lab.fabric import Lab
 
-KINDS = ("fabric_flap", "host_flap", "roce_v1_job", "healthy_job", "contention", "clean")
-WEIGHTS = (3, 2, 2, 1, 1, 1)
+KINDS = (
+    "fabric_flap", "host_flap", "roce_v1_job", "healthy_job", "contention", "clean", "silent_drop",
+)  # fmt: skip
+WEIGHTS = (3, 2, 2, 1, 1, 1, 1)
 CLASS_OF = {
     "fabric_flap": "flapping_link",
     "host_flap": "flapping_link",
     "roce_v1_job": "roce_v1_job",
     "contention": "contention",
+    "silent_drop": "silent_drop",
     "healthy_job": "none",
     "clean": "none",
 }
@@ -129,6 +136,28 @@ class Scenario:
             f.end_ns = time.time_ns()
         return f
 
+    def _silent_drop(self) -> Fault:
+        topo = self.lab.topology
+        spine = self.rng.choice(topo.spines).name
+        host = self.rng.choice(topo.hosts)
+        to_host = self.rng.random() < 0.5
+        seconds = self.rng.uniform(15, 25)
+        start = time.time_ns()
+        if to_host:
+            rec = faults.drop(self.lab, spine, [host.name])
+        else:
+            rec = faults.drop(self.lab, spine, [], 0.3, seed=self.rng.randrange(1 << 31))
+        where = f"{host.rack}-{spine}" if to_host else spine
+        f = Fault("silent_drop", "silent_drop", where, start, detail={
+            "switch": spine, "to": rec["to"], "share": rec["share"], "how": rec["how"],
+            "seconds": round(seconds, 1)})  # fmt: skip
+        try:
+            time.sleep(seconds)
+        finally:
+            faults.heal(self.lab)
+            f.end_ns = time.time_ns()
+        return f
+
     def _clean(self) -> Fault:
         f = Fault("clean", "none", "", time.time_ns())
         time.sleep(self.rng.uniform(20, 40))
@@ -147,6 +176,8 @@ class Scenario:
             return self._job(kind)
         if kind == "contention":
             return self._contention(fabric)
+        if kind == "silent_drop":
+            return self._silent_drop()
         return self._clean()
 
     # ---- the run ------------------------------------------------------------------------

@@ -28,7 +28,7 @@ import duckdb
 from analytics.detect.anomalies import KINDS
 from analytics.store.layout import table_glob
 
-CLASSES = ("flapping_link", "roce_v1_job", "contention")
+CLASSES = ("flapping_link", "roce_v1_job", "contention", "silent_drop")
 LABELS = (*CLASSES, "none")
 BEFORE_NS = 2_000_000_000
 
