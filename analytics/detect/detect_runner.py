@@ -198,7 +198,7 @@ class DetectRunner:
         for name in PROBE_TABLES:  # every probe, received or lost: silent drops
             data = tables.get(name)
             if data is not None and data.num_rows and self.drops.host_rack:
-                got.append((name, probe_columns(name, data)))
+                got.append((name, probe_columns(name, data, self.drops.sample_bits)))
         data = tables.get("inband")
         if data is not None and data.num_rows:  # which job was heard on which host, when
             heard = data.group_by(["host", "job_id"]).aggregate([("ts_ns", "max")])

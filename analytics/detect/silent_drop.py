@@ -18,10 +18,15 @@ rounds, the newest lost too); a *clean* one lost none.
 **Tomography.** Each lossy path is explained by a place it crosses: a switch (all its
 flows), a switch towards one destination (a spine towards host D: every path X → D
 through it), a leaf–spine link in one direction — or a host (all that a host sends: a
-host problem, not a switch's; never reported here). Greedily, the place explaining the
-most unexplained lossy paths is taken, each clean path it would also claim counting
-against it (``CLEAN_WEIGHT``), until no place explains ``MIN_PATHS`` more. Places that
-explain exactly the same paths cannot be told apart and are named together.
+host problem, not a switch's; never reported here). A place that drops a share q of the
+flows through it makes each of its paths lossy with probability q; greedily, the place
+whose lossy and clean paths that explains best against the background (:func:`evidence`,
+a log-likelihood ratio less the cost of naming one more place) is taken, its lossy paths
+explained, until no place earns its cost or explains ``MIN_PATHS`` more. So a spine
+dropping every flow to one host is named with the host (all its paths there lost, none
+clean), and one dropping 30 % of all its flows as the spine (a few lossy paths towards
+one host among its clean ones earn less). Places that explain exactly the same paths
+cannot be told apart and are named together.
 
 **Not a flap, not contention.** A path whose traced spine changed after its loss began
 moved (a link went and routing took it out: :mod:`analytics.detect.paths` names that
@@ -38,6 +43,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -57,23 +63,50 @@ MIN_LOST = 3
 MAX_LOSS_KEPT = 0.25  # a lossy path received at most this share of its probes
 MIN_SPREAD_NS = 500_000_000  # its lost probes span at least two send rounds
 MIN_PATHS = 2  # lossy paths a place must explain to be named
-CLEAN_WEIGHT = 0.05  # a clean path a place would claim counts this much against it
+BACKGROUND = 1e-3  # chance that a path of a healthy fabric looks lossy
+PLACE_COST = 10.0  # nats: what naming one more place must earn (2 paths all lost: 13.8)
+
+
+def evidence(lossy: int, clean: int) -> float:
+    """What naming a place earns, in nats: how much better "it drops a share q = lossy /
+    (lossy + clean) of the flows through it" explains its paths than the background
+    (each path lossy with probability BACKGROUND), less PLACE_COST. Every path lost
+    through a place is strong evidence; a few among many clean ones are weak."""
+    n = lossy + clean
+    if not lossy:
+        return -PLACE_COST
+    q = lossy / n
+    fit = lossy * math.log(q) + (clean * math.log(1 - q) if clean else 0.0)
+    null = lossy * math.log(BACKGROUND) + clean * math.log(1 - BACKGROUND)
+    return fit - null - PLACE_COST
+
+
 RISE_NS = 100_000.0  # received probes this much over their pair's floor: a queue, not a drop
-MAX_PATHS = 50_000  # paths judged; beyond, a stable hash-sample of them
+MAX_PATHS = 5_000  # paths judged; beyond, a stable hash-sample of them
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 TABLES = ("probe_tx", "probe_rx")
 _TX = ("src", "dst", "sport", "seq", "tx_ns")
 _RX = ("src", "dst", "sport", "seq", "rx_ns")
 
 
-def columns(name: str, data: pa.Table) -> dict[str, np.ndarray]:
+def columns(name: str, data: pa.Table, sample_bits: int = 0) -> dict[str, np.ndarray]:
     """The columns this module reads of a commit's ``probe_tx``/``probe_rx``, copied (the
-    commit's buffers are reused)."""
-    cols = {}
-    for c in _TX if name == "probe_tx" else _RX:
-        a = data.column(c).to_numpy()
-        cols[c] = a.astype(np.int64)  # a copy (seq is uint64, sport uint16)
-    return cols
+    commit's buffers are reused): only the sampled paths' rows (:attr:`SilentDrops.
+    sample_bits`), so a large fleet costs the commit thread little."""
+    names = _TX if name == "probe_tx" else _RX
+    view = {c: data.column(c).to_numpy() for c in names}  # zero-copy where it can be
+    keep = _path_sample(view, sample_bits)
+    if keep is None:
+        return {c: v.astype(np.int64) for c, v in view.items()}  # copies
+    return {c: v[keep].astype(np.int64) for c, v in view.items()}
+
+
+def _path_sample(cols: dict[str, np.ndarray], bits: int) -> np.ndarray | None:
+    """Rows of the paths kept (a stable hash of (src, dst, sport)); None: every row."""
+    if not bits:
+        return None
+    k = cols["path"] if "path" in cols else _key(cols["src"], cols["dst"], cols["sport"])
+    return (k >> np.uint64(40)) % np.uint64(1 << bits) == 0
 
 
 def _key(a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None) -> np.ndarray:
@@ -140,10 +173,7 @@ class SilentDrops:
 
     # ---- input -----------------------------------------------------------------------
     def _sampled(self, cols: dict[str, np.ndarray]) -> np.ndarray | None:
-        if not self.sample_bits:
-            return None
-        k = _key(cols["src"], cols["dst"], cols["sport"])
-        return (k >> np.uint64(40)) % np.uint64(1 << self.sample_bits) == 0
+        return _path_sample(cols, self.sample_bits)
 
     def feed(self, name: str, cols: dict[str, np.ndarray]) -> None:
         """A commit's probe_tx or probe_rx columns (:func:`columns`)."""
@@ -161,7 +191,8 @@ class SilentDrops:
         for d, t in zip(dst[order][last].tolist(), rx[order][last].tolist(), strict=True):
             if t > self.watermark.get(d, 0):
                 self.watermark[d] = t
-        self._rx.add({"key": _key(cols["src"], cols["seq"]), "rx_ns": rx})
+        self._rx.add({"key": _key(cols["src"], cols["seq"]), "rx_ns": rx,
+                      "path": _key(cols["src"], dst, cols["sport"])})  # fmt: skip
 
     def _judge(self) -> None:
         """Match the pending probe_tx with the probe_rx; judged ones go to the history."""
@@ -209,19 +240,18 @@ class SilentDrops:
         paths = len(np.unique(_key(h["src"], h["dst"], h["sport"])))
         if paths <= MAX_PATHS:
             return
-        self.sample_bits += 1
+        self.sample_bits += max(1, math.ceil(math.log2(paths / MAX_PATHS)))
         log.info("event=silent_drop_sampling paths=%d keep=1/%d", paths, 1 << self.sample_bits)
-        for part in (self._hist, self._tx):
+        for part in (self._hist, self._tx, self._rx):
             keep = self._sampled(part.data)
             if keep is not None and len(part):
                 part.keep(keep)
-        self._rx = _Cols()  # unmatched rows carry no path: start afresh
 
     # ---- judgement -------------------------------------------------------------------
     def path_stats(self) -> dict[tuple[int, int, int], dict[str, float]]:
-        """Per path over the last WINDOW_S of judged probes: sent, lost, first and last
-        lost send time, whether the newest was lost, the median received delay; and the
-        pair's floor (lowest delay over HISTORY_S)."""
+        """Per path over the last WINDOW_S of judged probes: sent, lost, the span of the
+        lost ones' send times, whether the newest was lost, the (lower) median received
+        delay; and the pair's floor (lowest delay over HISTORY_S)."""
         self._judge()
         h = self._hist.data
         if not len(self._hist):
@@ -229,11 +259,12 @@ class SilentDrops:
         floor: dict[tuple[int, int], float] = {}
         got = ~h["lost"]
         if got.any():
-            pk = _key(h["src"][got], h["dst"][got])
-            order = np.lexsort((h["delay"][got], pk))
-            first = np.flatnonzero(np.append(True, pk[order][1:] != pk[order][:-1]))
-            for i in order[first].tolist():
-                floor[(int(h["src"][got][i]), int(h["dst"][got][i]))] = float(h["delay"][got][i])
+            src, dst, delay = h["src"][got], h["dst"][got], h["delay"][got]
+            order = np.lexsort((delay, dst, src))
+            s_, d_, x_ = src[order], dst[order], delay[order]
+            first = np.flatnonzero(np.append(True, (s_[1:] != s_[:-1]) | (d_[1:] != d_[:-1])))
+            floor = dict(zip(zip(s_[first].tolist(), d_[first].tolist(), strict=True),
+                             x_[first].tolist(), strict=True))  # fmt: skip
         recent = h["tx_ns"] >= int(h["tx_ns"].max()) - int(WINDOW_S * 1e9)
         w = {k: v[recent] for k, v in h.items()}
         order = np.lexsort((w["tx_ns"], w["sport"], w["dst"], w["src"]))
@@ -241,21 +272,29 @@ class SilentDrops:
         pk = _key(w["src"], w["dst"], w["sport"])
         heads = np.flatnonzero(np.append(True, pk[1:] != pk[:-1]))
         ends = np.append(heads[1:], len(pk))
-        out = {}
-        for a, b in zip(heads.tolist(), ends.tolist(), strict=True):
-            lost = w["lost"][a:b]
-            t = w["tx_ns"][a:b]
-            d = w["delay"][a:b][~lost]
-            key = (int(w["src"][a]), int(w["dst"][a]), int(w["sport"][a]))
-            out[key] = {
-                "sent": float(b - a),
-                "lost": float(lost.sum()),
-                "spread_ns": float(t[lost].max() - t[lost].min()) if lost.any() else 0.0,
-                "newest_lost": float(lost[-1]),
-                "delay": float(np.median(d)) if len(d) else float("nan"),
-                "floor": floor.get(key[:2], float("nan")),
-            }
-        return out
+        lost = w["lost"]
+        n_lost = np.add.reduceat(lost.astype(np.int64), heads)
+        t = w["tx_ns"]
+        first_lost = np.minimum.reduceat(np.where(lost, t, np.iinfo(np.int64).max), heads)
+        last_lost = np.maximum.reduceat(np.where(lost, t, np.iinfo(np.int64).min), heads)
+        spread = np.where(n_lost > 0, last_lost - first_lost, 0)
+        # lower median of the received delays: within each path sorted by delay (lost = NaN
+        # sorts last), the middle of its received ones
+        group = np.repeat(np.arange(len(heads)), ends - heads)
+        by_delay = np.lexsort((w["delay"], group))
+        received = (ends - heads) - n_lost
+        mid = heads + np.maximum(received - 1, 0) // 2
+        median = np.where(received > 0, w["delay"][by_delay][mid], np.nan)
+        keys = zip(w["src"][heads].tolist(), w["dst"][heads].tolist(),
+                   w["sport"][heads].tolist(), strict=True)  # fmt: skip
+        return {
+            key: {"sent": float(n), "lost": float(nl), "spread_ns": float(sp),
+                  "newest_lost": float(nw), "delay": float(md),
+                  "floor": floor.get(key[:2], float("nan"))}
+            for key, n, nl, sp, nw, md in zip(
+                keys, (ends - heads).tolist(), n_lost.tolist(), spread.tolist(),
+                lost[ends - 1].tolist(), median.tolist(), strict=True)
+        }  # fmt: skip
 
     def _places(self, key: tuple[int, int, int], spine: str | None) -> list[Place]:
         s, d, _ = key
@@ -322,13 +361,13 @@ class SilentDrops:
             best = max(
                 claims,
                 key=lambda p, left=left: (  # type: ignore[misc]
-                    len(claims[p] & left) - CLEAN_WEIGHT * clean_of[p],
+                    evidence(len(claims[p] & left), clean_of[p]),
                     -clean_of[p],
                     repr(p),
                 ),
             )
             covered = claims[best] & left
-            if len(covered) < MIN_PATHS:
+            if len(covered) < MIN_PATHS or evidence(len(covered), clean_of[best]) <= 0:
                 break
             twins = [p for p in claims if claims[p] & left == covered
                      and clean_of[p] == clean_of[best]]  # fmt: skip

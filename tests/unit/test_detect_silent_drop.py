@@ -118,6 +118,9 @@ def test_a_share_of_the_flows_dropped_at_a_spine_names_the_spine_and_no_destinat
         return spine == "spine1" and _flow_hash(s, d, p) < 0.3, 0.0
 
     every = _run(share)
+    # never, not even while few paths are judged yet, a destination or a link: the spine
+    said = [(o.key, tuple(o.evidence["destinations"])) for obs in every for o in obs]
+    assert said and set(said) == {("spine1", ())}, set(said)
     (obs,) = every[-1]
     e = obs.evidence
     assert e["switch"] == "spine1" and e["destinations"] == [], e
