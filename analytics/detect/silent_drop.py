@@ -11,9 +11,9 @@ so one ECMP path — and localises the loss on the paths the traces say each 5-t
 probe_rx rows received ``MARGIN_S`` after the probe was sent (the destination's watermark)
 and none of them is that probe: a receiver that ships nothing judges nothing (a host that
 is down is a flap, not a drop; its own port counters say so). With 1-s segments that is
-1–2 s after the probe. A *lossy* path lost every probe but at most a quarter of those it
-sent in the last ``WINDOW_S`` (at least ``MIN_LOST``, spread over at least two send
-rounds, the newest lost too); a *clean* one lost none.
+1–2 s after the probe. A *lossy* path lost its newest probes in a row, at least
+``MIN_LOST`` of them sent over at least two send rounds (``MIN_SPREAD_NS``); a *clean* one
+lost none in the last ``WINDOW_S``.
 
 **Tomography.** Each lossy path is explained by a place it crosses: a switch (all its
 flows), a switch towards one destination (a spine towards host D: every path X → D
@@ -57,11 +57,11 @@ log = logging.getLogger("clockmesh.detect.silent_drop")
 KIND = "silent_drop"
 MARGIN_S = 0.3  # the destination's clock may be this far ahead of the sender's
 WINDOW_S = 4.0  # probes judged over the last this many seconds (send time)
+RECENT_S = 2.0  # ... and their delay over the last this many
 HISTORY_S = 30.0  # received delays kept for each pair's floor
 PENDING_S = 30.0  # a probe its destination never judged is forgotten after this
 MIN_LOST = 3
-MAX_LOSS_KEPT = 0.25  # a lossy path received at most this share of its probes
-MIN_SPREAD_NS = 500_000_000  # its lost probes span at least two send rounds
+MIN_SPREAD_NS = 500_000_000  # a lossy path's newest lost probes span two send rounds
 MIN_PATHS = 2  # lossy paths a place must explain to be named
 BACKGROUND = 1e-3  # chance that a path of a healthy fabric looks lossy
 PLACE_COST = 10.0  # nats: what naming one more place must earn (2 paths all lost: 13.8)
@@ -160,6 +160,7 @@ class SilentDrops:
         self.host_rack = host_rack
         self.by_ends = links_by_ends
         self.spine_of = spine_of  # (src, dst, sport) -> spine, kept by FabricPaths
+        self._link_spine = {name: spine for (_leaf, spine), name in links_by_ends.items()}
         self.host_names = host_names if host_names is not None else {}
         # () -> links whose paths are not judged now (suspected flaps, maintenance)
         self.excluded_links: Callable[[], set[str]] = excluded_links or set
@@ -249,9 +250,10 @@ class SilentDrops:
 
     # ---- judgement -------------------------------------------------------------------
     def path_stats(self) -> dict[tuple[int, int, int], dict[str, float]]:
-        """Per path over the last WINDOW_S of judged probes: sent, lost, the span of the
-        lost ones' send times, whether the newest was lost, the (lower) median received
-        delay; and the pair's floor (lowest delay over HISTORY_S)."""
+        """Per path over the last WINDOW_S of judged probes: sent, lost, the newest lost in
+        a row (``streak``) and the span of their send times, whether the newest was lost,
+        the (lower) median delay received in the last RECENT_S; and the pair's floor
+        (lowest delay over HISTORY_S)."""
         self._judge()
         h = self._hist.data
         if not len(self._hist):
@@ -275,24 +277,28 @@ class SilentDrops:
         lost = w["lost"]
         n_lost = np.add.reduceat(lost.astype(np.int64), heads)
         t = w["tx_ns"]
-        first_lost = np.minimum.reduceat(np.where(lost, t, np.iinfo(np.int64).max), heads)
-        last_lost = np.maximum.reduceat(np.where(lost, t, np.iinfo(np.int64).min), heads)
-        spread = np.where(n_lost > 0, last_lost - first_lost, 0)
-        # lower median of the received delays: within each path sorted by delay (lost = NaN
-        # sorts last), the middle of its received ones
+        # the newest probes lost in a row: after the last one received
+        idx = np.arange(len(pk))
+        last_got = np.maximum.reduceat(np.where(lost, heads.repeat(ends - heads) - 1, idx), heads)
+        streak = ends - 1 - last_got
+        spread = np.where(streak > 0, t[ends - 1] - t[np.minimum(last_got + 1, ends - 1)], 0)
+        # lower median of the delays received in the last RECENT_S (a queue that just
+        # filled shows at once): within each path sorted by delay (NaN — lost, or older —
+        # sorts last), the middle of those
+        recent_delay = np.where(t >= t.max() - int(RECENT_S * 1e9), w["delay"], np.nan)
         group = np.repeat(np.arange(len(heads)), ends - heads)
-        by_delay = np.lexsort((w["delay"], group))
-        received = (ends - heads) - n_lost
+        by_delay = np.lexsort((recent_delay, group))
+        received = np.add.reduceat((~np.isnan(recent_delay)).astype(np.int64), heads)
         mid = heads + np.maximum(received - 1, 0) // 2
-        median = np.where(received > 0, w["delay"][by_delay][mid], np.nan)
+        median = np.where(received > 0, recent_delay[by_delay][mid], np.nan)
         keys = zip(w["src"][heads].tolist(), w["dst"][heads].tolist(),
                    w["sport"][heads].tolist(), strict=True)  # fmt: skip
         return {
-            key: {"sent": float(n), "lost": float(nl), "spread_ns": float(sp),
+            key: {"sent": float(n), "lost": float(nl), "streak": float(sk), "spread_ns": float(sp),
                   "newest_lost": float(nw), "delay": float(md),
                   "floor": floor.get(key[:2], float("nan"))}
-            for key, n, nl, sp, nw, md in zip(
-                keys, (ends - heads).tolist(), n_lost.tolist(), spread.tolist(),
+            for key, n, nl, sk, sp, nw, md in zip(
+                keys, (ends - heads).tolist(), n_lost.tolist(), streak.tolist(), spread.tolist(),
                 lost[ends - 1].tolist(), median.tolist(), strict=True)
         }  # fmt: skip
 
@@ -323,6 +329,7 @@ class SilentDrops:
         excluded = set(self.excluded_links())
         lossy: set[tuple[int, int, int]] = set()
         clean: set[tuple[int, int, int]] = set()
+        pending: set[tuple[int, int, int]] = set()
         crossing: dict[tuple[int, int, int], list[Place]] = {}
         for key, st in stats.items():
             spine = self.spine_of.get(key)
@@ -330,12 +337,7 @@ class SilentDrops:
             if not places or any(p.what == "link" and p.name in excluded for p in places):
                 continue
             crossing[key] = places
-            is_lossy = (
-                st["lost"] >= MIN_LOST
-                and st["sent"] - st["lost"] <= MAX_LOSS_KEPT * st["sent"]
-                and st["newest_lost"]
-                and st["spread_ns"] >= MIN_SPREAD_NS
-            )
+            is_lossy = st["streak"] >= MIN_LOST and st["spread_ns"] >= MIN_SPREAD_NS
             if is_lossy:
                 was = self._lossy_spine.setdefault(key, spine or "")
                 if spine is not None and was != spine:  # the path moved: a flap's doing
@@ -343,6 +345,8 @@ class SilentDrops:
                 lossy.add(key)
             elif st["lost"] == 0:
                 clean.add(key)
+            elif st["newest_lost"]:
+                pending.add(key)  # losing now, not judged lossy yet (or a stray loss)
         for key in [k for k in self._lossy_spine if k not in lossy]:
             del self._lossy_spine[key]
         if len(lossy) < MIN_PATHS:
@@ -378,6 +382,8 @@ class SilentDrops:
         for places, covered in chosen:
             if not all(p.reported for p in places):
                 continue  # a host's own loss: its port counters speak for it
+            if self._premature(places[0], pending, crossing):
+                continue
             rise = self._rise(covered, crossing, stats)
             if rise > RISE_NS:
                 self.held_as_queue += 1
@@ -389,6 +395,22 @@ class SilentDrops:
             else:
                 _merge(seen, obs)
         return list(out.values())
+
+    def _premature(
+        self,
+        place: Place,
+        pending: set[tuple[int, int, int]],
+        crossing: dict[tuple[int, int, int], list[Place]],
+    ) -> bool:
+        """A place narrower than its switch (towards one host, one link) while other paths
+        through the same spine are losing their newest probes but not judged lossy yet:
+        destinations are judged at their own pace (each receiver's watermark), so wait
+        for those before saying only some are dropped."""
+        if place.what == "switch":
+            return False
+        spine = place.name if place.what == "to" else self._link_spine.get(place.name, "")
+        whole = Place("switch", spine)
+        return any(whole in crossing[k] and place not in crossing[k] for k in pending)
 
     def _rise(
         self,
