@@ -124,7 +124,7 @@ def test_a_spine_blackholing_one_host_is_named_with_the_host_and_the_link_it_lea
     assert "out of service: leaf3-spine2" in obs.summary
     # found once two rounds were lost and judged (the second judged at the third round)
     first = next(i for i, o in enumerate(every) if o)
-    assert first - 10 <= 2, first
+    assert first - 10 <= 2 + late, first  # (+ its own receiver's lateness)
 
 
 @pytest.mark.parametrize("late", [0, 1])
