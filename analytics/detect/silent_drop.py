@@ -330,6 +330,7 @@ class SilentDrops:
         lossy: set[tuple[int, int, int]] = set()
         clean: set[tuple[int, int, int]] = set()
         pending: set[tuple[int, int, int]] = set()
+        streaking: set[tuple[int, int, int]] = set()
         crossing: dict[tuple[int, int, int], list[Place]] = {}
         for key, st in stats.items():
             spine = self.spine_of.get(key)
@@ -339,15 +340,16 @@ class SilentDrops:
             crossing[key] = places
             is_lossy = st["streak"] >= MIN_LOST and st["spread_ns"] >= MIN_SPREAD_NS
             if is_lossy:
+                streaking.add(key)
                 was = self._lossy_spine.setdefault(key, spine or "")
                 if spine is not None and was != spine:  # the path moved: a flap's doing
-                    continue
+                    continue  # (until its streak ends: its lost probes were the old path's)
                 lossy.add(key)
             elif st["lost"] == 0:
                 clean.add(key)
             elif st["newest_lost"]:
                 pending.add(key)  # losing now, not judged lossy yet (or a stray loss)
-        for key in [k for k in self._lossy_spine if k not in lossy]:
+        for key in [k for k in self._lossy_spine if k not in streaking]:
             del self._lossy_spine[key]
         if len(lossy) < MIN_PATHS:
             return []
