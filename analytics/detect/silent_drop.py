@@ -12,13 +12,14 @@ probe_rx rows received ``MARGIN_S`` after the probe was sent (the destination's 
 and none of them is that probe: a receiver that ships nothing judges nothing (a host that
 is down is a flap, not a drop; its own port counters say so). With 1-s segments that is
 1–2 s after the probe. A *lossy* path lost its newest probes in a row, at least
-``MIN_LOST`` of them sent over at least two send rounds (``MIN_SPREAD_NS``); a *clean* one
-lost none in the last ``WINDOW_S``.
+``MIN_LOST`` of them sent over at least three send rounds (``MIN_SPREAD_NS``); a *clean*
+one lost none in the last ``WINDOW_S``.
 
 **Tomography.** Each lossy path is explained by a place it crosses: a switch (all its
 flows), a switch towards one destination (a spine towards host D: every path X → D
 through it), a leaf–spine link in one direction — or a host (all that a host sends: a
-host problem, not a switch's; never reported here). A place that drops a share q of the
+host problem, not a switch's; never reported here), or its destination host (all that
+a host receives). A place that drops a share q of the
 flows through it makes each of its paths lossy with probability q; greedily, the place
 whose lossy and clean paths that explains best against the background (:func:`evidence`,
 a log-likelihood ratio less the cost of naming one more place) is taken, its lossy paths
@@ -60,8 +61,10 @@ WINDOW_S = 4.0  # probes judged over the last this many seconds (send time)
 RECENT_S = 2.0  # ... and their delay over the last this many
 HISTORY_S = 30.0  # received delays kept for each pair's floor
 PENDING_S = 30.0  # a probe its destination never judged is forgotten after this
-MIN_LOST = 3
-MIN_SPREAD_NS = 500_000_000  # a lossy path's newest lost probes span two send rounds
+MIN_LOST = 5  # a lossy path lost its newest this many probes in a row ...
+# ... sent over three send rounds at least: a blackout of a second or two (a control
+# plane hiccup, a receiver's collector restarting) is not a silent drop
+MIN_SPREAD_NS = 1_500_000_000
 MIN_PATHS = 2  # lossy paths a place must explain to be named
 BACKGROUND = 1e-3  # chance that a path of a healthy fabric looks lossy
 PLACE_COST = 10.0  # nats: what naming one more place must earn (2 paths all lost: 13.8)
@@ -120,7 +123,8 @@ def _key(a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None) -> np.ndarra
 @dataclass(frozen=True)
 class Place:
     """Where a loss can be: ``("switch", sw)``, ``("to", spine, host_id)``, ``("link",
-    name, direction)``, or a host (``("out", host_id)``: not a switch's fault)."""
+    name, direction)``, or a host (``("out", host_id)`` all it sends, ``("in", host_id)``
+    all it receives: its NIC, its socket, its collector — not a switch's fault)."""
 
     what: str
     name: str
@@ -128,7 +132,7 @@ class Place:
 
     @property
     def reported(self) -> bool:
-        return self.what != "out"
+        return self.what not in ("out", "in")
 
 
 @dataclass
@@ -308,7 +312,7 @@ class SilentDrops:
         if x is None or z is None:
             return []
         if x == z:
-            return [Place("out", str(s)), Place("switch", x)]
+            return [Place("out", str(s)), Place("in", str(d)), Place("switch", x)]
         if spine is None:
             return []
         up, down = self.by_ends.get((x, spine)), self.by_ends.get((z, spine))
@@ -316,6 +320,7 @@ class SilentDrops:
             return []
         return [
             Place("out", str(s)),
+            Place("in", str(d)),
             Place("switch", spine),
             Place("switch", x),
             Place("switch", z),
