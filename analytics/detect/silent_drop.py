@@ -85,6 +85,7 @@ def evidence(lossy: int, clean: int) -> float:
 
 
 RISE_NS = 100_000.0  # received probes this much over their pair's floor: a queue, not a drop
+QUEUE_MEMORY_S = 10.0  # a link-direction that queued is not judged for drops this long
 MAX_PATHS = 5_000  # paths judged; beyond, a stable hash-sample of them
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 TABLES = ("probe_tx", "probe_rx")
@@ -175,6 +176,7 @@ class SilentDrops:
         self.sample_bits = 0  # paths kept: hash % 2**bits == 0 (grows, never shrinks)
         self._lossy_spine: dict[tuple[int, int, int], str] = {}  # spine when it went lossy
         self.held_as_queue = 0  # passes whose loss came with a delay rise (contention)
+        self._queued: dict[Place, int] = {}  # link-direction -> queued (remembered) until
 
     # ---- input -----------------------------------------------------------------------
     def _sampled(self, cols: dict[str, np.ndarray]) -> np.ndarray | None:
@@ -202,6 +204,7 @@ class SilentDrops:
     def _judge(self) -> None:
         """Match the pending probe_tx with the probe_rx; judged ones go to the history."""
         if not len(self._tx):
+            self._late()
             return
         tx = self._tx.data
         key = _key(tx["src"], tx["seq"])
@@ -227,14 +230,41 @@ class SilentDrops:
             self._hist.add({
                 "src": tx["src"][judged], "dst": tx["dst"][judged],
                 "sport": tx["sport"][judged], "tx_ns": tx["tx_ns"][judged],
-                "lost": ~matched[judged], "delay": delay[judged],
+                "lost": ~matched[judged], "delay": delay[judged], "key": key[judged],
             })  # fmt: skip
+        self._late()
         newest = int(tx["tx_ns"].max())
         self._tx.keep(~judged & (tx["tx_ns"] >= newest - int(PENDING_S * 1e9)))
         h = self._hist.data
         if len(self._hist):
             self._hist.keep(h["tx_ns"] >= int(h["tx_ns"].max()) - int(HISTORY_S * 1e9))
         self._bound()
+
+    def _late(self) -> None:
+        """probe_rx of probes already judged lost: a queue held them longer than MARGIN_S
+        (hundreds of ms behind a saturated slow link). They were late, not lost: received,
+        with their delay — which tells a queue from a drop."""
+        if not len(self._rx) or not len(self._hist):
+            return
+        h = self._hist.data
+        lost = np.flatnonzero(h["lost"])
+        if not len(lost):
+            return
+        rk = self._rx.data["key"]
+        order = np.argsort(rk, kind="stable")
+        sk = rk[order]
+        pos = np.minimum(np.searchsorted(sk, h["key"][lost]), len(sk) - 1)
+        hit = sk[pos] == h["key"][lost]
+        if not hit.any():
+            return
+        rows = lost[hit]
+        h["lost"][rows] = False
+        h["delay"][rows] = (self._rx.data["rx_ns"][order][pos[hit]] - h["tx_ns"][rows]).astype(
+            np.float64
+        )
+        used = np.zeros(len(rk), bool)
+        used[order[pos[hit]]] = True
+        self._rx.keep(~used)
 
     def _bound(self) -> None:
         """More than MAX_PATHS paths: keep a stable hash-sample (half, then a quarter...),
@@ -356,6 +386,7 @@ class SilentDrops:
                 pending.add(key)  # losing now, not judged lossy yet (or a stray loss)
         for key in [k for k in self._lossy_spine if k not in streaking]:
             del self._lossy_spine[key]
+        queues = self._queues(crossing, stats, now_ns)  # every pass: it remembers
         if len(lossy) < MIN_PATHS:
             return []
         claims: dict[Place, set[tuple[int, int, int]]] = collections.defaultdict(set)
@@ -391,8 +422,9 @@ class SilentDrops:
                 continue  # a host's own loss: its port counters speak for it
             if self._premature(places[0], pending, crossing):
                 continue
-            rise = self._rise(covered, crossing, stats)
-            if rise > RISE_NS:
+            hops = {p for k in covered for p in crossing[k] if p.what == "link"}
+            rise = max((queues.get(p, 0.0) for p in hops), default=0.0)
+            if rise > RISE_NS or hops & self._queued.keys():
                 self.held_as_queue += 1
                 continue
             obs = self._observation(places, covered, clean_of, crossing, stats, rise, reportable)
@@ -419,23 +451,30 @@ class SilentDrops:
         whole = Place("switch", spine)
         return any(whole in crossing[k] and place not in crossing[k] for k in pending)
 
-    def _rise(
+    def _queues(
         self,
-        covered: set[tuple[int, int, int]],
         crossing: dict[tuple[int, int, int], list[Place]],
         stats: dict[tuple[int, int, int], dict[str, float]],
-    ) -> float:
-        """The largest, over the link-directions the lossy paths cross, of the median of
-        the received probes' delay over their pair's floor on the paths crossing it (ns): a
-        full queue delays what it does not drop; 0 when nothing got through."""
-        hops = {p for k in covered for p in crossing[k] if p.what == "link"}
+        now_ns: int,
+    ) -> dict[Place, float]:
+        """Per link-direction, the median over the paths crossing it of their received
+        probes' delay over their pair's floor (ns; last RECENT_S): a full queue delays
+        what it does not drop. A link-direction over RISE_NS is remembered as queued for
+        QUEUE_MEMORY_S: the streaks of probes a queue dropped outlive the queue by a few
+        seconds, and must not then pass for a silent drop."""
         by_hop: dict[Place, list[float]] = collections.defaultdict(list)
         for k, st in stats.items():
             ex = st["delay"] - st["floor"]
             if k in crossing and np.isfinite(ex):
-                for p in hops.intersection(crossing[k]):
-                    by_hop[p].append(ex)
-        return max((float(np.median(v)) for v in by_hop.values()), default=0.0)
+                for p in crossing[k]:
+                    if p.what == "link":
+                        by_hop[p].append(ex)
+        rise = {p: float(np.median(v)) for p, v in by_hop.items()}
+        for p, r in rise.items():
+            if r > RISE_NS:
+                self._queued[p] = now_ns + int(QUEUE_MEMORY_S * 1e9)
+        self._queued = {p: t for p, t in self._queued.items() if t > now_ns}
+        return rise
 
     def _observation(
         self,

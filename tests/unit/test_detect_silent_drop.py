@@ -294,3 +294,38 @@ def test_a_blackout_of_three_rounds_and_a_receiver_losing_everything_are_not_sil
         return d == 22, 0.0  # h2-2's socket drops all it gets (its collector still ships)
 
     assert not any(_run(deaf, seconds=12))
+
+
+def test_the_streaks_a_queue_dropped_do_not_pass_for_a_silent_drop_once_it_drained() -> None:
+    def queue_then_gone(s: int, d: int, p: int, spine: str, t: float) -> tuple[bool, float]:
+        if HOSTS[s] == "leaf1" and HOSTS[d] != "leaf1" and spine == "spine2" and t < 16:
+            return _flow_hash(s, d, p) < 0.5, 3_000_000.0  # a full queue: drops and waits
+        return False, 0.0  # ... then it drained: every probe through at once, no wait
+
+    every = _run(queue_then_gone, seconds=14)
+    assert not any(every), [o.summary for obs in every for o in obs][:1]
+
+
+def test_probes_a_queue_held_past_the_margin_are_late_not_lost() -> None:
+    """Behind a saturated slow link, probes wait 0.6 s: other paths tell the receiver's
+    watermark past them first, so they are judged lost — then they arrive."""
+    paths = {(s, d, p): spine_of(s, d, p) for s in HOSTS for d in HOSTS for p in SPORTS
+             if s != d and HOSTS[s] != HOSTS[d]}  # fmt: skip
+    drops = SilentDrops(HOSTS, BY_ENDS, paths, NAMES)
+
+    def held(s: int, d: int, p: int, spine: str, t: float) -> tuple[bool, float]:
+        return False, 600_000_000.0 if t >= 10 and HOSTS[s] == "leaf1" and spine == "spine2" \
+            else 0.0  # fmt: skip
+
+    late: dict[str, np.ndarray] | None = None
+    for i in range(24):
+        tx, rx = _probes(float(i), held)
+        slow = rx["rx_ns"] - (T0 + i * NS) > 100_000_000
+        drops.feed("probe_tx", tx)
+        drops.feed("probe_rx", {k: v[~slow] for k, v in rx.items()})
+        assert not drops.observations(T0 + i * NS), i
+        if late is not None:
+            drops.feed("probe_rx", late)  # arrives with the next round's
+        late = {k: v[slow] for k, v in rx.items()}
+    stats = drops.path_stats()
+    assert sum(st["lost"] for st in stats.values()) == 0
