@@ -63,6 +63,7 @@ _COUNTER_NAMES = pa.array(sorted(n.decode() for n in FLAP_COUNTERS))
 REMEDIATION_SETTLE_S = 20.0
 INBAND_ROWS = 50_000  # in-band messages kept per commit for the delay signal
 RULE_ONLY = ("silent_drop",)  # classes the model does not re-judge (docs/detect.md)
+FABRIC_SETTLE_S = 10.0  # no silent drop is judged this long after a fabric link flapped
 
 
 def _merge_roce(config: list[Observation], delay: list[Observation]) -> list[Observation]:
@@ -375,7 +376,14 @@ class DetectRunner:
 
     def _links_not_judged(self) -> set[str]:
         """Leaf-spine links whose paths' loss is someone else's: suspected by the path
-        tomography (a flap) or out of service by a remediation."""
+        tomography (a flap) or out of service by a remediation — and every one while the
+        fabric converges (a link flapped in the last FABRIC_SETTLE_S: sessions drop and
+        routes move, and a control plane starved of CPU can drop several at once)."""
+        settle = int(FABRIC_SETTLE_S * 1e9)
+        for st in self.paths.state.values():
+            if st.down_since or (st.outages and self.paths.newest_ns - st.outages[-1].up_ns
+                                 < settle):  # fmt: skip
+                return set(self.paths.links)
         return {n for twins, _, _ in self.paths.suspects() for n in twins} | self.paths.maintenance
 
     def judge(self, observed: list[Observation]) -> None:
