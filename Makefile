@@ -6,11 +6,11 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# Debian packages the demo needs (ssh per lab host, iproute2 for namespaces, tc for
+# Debian packages the demo needs (ssh per lab host, iproute2 for namespaces, tc and nft for
 # faults, FRR for the fabric's BGP/BFD) and what the tests add (promtool to check
 # /metrics, chromium to render reports, a one-node Slurm for the drain tests).
 APT_DEMO := iproute2 openssh-server openssh-client python3-venv procps util-linux \
-	psmisc rsync sshpass frr
+	psmisc rsync sshpass frr nftables
 APT_TEST := prometheus chromium munge slurmctld slurmd slurm-client
 
 .PHONY: help deps venv venv-demo demo demo-tui demo-down test lint unit clean

@@ -136,9 +136,10 @@ def render(rows: list[HostHealth], live: dict[str, Any], url: str) -> str:
     else:
         lines.append(f"open anomalies: {len(open_)}")
         for a in open_:
-            place = a.get("link") or a.get("job_id") or "-"
+            # a silent drop of a whole switch names no single link: the switch
+            place = a.get("link") or a.get("job_id") or (a.get("evidence") or {}).get("switch")
             lines.append(
-                f"  {a.get('kind', '?'):<14} {place:<14} score {a.get('score', 0):.2f}  "
+                f"  {a.get('kind', '?'):<14} {place or '-':<14} score {a.get('score', 0):.2f}  "
                 f"{a.get('anomaly_id', '')}  {a.get('summary', '')}"
             )
     return "\n".join(lines)
@@ -203,7 +204,7 @@ def fetch_live(url: str, timeout_s: float = 5.0) -> dict[str, Any]:
 )
 @click.option(
     "--wait-anomaly",
-    type=click.Choice(["flapping_link", "roce_v1_job", "contention"]),
+    type=click.Choice(["flapping_link", "roce_v1_job", "contention", "silent_drop"]),
     help="Wait until the detector has an open anomaly of this class.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the per-host rows as JSON.")

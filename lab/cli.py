@@ -390,6 +390,26 @@ def saturate(
                    f"{rec['sport']} at {rec['pps']} pkt/s, DSCP {dscp} (pid {rec['pid']})")  # fmt: skip
 
 
+@lab.command(name="drop")
+@_lab_options
+@click.argument("switch")
+@click.option("--to", "to", multiple=True, metavar="HOST",
+              help="Drop what SWITCH forwards to this host (repeatable).")  # fmt: skip
+@click.option("--share", type=click.FloatRange(0.0, 1.0, min_open=True), default=1.0,
+              show_default=True, help="Share of the flows (5-tuple hash) dropped.")  # fmt: skip
+@_user_errors
+def drop_cmd(name: str, state_dir: Path | None, switch: str, to: tuple[str, ...],
+             share: float) -> None:  # fmt: skip
+    """Make SWITCH silently drop traffic while its links and BGP stay up (stop with `lab
+    heal`): everything towards --to HOST (a blackhole /32 in its kernel table), or --share
+    of the flows (towards HOST, or all), by nftables hashing the 5-tuple."""
+    from lab import faults
+
+    rec = faults.drop(_make_lab(name, state_dir), switch, list(to), share)
+    towards = f" towards {', '.join(rec['to'])}" if rec["to"] else ""
+    click.echo(f"{switch} drops{towards}: {rec['how']}; links and BGP stay up")
+
+
 @lab.command(name="capacity")
 @_lab_options
 @click.option("--rate", default="50mbit", show_default=True,
@@ -439,7 +459,8 @@ def heal(name: str, state_dir: Path | None) -> None:
     res = faults.heal(_make_lab(name, state_dir))
     click.echo(
         f"lab {name}: stopped {res['stopped']} fault process(es), {res['links_up']} link(s) "
-        f"brought up, {res['qdiscs_removed']} qdisc(s) removed"
+        f"brought up, {res['qdiscs_removed']} qdisc(s) removed, {res['drops_removed']} "
+        "silent drop(s) removed"
     )
 
 
@@ -560,6 +581,7 @@ def scenario() -> None:
             "contention",
             "clean",
             "job_contention",
+            "silent_drop",
         )
     ),
     show_default=True,

@@ -10,6 +10,12 @@ keeps it going, so ``heal`` and ``down`` can stop it from another shell.
 - congest: a ``tbf`` qdisc on the link's egress (per direction) plus a paced UDP load
   whose source port was found, by sending bursts and reading the link's packet counters,
   to hash onto that link.
+- drop: a switch silently discards part of what it forwards while every link and BGP
+  session stays up (a stale FIB entry, a bad line card): some destinations (a kernel
+  ``blackhole`` /32 in the switch's own table, not through FRR, so BGP keeps
+  advertising the rack; a blackhole sends no ICMP and answers no TTL expiry), or a share
+  of the flows (nftables hashing the 5-tuple in the switch's forward hook: a dropped
+  flow loses every packet, the others none; TTL expiry is answered before that hook).
 """
 
 from __future__ import annotations
@@ -315,6 +321,91 @@ def bulk(
     ]
 
 
+# ---------------------------------------------------------------------------- drop
+DROP_TABLE = "clockmesh_drop"  # the nftables table a share-of-flows drop lives in
+_BLACKHOLE_METRIC = "1"  # below any route FRR installs (zebra uses 20): this one forwards
+
+
+def _run(namespace: str, argv: list[str], what: str, stdin: str | None = None) -> None:
+    res = subprocess.run(["ip", "netns", "exec", namespace, *argv], input=stdin,
+                         capture_output=True, text=True)  # fmt: skip
+    if res.returncode != 0:
+        raise LabError(f"{what}: {res.stderr.strip() or res.stdout.strip()}")
+
+
+def _nft_rules(share: float, to: list[str], seed: int) -> str:
+    """The nftables script of a share-of-flows drop (``nft -f -``): one rule in a forward
+    hook, jhash over the 5-tuple (addresses, protocol, ports) mod 10000 below the share."""
+    match = f"ip daddr {{ {', '.join(to)} }} " if to else ""
+    cut = max(1, round(share * 10000))
+    return (
+        f"table ip {DROP_TABLE} {{\n"
+        "  chain forward {\n"
+        "    type filter hook forward priority -100; policy accept;\n"
+        f"    {match}meta l4proto {{ udp, tcp }} jhash ip saddr . ip daddr . meta l4proto . "
+        f"th sport . th dport mod 10000 seed {seed:#x} < {cut} counter drop\n"
+        "  }\n"
+        "}\n"
+    )
+
+
+def drop(
+    lab: Lab, switch: str, to: list[str] | None = None, share: float = 1.0, seed: int = 0x5EED
+) -> dict[str, Any]:
+    """Make ``switch`` (a leaf or spine) silently drop what it forwards to the hosts ``to``
+    (all of it: blackhole routes; a share: hashed flows), or ``share`` of all the flows
+    it forwards. Links and routing stay up. Recorded as a fault; ``heal`` removes it."""
+    topo = lab.topology
+    routers = {r.name: r for r in (*topo.leaves, *topo.spines)}
+    if switch not in routers:
+        raise LabError(f"SWITCH: no leaf or spine named {switch!r} (e.g. {', '.join(routers)})")
+    if not 0.0 < share <= 1.0:
+        raise LabError(f"--share: expected a share of flows in (0, 1], got {share}")
+    hosts = {h.name: h for h in topo.hosts}
+    to = list(dict.fromkeys(to or []))
+    unknown = [h for h in to if h not in hosts]
+    if unknown:
+        raise LabError(
+            f"--to: no lab host named {unknown[0]!r} (e.g. {', '.join(list(hosts)[:4])})"
+        )
+    if not to and share >= 1.0:
+        raise LabError("drop: give --to HOST (a destination) or --share below 1 (of the flows)")
+    ns = routers[switch].namespace
+    addresses = [hosts[h].backend_address for h in to]
+    rec: dict[str, Any] = {"kind": "drop", "switch": switch, "namespace": ns, "to": to,
+                           "addresses": addresses, "share": share}  # fmt: skip
+    if share >= 1.0:
+        for a in addresses:
+            _run(ns, ["ip", "route", "replace", "blackhole", f"{a}/32", "metric",
+                      _BLACKHOLE_METRIC], f"blackhole {a}/32 on {switch}")  # fmt: skip
+        rec["how"] = "blackhole /32 in the switch's kernel table"
+    else:
+        if _has_drop_table(ns):
+            raise LabError(f"{switch} drops a share of its flows already: `lab heal` first")
+        _run(ns, ["nft", "-f", "-"], f"nft on {switch}", _nft_rules(share, addresses, seed))
+        rec["how"] = f"nftables jhash of the 5-tuple, {share:.0%} of the flows"
+        rec["seed"] = seed
+    lab.state.add("faults", rec)
+    return rec
+
+
+def _has_drop_table(namespace: str) -> bool:
+    res = subprocess.run(["ip", "netns", "exec", namespace, "nft", "list", "table", "ip",
+                          DROP_TABLE], capture_output=True, text=True)  # fmt: skip
+    return res.returncode == 0
+
+
+def undo_drop(rec: dict[str, Any]) -> None:
+    """Remove one ``drop`` fault (its blackhole routes or its nftables table)."""
+    ns = rec["namespace"]
+    if rec.get("share", 1.0) >= 1.0:
+        for a in rec.get("addresses", []):
+            subprocess.run(["ip", "-n", ns, "route", "del", "blackhole", f"{a}/32", "metric",
+                            _BLACKHOLE_METRIC], capture_output=True)  # fmt: skip
+    elif _has_drop_table(ns):
+        _run(ns, ["nft", "delete", "table", "ip", DROP_TABLE], f"nft on {rec['switch']}")
+
+
 # ---------------------------------------------------------------------------- heal
 def heal(lab: Lab) -> dict[str, int]:
     """Remove every fault: stop injectors and loads, all links up, the faults' root qdiscs
@@ -324,6 +415,10 @@ def heal(lab: Lab) -> dict[str, int]:
     stopped = processes.terminate_records([f for f in faults if "pid" in f])
     topo = lab.topology
     present = set(lab._namespaces())
+    drops = [f for f in faults if f.get("kind") == "drop" and f.get("namespace") in present]
+    for f in drops:
+        with contextlib.suppress(LabError, OSError):
+            undo_drop(f)
     relinked = unshaped = 0
     for st in link_states(topo, present):
         link = topo.link(st.name)
@@ -343,4 +438,9 @@ def heal(lab: Lab) -> dict[str, int]:
         restore_host_routes(topo, present)
     with lab.state.update() as state:
         state["faults"] = []
-    return {"stopped": len(stopped), "links_up": relinked, "qdiscs_removed": unshaped}
+    return {
+        "stopped": len(stopped),
+        "links_up": relinked,
+        "qdiscs_removed": unshaped,
+        "drops_removed": len(drops),
+    }

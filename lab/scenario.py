@@ -17,6 +17,10 @@ box (``clockmesh ingest run``, store in ``DIR/store``) and a collector in every 
 - ``job_contention``: two RoCE v2 jobs between a host of one rack and a host of another,
   hashed onto the same spine, each moving its bulk data (0.65 × the capacity, RDMA
   class) along its flow: together they fill the source leaf's uplink to that spine;
+- ``silent_drop``: a spine silently drops (``lab drop``), links and BGP up, for 15–25 s:
+  everything it forwards to one random host (a blackhole /32: the detector should name the
+  spine and the host, and the link to the host's leaf — the truth's ``where``), or 30 % of
+  all the flows it forwards (nftables hashing the 5-tuple: ``where`` is the spine);
 - ``clean``: nothing, 20–40 s.
 
 Realistic buffers by default: every leaf–spine link gets ``CAPACITY`` (50 Mbit/s) and
@@ -52,8 +56,9 @@ KINDS = (
     "contention",
     "clean",
     "job_contention",
+    "silent_drop",
 )
-WEIGHTS = (3, 2, 2, 1, 2, 1, 1)
+WEIGHTS = (3, 2, 2, 1, 2, 1, 1, 1)
 CAPACITY = "50mbit"
 BUFFER_US = 500.0
 CLASS_OF = {
@@ -62,6 +67,7 @@ CLASS_OF = {
     "roce_v1_job": "roce_v1_job",
     "contention": "contention",
     "job_contention": "contention",
+    "silent_drop": "silent_drop",
     "healthy_job": "none",
     "clean": "none",
 }
@@ -207,6 +213,28 @@ class Scenario:
             f.end_ns = time.time_ns()
         return f
 
+    def _silent_drop(self) -> Fault:
+        topo = self.lab.topology
+        spine = self.rng.choice(topo.spines).name
+        host = self.rng.choice(topo.hosts)
+        to_host = self.rng.random() < 0.5
+        seconds = self.rng.uniform(15, 25)
+        start = time.time_ns()
+        if to_host:
+            rec = faults.drop(self.lab, spine, [host.name])
+        else:
+            rec = faults.drop(self.lab, spine, [], 0.3, seed=self.rng.randrange(1 << 31))
+        where = f"{host.rack}-{spine}" if to_host else spine
+        f = Fault("silent_drop", "silent_drop", where, start, detail={
+            "switch": spine, "to": rec["to"], "share": rec["share"], "how": rec["how"],
+            "seconds": round(seconds, 1)})  # fmt: skip
+        try:
+            time.sleep(seconds)
+        finally:
+            faults.heal(self.lab)
+            f.end_ns = time.time_ns()
+        return f
+
     def _clean(self) -> Fault:
         f = Fault("clean", "none", "", time.time_ns())
         time.sleep(self.rng.uniform(20, 40))
@@ -227,6 +255,8 @@ class Scenario:
             return self._contention(fabric)
         if kind == "job_contention":
             return self._job_contention()
+        if kind == "silent_drop":
+            return self._silent_drop()
         return self._clean()
 
     # ---- the run ------------------------------------------------------------------------

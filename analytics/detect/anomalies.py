@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from analytics.store import layout
 
-KINDS = ("flapping_link", "roce_v1_job", "contention", "unknown")
+KINDS = ("flapping_link", "roce_v1_job", "contention", "silent_drop", "unknown")
 
 
 @dataclass

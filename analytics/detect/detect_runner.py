@@ -43,6 +43,9 @@ from analytics.detect.model import Detector, ModelError
 from analytics.detect.model import load as load_model
 from analytics.detect.paths import FabricLink, FabricPaths
 from analytics.detect.roce import RoceJobs
+from analytics.detect.silent_drop import TABLES as PROBE_TABLES
+from analytics.detect.silent_drop import SilentDrops
+from analytics.detect.silent_drop import columns as probe_columns
 from analytics.remediate import records as remediations
 from analytics.store import layout
 from analytics.store.store_writer import StoreWriter
@@ -61,6 +64,8 @@ _CONGESTION_NAMES = pa.array(sorted(CONGESTION_COUNTERS))
 # nccl.conf every 5 s), plus shipping. Still seen after that, it is a new anomaly.
 REMEDIATION_SETTLE_S = 20.0
 INBAND_ROWS = 50_000  # in-band messages kept per commit for the delay signal
+RULE_ONLY = ("silent_drop",)  # classes the model does not re-judge (docs/detect.md)
+FABRIC_SETTLE_S = 10.0  # no silent drop is judged this long after a fabric link flapped
 
 
 def _merge_roce(config: list[Observation], delay: list[Observation]) -> list[Observation]:
@@ -148,6 +153,8 @@ class DetectRunner:
         self.delays = PathDelays(topo.host_rack, self.paths.by_ends, self.paths.spine_of, names)
         self.roce = RoceJobs(names)
         self.survival = Survival(topo.host_rack, names, self.config.flap_window_s)
+        self.drops = SilentDrops(topo.host_rack, self.paths.by_ends, self.paths.spine_of, names,
+                                 self._links_not_judged)  # fmt: skip
         self.job_delays = JobDelays(names)
         self.delays.jobs_between = self.job_delays.jobs_between
         self._names = names  # shared with the rules, refreshed every pass
@@ -213,6 +220,10 @@ class DetectRunner:
             data = tables.get(name)
             if data is not None and data.num_rows:
                 got.append((name, data.take(pa.array(np.arange(data.num_rows)))))
+        for name in PROBE_TABLES:  # every probe, received or lost: silent drops
+            data = tables.get(name)
+            if data is not None and data.num_rows and self.drops.host_rack:
+                got.append((name, probe_columns(name, data, self.drops.sample_bits)))
         data = tables.get("inband")
         if data is not None and data.num_rows:  # which job was heard on which host, when
             heard = data.group_by(["host", "job_id"]).aggregate([("ts_ns", "max")])
@@ -288,6 +299,9 @@ class DetectRunner:
                         data.column("owd_ns_approximate_median").to_numpy(zero_copy_only=False),
                     )
                     continue
+                if name in PROBE_TABLES:
+                    self.drops.feed(name, data)
+                    continue
                 if name == "inband_rows":
                     self.job_delays.feed(layout.arrow_to_records("inband", data),
                                          self._clock_state())  # fmt: skip
@@ -321,6 +335,7 @@ class DetectRunner:
             *self.flaps.observations(now_ns),
             *self.paths.observations(now_ns),
             *self.delays.observations(now_ns),
+            *self.drops.observations(now_ns),
             *_merge_roce(
                 self.roce.observations(now_ns),
                 # the probes' excess per host pair: only worth computing with jobs measured
@@ -393,9 +408,23 @@ class DetectRunner:
                     log.info("event=anomaly_closed id=%s kind=%s by=%s", a.anomaly_id, a.kind,
                              r.remediation_id)  # fmt: skip
 
+    def _links_not_judged(self) -> set[str]:
+        """Leaf-spine links whose paths' loss is someone else's: suspected by the path
+        tomography (a flap) or out of service by a remediation — and every one while the
+        fabric converges (a link flapped in the last FABRIC_SETTLE_S: sessions drop and
+        routes move, and a control plane starved of CPU can drop several at once)."""
+        settle = int(FABRIC_SETTLE_S * 1e9)
+        for st in self.paths.state.values():
+            if st.down_since or (st.outages and self.paths.newest_ns - st.outages[-1].up_ns
+                                 < settle):  # fmt: skip
+                return set(self.paths.links)
+        return {n for twins, _, _ in self.paths.suspects() for n in twins} | self.paths.maintenance
+
     def judge(self, observed: list[Observation]) -> None:
         """The model names each candidate's class, with its probability and evidence in
-        words; the rule that found it stays in the evidence (``rule``)."""
+        words; the rule that found it stays in the evidence (``rule``). Silent drops are a
+        rule class the model was not trained on: it does not re-judge them."""
+        observed = [o for o in observed if o.kind not in RULE_ONLY]
         if self.model is None or not observed:
             return
         try:

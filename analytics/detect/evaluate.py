@@ -26,7 +26,7 @@ from typing import Any
 from analytics.detect.anomalies import KINDS
 from analytics.store.catalog import connect_views
 
-CLASSES = ("flapping_link", "roce_v1_job", "contention")
+CLASSES = ("flapping_link", "roce_v1_job", "contention", "silent_drop")
 LABELS = (*CLASSES, "none")
 BEFORE_NS = 2_000_000_000
 

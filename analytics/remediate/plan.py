@@ -6,8 +6,10 @@ closed (unless a remediation closed it: then a re-run is the idempotent no-op), 
 class with no action yet, maps it to an action with its targets, and checks the cap
 against what is already out of service (the active remediations in the store):
 
-- ``fabric_link_out`` — a flapping leaf–spine link: its BGP session shut on both ends
-  (leaf and spine), so both route around it on the remaining ECMP next hops. Cap: a leaf
+- ``fabric_link_out`` — a flapping leaf–spine link, or the link a silent drop leaves its
+  switch by (a spine dropping what it forwards to one host: the link to that host's leaf):
+  its BGP session shut on both ends (leaf and spine), so both route around it on the
+  remaining ECMP next hops. Cap: a leaf
   keeps more than ``(1 − max_uplinks_out_share)`` of its uplinks (default 0.5: with two
   spines, one link per leaf at most) and at most ``max_fabric_links_out_share`` of all
   fabric links are out (default 0.25, at least one).
@@ -185,6 +187,13 @@ def plan(
             return _roce_v2_gid(topology, a, caps, in_force)
         if action == "spread_flows":
             return _spread_flows(topology, a, caps, in_force)
+        if not action and a.kind == "silent_drop":
+            links = a.detail.get("evidence", {}).get("links") or []
+            raise Refused(
+                f"anomaly {anomaly_id} (silent_drop): no single link explains it (the loss "
+                f"crosses {', '.join(links) or 'no fabric link'}): take the switch out of "
+                "service by hand"
+            )
         if not action:
             raise Refused(f"anomaly {anomaly_id} ({a.kind}): no remediation for this class")
     if action == "host_drain":
@@ -203,7 +212,8 @@ def recommended(topology: dict[str, Any] | None, kind: str, link: str,
     """The remediation an anomaly calls for, as (action, target); ("", "") for none.
 
     A flapping host access link drains its host; a flapping leaf–spine link goes out of
-    service; a job on RoCE v1 moves to a RoCE v2 GID; contention spreads the jobs' flows.
+    service; a job on RoCE v1 moves to a RoCE v2 GID; contention spreads the jobs' flows; a
+    silent drop that one fabric link explains takes that link out of service.
     Without a topology a flapping link cannot be told to be a host's: "" target, the
     action the fabric's."""
     if kind == "flapping_link":
@@ -213,6 +223,11 @@ def recommended(topology: dict[str, Any] | None, kind: str, link: str,
         return "roce_v2_gid", job_id
     if kind == "contention":
         return "spread_flows", link
+    if kind == "silent_drop" and link:  # the one link the lossy paths leave the switch by
+        fabric = topology is None or any(
+            lk.get("kind") == "fabric" and lk["name"] == link for lk in topology.get("links", [])
+        )
+        return ("fabric_link_out", link) if fabric else ("", "")
     return "", ""
 
 

@@ -468,3 +468,112 @@ def test_healthy_roce_v2_jobs_on_shallow_buffers_raise_no_contention(
         jobgen.stop_job(lab, "healthyA")
         jobgen.stop_job(lab, "healthyB")
         capacity.remove(lab)
+
+
+# ---- silent drops: a switch discards part of the traffic, links and BGP stay up ----------
+def _silent_drops_in_store(store: Path) -> list[tuple[str, str]]:
+    """(anomaly id, summary) of every silent_drop the daemon ever opened in this store."""
+    import duckdb
+
+    from analytics.store import layout
+
+    if not layout.has_files(store, "anomalies"):
+        return []
+    rows = duckdb.sql(
+        f"SELECT DISTINCT anomaly_id, json_extract_string(detail, '$.summary') "
+        f"FROM read_parquet('{layout.table_glob(store, 'anomalies')}', hive_partitioning = true) "
+        "WHERE kind = 'silent_drop'"
+    ).fetchall()
+    return [(str(a), str(s)) for a, s in rows]
+
+
+def _no_silent_drop_for(live: Callable[[], dict[str, Any]], seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        got = _open(live, "silent_drop")
+        assert not got, f"silent_drop during {what}: {got[0]['summary']}"
+        time.sleep(0.2)
+
+
+def test_no_silent_drop_is_claimed_when_healthy_nor_during_a_flap_or_contention(
+    opsbox: dict[str, Any],
+) -> None:
+    """Loss a link flap or a full queue causes is theirs: paths moved (the traces show it)
+    or the probes that get through wait. Any earlier test of this module (flaps, contention,
+    jobs filling a queue) must not have raised one either."""
+    lab, live = opsbox["lab"], opsbox["live"]
+    assert _silent_drops_in_store(opsbox["store"]) == []
+    _no_silent_drop_for(live, 8.0, "a healthy period")
+    seed = int(time.time_ns() % 100_000)
+    link = random.Random(seed).choice([lk for lk in lab.topology.links if lk.kind == "fabric"])
+    spine = link.b
+
+    def ip(state: str) -> None:
+        subprocess.run(["ip", "-n", spine.namespace, "link", "set", spine.interface, state],
+                       check=True)  # fmt: skip
+
+    try:
+        ip("down")
+        _wait(lambda: [a for a in _open(live, "flapping_link") if a["link"] == link.name], 15,
+              f"seed {seed}: the flap of {link.name} found")  # fmt: skip
+        _no_silent_drop_for(live, 3.0, f"the outage of {link.name} (seed {seed})")
+    finally:
+        ip("up")
+    _no_silent_drop_for(live, 8.0, f"{link.name} coming back (seed {seed})")
+    try:
+        faults.congest(lab, link.name, "20mbit", "a2b")
+        _no_silent_drop_for(live, 20.0, f"contention on {link.name} (seed {seed})")
+    finally:
+        faults.heal(lab)
+    _no_silent_drop_for(live, 5.0, "the heal")
+    assert _silent_drops_in_store(opsbox["store"]) == []
+
+
+def test_a_spine_silently_dropping_one_host_is_named_with_the_host_within_5_s(
+    opsbox: dict[str, Any],
+) -> None:
+    """A plain blackhole /32 in a spine's kernel table (not through FRR, not through `lab
+    drop`): BGP keeps advertising the rack, every link stays up, no ICMP is sent — only
+    the probes crossing that spine towards that host are lost."""
+    from lab import frr
+
+    lab, live = opsbox["lab"], opsbox["live"]
+    topo = lab.topology
+    seed = int(time.time_ns() % 100_000)
+    rng = random.Random(seed)
+    spine = rng.choice(topo.spines)
+    host = rng.choice(topo.hosts)
+    route = ["ip", "-n", spine.namespace, "route"]
+    blackhole = ["blackhole", f"{host.backend_address}/32"]
+
+    def named() -> dict[str, Any] | None:
+        got = [a for a in _open(live, "silent_drop") if a["evidence"]["switch"] == spine.name]
+        return got[0] if got else None
+
+    _wait(lambda: not _open(live, "flapping_link") and not _open(live, "contention"), 90,
+          "earlier anomalies closed")  # fmt: skip
+    time.sleep(3.0)
+    assert named() is None, f"seed {seed}"
+    try:
+        t0 = time.monotonic()
+        subprocess.run([*route, "add", *blackhole], check=True)
+        a = _wait(named, 20, f"seed {seed}: silent_drop at {spine.name} towards {host.name}")
+        latency = time.monotonic() - t0
+        print(f"blackhole {host.name} on {spine.name} -> anomaly in {latency:.2f} s: "
+              f"{a['summary']}")  # fmt: skip
+        ev = a["evidence"]
+        assert ev["destinations"] == [host.name], (seed, ev)
+        assert a["link"] == f"{host.rack}-{spine.name}" and ev["links"] == [a["link"]], (seed, a)
+        assert ev["confidence"] == 1.0 and ev["flow_share"] == 1.0, (seed, ev)
+        assert latency <= 5.0, f"seed {seed}: named after {latency:.1f} s"
+        # Every link and BGP session up; nothing else blamed.
+        sessions = [s for r in topo.spines for s in frr.sessions(lab.name, topo, r)]
+        assert sessions and all(s.up for s in sessions), sessions
+        assert not _open(live, "flapping_link") and not _open(live, "contention")
+        assert len(_open(live, "silent_drop")) == 1, _open(live, "silent_drop")
+        _wait(lambda: (named() or {}).get("age_s", 0) >= 3.0, 10, "still named 3 s on")
+    finally:
+        subprocess.run([*route, "del", *blackhole], check=False)
+    closed = a["anomaly_id"]
+    _wait(lambda: named() is None, 40, f"seed {seed}: closed once the route is gone")
+    assert any(c["anomaly_id"] == closed for c in live()["anomalies"]["recently_closed"])

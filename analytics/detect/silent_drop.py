@@ -1,0 +1,578 @@
+"""Silent drops: a switch that discards part of what crosses it while links and routing stay up.
+
+A stale FIB entry, a bad line card or a mis-programmed ACL drops some destinations, or a
+share of the flows, at one switch: no port goes down, BGP keeps advertising, no ICMP is
+sent. Only the probes notice (Pingmesh, 007, NetBouncer): this module judges every probe
+sent (``probe_tx``) received or lost, per path — (src, dst, UDP source port): one 5-tuple,
+so one ECMP path — and localises the loss on the paths the traces say each 5-tuple crosses
+(:mod:`analytics.detect.paths`, ``spine_of``).
+
+**Lost, within seconds.** A probe is *lost* once its destination's collector has shipped
+probe_rx rows received ``MARGIN_S`` after the probe was sent (the destination's watermark)
+and none of them is that probe: a receiver that ships nothing judges nothing (a host that
+is down is a flap, not a drop; its own port counters say so). With 1-s segments that is
+1–2 s after the probe. A *lossy* path lost its newest probes in a row, at least
+``MIN_LOST`` of them sent over at least three send rounds (``MIN_SPREAD_NS``); a *clean*
+one lost none in the last ``WINDOW_S``.
+
+**Tomography.** Each lossy path is explained by a place it crosses: a switch (all its
+flows), a switch towards one destination (a spine towards host D: every path X → D
+through it), a leaf–spine link in one direction — or a host (all that a host sends: a
+host problem, not a switch's; never reported here), or its destination host (all that
+a host receives). A place that drops a share q of the
+flows through it makes each of its paths lossy with probability q; greedily, the place
+whose lossy and clean paths that explains best against the background (:func:`evidence`,
+a log-likelihood ratio less the cost of naming one more place) is taken, its lossy paths
+explained, until no place earns its cost or explains ``MIN_PATHS`` more. So a spine
+dropping every flow to one host is named with the host (all its paths there lost, none
+clean), and one dropping 30 % of all its flows as the spine (a few lossy paths towards
+one host among its clean ones earn less). Places that explain exactly the same paths
+cannot be told apart and are named together.
+
+**Not a flap, not contention.** A path whose traced spine changed after its loss began
+moved (a link went and routing took it out: :mod:`analytics.detect.paths` names that
+flap), and paths over a link the path tomography suspects or a remediation took out are
+not judged. When the probes that do get through on a link-direction the lossy paths cross
+wait (median) longer than ``RISE_NS`` over their pair's floor, the loss is a full queue
+(:mod:`analytics.detect.contention`), not a silent drop, and nothing is reported.
+
+The class is a rule the model does not re-judge: the forest was trained on the other
+classes only (docs/detect.md).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from analytics.detect.anomalies import Observation
+
+log = logging.getLogger("clockmesh.detect.silent_drop")
+
+KIND = "silent_drop"
+MARGIN_S = 0.3  # the destination's clock may be this far ahead of the sender's
+WINDOW_S = 4.0  # probes judged over the last this many seconds (send time)
+RECENT_S = 2.0  # ... and their delay over the last this many
+HISTORY_S = 30.0  # received delays kept for each pair's floor
+PENDING_S = 30.0  # a probe its destination never judged is forgotten after this
+MIN_LOST = 5  # a lossy path lost its newest this many probes in a row ...
+# ... sent over three send rounds at least: a blackout of a second or two (a control
+# plane hiccup, a receiver's collector restarting) is not a silent drop
+MIN_SPREAD_NS = 1_500_000_000
+MIN_PATHS = 2  # lossy paths a place must explain to be named
+BACKGROUND = 1e-3  # chance that a path of a healthy fabric looks lossy
+PLACE_COST = 10.0  # nats: what naming one more place must earn (2 paths all lost: 13.8)
+
+
+def evidence(lossy: int, clean: int) -> float:
+    """What naming a place earns, in nats: how much better "it drops a share q = lossy /
+    (lossy + clean) of the flows through it" explains its paths than the background
+    (each path lossy with probability BACKGROUND), less PLACE_COST. Every path lost
+    through a place is strong evidence; a few among many clean ones are weak."""
+    n = lossy + clean
+    if not lossy:
+        return -PLACE_COST
+    q = lossy / n
+    fit = lossy * math.log(q) + (clean * math.log(1 - q) if clean else 0.0)
+    null = lossy * math.log(BACKGROUND) + clean * math.log(1 - BACKGROUND)
+    return fit - null - PLACE_COST
+
+
+RISE_NS = 100_000.0  # received probes this much over their pair's floor: a queue, not a drop
+QUEUE_MEMORY_S = 10.0  # a link-direction that queued is not judged for drops this long
+MAX_PATHS = 5_000  # paths judged; beyond, a stable hash-sample of them
+_MIX = np.uint64(0x9E3779B97F4A7C15)
+TABLES = ("probe_tx", "probe_rx")
+_TX = ("src", "dst", "sport", "seq", "tx_ns")
+_RX = ("src", "dst", "sport", "seq", "rx_ns")
+
+
+def columns(name: str, data: pa.Table, sample_bits: int = 0) -> dict[str, np.ndarray]:
+    """The columns this module reads of a commit's ``probe_tx``/``probe_rx``, copied (the
+    commit's buffers are reused): only the sampled paths' rows (:attr:`SilentDrops.
+    sample_bits`), so a large fleet costs the commit thread little."""
+    names = _TX if name == "probe_tx" else _RX
+    view = {c: data.column(c).to_numpy() for c in names}  # zero-copy where it can be
+    keep = _path_sample(view, sample_bits)
+    if keep is None:
+        return {c: v.astype(np.int64) for c, v in view.items()}  # copies
+    return {c: v[keep].astype(np.int64) for c, v in view.items()}
+
+
+def _path_sample(cols: dict[str, np.ndarray], bits: int) -> np.ndarray | None:
+    """Rows of the paths kept (a stable hash of (src, dst, sport)); None: every row."""
+    if not bits:
+        return None
+    k = cols["path"] if "path" in cols else _key(cols["src"], cols["dst"], cols["sport"])
+    return (k >> np.uint64(40)) % np.uint64(1 << bits) == 0
+
+
+def _key(a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        k = a.astype(np.uint64) * _MIX + b.astype(np.uint64)
+        if c is not None:
+            k = k * _MIX + c.astype(np.uint64)
+    return k
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a loss can be: ``("switch", sw)``, ``("to", spine, host_id)``, ``("link",
+    name, direction)``, or a host (``("out", host_id)`` all it sends, ``("in", host_id)``
+    all it receives: its NIC, its socket, its collector — not a switch's fault)."""
+
+    what: str
+    name: str
+    detail: str = ""  # direction of a link; destination host id of "to"
+
+    @property
+    def reported(self) -> bool:
+        return self.what not in ("out", "in")
+
+
+@dataclass
+class _Cols:
+    data: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def add(self, cols: dict[str, np.ndarray]) -> None:
+        if not self.data:
+            self.data = cols
+        else:
+            self.data = {k: np.concatenate((self.data[k], cols[k])) for k in self.data}
+
+    def keep(self, mask: np.ndarray) -> None:
+        self.data = {k: v[mask] for k, v in self.data.items()}
+
+    def __len__(self) -> int:
+        return len(next(iter(self.data.values()))) if self.data else 0
+
+
+class SilentDrops:
+    def __init__(
+        self,
+        host_rack: dict[int, str],
+        links_by_ends: dict[tuple[str, str], str],
+        spine_of: dict[tuple[int, int, int], str],
+        host_names: dict[int, str] | None = None,
+        excluded_links: Callable[[], set[str]] | None = None,
+    ) -> None:
+        self.host_rack = host_rack
+        self.by_ends = links_by_ends
+        self.spine_of = spine_of  # (src, dst, sport) -> spine, kept by FabricPaths
+        self._link_spine = {name: spine for (_leaf, spine), name in links_by_ends.items()}
+        self.host_names = host_names if host_names is not None else {}
+        # () -> links whose paths are not judged now (suspected flaps, maintenance)
+        self.excluded_links: Callable[[], set[str]] = excluded_links or set
+        self._tx = _Cols()  # sent, not judged yet
+        self._rx = _Cols()  # received, not matched yet
+        self._hist = _Cols()  # judged: src, dst, sport, tx_ns, lost, delay
+        self.watermark: dict[int, int] = {}  # receiver -> newest rx_ns it shipped
+        self.sample_bits = 0  # paths kept: hash % 2**bits == 0 (grows, never shrinks)
+        self._lossy_spine: dict[tuple[int, int, int], str] = {}  # spine when it went lossy
+        self.held_as_queue = 0  # passes whose loss came with a delay rise (contention)
+        self._queued: dict[Place, int] = {}  # link-direction -> queued (remembered) until
+
+    # ---- input -----------------------------------------------------------------------
+    def _sampled(self, cols: dict[str, np.ndarray]) -> np.ndarray | None:
+        return _path_sample(cols, self.sample_bits)
+
+    def feed(self, name: str, cols: dict[str, np.ndarray]) -> None:
+        """A commit's probe_tx or probe_rx columns (:func:`columns`)."""
+        if not len(cols["src"]):
+            return
+        keep = self._sampled(cols)
+        if keep is not None:
+            cols = {k: v[keep] for k, v in cols.items()}
+        if name == "probe_tx":
+            self._tx.add(cols)
+            return
+        dst, rx = cols["dst"], cols["rx_ns"]
+        order = np.lexsort((rx, dst))
+        last = np.flatnonzero(np.append(dst[order][1:] != dst[order][:-1], True))
+        for d, t in zip(dst[order][last].tolist(), rx[order][last].tolist(), strict=True):
+            if t > self.watermark.get(d, 0):
+                self.watermark[d] = t
+        self._rx.add({"key": _key(cols["src"], cols["seq"]), "rx_ns": rx,
+                      "path": _key(cols["src"], dst, cols["sport"])})  # fmt: skip
+
+    def _judge(self) -> None:
+        """Match the pending probe_tx with the probe_rx; judged ones go to the history."""
+        if not len(self._tx):
+            self._late()
+            return
+        tx = self._tx.data
+        key = _key(tx["src"], tx["seq"])
+        rx_ns = np.full(len(key), np.iinfo(np.int64).min, np.int64)
+        matched = np.zeros(len(key), bool)
+        if len(self._rx):
+            rk = self._rx.data["key"]
+            order = np.argsort(rk, kind="stable")
+            sk = rk[order]
+            pos = np.minimum(np.searchsorted(sk, key), len(sk) - 1)
+            matched = sk[pos] == key
+            rx_ns[matched] = self._rx.data["rx_ns"][order][pos[matched]]
+            used = np.zeros(len(rk), bool)
+            used[order[pos[matched]]] = True
+            newest_rx = int(self._rx.data["rx_ns"].max())
+            self._rx.keep(~used & (self._rx.data["rx_ns"] >= newest_rx - int(PENDING_S * 1e9)))
+        uniq, inv = np.unique(tx["dst"], return_inverse=True)
+        wm = np.array([self.watermark.get(int(d), 0) for d in uniq.tolist()], np.int64)[inv]
+        judged = matched | (wm >= tx["tx_ns"] + int(MARGIN_S * 1e9))
+        if judged.any():
+            delay = np.where(matched, rx_ns - tx["tx_ns"], 0).astype(np.float64)
+            delay[~matched] = np.nan
+            self._hist.add({
+                "src": tx["src"][judged], "dst": tx["dst"][judged],
+                "sport": tx["sport"][judged], "tx_ns": tx["tx_ns"][judged],
+                "lost": ~matched[judged], "delay": delay[judged], "key": key[judged],
+            })  # fmt: skip
+        self._late()
+        newest = int(tx["tx_ns"].max())
+        self._tx.keep(~judged & (tx["tx_ns"] >= newest - int(PENDING_S * 1e9)))
+        h = self._hist.data
+        if len(self._hist):
+            self._hist.keep(h["tx_ns"] >= int(h["tx_ns"].max()) - int(HISTORY_S * 1e9))
+        self._bound()
+
+    def _late(self) -> None:
+        """probe_rx of probes already judged lost: a queue held them longer than MARGIN_S
+        (hundreds of ms behind a saturated slow link). They were late, not lost: received,
+        with their delay — which tells a queue from a drop."""
+        if not len(self._rx) or not len(self._hist):
+            return
+        h = self._hist.data
+        lost = np.flatnonzero(h["lost"])
+        if not len(lost):
+            return
+        rk = self._rx.data["key"]
+        order = np.argsort(rk, kind="stable")
+        sk = rk[order]
+        pos = np.minimum(np.searchsorted(sk, h["key"][lost]), len(sk) - 1)
+        hit = sk[pos] == h["key"][lost]
+        if not hit.any():
+            return
+        rows = lost[hit]
+        h["lost"][rows] = False
+        h["delay"][rows] = (self._rx.data["rx_ns"][order][pos[hit]] - h["tx_ns"][rows]).astype(
+            np.float64
+        )
+        used = np.zeros(len(rk), bool)
+        used[order[pos[hit]]] = True
+        self._rx.keep(~used)
+
+    def _bound(self) -> None:
+        """More than MAX_PATHS paths: keep a stable hash-sample (half, then a quarter...),
+        applied to what is held too, so a probe and its partner are always both kept."""
+        h = self._hist.data
+        if not len(self._hist):
+            return
+        paths = len(np.unique(_key(h["src"], h["dst"], h["sport"])))
+        if paths <= MAX_PATHS:
+            return
+        self.sample_bits += max(1, math.ceil(math.log2(paths / MAX_PATHS)))
+        log.info("event=silent_drop_sampling paths=%d keep=1/%d", paths, 1 << self.sample_bits)
+        for part in (self._hist, self._tx, self._rx):
+            keep = self._sampled(part.data)
+            if keep is not None and len(part):
+                part.keep(keep)
+
+    # ---- judgement -------------------------------------------------------------------
+    def path_stats(self) -> dict[tuple[int, int, int], dict[str, float]]:
+        """Per path over the last WINDOW_S of judged probes: sent, lost, the newest lost in
+        a row (``streak``) and the span of their send times, whether the newest was lost,
+        the (lower) median delay received in the last RECENT_S; and the pair's floor
+        (lowest delay over HISTORY_S)."""
+        self._judge()
+        h = self._hist.data
+        if not len(self._hist):
+            return {}
+        floor: dict[tuple[int, int], float] = {}
+        got = ~h["lost"]
+        if got.any():
+            src, dst, delay = h["src"][got], h["dst"][got], h["delay"][got]
+            order = np.lexsort((delay, dst, src))
+            s_, d_, x_ = src[order], dst[order], delay[order]
+            first = np.flatnonzero(np.append(True, (s_[1:] != s_[:-1]) | (d_[1:] != d_[:-1])))
+            floor = dict(zip(zip(s_[first].tolist(), d_[first].tolist(), strict=True),
+                             x_[first].tolist(), strict=True))  # fmt: skip
+        recent = h["tx_ns"] >= int(h["tx_ns"].max()) - int(WINDOW_S * 1e9)
+        w = {k: v[recent] for k, v in h.items()}
+        order = np.lexsort((w["tx_ns"], w["sport"], w["dst"], w["src"]))
+        w = {k: v[order] for k, v in w.items()}
+        pk = _key(w["src"], w["dst"], w["sport"])
+        heads = np.flatnonzero(np.append(True, pk[1:] != pk[:-1]))
+        ends = np.append(heads[1:], len(pk))
+        lost = w["lost"]
+        n_lost = np.add.reduceat(lost.astype(np.int64), heads)
+        t = w["tx_ns"]
+        # the newest probes lost in a row: after the last one received
+        idx = np.arange(len(pk))
+        last_got = np.maximum.reduceat(np.where(lost, heads.repeat(ends - heads) - 1, idx), heads)
+        streak = ends - 1 - last_got
+        spread = np.where(streak > 0, t[ends - 1] - t[np.minimum(last_got + 1, ends - 1)], 0)
+        # lower median of the delays received in the last RECENT_S (a queue that just
+        # filled shows at once): within each path sorted by delay (NaN — lost, or older —
+        # sorts last), the middle of those
+        recent_delay = np.where(t >= t.max() - int(RECENT_S * 1e9), w["delay"], np.nan)
+        group = np.repeat(np.arange(len(heads)), ends - heads)
+        by_delay = np.lexsort((recent_delay, group))
+        received = np.add.reduceat((~np.isnan(recent_delay)).astype(np.int64), heads)
+        mid = heads + np.maximum(received - 1, 0) // 2
+        median = np.where(received > 0, recent_delay[by_delay][mid], np.nan)
+        keys = zip(w["src"][heads].tolist(), w["dst"][heads].tolist(),
+                   w["sport"][heads].tolist(), strict=True)  # fmt: skip
+        return {
+            key: {"sent": float(n), "lost": float(nl), "streak": float(sk), "spread_ns": float(sp),
+                  "newest_lost": float(nw), "delay": float(md),
+                  "floor": floor.get(key[:2], float("nan"))}
+            for key, n, nl, sk, sp, nw, md in zip(
+                keys, (ends - heads).tolist(), n_lost.tolist(), streak.tolist(), spread.tolist(),
+                lost[ends - 1].tolist(), median.tolist(), strict=True)
+        }  # fmt: skip
+
+    def _places(self, key: tuple[int, int, int], spine: str | None) -> list[Place]:
+        s, d, _ = key
+        x, z = self.host_rack.get(s), self.host_rack.get(d)
+        if x is None or z is None:
+            return []
+        if x == z:
+            return [Place("out", str(s)), Place("in", str(d)), Place("switch", x)]
+        if spine is None:
+            return []
+        up, down = self.by_ends.get((x, spine)), self.by_ends.get((z, spine))
+        if up is None or down is None:
+            return []
+        return [
+            Place("out", str(s)),
+            Place("in", str(d)),
+            Place("switch", spine),
+            Place("switch", x),
+            Place("switch", z),
+            Place("to", spine, str(d)),
+            Place("link", up, "leaf→spine"),
+            Place("link", down, "spine→leaf"),
+        ]
+
+    def observations(self, now_ns: int) -> list[Observation]:
+        stats = self.path_stats()
+        excluded = set(self.excluded_links())
+        lossy: set[tuple[int, int, int]] = set()
+        clean: set[tuple[int, int, int]] = set()
+        pending: set[tuple[int, int, int]] = set()
+        streaking: set[tuple[int, int, int]] = set()
+        crossing: dict[tuple[int, int, int], list[Place]] = {}
+        for key, st in stats.items():
+            spine = self.spine_of.get(key)
+            places = self._places(key, spine)
+            if not places or any(p.what == "link" and p.name in excluded for p in places):
+                continue
+            crossing[key] = places
+            is_lossy = st["streak"] >= MIN_LOST and st["spread_ns"] >= MIN_SPREAD_NS
+            if is_lossy:
+                streaking.add(key)
+                was = self._lossy_spine.setdefault(key, spine or "")
+                if spine is not None and was != spine:  # the path moved: a flap's doing
+                    continue  # (until its streak ends: its lost probes were the old path's)
+                lossy.add(key)
+            elif st["lost"] == 0:
+                clean.add(key)
+            elif st["newest_lost"]:
+                pending.add(key)  # losing now, not judged lossy yet (or a stray loss)
+        for key in [k for k in self._lossy_spine if k not in streaking]:
+            del self._lossy_spine[key]
+        queues = self._queues(crossing, stats, now_ns)  # every pass: it remembers
+        if len(lossy) < MIN_PATHS:
+            return []
+        claims: dict[Place, set[tuple[int, int, int]]] = collections.defaultdict(set)
+        clean_of: collections.Counter[Place] = collections.Counter()
+        for key, places in crossing.items():
+            for p in places:
+                if key in lossy:
+                    claims[p].add(key)
+                elif key in clean:
+                    clean_of[p] += 1
+        left = set(lossy)
+        chosen: list[tuple[list[Place], set[tuple[int, int, int]]]] = []
+        while left:
+            best = max(
+                claims,
+                key=lambda p, left=left: (  # type: ignore[misc]
+                    evidence(len(claims[p] & left), clean_of[p]),
+                    -clean_of[p],
+                    repr(p),
+                ),
+            )
+            covered = claims[best] & left
+            if len(covered) < MIN_PATHS or evidence(len(covered), clean_of[best]) <= 0:
+                break
+            twins = [p for p in claims if claims[p] & left == covered
+                     and clean_of[p] == clean_of[best]]  # fmt: skip
+            chosen.append((sorted(twins, key=repr), covered))
+            left -= covered
+        reportable = sum(len(c) for places, c in chosen if all(p.reported for p in places))
+        out: dict[str, Observation] = {}
+        for places, covered in chosen:
+            if not all(p.reported for p in places):
+                continue  # a host's own loss: its port counters speak for it
+            if self._premature(places[0], pending, crossing):
+                continue
+            hops = {p for k in covered for p in crossing[k] if p.what == "link"}
+            rise = max((queues.get(p, 0.0) for p in hops), default=0.0)
+            if rise > RISE_NS or hops & self._queued.keys():
+                self.held_as_queue += 1
+                continue
+            obs = self._observation(places, covered, clean_of, crossing, stats, rise, reportable)
+            seen = out.get(obs.key)
+            if seen is None:
+                out[obs.key] = obs
+            else:
+                _merge(seen, obs)
+        return list(out.values())
+
+    def _premature(
+        self,
+        place: Place,
+        pending: set[tuple[int, int, int]],
+        crossing: dict[tuple[int, int, int], list[Place]],
+    ) -> bool:
+        """A place narrower than its switch (towards one host, one link) while other paths
+        through the same spine are losing their newest probes but not judged lossy yet:
+        destinations are judged at their own pace (each receiver's watermark), so wait
+        for those before saying only some are dropped."""
+        if place.what == "switch":
+            return False
+        spine = place.name if place.what == "to" else self._link_spine.get(place.name, "")
+        whole = Place("switch", spine)
+        return any(whole in crossing[k] and place not in crossing[k] for k in pending)
+
+    def _queues(
+        self,
+        crossing: dict[tuple[int, int, int], list[Place]],
+        stats: dict[tuple[int, int, int], dict[str, float]],
+        now_ns: int,
+    ) -> dict[Place, float]:
+        """Per link-direction, the median over the paths crossing it of their received
+        probes' delay over their pair's floor (ns; last RECENT_S): a full queue delays
+        what it does not drop. A link-direction over RISE_NS is remembered as queued for
+        QUEUE_MEMORY_S: the streaks of probes a queue dropped outlive the queue by a few
+        seconds, and must not then pass for a silent drop."""
+        by_hop: dict[Place, list[float]] = collections.defaultdict(list)
+        for k, st in stats.items():
+            ex = st["delay"] - st["floor"]
+            if k in crossing and np.isfinite(ex):
+                for p in crossing[k]:
+                    if p.what == "link":
+                        by_hop[p].append(ex)
+        rise = {p: float(np.median(v)) for p, v in by_hop.items()}
+        for p, r in rise.items():
+            if r > RISE_NS:
+                self._queued[p] = now_ns + int(QUEUE_MEMORY_S * 1e9)
+        self._queued = {p: t for p, t in self._queued.items() if t > now_ns}
+        return rise
+
+    def _observation(
+        self,
+        places: list[Place],
+        covered: set[tuple[int, int, int]],
+        clean_of: collections.Counter[Place],
+        crossing: dict[tuple[int, int, int], list[Place]],
+        stats: dict[tuple[int, int, int], dict[str, float]],
+        rise: float,
+        reportable: int,
+    ) -> Observation:
+        name = self.host_names.get
+        best = places[0]
+        to = [p for p in places if p.what == "to"]
+        switches = [p for p in places if p.what == "switch"]
+        dests = sorted({name(int(p.detail), f"host {p.detail}") for p in to})
+        sw = to[0].name if to else switches[0].name if switches else ""
+        # the links the lossy paths leave the switch by (towards their destinations) or
+        # the link named
+        links = sorted({
+            p.name for k in covered for p in crossing[k]
+            if p.what == "link" and (
+                (sw and p.detail == "spine→leaf" and p.name.endswith(f"-{sw}"))
+                or (sw and p.detail == "leaf→spine" and p.name.startswith(f"{sw}-"))
+                or (not sw and p in places))
+        })  # fmt: skip
+        link_places = [p for p in places if p.what == "link"]
+        if not sw and link_places:
+            links = sorted({p.name for p in link_places})
+        through = len(covered) + clean_of[best]
+        lost = sum(stats[k]["lost"] for k in covered)
+        sent = sum(stats[k]["sent"] for k in covered)
+        pairs = sorted({f"{name(s, f'host {s}')}→{name(d, f'host {d}')}" for s, d, _ in covered})
+        sources = sorted({name(s, f"host {s}") for s, _, _ in covered})
+        if sw:
+            where = f"{sw} towards {', '.join(dests)}" if dests else sw
+            key = f"{sw}" + (f" → {','.join(dests)}" if dests else "")
+        else:
+            where = " or ".join(f"{p.name} ({p.detail})" for p in link_places)
+            key = where
+        share = len(covered) / through if through else 1.0
+        what = (
+            f"every path through it ({len(covered)}) loses"
+            if share >= 1.0
+            else f"{len(covered)} of {through} paths through it ({share:.0%}) lose"
+        )
+        summary = (
+            f"{where} silently drops traffic: {what} every probe "
+            f"({len(sources)} source host(s)); links and routes up, paths unmoved, no queue"
+        )
+        if len(links) == 1:
+            summary += f"; out of service: {links[0]}"
+        alternatives = [_words(p, name) for p in places]
+        return Observation(
+            kind=KIND,
+            key=key,
+            score=min(1.0, 0.5 + 0.05 * len(covered)),
+            summary=summary,
+            link=links[0] if len(links) == 1 else "",
+            evidence={
+                "switch": sw,
+                "links": links,
+                "destinations": dests,
+                "candidates": alternatives,
+                "confidence": round(
+                    len(covered)
+                    / max(reportable, 1)
+                    / len({p.name for p in places if p.what != "link"} or {""}),
+                    2,
+                ),
+                "lossy_paths": len(covered),
+                "clean_paths_through": clean_of[best],
+                "flow_share": round(share, 3),
+                "lost_probes": int(lost),
+                "sent_probes": int(sent),
+                "pairs": pairs[:20],
+                "delay_rise_us": round(rise / 1e3, 1),
+                "source": "probe loss per (pair, source port), paths from traces, tomography",
+            },
+        )
+
+
+def _words(p: Place, name: object) -> str:
+    get = name  # host_names.get
+    if p.what == "to":
+        return f"{p.name} towards {get(int(p.detail), f'host {p.detail}')}"  # type: ignore[operator]
+    if p.what == "link":
+        return f"{p.name} ({p.detail})"
+    return p.name
+
+
+def _merge(a: Observation, b: Observation) -> None:
+    """Two places of one switch (two destinations): one anomaly."""
+    e, f = a.evidence, b.evidence
+    for k in ("links", "destinations", "candidates", "pairs"):
+        e[k] = sorted(set(e[k]) | set(f[k]))
+    for k in ("lossy_paths", "clean_paths_through", "lost_probes", "sent_probes"):
+        e[k] += f[k]
+    e["confidence"] = round(min(1.0, e["confidence"] + f["confidence"]), 2)
+    a.link = e["links"][0] if len(e["links"]) == 1 else ""
+    a.score = max(a.score, b.score)

@@ -1,0 +1,351 @@
+"""Silent-drop localisation on synthetic probes: which probes were lost on which path, and
+which place (switch, switch towards a host, link direction) explains them."""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from analytics.detect.detect_runner import DetectConfig, DetectRunner
+from analytics.detect.silent_drop import SilentDrops
+from analytics.store import layout
+from collector import records
+
+RACKS = ("leaf1", "leaf2", "leaf3")
+SPINES = ("spine1", "spine2")
+SPORTS = range(40000, 40008)
+NS = 1_000_000_000
+T0 = 1_800_000_000 * NS
+# host id -> its leaf: two hosts per rack
+HOSTS = {10 * r + i: f"leaf{r}" for r in (1, 2, 3) for i in (1, 2)}
+NAMES = {h: f"h{h // 10}-{h % 10}" for h in HOSTS}
+BY_ENDS = {(leaf, s): f"{leaf}-{s}" for leaf in RACKS for s in SPINES}
+
+# (src, dst, sport, spine, t_s) -> (lost, extra delay ns)
+Fault = Callable[[int, int, int, str, float], tuple[bool, float]]
+
+
+def healthy(s: int, d: int, p: int, spine: str, t: float) -> tuple[bool, float]:
+    return False, 0.0
+
+
+def spine_of(s: int, d: int, p: int) -> str:
+    return SPINES[zlib.crc32(f"{s}-{d}-{p}".encode()) % 2]
+
+
+def _flow_hash(s: int, d: int, p: int) -> float:
+    return (zlib.crc32(f"flow{s}.{d}.{p}".encode()) % 10_000) / 10_000
+
+
+def _probes(t_s: float, fault: Fault) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """One round (a coded pair per path) sent at t_s: the tx and rx columns."""
+    tx: dict[str, list[int]] = {k: [] for k in ("src", "dst", "sport", "seq", "tx_ns")}
+    rx: dict[str, list[int]] = {k: [] for k in ("src", "dst", "sport", "seq", "rx_ns")}
+    for s in HOSTS:
+        for d in HOSTS:
+            if s == d:
+                continue
+            for p in SPORTS:
+                spine = spine_of(s, d, p)
+                for j in (0, 1):
+                    seq = int(t_s * 1000) * 100_000 + d * 100 + (p - 40000) * 2 + j
+                    t = T0 + int(t_s * NS) + j * 1000
+                    for k, v in zip(tx, (s, d, p, seq, t), strict=True):
+                        tx[k].append(v)
+                    lost, extra = fault(s, d, p, spine, t_s)
+                    if not lost:
+                        delay = 10_000 + int(extra) + (s * 7 + d * 3 + p) % 2000
+                        for k, v in zip(rx, (s, d, p, seq, t + delay), strict=True):
+                            rx[k].append(v)
+    return ({k: np.asarray(v, np.int64) for k, v in tx.items()},
+            {k: np.asarray(v, np.int64) for k, v in rx.items()})  # fmt: skip
+
+
+def _run(fault: Fault, seconds: int = 12, healthy_s: int = 10, late: int = 0) -> list:
+    """Healthy for healthy_s, then `fault` for `seconds`: every pass's observations (the
+    last pass's last). ``late``: the receivers ship their probe_rx
+    that many rounds later (each destination is judged at its own pace): all but h1-1, so
+    its loss shows first."""
+    paths = {(s, d, p): spine_of(s, d, p) for s in HOSTS for d in HOSTS for p in SPORTS
+             if s != d and HOSTS[s] != HOSTS[d]}  # fmt: skip
+    drops = SilentDrops(HOSTS, BY_ENDS, paths, NAMES)
+    every = []
+    held: list[dict[str, np.ndarray]] = []
+    for i in range(healthy_s + seconds):
+        tx, rx = _probes(float(i), healthy if i < healthy_s else fault)
+        drops.feed("probe_tx", tx)
+        odd = rx["dst"] != 11 if late else np.zeros(len(rx["dst"]), bool)
+        drops.feed("probe_rx", {k: v[~odd] for k, v in rx.items()})
+        held.append({k: v[odd] for k, v in rx.items()})
+        if late and len(held) > late:
+            drops.feed("probe_rx", held.pop(0))
+        every.append(drops.observations(T0 + i * NS))
+        if late:  # the late receivers' rows arrive between two passes
+            every.append(drops.observations(T0 + i * NS + NS // 2))
+    return every
+
+
+def blackhole(switch: str, dst: int) -> Fault:
+    def f(s: int, d: int, p: int, spine: str, t: float) -> tuple[bool, float]:
+        crosses = switch == spine and HOSTS[s] != HOSTS[d]
+        return (crosses and d == dst), 0.0
+
+    return f
+
+
+@pytest.mark.parametrize("late", [0, 1])
+def test_a_spine_blackholing_one_host_is_named_with_the_host_and_the_link_it_leaves_by(
+    late: int,
+) -> None:
+    every = _run(blackhole("spine2", 31), late=late)
+    if late:  # two passes a round
+        every = every[1::2]
+    assert not any(every[:10]), "nothing while healthy"
+    (obs,) = every[-1]
+    e = obs.evidence
+    assert obs.kind == "silent_drop"
+    assert e["switch"] == "spine2" and e["destinations"] == ["h3-1"], e
+    assert obs.link == "leaf3-spine2" and e["links"] == ["leaf3-spine2"]
+    assert e["confidence"] == 1.0 and e["flow_share"] == 1.0
+    # every inter-rack path to h3-1 through spine2 (4 other-rack hosts × its ports there)
+    expected = {(s, 31, p) for s in HOSTS for p in SPORTS
+                if HOSTS[s] != "leaf3" and spine_of(s, 31, p) == "spine2"}  # fmt: skip
+    assert e["lossy_paths"] == len(expected)
+    assert obs.summary.startswith(
+        f"spine2 towards h3-1 silently drops traffic: every path through it ({len(expected)}) "
+        "loses every probe (4 source host(s)); links and routes up, paths unmoved, no queue"
+    ), obs.summary
+    assert "out of service: leaf3-spine2" in obs.summary
+    # found once three rounds were lost and judged (the third judged at the fourth round)
+    first = next(i for i, o in enumerate(every) if o)
+    assert first - 10 <= 3 + late, first  # (+ its own receiver's lateness)
+
+
+@pytest.mark.parametrize("late", [0, 1])
+def test_a_share_of_the_flows_dropped_at_a_spine_names_the_spine_and_no_destination(
+    late: int,
+) -> None:
+    def share(s: int, d: int, p: int, spine: str, t: float) -> tuple[bool, float]:
+        return spine == "spine1" and _flow_hash(s, d, p) < 0.3, 0.0
+
+    every = _run(share, late=late)
+    # never, not even while few paths are judged yet, a destination or a link: the spine
+    said = [(o.key, tuple(o.evidence["destinations"])) for obs in every for o in obs]
+    assert said and set(said) == {("spine1", ())}, set(said)
+    (obs,) = every[-1]
+    e = obs.evidence
+    assert e["switch"] == "spine1" and e["destinations"] == [], e
+    assert obs.link == "" and len(e["links"]) == 3  # the spine's three links: no single one
+    assert 0.15 < e["flow_share"] < 0.45, e
+    assert "spine1 silently drops traffic" in obs.summary
+
+
+def test_nothing_is_said_of_a_healthy_fabric() -> None:
+    assert not any(_run(healthy, seconds=20))
+
+
+def test_a_full_queue_drops_and_delays_so_it_is_contention_not_a_silent_drop() -> None:
+    def queue(s: int, d: int, p: int, spine: str, t: float) -> tuple[bool, float]:
+        if HOSTS[s] == "leaf1" and HOSTS[d] != "leaf1" and spine == "spine2":
+            # tail drops: whole rounds of some paths lost, the rest waits 3 ms
+            return _flow_hash(s, d, p + int(t) // 3) < 0.6, 3_000_000.0
+        return False, 0.0
+
+    assert not any(_run(queue, seconds=20))
+
+
+def test_a_host_whose_link_is_down_is_its_own_fault_not_a_switch_s() -> None:
+    def down(s: int, d: int, p: int, spine: str, t: float) -> tuple[bool, float]:
+        return (s == 21 or d == 21), 0.0
+
+    assert not any(_run(down, seconds=20))
+
+
+def test_paths_that_moved_off_a_failed_link_and_links_under_suspicion_are_not_judged() -> None:
+    paths = {(s, d, p): spine_of(s, d, p) for s in HOSTS for d in HOSTS for p in SPORTS
+             if s != d and HOSTS[s] != HOSTS[d]}  # fmt: skip
+    suspected: set[str] = set()
+    drops = SilentDrops(HOSTS, BY_ENDS, paths, NAMES, lambda: suspected)
+
+    def flap(s: int, d: int, p: int, spine: str, t: float) -> tuple[bool, float]:
+        return paths[(s, d, p)] == "spine2" and HOSTS[s] == "leaf1" if HOSTS[s] != HOSTS[d] \
+            else False, 0.0  # fmt: skip
+
+    said = []
+    for i in range(20):
+        if i == 14:  # routing moved leaf1's flows off spine2: the traces say so
+            for k in paths:
+                if HOSTS[k[0]] == "leaf1":
+                    paths[k] = "spine1"
+        tx, rx = _probes(float(i), healthy if i < 10 else flap)
+        drops.feed("probe_tx", tx)
+        drops.feed("probe_rx", rx)
+        said.append(drops.observations(T0 + i * NS))
+    assert any(said[10:14]), "a loss that does not move is a silent drop"
+    assert not any(said[15:]), "once the paths moved, their loss was the move's"
+    suspected.add("leaf1-spine2")
+    drops2 = SilentDrops(HOSTS, BY_ENDS, {k: spine_of(*k) for k in paths}, NAMES,
+                         lambda: suspected)  # fmt: skip
+    for i in range(20):
+        tx, rx = _probes(float(i), healthy if i < 10 else flap)
+        drops2.feed("probe_tx", tx)
+        drops2.feed("probe_rx", rx)
+        assert not drops2.observations(T0 + i * NS)
+
+
+def test_a_probe_is_not_called_lost_before_its_destination_shipped_later_probes() -> None:
+    drops = SilentDrops(HOSTS, BY_ENDS, {}, NAMES)
+    tx, rx = _probes(0.0, healthy)
+    drops.feed("probe_tx", tx)  # the receivers' rows are late: nothing judged yet
+    assert drops.path_stats() == {}
+    drops.feed("probe_rx", rx)
+    stats = drops.path_stats()
+    assert stats and all(st["lost"] == 0 for st in stats.values())
+
+
+def _topology(path: Path) -> Path:
+    hosts = [{"name": NAMES[h], "rack": HOSTS[h]} for h in HOSTS]
+    links = []
+    for i, (leaf, s) in enumerate(BY_ENDS):
+        links.append({"name": BY_ENDS[(leaf, s)], "kind": "fabric",
+                      "a": {"node": leaf, "interface": s, "address": f"198.18.128.{2 * i}"},
+                      "b": {"node": s, "interface": leaf,
+                            "address": f"198.18.128.{2 * i + 1}"}})  # fmt: skip
+    path.write_text(json.dumps({"hosts": hosts, "links": links}))
+    return path
+
+
+def _runner_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flapping: str = ""
+) -> DetectRunner:
+    """The daemon's detector fed 10 healthy rounds, then spine1 blackholing h1-2 for 6
+    (with a fabric link down meanwhile, when ``flapping`` names one)."""
+    monkeypatch.setattr(records, "host_id", lambda name: {v: k for k, v in NAMES.items()}[name])
+    config = DetectConfig(topology_file=str(_topology(tmp_path / "t.json")))
+    runner = DetectRunner(None, config, host_names=lambda: NAMES)
+    assert runner.model is not None  # the shipped model judges the other candidates
+    for (s, d, p), spine in {(s, d, p): spine_of(s, d, p) for s in HOSTS for d in HOSTS
+                             for p in SPORTS if HOSTS[s] != HOSTS[d]}.items():  # fmt: skip
+        runner.paths.spine_of[(s, d, p)] = spine
+    if flapping:
+        runner.paths.state[flapping].down_since = T0
+    fault = blackhole("spine1", 12)
+    for i in range(16):
+        tx, rx = _probes(float(i), healthy if i < 10 else fault)
+        tables = {}
+        for name, cols in (("probe_tx", tx), ("probe_rx", rx)):
+            schema = layout.TABLES[name].schema
+            n = len(cols["src"])
+            full = {f.name: cols.get(f.name, np.zeros(n, np.int64)) for f in schema}
+            tables[name] = pa.table({k: pa.array(v).cast(schema.field(k).type)
+                                     for k, v in full.items()}, schema=schema)  # fmt: skip
+        runner.feed(tables)
+        runner.step(T0 + i * NS)
+    return runner
+
+
+def test_the_daemon_s_detector_reports_it_and_the_model_does_not_re_judge_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runner = _runner_run(tmp_path, monkeypatch)
+    (a,) = runner.live()["open"]
+    assert a["kind"] == "silent_drop" and a["link"] == "leaf1-spine1", a
+    assert a["evidence"]["destinations"] == ["h1-2"]
+    assert "model" not in a["evidence"]
+    assert runner.live()["open_by_kind"]["silent_drop"] == 1
+
+
+def test_no_silent_drop_is_judged_while_the_fabric_converges(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fabric link down elsewhere (leaf3-spine2): sessions drop and routes move, and a
+    control plane starved of CPU drops several at once — loss then is not a silent drop."""
+    runner = _runner_run(tmp_path, monkeypatch, flapping="leaf3-spine2")
+    assert not [a for a in runner.live()["open"] if a["kind"] == "silent_drop"]
+
+
+def _stored(store: Path, aid: str, link: str, links: list[str]) -> None:
+    from analytics.store.store_writer import StoreWriter
+
+    detail = {"summary": "spine2 silently drops traffic", "evidence": {"links": links}}
+    row = {"opened_ns": T0, "closed_ns": 0, "anomaly_id": aid, "kind": "silent_drop",
+           "score": 0.9, "src": 0, "dst": 0, "link": link, "job_id": "",
+           "detail": json.dumps(detail), "updated_ns": T0 + 1}  # fmt: skip
+    table = pa.table({k: [v] for k, v in row.items()}, schema=layout.TABLES["anomalies"].schema)
+    StoreWriter(store).write_partitioned("anomalies", table, f"{aid}.parquet")
+
+
+def test_remediation_takes_the_one_link_out_of_service_with_the_cap_and_an_undo(
+    tmp_path: Path,
+) -> None:
+    from analytics.remediate.plan import Refused, plan, recommended
+    from tests.unit.test_remediate_plan import _topology as plan_topology
+
+    store = tmp_path / "store"
+    store.mkdir()
+    topo = plan_topology()
+    _stored(store, "silent-1", "leaf3-spine2", ["leaf3-spine2"])
+    p = plan(store, topo, anomaly_id="silent-1")
+    assert (p.action, p.target) == ("fabric_link_out", "leaf3-spine2")
+    assert p.undo == {"action": "fabric_link_in", "target": "leaf3-spine2"}
+    assert p.cap["leaf"] == "leaf3" and p.cap["leaf_out_after"] == 1
+    assert recommended(topo, "silent_drop", "leaf3-spine2") == ("fabric_link_out", "leaf3-spine2")
+    # A whole spine dropping a share of everything: no one link; said in one line.
+    _stored(store, "silent-2", "", ["leaf1-spine2", "leaf2-spine2", "leaf3-spine2"])
+    with pytest.raises(Refused, match=r"no single link explains it .*take the switch out"):
+        plan(store, topo, anomaly_id="silent-2")
+
+
+def test_a_blackout_of_three_rounds_and_a_receiver_losing_everything_are_not_silent_drops() -> None:
+    def hiccup(s: int, d: int, p: int, spine: str, t: float) -> tuple[bool, float]:
+        # leaf2's fabric traffic gone for three rounds (a control-plane hiccup)
+        crosses = HOSTS[s] != HOSTS[d] and "leaf2" in (HOSTS[s], HOSTS[d])
+        return crosses and t < 13, 0.0
+
+    assert not any(_run(hiccup, seconds=8))
+
+    def deaf(s: int, d: int, p: int, spine: str, t: float) -> tuple[bool, float]:
+        return d == 22, 0.0  # h2-2's socket drops all it gets (its collector still ships)
+
+    assert not any(_run(deaf, seconds=12))
+
+
+def test_the_streaks_a_queue_dropped_do_not_pass_for_a_silent_drop_once_it_drained() -> None:
+    def queue_then_gone(s: int, d: int, p: int, spine: str, t: float) -> tuple[bool, float]:
+        if HOSTS[s] == "leaf1" and HOSTS[d] != "leaf1" and spine == "spine2" and t < 16:
+            return _flow_hash(s, d, p) < 0.5, 3_000_000.0  # a full queue: drops and waits
+        return False, 0.0  # ... then it drained: every probe through at once, no wait
+
+    every = _run(queue_then_gone, seconds=14)
+    assert not any(every), [o.summary for obs in every for o in obs][:1]
+
+
+def test_probes_a_queue_held_past_the_margin_are_late_not_lost() -> None:
+    """Behind a saturated slow link, probes wait 0.6 s: other paths tell the receiver's
+    watermark past them first, so they are judged lost — then they arrive."""
+    paths = {(s, d, p): spine_of(s, d, p) for s in HOSTS for d in HOSTS for p in SPORTS
+             if s != d and HOSTS[s] != HOSTS[d]}  # fmt: skip
+    drops = SilentDrops(HOSTS, BY_ENDS, paths, NAMES)
+
+    def held(s: int, d: int, p: int, spine: str, t: float) -> tuple[bool, float]:
+        return False, 600_000_000.0 if t >= 10 and HOSTS[s] == "leaf1" and spine == "spine2" \
+            else 0.0  # fmt: skip
+
+    late: dict[str, np.ndarray] | None = None
+    for i in range(24):
+        tx, rx = _probes(float(i), held)
+        slow = rx["rx_ns"] - (T0 + i * NS) > 100_000_000
+        drops.feed("probe_tx", tx)
+        drops.feed("probe_rx", {k: v[~slow] for k, v in rx.items()})
+        assert not drops.observations(T0 + i * NS), i
+        if late is not None:
+            drops.feed("probe_rx", late)  # arrives with the next round's
+        late = {k: v[slow] for k, v in rx.items()}
+    stats = drops.path_stats()
+    assert sum(st["lost"] for st in stats.values()) == 0
