@@ -44,11 +44,28 @@ class Sink:
         self.sock.close()
 
 
+def _port_below_ephemeral() -> int:
+    """A free TCP port below the kernel's ephemeral range: a daemon restarted on it finds
+    it free again (in that range another test's outgoing connection may have taken it as
+    its local port meanwhile: "address already in use")."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(max(1024, low - 12000), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError("no free TCP port below the ephemeral range")
+
+
 class Ingest:
     """The real ingest daemon in a subprocess, restartable on the same store."""
 
     def __init__(self, tmp: Path) -> None:
-        self.port = free_udp_port()  # a free-ish TCP port number as well
+        self.port = _port_below_ephemeral()
         self.store = tmp / "store"
         key = tmp / "fleet.key"
         if not key.exists():

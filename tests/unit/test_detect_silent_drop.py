@@ -233,8 +233,12 @@ def _runner_run(
     for (s, d, p), spine in {(s, d, p): spine_of(s, d, p) for s in HOSTS for d in HOSTS
                              for p in SPORTS if HOSTS[s] != HOSTS[d]}.items():  # fmt: skip
         runner.paths.spine_of[(s, d, p)] = spine
-    if flapping:
-        runner.paths.state[flapping].down_since = T0
+    if flapping:  # an open outage of that link, as the path traces leave it
+        from analytics.detect.flaps import Outage
+
+        st = runner.paths.state[flapping]
+        st.outages.append(Outage(T0))
+        st.down_since = st.evidence_ns = T0
     fault = blackhole("spine1", 12)
     for i in range(16):
         tx, rx = _probes(float(i), healthy if i < 10 else fault)
