@@ -119,6 +119,88 @@ class ClockSnapshot:
 
 
 @dataclass
+class WindowRecord:
+    """What became of one window, for the pipeline's health (wall-clock ns)."""
+
+    start_ns: int
+    end_ns: int
+    outcome: str  # solved | skipped | failed | existing
+    done_ns: int  # when it was solved, skipped or failed
+    due_ns: int  # its end plus the lateness then in force: the earliest it may be solved
+    fed_ns: int = 0  # when its one-way delays were handed to the detector (0: not)
+    judged_ns: int = 0  # end of the first detector pass that had them (0: not yet)
+
+
+class PipelineHealth:
+    """The last ``keep`` windows: when each was solved (or skipped) and judged.
+
+    The clock thread adds windows; the detector thread reports each pass
+    (:meth:`detector_pass`: when it took its queue, when it finished), which judges every
+    window fed before it took its queue. Read by /v1/live, /metrics and the ingest
+    benchmark: lag from a window's end (and from when it was due: its end plus the
+    lateness, which the daemon raises to the collectors' segment interval + 2 s) to its
+    solution and to its detector pass, and the age of the live picture (now minus the end
+    of the newest judged window)."""
+
+    def __init__(self, keep: int = 1024) -> None:
+        self._lock = threading.Lock()
+        self.windows: collections.deque[WindowRecord] = collections.deque(maxlen=keep)
+
+    def add(self, record: WindowRecord) -> None:
+        with self._lock:
+            self.windows.append(record)
+
+    def fed(self, record: WindowRecord, now_ns: int) -> None:
+        with self._lock:
+            record.fed_ns = now_ns
+
+    def detector_pass(self, taken_ns: int, done_ns: int) -> None:
+        """A detector pass that took its input queue at ``taken_ns`` ended at ``done_ns``."""
+        with self._lock:
+            for rec in reversed(self.windows):
+                if rec.judged_ns:
+                    break
+                if rec.fed_ns and rec.fed_ns <= taken_ns:
+                    rec.judged_ns = done_ns
+
+    def summary(self, now_ns: int, since_ns: int = 0) -> dict:
+        """Counts and lags (median, p99, max, seconds) over the retained windows that
+        start at or after ``since_ns``; the live picture's age now."""
+        with self._lock:
+            recs = [r for r in self.windows if r.start_ns >= since_ns]
+            judged = [r for r in self.windows if r.judged_ns]
+        outcomes = collections.Counter(r.outcome for r in recs)
+        solved = [r for r in recs if r.outcome == "solved"]
+
+        def stats(lags: list[float]) -> dict:
+            if not lags:
+                return {"n": 0, "p50": None, "p99": None, "max": None}
+            a = np.sort(np.asarray(lags))
+            return {
+                "n": len(a),
+                "p50": round(float(np.median(a)), 3),
+                "p99": round(float(a[min(len(a) - 1, int(np.ceil(0.99 * len(a))) - 1)]), 3),
+                "max": round(float(a[-1]), 3),
+            }
+
+        newest = max((r.end_ns for r in judged), default=0)
+        return {
+            "windows": len(recs),
+            **{k: outcomes.get(k, 0) for k in ("solved", "skipped", "failed", "existing")},
+            "judged": sum(1 for r in solved if r.judged_ns),
+            # from the window's end (includes the collectors' shipping interval) ...
+            "lag_solved_s": stats([(r.done_ns - r.end_ns) / 1e9 for r in solved]),
+            "lag_judged_s": stats([(r.judged_ns - r.end_ns) / 1e9 for r in solved if r.judged_ns]),
+            # ... and from when it was due (end + lateness: every probe could be in)
+            "lag_solved_due_s": stats([(r.done_ns - r.due_ns) / 1e9 for r in solved]),
+            "lag_judged_due_s": stats(
+                [(r.judged_ns - r.due_ns) / 1e9 for r in solved if r.judged_ns]
+            ),
+            "picture_age_s": round((now_ns - newest) / 1e9, 3) if newest else None,
+        }
+
+
+@dataclass
 class ClockCounters:
     windows_solved: int = 0
     windows_skipped: int = 0
@@ -169,6 +251,8 @@ class ClockRunner:
         self._thread: threading.Thread | None = None
         # each solved window's owd table is handed here (the daemon's detector)
         self.on_owd: Callable[[pa.Table], None] | None = None
+        # per window: when solved/skipped, when judged (the detector reports its passes)
+        self.pipeline = PipelineHealth()
 
     # ---- lifecycle -----------------------------------------------------------------
     def start(self) -> None:
@@ -288,6 +372,7 @@ class ClockRunner:
         self._buffered -= buf.rows
         self._watermark = max(self._watermark, w)
         self.counters.windows_skipped += 1
+        self._record(w, "skipped")
         log.warning(
             "event=clock_window_skipped window_start_ns=%d rows=%d reason=%s",
             w * self.window_ns,
@@ -325,14 +410,17 @@ class ClockRunner:
             tables = self.window_tables(sol, arrays["echo"])
         except Exception:
             self.counters.windows_failed += 1
+            self._record(w, "failed")
             log.exception("event=clock_solve_failed window_start_ns=%d", start_ns)
             return
         solve_s = time.monotonic() - started
         self.state = sol.state
-        self._write(start_ns, tables)
+        written = self._write(start_ns, tables)
+        record = self._record(w, "solved" if written else "existing")
         if self.on_owd is not None:  # the detector's per-path delays (it copies what it keeps)
             try:
                 self.on_owd(tables["owd"])
+                self.pipeline.fed(record, time.time_ns())
             except Exception:
                 log.exception("event=owd_consumer_failed window_start_ns=%d", start_ns)
         self.counters.windows_solved += 1
@@ -347,6 +435,18 @@ class ClockRunner:
             tables["owd"].num_rows,
             solve_s,
         )
+
+    def _record(self, w: int, outcome: str) -> WindowRecord:
+        """Note what became of window ``w`` now (wall clock: its lag from its end)."""
+        record = WindowRecord(
+            start_ns=w * self.window_ns,
+            end_ns=(w + 1) * self.window_ns,
+            outcome=outcome,
+            done_ns=time.time_ns(),
+            due_ns=(w + 1) * self.window_ns + self.lateness_ns,
+        )
+        self.pipeline.add(record)
+        return record
 
     @staticmethod
     def _joined(buf: _Window) -> dict[str, np.ndarray]:
@@ -404,19 +504,21 @@ class ClockRunner:
             "method": np.full(n, "rtt2", dtype=object),
         }
 
-    def _write(self, start_ns: int, tables: dict[str, pa.Table]) -> None:
-        """owd first, clock last: a ``clock`` file means the window is fully stored."""
+    def _write(self, start_ns: int, tables: dict[str, pa.Table]) -> bool:
+        """owd first, clock last: a ``clock`` file means the window is fully stored.
+        False when it already was (not rewritten)."""
         name = f"r{start_ns // 1_000_000:015d}.parquet"
         part = layout.partition_of(start_ns // layout.NS_PER_HOUR)
         if (self.writer.root / "clock" / part / name).exists():
             self.counters.windows_existing += 1
             log.warning("event=clock_window_exists window_start_ns=%d (not rewritten)", start_ns)
-            return
+            return False
         for table in ("owd", "clock"):
             data = tables[table]
             if data.num_rows:
                 self.writer.write_partitioned(table, data, name)
                 self.counters.rows_written[table] += data.num_rows
+        return True
 
     def _publish(self, sol: WindowSolution, solve_s: float) -> None:
         c = sol.clock
@@ -456,6 +558,7 @@ class ClockRunner:
             "disagreeing_pairs": s.disagreeing_pairs,
             "solve_s": round(s.solve_s, 4),
             "noise_ns": round(s.noise_ns, 2),
+            "pipeline": self.pipeline.summary(self.now_ns()),
             "hosts": [
                 {
                     "host": names.get(h, str(h)),
@@ -550,6 +653,33 @@ class _ClockCollector(Collector):
         windows.add_metric(["skipped"], k.windows_skipped)
         windows.add_metric(["failed"], k.windows_failed)
         yield windows
+        health = r.pipeline.summary(r.now_ns())
+        lag = GaugeMetricFamily(
+            "clockmesh_clock_lag_seconds",
+            "Lag from a window's end to its solution (stage=solved) and to the end of the "
+            "detector pass that judged it (stage=judged), over the last 1,024 windows.",
+            labels=["stage", "stat"],
+        )
+        due = GaugeMetricFamily(
+            "clockmesh_clock_lag_due_seconds",
+            "As clockmesh_clock_lag_seconds, from when the window was due (its end plus the "
+            "lateness: every probe could be in) instead of its end.",
+            labels=["stage", "stat"],
+        )
+        for family, suffix in ((lag, "_s"), (due, "_due_s")):
+            for stage in ("solved", "judged"):
+                q = health[f"lag_{stage}{suffix}"]
+                for key in ("p50", "p99", "max"):
+                    if q[key] is not None:
+                        family.add_metric([stage, key], q[key])
+        yield lag
+        yield due
+        if health["picture_age_s"] is not None:
+            yield GaugeMetricFamily(
+                "clockmesh_clock_picture_age_seconds",
+                "Now minus the end of the newest window the detector has judged.",
+                value=health["picture_age_s"],
+            )
         yield CounterMetricFamily(
             "clockmesh_clock_late_rows",
             "Probe rows that arrived after their window was solved or skipped.",

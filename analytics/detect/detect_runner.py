@@ -174,6 +174,8 @@ class DetectRunner:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self.passes = 0
+        # told (when this pass took its input, when it ended) after every pass (wall ns)
+        self.on_pass: Callable[[int, int], None] | None = None
         self.errors = 0
         self.opened: dict[str, int] = dict.fromkeys(KINDS, 0)
         self.last_pass_s = 0.0
@@ -283,6 +285,7 @@ class DetectRunner:
         with self._lock:
             queue: list[tuple[str, Any]]
             queue, self._queue = self._queue, []
+        taken_ns = time.time_ns()
         for name, data in queue:
             try:
                 if name == "probes":
@@ -371,6 +374,8 @@ class DetectRunner:
         self._recent = [a.live(now_ns) for a in self.book.closed[-10:]]
         self.passes += 1
         self.last_pass_s = time.monotonic() - started
+        if self.on_pass is not None:  # the pipeline's health (clock_runner.PipelineHealth)
+            self.on_pass(taken_ns, time.time_ns())
         return written
 
     def _sync_remediations(self, now_ns: int) -> None:

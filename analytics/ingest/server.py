@@ -164,6 +164,7 @@ class IngestServer:
         self.metrics.registry.register(self.detect.collector())
         self.clock.on_owd = self.detect.feed_owd
         self._attribution = attribution.LiveAttribution()  # /v1/live: culprit and victims
+        self.detect.on_pass = self.clock.pipeline.detector_pass
         reg = self.metrics.registry
         self._pace_gauges = (
             Gauge("clockmesh_ingest_advised_roll_seconds",
