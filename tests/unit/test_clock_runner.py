@@ -338,3 +338,30 @@ def test_window_split_keeps_every_row_in_its_window_in_order(order: str) -> None
         np.testing.assert_array_equal(np.concatenate(parts), rows[widx == w])
     if order == "collector":
         assert len(runs) <= 30 * 12 and all(np.shares_memory(p, rows) for _, p in runs)
+
+
+def test_pipeline_health_judges_windows_fed_before_a_detector_pass_took_its_queue() -> None:
+    from analytics.clock.clock_runner import PipelineHealth, WindowRecord
+
+    s = 1_000_000_000
+    health = PipelineHealth()
+    first = WindowRecord(start_ns=0, end_ns=2 * s, outcome="solved", done_ns=6 * s, due_ns=5 * s)
+    second = WindowRecord(start_ns=2 * s, end_ns=4 * s, outcome="solved", done_ns=8 * s,
+                          due_ns=7 * s)  # fmt: skip
+    health.add(first)
+    health.fed(first, 6 * s)
+    health.add(second)
+    health.fed(second, 8 * s)
+    health.detector_pass(taken_ns=7 * s, done_ns=int(7.5 * s))  # took its queue before 2nd
+    assert first.judged_ns == int(7.5 * s) and second.judged_ns == 0
+    health.add(WindowRecord(start_ns=4 * s, end_ns=6 * s, outcome="skipped", done_ns=9 * s,
+                            due_ns=9 * s))  # fmt: skip
+    health.detector_pass(taken_ns=9 * s, done_ns=10 * s)
+    assert second.judged_ns == 10 * s
+    summary = health.summary(now_ns=11 * s)
+    assert (summary["windows"], summary["solved"], summary["skipped"], summary["judged"]) == (
+        3, 2, 1, 2
+    )  # fmt: skip
+    assert summary["lag_solved_s"] == {"n": 2, "p50": 4.0, "p99": 4.0, "max": 4.0}
+    assert summary["lag_judged_due_s"]["max"] == 3.0  # second: judged at 10 s, due at 7 s
+    assert summary["picture_age_s"] == 7.0  # newest judged window ended at 4 s
