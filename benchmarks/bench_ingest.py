@@ -53,6 +53,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -381,7 +382,7 @@ def by_label(before: dict[str, float], after: dict[str, float], family: str) -> 
     }
 
 
-def announce_fleet(port: int, hosts: int, t0: int) -> float:
+def announce_fleet(port: int, hosts: int, t0: int, segment_id: int = 10**9) -> float:
     """Every host sends one small segment (one health row), as a collector does when it
     starts; returns the segment interval the daemon then advises (``roll_s`` of an ack).
 
@@ -400,7 +401,7 @@ def announce_fleet(port: int, hosts: int, t0: int) -> float:
         hid = records.host_id(name)
         row = np.zeros(1, records.HEALTH)
         row["ts_ns"], row["host"], row["name"], row["value"] = t0, hid, b"probes_sent", 0
-        return wire.encode_header(name, hid, 10**9, t0) + wire.encode_chunk("health", row)
+        return wire.encode_header(name, hid, segment_id, t0) + wire.encode_chunk("health", row)
 
     def post(conn: http.client.HTTPConnection, body: bytes) -> float:
         conn.request("POST", "/v1/batch", body, {"Authorization": wire.sign(KEY, body)})
@@ -418,6 +419,25 @@ def announce_fleet(port: int, hosts: int, t0: int) -> float:
         return post(conn, segment(0))  # a duplicate now: answered with the advice
     finally:
         conn.close()
+
+
+def keep_fleet_alive(port: int, hosts: int, t0: int, until: float) -> threading.Thread:
+    """While the clients build their requests, every host ships a small segment every
+    20 s, as a live fleet does: a fleet silent for the pacer's window (75 s) is forgotten,
+    the advice and with it the clock's lateness fall, and the first measured segments
+    (30 s old when sent) would find their windows overdue. Segment ids 10**9 + k."""
+
+    def run() -> None:
+        k = 1
+        while time.time() < until - 20:
+            time.sleep(20)
+            if time.time() < until - 5:
+                announce_fleet(port, hosts, t0, 10**9 + k)
+                k += 1
+
+    thread = threading.Thread(target=run, name="keep-alive", daemon=True)
+    thread.start()
+    return thread
 
 
 def key_value(item: str) -> tuple[str, str]:
@@ -559,6 +579,7 @@ def main() -> None:
         ]
         for p in procs:
             p.start()
+        keep_fleet_alive(port, args.hosts, t0, send_at)  # (after the fork: not in clients)
         for _ in procs:
             ready.get(timeout=1800)
         stale = time.time() - send_at

@@ -233,6 +233,7 @@ class ClockRunner:
         self.window_ns = round(window_s * 1e9)
         self.lateness_ns = round(lateness_s * 1e9)
         self._base_lateness_ns = self.lateness_ns
+        self._lower_lateness: tuple[int, int] | None = None  # (lateness, from when)
         self.max_backlog = max_backlog
         self.max_rows = max_rows
         self.config = config or SolverConfig()
@@ -265,8 +266,22 @@ class ClockRunner:
         than the configured ``lateness_s``). The daemon calls it when it advises
         collectors a longer segment interval: a probe's TX row and its RX row then
         arrive up to one interval apart, and a window solved before both are in would
-        lose its pairs."""
-        self.lateness_ns = max(self._base_lateness_ns, round(seconds * 1e9))
+        lose its pairs. A shorter interval takes effect one current lateness later:
+        collectors switch at their next roll, so segments of the old length are still
+        in flight until then."""
+        new = max(self._base_lateness_ns, round(seconds * 1e9))
+        if new >= self.lateness_ns:
+            self.lateness_ns = new
+            self._lower_lateness = None
+        else:
+            self._lower_lateness = (new, self.now_ns() + self.lateness_ns)
+
+    def _lateness_now(self, now: int) -> int:
+        pending = self._lower_lateness
+        if pending is not None and now >= pending[1]:
+            self.lateness_ns = pending[0]
+            self._lower_lateness = None
+        return self.lateness_ns
 
     def stop(self, timeout: float = 30.0) -> None:
         with self._cond:
@@ -382,9 +397,8 @@ class ClockRunner:
 
     def _next_complete(self) -> int | None:
         now = self.now_ns()
-        done = sorted(
-            w for w in self._windows if (w + 1) * self.window_ns + self.lateness_ns <= now
-        )
+        lateness = self._lateness_now(now)
+        done = sorted(w for w in self._windows if (w + 1) * self.window_ns + lateness <= now)
         for w in done[: max(0, len(done) - self.max_backlog)]:
             self._skip(w, "behind")
         done = done[max(0, len(done) - self.max_backlog) :]

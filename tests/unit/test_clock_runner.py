@@ -365,3 +365,19 @@ def test_pipeline_health_judges_windows_fed_before_a_detector_pass_took_its_queu
     assert summary["lag_solved_s"] == {"n": 2, "p50": 4.0, "p99": 4.0, "max": 4.0}
     assert summary["lag_judged_due_s"]["max"] == 3.0  # second: judged at 10 s, due at 7 s
     assert summary["picture_age_s"] == 7.0  # newest judged window ended at 4 s
+
+
+def test_shorter_advised_segments_lower_the_lateness_one_old_interval_later(
+    store: StoreWriter,
+) -> None:
+    """Collectors take up shorter segments at their next roll: segments of the old length
+    are still in flight for one old lateness, so the runner keeps it until then."""
+    now = [10**18]
+    runner = ClockRunner(store, window_s=2.0, lateness_s=3.0, now_ns=lambda: now[0])
+    runner.set_min_lateness(32.0)
+    runner.set_min_lateness(5.0)  # the fleet went quiet: the advice fell
+    runner.step()
+    assert runner.live({})["lateness_s"] == 32.0
+    now[0] += 32 * 10**9
+    runner.step()
+    assert runner.live({})["lateness_s"] == 5.0
