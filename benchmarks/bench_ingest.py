@@ -30,6 +30,15 @@ clock starts, as complete HTTP/1.1 requests; the client is a lean non-blocking s
 (``--connections`` keep-alive connections, one request in flight each, as collectors
 do), so the figure is about the daemon, and the client's own CPU is measured and printed.
 
+Connections: the daemon's aiohttp keeps an idle keep-alive connection for 3,630 s (the
+request handler's default; ``run_app``'s 75 s does not apply to its AppRunner). It resets
+one only when it answered before reading the body (503 while the store is unavailable)
+and the rest of the body did not follow within aiohttp's 10-s lingering read; this
+client used to reuse such a connection without sending the rest, so the daemon read the
+next request as body bytes (400, then a close or reset: the one-off ECONNRESET of issue
+28). It now opens a fresh connection then, and counts any reset or close (each request
+retried once anew, as the shipper does).
+
 A record counts once its request got 200 ``stored`` (= fsynced Parquet + commit record).
 At the end the store is read back through the catalog and must hold exactly the
 acknowledged rows. Prints the machine, the load average, throughput, and the CPU seconds
@@ -432,7 +441,10 @@ def keep_fleet_alive(port: int, hosts: int, t0: int, until: float) -> threading.
         while time.time() < until - 20:
             time.sleep(20)
             if time.time() < until - 5:
-                announce_fleet(port, hosts, t0, 10**9 + k)
+                try:
+                    announce_fleet(port, hosts, t0, 10**9 + k)
+                except (OSError, RuntimeError) as exc:  # a busy daemon: try again later
+                    print(f"keep-alive round {k} failed: {exc!r}", flush=True)
                 k += 1
 
     thread = threading.Thread(target=run, name="keep-alive", daemon=True)
