@@ -60,6 +60,10 @@ class PairFit:
     # omits that guess's error: the solver re-anchors such pairs with the network drift.
     x_mid: np.ndarray | None = None
     sigma_mid: np.ndarray | None = None
+    # Pairs with fewer than 3 bins have no clean round trip of their own: half their
+    # bins' excess over the window's least clean round trip (:func:`_clean_rtt`), the
+    # most their offset could be off if every probe they kept queued alike; 0 else.
+    bound_ns: np.ndarray | None = None
 
 
 def _kth_smallest(v: np.ndarray, k: np.ndarray) -> np.ndarray:
@@ -175,6 +179,7 @@ def fit_pairs(
         points, xs = zmin3, xsel.reshape(shape)
 
     few_sigma = _few_bin_sigma(points)
+    clean_rtt = _clean_rtt(points)
 
     def lines(sl: slice) -> tuple[np.ndarray, ...]:
         return _fit_lines(points[:, sl], xs[:, sl], slope_guess[sl], noise, few_sigma)
@@ -184,6 +189,11 @@ def fit_pairs(
         parts_l[0] if len(parts_l) == 1 else [np.concatenate(p) for p in zip(*parts_l, strict=True)]
     )
     counts = counts.reshape(shape).sum(axis=2)
+    # Pairs with fewer than 3 bins: how far their midpoints could be off if all their
+    # least round trips queued (half their excess over the window's clean round trip).
+    _, _, valid, nvalid, excess = _bin_points(points, None, clean_rtt)
+    few = (nvalid > 0) & (nvalid < 3)
+    bound = np.where(few, np.max(np.where(valid, excess, 0.0), axis=1) / 2, 0.0)
     return PairFit(
         alpha=alpha,
         slope=slope,
@@ -195,6 +205,7 @@ def fit_pairs(
         noise_ns=noise,
         x_mid=x_mid,
         sigma_mid=sigma_mid,
+        bound_ns=bound,
     )
 
 
@@ -272,11 +283,26 @@ def _few_bin_sigma(points: np.ndarray) -> float:
     return float(np.sqrt(np.mean(np.square(e / 2)))) if len(e) else 0.0
 
 
+def _clean_rtt(points: np.ndarray) -> float:
+    """The least clean round trip of the window: the minimum over pairs with at least 3
+    bins of their reference round trip (second-smallest bin). A lower bound of any
+    pair's clean round trip on the same fabric; inf when no pair has 3 bins."""
+    zf, zr = points[0], points[1]
+    valid = np.isfinite(zf) & np.isfinite(zr)
+    rows = valid.sum(axis=1) >= 3
+    if not rows.any():
+        return float(np.inf)
+    rtt = np.where(valid[rows], zf[rows] + zr[rows], np.inf)
+    return float(np.min(_kth_smallest(rtt, np.ones(int(rows.sum()), np.intp))))
+
+
 def _bin_points(
-    points: np.ndarray, xsel: np.ndarray | None
+    points: np.ndarray, xsel: np.ndarray | None, clean_rtt_ns: float = np.inf
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per (pair, bin) from the per-direction points (shape (2, pairs, bins)): midpoint,
-    its x (zeros when ``xsel`` is None), validity, valid bins per pair, excess round trip."""
+    its x (zeros when ``xsel`` is None), validity, valid bins per pair, excess round trip
+    (over the pair's reference; for pairs with fewer than 3 bins over the lower of their
+    least round trip and ``clean_rtt_ns``)."""
     zf, zr = points[0], points[1]
     valid = np.isfinite(zf) & np.isfinite(zr)
     with np.errstate(invalid="ignore"):
@@ -286,6 +312,8 @@ def _bin_points(
     nvalid = valid.sum(axis=1)
     k = np.where(nvalid >= 3, 1, 0)
     ref = _kth_smallest(rtt, k)
+    if np.isfinite(clean_rtt_ns):
+        ref = np.where(nvalid < 3, np.minimum(ref, clean_rtt_ns), ref)
     with np.errstate(invalid="ignore"):
         rtt -= ref[:, None]  # inf where not valid; nan in pairs without a valid bin
     excess = np.where(valid, np.abs(rtt, out=rtt), 0.0)

@@ -248,7 +248,7 @@ def _solve(
     stats["pairs"] = n_pairs
 
     # ---- network effect ------------------------------------------------------------
-    theta, drift, flags, _residual, comp, o_wsum, d_wsum, scales = _network(
+    theta, drift, flags, _residual, comp, _o_wsum, d_wsum, scales, o_rvar, o_mvar = _network(
         fit, pa, pb, n, cfg, noise, p_off
     )
     stats["chi2_scale_offset"], stats["chi2_scale_drift"] = scales
@@ -256,8 +256,14 @@ def _solve(
 
     # ---- gauge -----------------------------------------------------------------------
     solved = np.isfinite(theta)
-    theta, drift = _apply_gauge(theta, drift, comp, hosts, has_prior, p_off, p_drift, cfg)
-    o_sig = np.sqrt(scales[0] / np.where(o_wsum > 0, o_wsum, np.nan))
+    # Host sigma: the larger of the model's (pair fit sigmas, chi2-scaled) and the one
+    # its own pairs' loop residuals give, plus the gauge's (mesh time is itself an
+    # estimate: the mean of the component's clocks, or the prior's continuation).
+    o_var = np.maximum(scales[0] * o_mvar, o_rvar)
+    theta, drift, g_var = _apply_gauge(
+        theta, drift, comp, hosts, has_prior, p_off, p_drift, cfg, o_var
+    )
+    o_sig = np.sqrt(o_var + g_var)
     d_sig = np.sqrt(scales[1] / np.where(d_wsum > 0, d_wsum, np.nan))
     no_drift = solved & ~np.isfinite(drift)
     drift = np.where(no_drift, p_drift, drift)
@@ -387,9 +393,10 @@ def _network(
     p_off: np.ndarray,
 ) -> tuple[
     np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
-    tuple[float, float],
+    tuple[float, float], np.ndarray, np.ndarray,
 ]:  # fmt: skip
-    """Offsets and drifts over the probe graph; flags for disagreeing pairs."""
+    """Offsets and drifts over the probe graph; flags for disagreeing pairs; per host
+    the offset variance from the loop residuals and the model variance (pair sigmas)."""
     flags = np.zeros(len(pa), np.uint8)
     one_way = ((fit.n_fwd == 0) | (fit.n_rev == 0)) & ((fit.n_fwd + fit.n_rev) > 0)
     flags[one_way] |= np.uint8(PairFlag.ONE_WAY)
@@ -427,6 +434,12 @@ def _network(
     o_wsum = np.bincount(pa[~bad], w[~bad], minlength=n) + np.bincount(
         pb[~bad], w[~bad], minlength=n
     )
+    o_var = _residual_variance(pa, pb, w, g.residual, est & ~bad, o_wsum, n)
+    # the weights of the final solve (excluded pairs at 1e-6): a host tied to the rest
+    # only through excluded pairs is not known better than they are
+    w_solve = np.where(est, np.where(excluded, w * 1e-6, w), 0.0)
+    bound = fit.bound_ns if fit.bound_ns is not None else np.zeros(len(pa))
+    o_model = _model_variance(pa, pb, w_solve, o_wsum, g.component, n, g.residual, o_var, bound)
     dok = est & np.isfinite(fit.sigma_slope) & ~bad
     dsig = np.where(dok, fit.sigma_slope, np.inf)
     dsig = np.maximum(dsig, 1e-12)
@@ -435,8 +448,95 @@ def _network(
     d_wsum = np.bincount(pa[dok], wd[dok], minlength=n) + np.bincount(pb[dok], wd[dok], minlength=n)
     return (
         g.value, gd.value, flags, g.residual, g.component, o_wsum, d_wsum,
-        (g.chi2_scale, gd.chi2_scale),
+        (g.chi2_scale, gd.chi2_scale), o_var, o_model,
     )  # fmt: skip
+
+
+_EXACT_MAX_HOSTS = 256  # components up to this size: exact Laplacian pseudo-inverse diagonal
+
+
+def _model_variance(
+    pa: np.ndarray,
+    pb: np.ndarray,
+    w: np.ndarray,
+    wsum: np.ndarray,
+    comp: np.ndarray,
+    n: int,
+    residual: np.ndarray,
+    res_var: np.ndarray,
+    bound: np.ndarray,
+) -> np.ndarray:
+    """Per host, the offset variance the pair sigmas imply (before the chi2 scale):
+    the diagonal of the weighted Laplacian's pseudo-inverse (offsets relative to the
+    component's mean). Exact for components of up to ``_EXACT_MAX_HOSTS`` hosts, where
+    a few weak pairs can be all that ties two racks together (a bottleneck the Jacobi
+    approximation ``1 / sum w`` does not see); ``1 / sum w`` for larger components
+    (the buddy graph is an expander there, and a dense inverse would cost O(n^3)).
+
+    For those small components ``res_var`` (the per-host residual estimate) is
+    replaced in place by the full sandwich ``L+ (sum_e w_e^2 r_e^2 b_e b_e^T) L+``
+    with exact leverages: pairs across a bottleneck that are all biased alike (one
+    rack's paths asymmetric) move every host behind it, not only their own two.
+    Pairs with a ``bound`` (fewer than 3 bins: nothing says whether their probes
+    queued) add ``w_e^2 bound_e^2`` to that sandwich: a bridge has no loop to check it."""
+    with np.errstate(divide="ignore"):
+        var = np.where(wsum > 0, 1.0 / np.where(wsum > 0, wsum, 1.0), np.inf)
+    if not (comp >= 0).any():
+        return var
+    sizes = np.bincount(comp[comp >= 0])
+    ok = (w > 0) & (pa != pb)
+    for c in np.flatnonzero((sizes >= 2) & (sizes <= _EXACT_MAX_HOSTS)):
+        members = np.flatnonzero(comp == c)
+        local = np.full(n, -1, np.intp)
+        local[members] = np.arange(len(members))
+        e = ok & (local[pa] >= 0) & (local[pb] >= 0)
+        la, lb, we = local[pa[e]], local[pb[e]], w[e]
+        m = len(members)
+        lap = np.zeros((m, m))
+        np.add.at(lap, (la, lb), -we)
+        np.add.at(lap, (lb, la), -we)
+        np.add.at(lap, (la, la), we)
+        np.add.at(lap, (lb, lb), we)
+        # pinv of L = inv(L + J/m) - J/m (J all ones; the component is connected)
+        j = np.full((m, m), 1.0 / m)
+        try:
+            inv = np.linalg.inv(lap + j) - j
+        except np.linalg.LinAlgError:  # pragma: no cover - connected: L + J/m is regular
+            continue
+        var[members] = np.maximum(np.diag(inv), 0.0)
+        r = residual[e]
+        fin = np.isfinite(r)
+        infl = inv[:, lb[fin]] - inv[:, la[fin]]  # d theta / d m_e, per unit weight
+        lev = we[fin] * (infl[lb[fin], np.arange(fin.sum())] - infl[la[fin], np.arange(fin.sum())])
+        lev = np.clip(lev, 0.0, 0.9)
+        t = np.square(we[fin] * r[fin] / (1.0 - lev)) + np.square(we[fin] * bound[e][fin])
+        res_var[members] = np.square(infl) @ t
+    return var
+
+
+def _residual_variance(
+    pa: np.ndarray,
+    pb: np.ndarray,
+    w: np.ndarray,
+    residual: np.ndarray,
+    use: np.ndarray,
+    wsum: np.ndarray,
+    n: int,
+) -> np.ndarray:
+    """Per host, the variance of its offset from the loop residuals of its own pairs
+    (the sandwich / HC3 estimate): ``sum_e w_e^2 (r_e / (1 - h_e))^2 / (sum_e w_e)^2``,
+    with the leverage ``h_e ~ w_e (1/W_a + 1/W_b)`` (Jacobi). Unlike the model sigma
+    (the pairs' own fit sigmas), it sees what the pair fits cannot: coded pairs that
+    queued alike, path asymmetry, a biased envelope, whenever the loops disagree."""
+    ok = use & np.isfinite(residual) & (w > 0)
+    a, b, we, r = pa[ok], pb[ok], w[ok], residual[ok]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        h = we * (1.0 / wsum[a] + 1.0 / wsum[b])
+    h = np.clip(np.nan_to_num(h, nan=0.9), 0.0, 0.9)
+    t = np.square(we * r / (1.0 - h))
+    num = np.bincount(a, t, minlength=n) + np.bincount(b, t, minlength=n)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(wsum > 0, num / np.square(wsum), 0.0)
 
 
 def _apply_gauge(
@@ -448,18 +548,25 @@ def _apply_gauge(
     p_off: np.ndarray,
     p_drift: np.ndarray,
     cfg: SolverConfig,
-) -> tuple[np.ndarray, np.ndarray]:
+    o_var: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Solutions come out mean-zero per component; shift components to the gauge.
 
     - ``gauge_host``: its component is shifted so that host reads 0 (offset, drift).
     - otherwise, components that share solved hosts with the prior are shifted so
       those hosts' mean change from their predicted offset/drift is zero (mesh time
       continues across windows; hosts joining or leaving do not make it jump);
-    - other components stay mean-zero."""
+    - other components stay mean-zero.
+
+    Also returns, per host, the variance the gauge adds to its offset: the variance
+    of the mean of the ``o_var`` over the hosts that fix the gauge (the pinned host's
+    own variance with ``gauge_host``); 0 outside components."""
     theta = theta.copy()
     drift = drift.copy()
+    g_var = np.zeros(len(theta))
     if not (comp >= 0).any():
-        return theta, drift
+        return theta, drift, g_var
+    ov = np.nan_to_num(o_var, nan=0.0, posinf=0.0)
     for c in range(int(comp.max()) + 1):
         members = comp == c
         if cfg.gauge_host is not None:
@@ -468,6 +575,7 @@ def _apply_gauge(
                 if np.isfinite(drift[pin][0]):
                     drift[members] -= drift[pin][0]
                 _shift(theta, drift, members, float(theta[pin][0]), pin)
+                g_var[members & ~pin] = ov[pin][0]
                 continue
         both = members & has_prior
         if both.any():
@@ -475,7 +583,10 @@ def _apply_gauge(
             if dboth.any():
                 drift[members] -= np.mean(drift[dboth] - p_drift[dboth])
             _shift(theta, drift, members, np.mean(theta[both] - p_off[both]), both)
-    return theta, drift
+            g_var[members] = ov[both].sum() / both.sum() ** 2
+        else:
+            g_var[members] = ov[members].sum() / members.sum() ** 2
+    return theta, drift, g_var
 
 
 def _shift(

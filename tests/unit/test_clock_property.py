@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from analytics.clock import HostStatus, SolverConfig, network, pair_fit, probe_samples, solve_window
@@ -71,17 +71,66 @@ def test_offsets_recovered_under_random_queueing(
         assert err.max() < 200.0, (err, sol.clock["offset_sigma_ns"][solved])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known solver weakness (open): at ~31 % utilisation with 1-µs queues, coded pairs "
-    "delayed alike pass the filter and some hosts are claimed SOLVED 200-250 ns off "
-    "(18 of 40 seeds). Found by a random Hypothesis draw in CI on 2026-11-25.",
-)
-def test_known_error_at_moderate_load_with_short_queues() -> None:
-    test_offsets_recovered_under_random_queueing.hypothesis.inner_test(  # type: ignore[attr-defined]
+def _honesty_violations(
+    seed: int, offset_max: float, drift_max: float, util: float, queue_ns: float, loss: float,
+    echo_every: int,
+) -> list[str]:  # fmt: skip
+    """Hosts claimed SOLVED (component 0) whose offset error exceeds 3x their stated
+    uncertainty plus the 5-ns timestamp noise of one stamp (a floor: ~1,500 honest
+    Gaussian host estimates over 200 draws would put a few beyond 3 sigma)."""
+    cfg = SimConfig(
+        racks=3, hosts_per_rack=3, spines=2, buddies_random=2, ports=4, rate_per_port=4.0,
+        offset_max_ns=offset_max, drift_max_ppm=drift_max, ts_noise_ns=5.0,
+        idle_util=util, idle_queue_ns=queue_ns, loss=loss, seed=seed, echo_every=echo_every,
+    )  # fmt: skip
+    sim = MeshSimulator(cfg).run()
+    sol = solve_window(
+        sim.tx, sim.rx, sim.echoes, window_start_ns=cfg.start_ns,
+        window_ns=cfg.duration_ns, config=SolverConfig(spacing_tol_ns=50),
+    )  # fmt: skip
+    ok = (sol.clock["status"] == HostStatus.SOLVED) & (sol.clock["component"] == 0)
+    err = _errors(sim, sol, component=0)
+    sigma = sol.clock["offset_sigma_ns"][ok]
+    assert np.isfinite(sigma).all() and (sigma > 0).all(), sigma
+    bad = ~(err <= 3.0 * sigma + cfg.ts_noise_ns)
+    return [
+        f"host {h}: off by {e:.1f} ns, stated sigma {s:.1f} ns"
+        for h, e, s in zip(sol.clock["host"][ok][bad], err[bad], sigma[bad], strict=True)
+    ]
+
+
+def test_known_error_at_moderate_load_with_short_queues_is_within_its_stated_uncertainty() -> None:
+    # The draw a random Hypothesis run found in CI on 2026-11-25: at ~31 % utilisation with
+    # 1-us queues coded pairs delayed alike pass the filter and a host is 200-250 ns off.
+    # The solver cannot see the error in the pair fit, but its pairs disagree around the
+    # loops and tie it to the mesh weakly: its stated uncertainty must cover the error.
+    assert _honesty_violations(
         seed=30, offset_max=0.0, drift_max=0.0, util=0.3125, queue_ns=1000.0, loss=0.0,
         echo_every=1,
-    )  # fmt: skip
+    ) == []  # fmt: skip
+
+
+# 200 derandomized draws. The parameters come from one 16-byte key, not from
+# st.floats/st.integers: Hypothesis (>= 6.131) sometimes draws numbers found in the
+# source of the local modules loaded so far, so those draws change with the test files
+# collected in the session (test_clock_runner.py); a 16-byte literal is unlikely there.
+@settings(
+    max_examples=200, deadline=None, derandomize=True, database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)  # fmt: skip
+@given(key=st.binary(min_size=16, max_size=16))
+def test_no_host_claimed_solved_beyond_three_times_its_stated_uncertainty(key: bytes) -> None:
+    rng = np.random.default_rng(list(key))
+    draw = dict(
+        seed=int(rng.integers(0, 2**31)),
+        offset_max=float(rng.uniform(0, 5e6)) if rng.random() < 0.8 else 0.0,
+        drift_max=float(rng.uniform(0, 50)) if rng.random() < 0.8 else 0.0,
+        util=float(rng.uniform(0.0, 0.5)),
+        queue_ns=float(rng.uniform(1_000, 50_000)) if rng.random() < 0.7 else 1_000.0,
+        loss=float(rng.uniform(0, 0.2)) if rng.random() < 0.7 else 0.0,
+        echo_every=int(rng.choice([1, 8])),
+    )
+    assert _honesty_violations(**draw) == [], draw  # type: ignore[arg-type]
 
 
 @settings(max_examples=6, deadline=None, derandomize=True)
@@ -153,7 +202,7 @@ def test_columns_equal_the_fields(n: int, chunk: int, seed: int) -> None:
     rng = np.random.default_rng(seed)
     for dtype in (PROBE_RX, ECHO):
         rec = np.frombuffer(rng.bytes(n * dtype.itemsize), dtype=dtype)
-        names = tuple(name for name in dtype.names if not name.startswith("_"))
+        names = tuple(name for name in (dtype.names or ()) if not name.startswith("_"))
         old = probe_samples._CHUNK_ROWS
         probe_samples._CHUNK_ROWS = chunk  # chunk boundaries anywhere
         try:
