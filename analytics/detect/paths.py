@@ -107,11 +107,10 @@ class _LinkState:
     # another one; a twin suspected with a link that already has an anomaly takes its key.
     key: str = ""
     error_ns: int = 0  # half the width of the last outage's bounds, start and end
-    # The reroute (what a flow across it lost): after the newest trace across it before
-    # the outage (last_ok_ns), every path through it that was in use was seen moved to
-    # another spine by the newest of these first moves (moved: (x, z) -> first move).
+    # The reroute (what a flow across it lost, :meth:`FabricPaths._reroute`): from the
+    # newest trace across it before the outage to the newest first move of its paths.
     last_ok_ns: int = 0
-    every_path_lost: bool = False  # every link of its leaf was out at once
+    every_path_lost: bool = False  # every other link of its leaf was out too
     touched_ns: int = 0  # when a twin's outage was taken back from it
 
 
