@@ -356,7 +356,9 @@ class FabricPaths:
         the newest trace across it (``last_ok_ns``) and every path through it in use then
         had moved to another spine by its first trace off it, so no flow lost more than
         the newest of those first moves minus ``last_ok_ns`` (the reroute's bound). Not
-        known (0: a job is judged on the outage) while a path in use was not seen moving,
+        known (0: a job is judged on the outage) while a path in use (traced across it in the
+        10 s before, and not still seen away from it since an earlier outage) was not
+        seen moving,
         or when every other link of the leaf was out too (suspected, or silent for
         ``SILENT_NS``): the rack had no path left."""
         lk = self.links[name]
@@ -371,8 +373,12 @@ class FabricPaths:
         if not st.last_ok_ns or st.every_path_lost:
             return
         ends = [(x, z) for (x, z, y) in self.last_seen if y == lk.spine and lk.leaf in (x, z)]
+        # in use: traced across it lately, and not still seen away from it since an
+        # earlier outage (no trace of it crossed the link since: its flows were elsewhere)
         in_use = {p for p in ends
-                  if st.last_ok_ns - self.last_seen[(*p, lk.spine)] < IN_USE_NS}  # fmt: skip
+                  if st.last_ok_ns - self.last_seen[(*p, lk.spine)] < IN_USE_NS
+                  and self.gone.get((*p, lk.spine), _Gone(st.last_ok_ns)).since_ns
+                  >= st.last_ok_ns}  # fmt: skip
         moved = [self.moved_at.get((*p, lk.spine), 0) for p in in_use]
         if in_use and all(t >= st.last_ok_ns for t in moved):
             o.reroute_ns = max(1, max(moved) - st.last_ok_ns)

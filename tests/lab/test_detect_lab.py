@@ -36,8 +36,22 @@ _wait = wait_for
 def opsbox(
     lab_factory: Callable[..., Lab], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, Any]]:
+    yield from _opsbox(lab_factory, tmp_path_factory, "d")
+
+
+@pytest.fixture
+def fresh_opsbox(
+    lab_factory: Callable[..., Lab], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
+    """A lab of its own: no link with a flap history (the module's lab flaps them all)."""
+    yield from _opsbox(lab_factory, tmp_path_factory, "dj")
+
+
+def _opsbox(
+    lab_factory: Callable[..., Lab], tmp_path_factory: pytest.TempPathFactory, name: str
+) -> Iterator[dict[str, Any]]:
     # Three racks: with two, a missing path leaves its two fabric links indistinguishable.
-    lab = lab_factory("d", spines=2, leaves=3, hosts_per_leaf=1)
+    lab = lab_factory(name, spines=2, leaves=3, hosts_per_leaf=1)
     topo = lab.topology
     base = tmp_path_factory.mktemp("detect")
     key = b"detect-lab-fleet-key-0123456789"
@@ -356,7 +370,7 @@ def test_spine_side_flaps_of_every_fabric_link_are_measured_to_a_third_of_a_seco
 
 
 def test_jobs_crossing_a_fabric_link_routed_around_are_judged_on_the_reroute(
-    opsbox: dict[str, Any],
+    fresh_opsbox: dict[str, Any],
 ) -> None:
     """Two jobs on a host of every rack, so both cross every leaf–spine link: "tight"
     (NCCL_IB_TIMEOUT=14: 0.54 s) and "mid" (NCCL_IB_TIMEOUT=17: 4.3 s). Spine-side downs of
@@ -367,7 +381,7 @@ def test_jobs_crossing_a_fabric_link_routed_around_are_judged_on_the_reroute(
     exactly the flaps whose reported reroute is within its 0.54 s (over it: "may not
     survive", never "kills"); the count of outages fatal to a job and the summary's words
     say the same."""
-    lab, live = opsbox["lab"], opsbox["live"]
+    lab, live = fresh_opsbox["lab"], fresh_opsbox["live"]
     fabric = [lk for lk in lab.topology.links if lk.kind == "fabric"]
     links = [fabric[0], next(lk for lk in fabric[::-1] if lk.b.node != fabric[0].b.node)]
     hosts = [h.name for h in lab.topology.hosts]  # one per rack
