@@ -596,11 +596,15 @@ def _silent_drops_in_store(store: Path) -> list[tuple[str, str]]:
 
     if not layout.has_files(store, "anomalies"):
         return []
-    rows = duckdb.connect().execute(
-        f"SELECT DISTINCT anomaly_id, json_extract_string(detail, '$.summary') "
-        f"FROM read_parquet('{layout.table_glob(store, 'anomalies')}', hive_partitioning = true) "
-        "WHERE kind = 'silent_drop'"
-    ).fetchall()
+    rows = (
+        duckdb.connect()
+        .execute(
+            f"SELECT DISTINCT anomaly_id, json_extract_string(detail, '$.summary') "
+            f"FROM read_parquet('{layout.table_glob(store, 'anomalies')}', hive_partitioning = true) "
+            "WHERE kind = 'silent_drop'"
+        )
+        .fetchall()
+    )
     return [(str(a), str(s)) for a, s in rows]
 
 
