@@ -33,7 +33,7 @@ class Feature(NamedTuple):
 FEATURES: tuple[Feature, ...] = (
     Feature("flaps", "outages in the window", "", 1.0),
     Feature("longest_outage_s", "longest outage", " s", 0.5),
-    Feature("outages_over_kill", "outages longer than a job crossing it survives", "", 1.0),
+    Feature("outages_over_kill", "outages fatal to a job crossing it", "", 1.0),
     Feature("down_now", "link down now", "", 1.0),
     Feature("missing_paths", "probe paths with no answer through it", "", 1.0),
     Feature("candidates", "links that explain it equally", "", 1.0),

@@ -21,12 +21,17 @@ on its host, a leaf–spine link by the jobs with hosts under that leaf and in a
 — each with the outage its queue pairs survive, ``4.096 µs × 2^NCCL_IB_TIMEOUT ×
 (NCCL_IB_RETRY_CNT + 1)`` from the job's own settings or its NCCL version's defaults
 (:mod:`collector.job_nccl`): "kills job J: outage 12.0 s > its 8.6 s". With no job seen
-crossing the link, the current NCCL defaults are assumed and said so.
+crossing the link, the current NCCL defaults are assumed and said so. A job is judged on
+what its flows lost: a host link is its host's only path (the whole outage); a leaf–spine
+link whose rack kept another spine is routed around, its flows lose only the reroute's
+burst (``reroutes_s``, measured by :mod:`analytics.detect.paths`; "job J survives the
+reroute"); a rack that lost every spine loses the outage.
 """
 
 from __future__ import annotations
 
 import collections
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +61,12 @@ class Outage:
     down_ns: int
     up_ns: int = 0  # 0 while down
     sub_sample: bool = False  # seen only as a carrier-down count between two "up" samples
+    # A fabric link (analytics.detect.paths): the longest its flows can have lost packets
+    # before the fabric routed them over another spine (0: not measured, or no other path:
+    # a job sees the whole outage), and whether its rack lost every path (every spine's
+    # link out) while it lasted.
+    reroute_ns: int = 0
+    every_path_lost: bool = False
 
     def duration_s(self, now_ns: int) -> float | None:
         if self.sub_sample:
@@ -216,6 +227,7 @@ def flap_observation(
             "outages_s": [None if d is None else round(d, 2) for d in durations],
             "outages_ns": [[o.down_ns, o.up_ns] for o in outages if o.up_ns],
             "longest_outage_s": None if longest is None else round(longest, 2),
+            **(_reroutes(outages) if "spine" in extra else {}),
             "window_s": round(window_ns / 1e9),
             "last_down_ns": outages[-1].down_ns if outages else 0,
             "down_since_ns": down_since,
@@ -223,6 +235,27 @@ def flap_observation(
     )
     judge_outages(obs, [])
     return obs
+
+
+def _reroutes(outages: list[Outage]) -> dict[str, list]:
+    """A fabric link's finished outages: the reroute bound of each (rounded up: it stays a
+    bound; null: a job sees the whole outage) and whether its rack lost every path."""
+    done = [o for o in outages if o.up_ns]
+    return {
+        "reroutes_s": [math.ceil(o.reroute_ns / 1e7) / 100 if o.reroute_ns else None
+                       for o in done],
+        "every_path_lost": [o.every_path_lost for o in done],
+    }  # fmt: skip
+
+
+def _reroute_verdict(
+    r: float, limit: float | None, bounds: tuple[float, float] | list[float] | None
+) -> str:
+    """A job on a rerouted fabric link: its flows lost at most ``r`` s (an upper bound, so
+    over the job's limit it *may* have killed it, never certainly)."""
+    if limit is not None:
+        return "survives" if r <= limit else "may kill"
+    return "survives" if bounds is not None and r <= bounds[0] else "may kill"
 
 
 def _verdict(
@@ -243,7 +276,13 @@ def judge_outages(obs: Observation, jobs: list[JobLimit]) -> None:
     """Judge a ``flapping_link`` observation's finished outages against the jobs that
     crossed the link while each happened (``jobs``; none: the current NCCL defaults,
     assumed and said so): sets the summary's verdict, the score, and the evidence's
-    ``job_verdicts``, ``outages_over_kill_s`` and ``collective_kill_s``."""
+    ``job_verdicts``, ``outages_over_kill_s`` and ``collective_kill_s``.
+
+    What a job loses is judged, not how long the link was out: a host link is its host's
+    only path (the job loses the whole outage); a leaf–spine link whose rack kept another
+    spine is routed around (the job's flows lose only the reroute's burst, ``reroutes_s``:
+    over its limit that bound *may* kill it); a rack that lost every path loses the
+    outage."""
     e = obs.evidence
     n = int(e.get("flaps") or 0)
     # keep a scale the caller applied (tomography's confidence when links are twins)
@@ -251,6 +290,9 @@ def judge_outages(obs: Observation, jobs: list[JobLimit]) -> None:
     scale = obs.score / before if "outages_over_kill_s" in e and before > 0 else 1.0
     durations: list[float | None] = list(e.get("outages_s") or [])
     spans: list[list[int]] = list(e.get("outages_ns") or [])
+    fabric = "reroutes_s" in e
+    reroutes: list[float | None] = list(e.get("reroutes_s") or [])
+    reroutes += [None] * (len(durations) - len(reroutes))
     judged: list[dict[str, Any]] = []
     fatal: set[int] = set()
     for jl in sorted(jobs, key=lambda j: j.job):
@@ -258,7 +300,13 @@ def judge_outages(obs: Observation, jobs: list[JobLimit]) -> None:
         for i, d in enumerate(durations):
             down, up = spans[i] if i < len(spans) else (0, 0)
             ran = jl.first_ns - JOB_SLACK_NS <= up and (not jl.last_ns or jl.last_ns >= down)
-            verdicts.append(_verdict(d, jl.limit_s, jl.bounds) if ran else None)
+            r = reroutes[i]
+            if not ran:
+                verdicts.append(None)
+            elif r is not None:
+                verdicts.append(_reroute_verdict(r, jl.limit_s, jl.bounds))
+            else:
+                verdicts.append(_verdict(d, jl.limit_s, jl.bounds))
         fatal |= {i for i, v in enumerate(verdicts) if v == "kills"}
         judged.append({
             "job_id": jl.job,
@@ -269,11 +317,14 @@ def judge_outages(obs: Observation, jobs: list[JobLimit]) -> None:
             "verdicts": verdicts,
         })  # fmt: skip
     if not jobs:
-        fatal = {i for i, d in enumerate(durations) if d is not None and d > ASSUMED_LIMIT_S}
+        fatal = {i for i, d in enumerate(durations)
+                 if reroutes[i] is None and d is not None and d > ASSUMED_LIMIT_S}  # fmt: skip
     longest = e.get("longest_outage_s")
     parts = [f"{obs.link} flapped {n} time{'s' if n != 1 else ''} in "
              f"{(e.get('window_s') or 600) / 60:.0f} min"]  # fmt: skip
-    if longest is not None:
+    if longest is not None and fabric:
+        parts.append(f"out of service up to {longest:.1f} s{_how_routed(e, reroutes)}")
+    elif longest is not None:
         parts.append(f"outages up to {longest:.1f} s")
     if e.get("down_now"):
         parts.append("down now")
@@ -281,24 +332,33 @@ def judge_outages(obs: Observation, jobs: list[JobLimit]) -> None:
     unsure_parts: list[str] = []
     survives: list[str] = []
     for j in judged:
-        worst = max((d for d, v in zip(durations, j["verdicts"], strict=True) if v == "kills"
-                     and d is not None), default=None)  # fmt: skip
-        unsure = max((d for d, v in zip(durations, j["verdicts"], strict=True) if v == "may kill"
-                      and d is not None), default=None)  # fmt: skip
+        limit = _secs(j["survives_s"], j["survives_range_s"])
+        on_outage = [(d, v) for d, r, v in zip(durations, reroutes, j["verdicts"], strict=True)
+                     if r is None and d is not None]  # fmt: skip
+        on_reroute = [(r, v) for r, v in zip(reroutes, j["verdicts"], strict=True)
+                      if r is not None]  # fmt: skip
+        worst = max((d for d, v in on_outage if v == "kills"), default=None)
+        unsure = max((d for d, v in on_outage if v == "may kill"), default=None)
+        unsure_r = max((r for r, v in on_reroute if v == "may kill"), default=None)
         if worst is not None:
-            kills.append(f"kills job {j['job_id']}: outage {worst:.1f} s > its "
-                         f"{_secs(j['survives_s'], j['survives_range_s'])}")  # fmt: skip
+            kills.append(f"kills job {j['job_id']}: outage {worst:.1f} s > its {limit}")
         elif unsure is not None:
             unsure_parts.append(f"job {j['job_id']} may not survive: outage {unsure:.1f} s, "
                                 f"its limit unknown ({j['survives_from']})")  # fmt: skip
-        elif any(v == "survives" for v in j["verdicts"]):
-            survives.append(f"job {j['job_id']} survives (its "
-                            f"{_secs(j['survives_s'], j['survives_range_s'])})")  # fmt: skip
+        elif unsure_r is not None:
+            unsure_parts.append(f"job {j['job_id']} may not survive the reroute: paths "
+                                f"rerouted within {unsure_r:.2f} s, its {limit}")  # fmt: skip
+        elif any(v == "survives" for _d, v in on_outage):
+            survives.append(f"job {j['job_id']} survives (its {limit})")
+        elif any(v == "survives" for _r, v in on_reroute):
+            survives.append(f"job {j['job_id']} survives the reroute (its {limit})")
     parts += kills + unsure_parts + survives  # what kills first
     if not jobs and durations:
         over = len(fatal)
+        rerouted = fabric and all(r is not None for r in reroutes)
         parts.append(
-            (f"{over} longer than" if over else "none longer than")
+            ("judged on the reroute: " if rerouted else "")
+            + (f"{over} longer than" if over else "none longer than")
             + f" the {ASSUMED_LIMIT_S:.1f} s a job survives on {ASSUMED_WORDS} "
             "(assumed: no job seen crossing it)"
         )
@@ -309,6 +369,27 @@ def judge_outages(obs: Observation, jobs: list[JobLimit]) -> None:
     e["outages_over_kill_s"] = len(fatal)
     e["collective_kill_s"] = round(min(limits), 3) if limits else (
         None if judged else round(ASSUMED_LIMIT_S, 3))  # fmt: skip
+
+
+def _how_routed(e: dict, reroutes: list[float | None]) -> str:
+    """A fabric link's outages, as a job crossing it saw them: "(paths rerouted within
+    0.32 s)", or every path of its rack lost, or the reroute not measured."""
+    lost = list(e.get("every_path_lost") or [])
+    words = []
+    known = [r for r in reroutes if r is not None]
+    if known:
+        words.append(f"paths rerouted within {max(known):.2f} s")
+    n_lost = sum(1 for x in lost if x)
+    if n_lost:
+        words.append(f"every path of {e.get('leaf') or 'its rack'} lost"
+                     + (f" in {n_lost} of them" if known else ""))  # fmt: skip
+    unmeasured = sum(1 for i, r in enumerate(reroutes) if r is None and not
+                     (i < len(lost) and lost[i]))  # fmt: skip
+    if unmeasured:
+        words.append("reroute not measured" + (f" in {unmeasured}" if known or n_lost else ""))
+    if n_lost or unmeasured:
+        words[-1] += ": judged on the outage"
+    return f" ({'; '.join(words)})" if words else ""
 
 
 def _secs(s: float | None, bounds: list[float] | None = None) -> str:

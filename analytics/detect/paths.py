@@ -35,6 +35,15 @@ answer by its trace's send time). Such a link is a ``flapping_link`` from its fi
 outage, like a host port (:mod:`analytics.detect.flaps`), naming the racks that lost a
 path; links suspected together share one anomaly (one key), and a twin is dropped from
 it as soon as the traces single the link out.
+
+**The reroute** is what a flow across the link lost: nothing crosses it from its failure
+on, and each path through it (X → Z) is rerouted once X's leaf drops its spine from the
+group towards Z — the first trace that saw one of its 5-tuples move. So no flow lost more
+than the newest of those first moves minus the newest trace across the link before the
+outage (known to the watch interval, 0.2 s, where the moving path is watched; to the
+trace round where it is not). Unknown while a path in use was not seen moving, and moot
+when the rack had no other path (every other link of its leaf out too, or silent for
+``SILENT_NS``): then a job loses the outage.
 """
 
 from __future__ import annotations
@@ -55,6 +64,13 @@ log = logging.getLogger("clockmesh.detect.paths")
 # share of the traces since the move.
 CHANCE = 0.01
 RECENT_NS = 7_000_000_000  # an outage that ended this recently is still reported
+# A path through a link traced this long before its outage was in use: its flows had to be
+# rerouted, so its reroute must have been seen for the link's reroute to be known.
+IN_USE_NS = 10_000_000_000
+# A link of the same leaf with no trace across it for this long while the leaf's other
+# link is out carries nothing: the rack has no path left (the trace rounds are 2 s apart
+# by default; with the watch, a link carrying the rerouted flows is traced every 0.2 s).
+SILENT_NS = 3_000_000_000
 # An anomaly that said "down now" this recently may still be open (the book closes it
 # after its clear time, 60 s by default): when the outage is taken back, it says so.
 SAID_DOWN_NS = 60_000_000_000
@@ -91,6 +107,10 @@ class _LinkState:
     # another one; a twin suspected with a link that already has an anomaly takes its key.
     key: str = ""
     error_ns: int = 0  # half the width of the last outage's bounds, start and end
+    # The reroute (what a flow across it lost, :meth:`FabricPaths._reroute`): from the
+    # newest trace across it before the outage to the newest first move of its paths.
+    last_ok_ns: int = 0
+    every_path_lost: bool = False  # every other link of its leaf was out too
     touched_ns: int = 0  # when a twin's outage was taken back from it
 
 
@@ -129,6 +149,7 @@ class FabricPaths:
         self.spine_of: dict[tuple[int, int, int], str] = {}  # (src, dst, sport) -> spine now
         self.traced_ns: dict[tuple[int, int, int], int] = {}  # ... and when it was traced
         self.returned: dict[tuple[str, str, str], int] = {}  # path back after it had gone
+        self.moved_at: dict[tuple[str, str, str], int] = {}  # path gone: its first move off
         self._said_down: dict[str, int] = {}  # anomaly key -> when it last said "down now"
 
     def feed(self, rows: np.ndarray) -> None:
@@ -208,6 +229,7 @@ class FabricPaths:
             left.moved.add(key)
         elif self.last_seen.get((x, z, before), 0) < ts:
             self.gone[(x, z, before)] = _Gone(ts, avoided={key}, moved={key})
+            self.moved_at[(x, z, before)] = ts
 
     def working(self) -> dict[str, int]:
         """Link -> the newest trace across it (a time it certainly carried traffic)."""
@@ -268,6 +290,7 @@ class FabricPaths:
                     st.outages.append(Outage(since))
                     st.back_ns = st.still_ns = 0
                     st.key = st.key or group_key[twins]
+                    st.every_path_lost = False
                 # Began after the newest trace across it and before the first that saw its
                 # paths go (later traces may narrow both: recomputed while it lasts).
                 st.evidence_ns = since
@@ -276,6 +299,8 @@ class FabricPaths:
                 st.down_since = st.outages[-1].down_ns = max(start, 1)
                 st.error_ns = since - start
                 st.group = twins
+                st.last_ok_ns = last_ok if 0 < last_ok <= since else 0
+                self._reroute(name, st, suspected, working)
             elif st.down_since and any(t in suspected for t in st.group if t != name):
                 # Named with a twin, then seen working while the twin is still out: the
                 # outage was the twin's, never this link's. Its own anomaly, if it has
@@ -287,6 +312,7 @@ class FabricPaths:
                 # Its paths are back (or nothing is missing any more): the outage ended
                 # after the last trace that showed them still away and by the first that
                 # crossed it again.
+                self._reroute(name, st, suspected, working)
                 back = st.back_ns or max(self.newest_ns, st.evidence_ns)
                 still = st.still_ns if st.evidence_ns <= st.still_ns < back else st.evidence_ns
                 end = (still + back) // 2
@@ -318,6 +344,44 @@ class FabricPaths:
             if self.newest_ns - last < RECENT_NS:
                 out.append(self._observation(name, st.group or (name,), key, 0))
         return out
+
+    def _reroute(
+        self,
+        name: str,
+        st: _LinkState,
+        suspected: dict[str, tuple[tuple[str, ...], int, int]],
+        working: dict[str, int],
+    ) -> None:
+        """What a flow across ``name`` lost in its current outage: its flows were on it at
+        the newest trace across it (``last_ok_ns``) and every path through it in use then
+        had moved to another spine by its first trace off it, so no flow lost more than
+        the newest of those first moves minus ``last_ok_ns`` (the reroute's bound). Not
+        known (0: a job is judged on the outage) while a path in use (traced across it in the
+        10 s before, and not still seen away from it since an earlier outage) was not
+        seen moving,
+        or when every other link of the leaf was out too (suspected, or silent for
+        ``SILENT_NS``): the rack had no path left."""
+        lk = self.links[name]
+        o = st.outages[-1]
+        others = [n for n, x in self.links.items() if x.leaf == lk.leaf and n != name]
+        if name in suspected and all(
+            n in suspected or self.newest_ns - working.get(n, 0) > SILENT_NS for n in others
+        ):
+            st.every_path_lost = True
+        o.every_path_lost = st.every_path_lost
+        o.reroute_ns = 0
+        if not st.last_ok_ns or st.every_path_lost:
+            return
+        ends = [(x, z) for (x, z, y) in self.last_seen if y == lk.spine and lk.leaf in (x, z)]
+        # in use: traced across it lately, and not still seen away from it since an
+        # earlier outage (no trace of it crossed the link since: its flows were elsewhere)
+        in_use = {p for p in ends
+                  if st.last_ok_ns - self.last_seen[(*p, lk.spine)] < IN_USE_NS
+                  and self.gone.get((*p, lk.spine), _Gone(st.last_ok_ns)).since_ns
+                  >= st.last_ok_ns}  # fmt: skip
+        moved = [self.moved_at.get((*p, lk.spine), 0) for p in in_use]
+        if in_use and all(t >= st.last_ok_ns for t in moved):
+            o.reroute_ns = max(1, max(moved) - st.last_ok_ns)
 
     def _lead(self, twins: tuple[str, ...]) -> str:
         """The member of a suspected group whose anomaly it is observed under: the one

@@ -8,7 +8,8 @@ it) and JSON (the same facts). Plots with matplotlib.
 GPU-hours at risk, stated with its assumption, follow the detector's judgement of each
 outage against the jobs that crossed the link (``evidence.job_verdicts``, analytics/detect/flaps.py:
 each job's queue pairs survive 4.096 µs × 2^NCCL_IB_TIMEOUT × (NCCL_IB_RETRY_CNT + 1)): a
-job that survives an outage stalls for it (its hosts × GPUs per host × the outage); a job it
+job that survives an outage stalls for it (its hosts × GPUs per host × the outage; on a
+leaf–spine link routed around, × the reroute, ``evidence.reroutes_s``); a job it
 kills loses the outage and the work since its last checkpoint plus the restart
 (``lost_min`` minutes, stated). Anomalies stored before jobs were judged (no
 ``evidence.job_verdicts``) fall back to the hosts behind the link (its rack for a leaf–spine link,
@@ -202,6 +203,8 @@ def collect(
         x["raw_outages"] = list(ev.get("outages_s") or [])
         x["outages_s"] = [o for o in x["raw_outages"] if o is not None]
         x["jobs"] = ev.get("job_verdicts")  # None: stored before the detector judged jobs
+        # a fabric link routed around: what its jobs lost per outage (null: the outage)
+        x["reroutes_s"] = list(ev.get("reroutes_s") or [])
         x["closed_by"] = doc.get("closed_by", "")
         end = x["closed_ns"] or b
         x["duration_s"] = round(max(0, min(end, b) - max(x["opened_ns"], a)) / 1e9, 1)
@@ -238,6 +241,7 @@ def collect(
             continue
         gpu_s = 0.0
         fatal = set()
+        rr = x["reroutes_s"]
         for j in x["jobs"]:
             gpus = int(j.get("hosts") or 0) * gpus_per_host
             verdicts = j.get("verdicts") or []
@@ -246,7 +250,9 @@ def collect(
                 v = verdicts[i] if i < len(verdicts) else None
                 if d is None or v is None:
                     continue  # not running then, or shorter than one sample
-                if v == "kills":
+                if i < len(rr) and rr[i] is not None:  # routed around: the reroute's stall
+                    gpu_s += gpus * rr[i]
+                elif v == "kills":
                     gpu_s += gpus * (d + lost_min * 60)
                     fatal.add(i)
                     killed.append({"job_id": j["job_id"], "link": x["where"], "outage_s": d,
@@ -254,7 +260,8 @@ def collect(
                 else:  # survives (or may not: its limit unknown): it stalls for the outage
                     gpu_s += gpus * d
         if not x["jobs"]:  # judged, and no job crossed it: nothing at risk
-            fatal = {i for i in x["new_index"] if (raw[i] or 0) > ASSUMED_LIMIT_S}
+            fatal = {i for i in x["new_index"] if (raw[i] or 0) > ASSUMED_LIMIT_S
+                     and not (i < len(rr) and rr[i] is not None)}  # fmt: skip
         fatal_outages += len(fatal)
         x["gpu_hours"] = round(gpu_s / 3600, 3)
     by_class: dict[str, int] = {}
@@ -313,7 +320,9 @@ def collect(
             f"stalls), × (the outage + {lost_min:g} min of work since its checkpoint and the "
             "restart, assumed) if the outage kills it (longer than 4.096 µs × "
             "2^NCCL_IB_TIMEOUT × (NCCL_IB_RETRY_CNT + 1) of its own settings or NCCL "
-            "version's defaults); no job seen, nothing at risk; anomalies stored before jobs "
+            "version's defaults); a leaf–spine link whose rack kept another spine: × the "
+            "reroute (its flows lose only that burst; the link's time out of service is "
+            "not the job's); no job seen, nothing at risk; anomalies stored before jobs "
             "were judged: the hosts behind the link × the outage."
         ),
     }
@@ -530,7 +539,8 @@ def markdown(facts: dict[str, Any], svg_names: dict[str, str]) -> str:
         f"{len(f['flap_outages_s'])} outage(s); {f['flap_outages_over_kill']} fatal to a "
         "job crossing the link (each job against its own limit, 4.096 µs × "
         "2^NCCL_IB_TIMEOUT × (NCCL_IB_RETRY_CNT + 1); with no job seen crossing it, the "
-        f"{f['assumed_limit_s']} s of {ASSUMED_WORDS}): "
+        f"{f['assumed_limit_s']} s of {ASSUMED_WORDS}; a leaf–spine link whose rack kept "
+        "another spine judged on its reroute, not its time out of service): "
         + (", ".join(f"{o:.1f} s" for o in f["flap_outages_s"][:30]) or "none"),
         "",
     ]

@@ -60,10 +60,14 @@ async def _tui_header(url: str, lab: Lab) -> tuple[str, dict[str, str]]:
     from textual.widgets import Static
 
     from tui.app import ClockmeshApp
-    from tui.data import LiveSource
+    from tui.data import LiveSource, Thresholds
 
     racks = {h.name: h.rack for h in lab.topology.hosts}
-    app = ClockmeshApp(LiveSource(url, timeout_s=10.0), racks=racks, refresh_s=1.0)
+    # This test judges who is failing by loss. The lab's veths on a loaded 2-core machine
+    # show corrected delays around the default 5-µs amber line (median clock σ ~0.5 µs
+    # under load), so delay colours are set aside: amber only above 1 ms.
+    app = ClockmeshApp(LiveSource(url, timeout_s=10.0), racks=racks, refresh_s=1.0,
+                       thresholds=Thresholds(amber_us=1000.0))  # fmt: skip
     async with app.run_test(size=(160, 40)) as pilot:
         for _ in range(300):  # the first answer (a 10-s fetch at most, on a busy machine)
             await pilot.pause(0.1)

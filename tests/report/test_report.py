@@ -16,7 +16,9 @@ S = 1_000_000_000
 T0 = 1_795_000_000 * S
 
 
-def _store(tmp_path: Path, anomalies: bool, jobs: list[dict] | None = None) -> Path:
+def _store(
+    tmp_path: Path, anomalies: bool, jobs: list[dict] | None = None, extra: dict | None = None
+) -> Path:
     store = tmp_path / "store"
     store.mkdir()
     (store / "store.json").write_text(json.dumps({"schema": layout.STORE_SCHEMA}))
@@ -25,6 +27,7 @@ def _store(tmp_path: Path, anomalies: bool, jobs: list[dict] | None = None) -> P
         ev = {"outages_s": [2.0, 5.0], "racks_exposed": ["leaf1"], "flaps": 2}
         if jobs is not None:  # the detector judged the outages against these jobs
             ev["job_verdicts"] = jobs
+        ev.update(extra or {})
         row = {"opened_ns": T0 + 60 * S, "closed_ns": T0 + 200 * S, "anomaly_id": "flapping-1",
                "kind": "flapping_link", "score": 0.9, "src": 0, "dst": 0, "link": "leaf1-spine2",
                "job_id": "", "detail": json.dumps({"summary": "leaf1-spine2 flapped 2 times",
@@ -114,6 +117,31 @@ def test_gpu_hours_follow_the_judgement_of_each_outage_per_job(tmp_path: Path) -
     assert res.exit_code == 0, res.output
     facts = json.loads((tmp_path / "none" / "out" / "report.json").read_text())
     assert facts["gpu_hours_at_risk"] == 0 and facts["jobs_killed"] == []
+
+
+def test_gpu_hours_of_a_fabric_link_routed_around_count_the_reroute(tmp_path: Path) -> None:
+    """leaf1-spine2 out of service 2.0 s with leaf1 keeping spine1 (paths rerouted within
+    0.2 s), then 5.0 s with every path of leaf1 lost: both jobs stall 0.2 s for the first;
+    the second kills the tight job (the outage plus --lost-min) and stalls the loose one."""
+    jobs = [
+        {"job_id": "tight", "survives_s": 0.537, "hosts": 2, "verdicts": ["survives", "kills"],
+         "survives_from": "NCCL_IB_TIMEOUT 14 (environ)"},
+        {"job_id": "loose", "survives_s": 34.36, "hosts": 2, "verdicts": ["survives", "survives"],
+         "survives_from": "defaults"},
+    ]  # fmt: skip
+    extra = {"reroutes_s": [0.2, None], "every_path_lost": [False, True]}
+    store = _store(tmp_path, anomalies=True, jobs=jobs, extra=extra)
+    res = _run(tmp_path, store, "--since", "2026-11-18T00:00:00", "--until",
+               "2026-11-19T00:00:00", "--lost-min", "10")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    facts = json.loads((tmp_path / "out" / "report.json").read_text())
+    tight = 16 * (0.2 + 5.0 + 600)
+    loose = 16 * (0.2 + 5.0)
+    assert facts["gpu_hours_at_risk"] == round((tight + loose) / 3600, 3)
+    assert facts["flap_outages_over_kill"] == 1
+    assert [(k["job_id"], k["outage_s"]) for k in facts["jobs_killed"]] == [("tight", 5.0)]
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "judged on its reroute, not its time out of service" in md
 
 
 def test_empty_range_and_no_anomalies_give_a_clear_report(tmp_path: Path) -> None:

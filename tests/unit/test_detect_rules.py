@@ -587,3 +587,85 @@ def test_traces_the_topology_cannot_place_are_said_once_and_ignored(caplog) -> N
     )
     assert f"host id {records.host_id('h9-9')} traced" in said[1]
     assert paths.unknown_hops["203.0.113.9"] == 10 and paths.observations(S) == []
+
+
+def _watched_flap(down: dict[str, tuple[float, float]], until: float = 12.0):  # type: ignore[no-untyped-def]
+    """Watch-rate traces (every 0.2 s) of three racks while links are down over their
+    (from, to) spans; a pass after every round."""
+    from analytics.detect.paths import FabricPaths
+
+    links, host_rack, hosts = _fabric(3)
+    paths = FabricPaths(links, host_rack)
+    t = 0.0
+    while t < until:
+        out = {name for name, (a, b) in down.items() if a <= t < b}
+        paths.feed(_round(links, hosts, t, out))
+        paths.observations(int(t * S) + S // 10)
+        t = round(t + 0.2, 6)
+    return paths, hosts
+
+
+def _tight_job(hosts: dict[str, list[int]]) -> dict[str, JobLimit]:
+    """A job with a host in every rack, NCCL_IB_TIMEOUT=14: it survives 0.54 s."""
+    every = {h[0] for h in hosts.values()}
+    return {"tight": JobLimit("tight", qp_limit_s(14, 7), "NCCL_IB_TIMEOUT 14", every, 0, 0)}
+
+
+def test_a_fabric_link_routed_around_is_judged_on_the_reroute_not_the_outage() -> None:
+    """leaf2-spine1 out of service for 3.3 s while leaf2 keeps spine2: the fabric moves
+    its flows within a round, so a job of 0.54 s survives; the outage stays reported."""
+    paths, hosts = _watched_flap({"leaf2-spine1": (5.05, 8.35)})
+    (obs,) = paths.observations(12 * S)
+    jobs = _tight_job(hosts)
+    host_rack = {h: r for r, hs in hosts.items() for h in hs}
+    Survival(host_rack, {}).judge([obs], jobs, 12 * S)
+    e = obs.evidence
+    (outage,), (reroute,) = e["outages_s"], e["reroutes_s"]
+    assert abs(outage - 3.3) <= 0.2, e  # the link's time out of service, as before
+    # the last trace across it (5.0 s) to the first round that saw its paths moved (5.2 s)
+    assert 0.15 <= reroute <= 0.25, e
+    assert e["every_path_lost"] == [False]
+    (j,) = e["job_verdicts"]
+    assert j["verdicts"] == ["survives"] and e["outages_over_kill_s"] == 0, e
+    assert f"out of service up to {outage:.1f} s (paths rerouted within {reroute:.2f} s)" in (
+        obs.summary
+    ), obs.summary
+    assert "job tight survives the reroute (its 0.54 s)" in obs.summary, obs.summary
+    assert "kills" not in obs.summary
+    # a job whose limit is below the reroute's bound may have lost more than it survives
+    slow = {"t": JobLimit("t", reroute / 2, "test", set(jobs["tight"].hosts), 0, 0)}
+    Survival(host_rack, {}).judge([obs], slow, 12 * S)
+    assert obs.evidence["job_verdicts"][0]["verdicts"] == ["may kill"]
+    assert obs.evidence["outages_over_kill_s"] == 0
+    assert f"job t may not survive the reroute: paths rerouted within {reroute:.2f} s" in (
+        obs.summary
+    ), obs.summary
+
+
+def test_a_rack_that_lost_every_spine_is_judged_on_the_outage() -> None:
+    """leaf2-spine1 out from 5.05 to 10 s and leaf2-spine2 from 6.05 to 9.5 s: rack 2 had
+    no path at all for most of it, so a job sees the outage, not a reroute."""
+    paths, hosts = _watched_flap({"leaf2-spine1": (5.05, 10.0), "leaf2-spine2": (6.05, 9.5)})
+    (obs,) = [o for o in paths.observations(12 * S) if o.link == "leaf2-spine1"]
+    host_rack = {h: r for r, hs in hosts.items() for h in hs}
+    Survival(host_rack, {}).judge([obs], _tight_job(hosts), 12 * S)
+    e = obs.evidence
+    (outage,) = e["outages_s"]
+    assert e["reroutes_s"] == [None] and e["every_path_lost"] == [True], e
+    assert e["job_verdicts"][0]["verdicts"] == ["kills"] and e["outages_over_kill_s"] == 1
+    assert f"kills job tight: outage {outage:.1f} s > its 0.54 s" in obs.summary, obs.summary
+    assert "every path of leaf2 lost: judged on the outage" in obs.summary, obs.summary
+
+
+def test_a_host_link_is_judged_on_its_down_time() -> None:
+    """A host has one link: its jobs' flows have no other path, so they lose the whole
+    down time (2 s here), as they did before fabric reroutes were judged."""
+    flaps = _flaps()
+    flaps.feed(_counters([(1, 6, 0), (2, 6, 0), (3, 2, 1), (5, 6, 0)]))
+    (obs,) = flaps.observations(5 * S)
+    assert "reroutes_s" not in obs.evidence
+    jobs = {"tight": JobLimit("tight", qp_limit_s(14, 7), "test", {H1, H2}, 0, 5 * S)}
+    Survival({H1: "leaf1", H2: "leaf2"}, {H1: "h1-1", H2: "h2-1"}).judge([obs], jobs, 5 * S)
+    assert obs.evidence["job_verdicts"][0]["verdicts"] == ["kills"]
+    assert "outages up to 2.0 s; kills job tight: outage 2.0 s > its 0.54 s" in obs.summary
+    assert "reroute" not in obs.summary
