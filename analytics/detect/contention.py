@@ -56,6 +56,7 @@ K_SIGMA = 6.0  # robust σ of the healthy baseline
 FLOOR_NS = 20_000.0  # never a smaller excess: below the lab's and a fabric's jitter
 BASE_KEEP = 120  # healthy windows kept per route (two minutes)
 MIN_BASE = 5  # healthy windows (seconds) before a route is judged
+LOSSY_SHARE = 0.2  # a route losing this share of its probes has a full queue (pair_excess)
 MIN_PEERS = 4  # fitted routes whose baselines judge a route that never had a healthy one
 MIN_PROBES = 3  # probes (received or lost) in a window to judge it
 MIN_SLOW_PATHS = 2
@@ -216,19 +217,25 @@ class PathDelays:
 
     def pair_excess(self) -> dict[tuple[int, int], float]:
         """(src, dst) -> what the probes between two hosts wait in queues now (ns): the
-        median over its routes of their newest window's tail over its healthy value
-        (streamed probes); for pairs without judged routes, the median over its
-        paths of their latest clock window's median over their floor."""
+        worst of its routes — its newest window's tail over its healthy value (streamed
+        probes), infinite where a route loses a fifth of its probes or more (a full queue
+        drops: they wait too); for pairs without judged routes, the worst of its paths'
+        latest clock-window median over its floor. The worst, not a middle value: a job's
+        flow may take exactly the route that queues (the in-band RoCE v1 signal must not
+        blame a job for contention its probes on that route see)."""
         streamed: dict[tuple[int, int], list[float]] = collections.defaultdict(list)
         for w in self._last_windows:
-            if w.judged:  # the tail: it moves first, while a queue still fills
+            sent = w.received + w.lost
+            if sent and w.lost >= LOSSY_SHARE * sent:
+                streamed[(w.src, w.dst)].append(math.inf)
+            elif w.judged:  # the tail: it moves first, while a queue still fills
                 streamed[(w.src, w.dst)].append(float(w.excess[1]))
         by_pair: dict[tuple[int, int], list[float]] = collections.defaultdict(list)
         for (s, d, _p), path in self.paths.items():
             if path.window == self.window and np.isfinite(path.baseline):
                 by_pair[(s, d)].append(path.median - path.baseline)
-        out = {k: float(np.median(v)) for k, v in by_pair.items()}
-        out.update({k: float(np.median(v)) for k, v in streamed.items()})
+        out = {k: float(max(v)) for k, v in by_pair.items()}
+        out.update({k: float(max(v)) for k, v in streamed.items()})
         return out
 
     # ---- streamed probes -------------------------------------------------------------------

@@ -206,3 +206,25 @@ def test_the_shipped_model_abstaining_on_a_sub_ms_queue_leaves_the_rules_content
     assert obs.kind == "contention" and obs.evidence["rule"] == "contention"
     assert obs.evidence["model"]["class"] == "unknown"  # what the shipped model says
     assert loud.kind == "contention" and loud.evidence["model"]["class"] == "contention"
+
+
+def test_the_probes_wait_as_their_worst_route_does_for_the_in_band_roce_v1_signal() -> None:
+    """Two routes between h1 and h2: one quiet, one queueing (or losing a fifth of its
+    probes: a full queue drops). A job flow on the queueing route waits as its probes do:
+    pair_excess says the probes wait as much as their worst route, so the in-band RoCE v1
+    rule does not blame the job for contention (it blamed RoCE v2 jobs A and B)."""
+    from analytics.detect.contention import RouteWindow
+
+    delays = PathDelays({1: "leaf1", 2: "leaf2"}, {}, {})
+    hops = (("leaf1-spine1", "up"), ("leaf2-spine1", "down"))
+
+    def window(spine: str, received: int, lost: int, tail_us: float) -> RouteWindow:
+        return RouteWindow(1, 2, spine, hops, 0, received, lost, np.array([5e3, 5e3 + tail_us * 1e3]),
+                           np.array([0.0, tail_us * 1e3]), np.array([20e3, 20e3]), 4)  # fmt: skip
+
+    delays._last_windows = [window("spine1", 40, 0, 0.0), window("spine2", 40, 0, 500.0)]
+    assert delays.pair_excess()[(1, 2)] == 500e3  # the queueing route, not the middle
+    delays._last_windows = [window("spine1", 40, 0, 0.0), window("spine2", 30, 10, 0.0)]
+    assert delays.pair_excess()[(1, 2)] == float("inf")  # a fifth lost: a full queue
+    delays._last_windows = [window("spine1", 40, 0, 0.0), window("spine2", 39, 1, 3.0)]
+    assert delays.pair_excess()[(1, 2)] == 3e3  # one probe lost is not a full queue
