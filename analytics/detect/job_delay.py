@@ -66,6 +66,7 @@ class JobDelays:
         self.recvs: dict[tuple[bytes, int, int], tuple[int, int]] = {}
         self.flows: dict[tuple[str, int, int], _Flow] = {}
         self.newest = 0
+        self._seen_newest, self._seen_at = -1, 0  # self.newest when a pass saw it
         self._clocks: ClockState | None = None
         self._index: dict[int, int] = {}
 
@@ -127,7 +128,12 @@ class JobDelays:
         :meth:`PathDelays.pair_excess`."""
         held: dict[str, list[tuple[int, int, float, float]]] = collections.defaultdict(list)
         measured: dict[str, set[int]] = collections.defaultdict(set)
-        horizon = self.newest - WINDOW_NS
+        # Time runs on when no message arrives (every job stopped): the newest message's
+        # time plus the passes' time since it came (no comparison of the hosts' clocks with
+        # the ops box's), so the recent delays of a job that ended age out.
+        if self.newest != self._seen_newest:
+            self._seen_newest, self._seen_at = self.newest, now_ns
+        horizon = self.newest + max(0, now_ns - self._seen_at) - WINDOW_NS
         for (job, src, dst), f in list(self.flows.items()):
             while f.recent and f.recent[0][0] < horizon:
                 f.recent.popleft()

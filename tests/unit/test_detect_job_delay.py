@@ -68,3 +68,17 @@ def test_messages_are_not_counted_before_both_clocks_are_solved() -> None:
     rule.feed(_messages(0, 10, 0), None)
     rule.feed(_messages(10, 6, 5_000_000), None)
     assert rule.flows == {} and rule.observations(16 * S, _probes(0)) == []
+
+
+def test_a_job_that_stopped_is_no_longer_blamed_once_its_recent_messages_age_out() -> None:
+    """No message arrives after the job stops, so the newest message's time stands still:
+    the passes' own clock ages its flows out (a RoCE v1 page stayed open for minutes after
+    the lab's jobs had ended)."""
+    rule = JobDelays(NAMES)
+    rule.feed(_messages(0, 30, 0), CLOCKS)
+    assert rule.observations(30 * S, _probes(2_000)) == []
+    rule.feed(_messages(30, 6, 5_000_000), CLOCKS)
+    (obs,) = rule.observations(36 * S, _probes(3_000))
+    assert obs.kind == "roce_v1_job"
+    assert len(rule.observations(38 * S, _probes(3_000))) == 1  # within its 5-s window still
+    assert rule.observations(42 * S, _probes(3_000)) == []  # stopped 6 s ago: aged out
