@@ -379,9 +379,15 @@ class FabricPaths:
                   if st.last_ok_ns - self.last_seen[(*p, lk.spine)] < IN_USE_NS
                   and self.gone.get((*p, lk.spine), _Gone(st.last_ok_ns)).since_ns
                   >= st.last_ok_ns}  # fmt: skip
-        moved = [self.moved_at.get((*p, lk.spine), 0) for p in in_use]
-        if in_use and all(t >= st.last_ok_ns for t in moved):
-            o.reroute_ns = max(1, max(moved) - st.last_ok_ns)
+        moved = {p: self.moved_at.get((*p, lk.spine), 0) for p in in_use}
+        # The link's own leaf drops it from every ECMP group at once (its carrier or BFD):
+        # one of its paths seen moving bounds them all. A path towards its rack from
+        # another leaf moves when the spine's withdrawal reaches that leaf: its own event.
+        own = [t for (x, _z), t in moved.items() if x == lk.leaf and t >= st.last_ok_ns]
+        seen = [t if t >= st.last_ok_ns or x != lk.leaf or not own else min(own)
+                for (x, _z), t in moved.items()]  # fmt: skip
+        if in_use and all(t >= st.last_ok_ns for t in seen):
+            o.reroute_ns = max(1, max(seen) - st.last_ok_ns)
 
     def _lead(self, twins: tuple[str, ...]) -> str:
         """The member of a suspected group whose anomaly it is observed under: the one
