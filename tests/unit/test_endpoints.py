@@ -4,10 +4,13 @@ ingest daemon over real HTTP, a port nothing listens on for the box that is down
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -71,14 +74,37 @@ def test_first_answering_prefers_the_first_and_skips_a_box_down_for_a_while() ->
         pick()
 
 
+@contextlib.contextmanager
+def _shipping(daemon: Daemon) -> Iterator[None]:
+    """The fleet keeps shipping while a command waits: a host whose newest batch is 5 s
+    old is stale, and a loaded machine can take that long to start the command."""
+    stop = threading.Event()
+
+    def run() -> None:
+        batch = 1
+        while not stop.is_set():
+            _post_fleet(daemon, loss=0.0, first=10 * batch)
+            batch += 1
+            stop.wait(0.5)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(30)
+
+
 def test_live_with_two_urls_reads_the_one_that_answers_and_names_the_one_down(
     daemon: Daemon,
 ) -> None:
     _post_fleet(daemon, loss=0.0)
     dead = _dead_url()
-    out = cli(
-        "live", "--url", f"{dead},{daemon.url}", "--wait-hosts", str(HOSTS), "--timeout", "20"
-    )
+    with _shipping(daemon):
+        out = cli(
+            "live", "--url", f"{dead},{daemon.url}", "--wait-hosts", str(HOSTS), "--timeout", "20"
+        )
     assert out.returncode == 0, out.stderr
     first = out.stdout.splitlines()[0]
     assert first.startswith(f"fleet health from {daemon.url} ({dead} is down: ")
