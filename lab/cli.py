@@ -572,19 +572,8 @@ def scenario() -> None:
 @click.option("--hosts-per-leaf", type=int, default=2, show_default=True)
 @click.option(
     "--kinds",
-    default=",".join(
-        (
-            "fabric_flap",
-            "host_flap",
-            "roce_v1_job",
-            "healthy_job",
-            "contention",
-            "clean",
-            "job_contention",
-            "silent_drop",
-        )
-    ),
-    show_default=True,
+    default=None,
+    show_default="every kind the scenario generator has (lab.scenario.KINDS)",
     help="Comma list of fault kinds to draw from.",
 )
 @click.option("--name", default=None, help="Lab name (default sc<seed>); unique per machine.")
@@ -599,7 +588,7 @@ def scenario_run(
     spines: int,
     leaves: int,
     hosts_per_leaf: int,
-    kinds: str,
+    kinds: str | None,
     name: str | None,
     buffers: bool,
 ) -> None:
@@ -610,6 +599,7 @@ def scenario_run(
     """
     from lab import scenario as sc
 
+    kinds = ",".join(sc.KINDS) if kinds is None else kinds
     chosen = tuple(k.strip() for k in kinds.split(",") if k.strip())
     unknown = [k for k in chosen if k not in sc.KINDS]
     if unknown or not chosen:
