@@ -149,7 +149,9 @@ class DetectRunner:
             else TopologyMaps({}, [], {})
         )
         self.flaps = LinkFlaps(self.config.flap_window_s, topo.port_links, names)
-        self.paths = FabricPaths(topo.fabric, topo.host_rack, self.config.flap_window_s)
+        self.paths = FabricPaths(
+            topo.fabric, topo.host_rack, self.config.flap_window_s, self.config.clear_s
+        )
         self.delays = PathDelays(topo.host_rack, self.paths.by_ends, self.paths.spine_of, names)
         self.roce = RoceJobs(names)
         self.survival = Survival(topo.host_rack, names, self.config.flap_window_s)

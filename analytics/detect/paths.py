@@ -112,6 +112,9 @@ class _LinkState:
     last_ok_ns: int = 0
     every_path_lost: bool = False  # every other link of its leaf was out too
     touched_ns: int = 0  # when a twin's outage was taken back from it
+    # Its key before the current outage took its group's (a key whose anomaly had closed
+    # is not kept): restored if the outage is taken back.
+    own_key: str = ""
 
 
 def traces_needed(spines: int) -> int:
@@ -131,12 +134,15 @@ class FabricPaths:
         links: list[FabricLink],
         host_rack: dict[int, str],
         window_s: float = 600.0,
+        clear_s: float = 60.0,
     ) -> None:
         self.by_hop = {lk.hop: lk for lk in links}
         self.links = {lk.name: lk for lk in links}
         self.by_ends = {(lk.leaf, lk.spine): lk.name for lk in links}
         self.host_rack = host_rack  # host_id -> its leaf
         self.window_ns = int(window_s * 1e9)
+        self.clear_ns = int(clear_s * 1e9)  # the anomaly book's: a key unobserved this long
+        # has no open anomaly any more (:class:`analytics.detect.anomalies.AnomalyBook`)
         # (src rack, dst rack, spine) -> newest trace through it (its keys: every path seen)
         self.last_seen: dict[tuple[str, str, str], int] = {}
         self.spines: dict[tuple[str, str], set[str]] = collections.defaultdict(set)
@@ -151,6 +157,7 @@ class FabricPaths:
         self.returned: dict[tuple[str, str, str], int] = {}  # path back after it had gone
         self.moved_at: dict[tuple[str, str, str], int] = {}  # path gone: its first move off
         self._said_down: dict[str, int] = {}  # anomaly key -> when it last said "down now"
+        self._observed: dict[str, int] = {}  # anomaly key -> when it was last observed
 
     def feed(self, rows: np.ndarray) -> None:
         """``path_hop`` records (numpy, :data:`collector.records.PATH_HOP`)."""
@@ -277,11 +284,15 @@ class FabricPaths:
                 suspected[name] = (twins, n, since)
         for name in self.maintenance & set(self.state):  # out of service: no flap history
             self.state[name] = _LinkState()
-        # A group is observed under one anomaly: its lead's (the member whose last outage
-        # ended last), else a new one named after the group; a member without an anomaly
-        # of its own joins that one.
+        # A group is observed under one anomaly: its lead's (a member whose anomaly may
+        # still be open, the one whose last outage ended last), else a new one named after
+        # the group; a member whose own anomaly has closed (or never was) joins that one —
+        # an old key kept would reopen a closed anomaly beside the group's.
         lead = {twins: self._lead(twins) for twins in groups}
-        group_key = {t: self.state[lead[t]].key or " or ".join(t) for t in groups}
+        group_key = {
+            t: self.state[lead[t]].key if self._live(self.state[lead[t]].key) else " or ".join(t)
+            for t in groups
+        }
         working = self.working()
         for name, st in self.state.items():
             if name in suspected:
@@ -289,7 +300,9 @@ class FabricPaths:
                 if not st.down_since:
                     st.outages.append(Outage(since))
                     st.back_ns = st.still_ns = 0
-                    st.key = st.key or group_key[twins]
+                    st.own_key = st.key
+                    if not self._live(st.key):
+                        st.key = group_key[twins]
                     st.every_path_lost = False
                 # Began after the newest trace across it and before the first that saw its
                 # paths go (later traces may narrow both: recomputed while it lasts).
@@ -307,6 +320,7 @@ class FabricPaths:
                 # one, is observed once more as it is (not down).
                 st.outages.pop()
                 st.down_since, st.group = 0, ()
+                st.key = st.own_key
                 st.touched_ns = self.newest_ns
             elif st.down_since:
                 # Its paths are back (or nothing is missing any more): the outage ended
@@ -393,12 +407,18 @@ class FabricPaths:
         """The member of a suspected group whose anomaly it is observed under: the one
         whose last finished outage ended last (an anomaly someone may be looking at)."""
 
-        def ended(name: str) -> tuple[int, bool, str]:
+        def ended(name: str) -> tuple[bool, int, bool, str]:
             st = self.state[name]
             last = max((o.up_ns for o in st.outages if o.up_ns), default=0)
-            return (last, bool(st.key), name)
+            return (self._live(st.key), last, bool(st.key), name)
 
         return max(twins, key=ended)
+
+    def _live(self, key: str) -> bool:
+        """May the anomaly of ``key`` still be open (observed within the book's clear time)?"""
+        return (
+            bool(key) and self.newest_ns - self._observed.get(key, -self.clear_ns) < self.clear_ns
+        )
 
     def _observation(self, name: str, twins: tuple[str, ...], key: str, n: int) -> Observation:
         st = self.state[name]
@@ -422,5 +442,6 @@ class FabricPaths:
         obs.link = twins[0] if len(twins) == 1 else label
         obs.key = key
         self._said_down[key] = self.newest_ns if st.down_since else 0
+        self._observed[key] = self.newest_ns
         obs.score *= 1 / len(twins) if len(twins) > 1 else 1.0
         return obs

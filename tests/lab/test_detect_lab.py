@@ -349,13 +349,6 @@ def _routes_over(lab: Lab, link: Any) -> bool:
     )
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="known detector bug (open, issue 26 item 3): when the first traces of a flap name "
-    "the link with a twin whose own anomaly closed earlier, the group is observed under the "
-    "twin's old key (paths.FabricPaths: group_key from _lead), which reopens the twin's "
-    "anomaly beside the link's — 'open beside it' in about 1 run of 3 on 2026-11-26",
-)
 def test_spine_side_flaps_of_every_fabric_link_are_measured_to_a_third_of_a_second(
     opsbox: dict[str, Any],
 ) -> None:

@@ -463,6 +463,58 @@ def test_a_twin_with_an_old_anomaly_of_its_own_is_not_reopened() -> None:
     assert len(paths.state["leaf1-spine2"].outages) == 1  # its own, from long ago
 
 
+def test_a_twin_whose_anomaly_closed_lends_it_no_key_and_is_not_reopened() -> None:
+    """leaf1-spine2 flapped long ago (its anomaly closed). leaf3-spine2's first flap is
+    first named together with it, and its second ends before any trace singles it out:
+    every observation is leaf3-spine2's one anomaly; leaf1-spine2's never reopens."""
+    from analytics.detect.anomalies import AnomalyBook
+    from analytics.detect.paths import FabricPaths
+
+    links, host_rack, hosts = _fabric(3)
+    paths = FabricPaths(links, host_rack)
+    book = AnomalyBook(clear_s=60)
+    opened: dict[str, str] = {}  # anomaly id -> key
+
+    def observe(sec: float) -> list[Observation]:
+        got = paths.observations(int(sec * S))
+        for o in got:
+            opened[book.observe(o, int(sec * S)).anomaly_id] = o.key
+        book.expire(int(sec * S))
+        return got
+
+    paths.feed(_round(links, hosts, 0, set()))
+    paths.feed(_round(links, hosts, 1, {"leaf1-spine2"}))
+    (old,) = observe(1.5)
+    paths.feed(_round(links, hosts, 2, set()))
+    observe(2.5)
+    for sec in range(10, 101, 10):
+        paths.feed(_round(links, hosts, sec, set()))
+        observe(sec + 0.5)
+    first_ids = set(opened)
+    # leaf3-spine2 down: rack 1's traces to rack 3 arrive first (both links named)
+    rows = _round(links, hosts, 101, {"leaf3-spine2"})
+    paths.feed(_only(rows, host_rack, "leaf1", "leaf3"))
+    (twin,) = observe(101.25)
+    assert twin.evidence["candidates"] == ["leaf1-spine2", "leaf3-spine2"], twin.evidence
+    assert twin.key != old.key, "a closed anomaly's key lent to the group"
+    paths.feed(rows)
+    (now,) = observe(101.5)
+    assert now.link == "leaf3-spine2" and now.key == twin.key
+    for sec in (102, 103):
+        paths.feed(_round(links, hosts, sec, set()))
+        observe(sec + 0.5)
+    # its second flap: only rack 1's traces show it before every path is back
+    paths.feed(_only(_round(links, hosts, 104, {"leaf3-spine2"}), host_rack, "leaf1", "leaf3"))
+    (twin2,) = observe(104.25)
+    assert twin2.key == now.key and twin2.evidence["down_now"], twin2
+    for sec in range(105, 112):
+        paths.feed(_round(links, hosts, sec, set()))
+        for o in observe(sec + 0.5):
+            assert o.key == now.key, f"observed beside leaf3-spine2's anomaly: {o.key}"
+    assert {k for i, k in opened.items() if i not in first_ids} == {now.key}
+    assert old.key not in {k for i, k in opened.items() if i not in first_ids}
+
+
 def test_an_outage_is_placed_between_the_traces_that_bound_it() -> None:
     """Watch traces every 0.2 s: the outage runs from between the last trace across the
     link and the first that avoided it to between the last that still avoided it and the
