@@ -14,6 +14,7 @@ import contextlib
 import json
 import logging
 import os
+import random
 import selectors
 import signal
 import socket
@@ -57,6 +58,12 @@ STATUS_S = 1.0
 # also a drain (benchmark at 1,000 probes/s: 10 ticks/s used ~0.7 % of a core less
 # than 20/s, and 3.3 less than 10; see docs/collector.md), not one wake-up per datagram.
 TICK_S = 0.3
+# Each tick lasts TICK_S ± this share of it, drawn uniformly (mean TICK_S): the probes of
+# a tick leave together, so strictly periodic ticks would sample every queue at a fixed
+# phase of any traffic whose period divides TICK_S (a job sending every 5 ms, a training
+# step) and see it always or never. Random instants sample a queue as it is over time
+# (RFC 2330's reason for random sampling intervals).
+TICK_JITTER = 0.5
 SHUTDOWN_SHIP_S = 2.0
 # Urgent segments: a watched link changed state, or a traced path moved to another
 # spine. The segment is rolled and shipped at once instead of at the next roll; the
@@ -148,6 +155,7 @@ class Collector:
         # not (they are drained every FLUSH_S). The hook must: a unix datagram queue
         # holds only net.unix.max_dgram_qlen (default 10) datagrams.
         self._wake_sel = selectors.DefaultSelector()
+        self._tick_rng = random.Random()  # the ticks' jitter (TICK_JITTER)
         self._last_status: tuple[float, int, int] = (time.monotonic(), 0, 0)
         self.rates = (0.0, 0.0)
         self.reloads = 0
@@ -602,13 +610,17 @@ class Collector:
         next_rdma = now + RDMA_CONFIG_S
         next_jobs = now + JOBS_S
         next_status = now + STATUS_S
+        next_probes = now
         while not self._stop:
             if self._reload:
                 self._reload = False
                 self.reload()
             now = time.monotonic()
             assert self.mesh is not None
-            self.mesh.send_due(now, TICK_S)
+            if now >= next_probes:  # the pairs due until the next random instant
+                tick = TICK_S * (1.0 + TICK_JITTER * (2.0 * self._tick_rng.random() - 1.0))
+                self.mesh.send_due(now, tick)
+                next_probes = now + tick
             self.mesh.send_traces(now)
             if self.mesh.retraced:  # a path moved: its re-trace's answers ship promptly
                 self.mesh.retraced = False
@@ -640,7 +652,7 @@ class Collector:
                 next_status = now + STATUS_S
             # Timers run at tick granularity (at most TICK_S late; their rows carry
             # their own timestamps): one wake-up per tick, none extra for timers.
-            wake_at = min(now + TICK_S, self.mesh.trace_due_at())  # the watch: 0.2 s
+            wake_at = min(next_probes, self.mesh.trace_due_at())  # the watch: 0.2 s
             if self._urgent_flush_at:
                 wake_at = min(wake_at, self._urgent_flush_at)
             elif self._urgent:  # held back by URGENT_MIN_S
