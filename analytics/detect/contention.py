@@ -201,6 +201,9 @@ class PathDelays:
         self._counters: dict[int, dict[str, collections.deque[tuple[int, int]]]] = {}
         self._twins: dict[tuple[str, str], list[tuple[str, str]]] = {}
         self._last_windows: list[RouteWindow] = []
+        # (src, dst) with a route whose probes of the last LOSS_SPAN_NS were all lost (at
+        # least MIN_PROBES of them): no window to judge, but the fullest queue of all
+        self._dark: set[tuple[int, int]] = set()
         self._since: dict[tuple[str, str], int] = {}  # hop -> contended since (probe time)
 
     # ---- clock-window medians (pair_excess) ----------------------------------------------
@@ -218,8 +221,8 @@ class PathDelays:
     def pair_excess(self) -> dict[tuple[int, int], float]:
         """(src, dst) -> what the probes between two hosts wait in queues now (ns): the
         worst of its routes — its newest window's tail over its healthy value (streamed
-        probes), infinite where a route loses a fifth of its probes or more (a full queue
-        drops: they wait too); for pairs without judged routes, the worst of its paths'
+        probes), infinite where a route loses a fifth of its probes or more, or all of them
+        (a full queue drops: they wait too); for pairs without judged routes, the worst of its paths'
         latest clock-window median over its floor. The worst, not a middle value: a job's
         flow may take exactly the route that queues (the in-band RoCE v1 signal must not
         blame a job for contention its probes on that route see)."""
@@ -234,6 +237,8 @@ class PathDelays:
         for (s, d, _p), path in self.paths.items():
             if path.window == self.window and np.isfinite(path.baseline):
                 by_pair[(s, d)].append(path.median - path.baseline)
+        for k in self._dark:
+            streamed[k].append(math.inf)
         out = {k: float(max(v)) for k, v in by_pair.items()}
         out.update({k: float(max(v)) for k, v in streamed.items()})
         return out
@@ -372,6 +377,7 @@ class PathDelays:
         for r, key in enumerate(names):
             route_of[by_route[key]] = r
         rid = route_of[inv]
+        self._dark = set()
         for r, (s, d, y) in enumerate(names):
             x, z = self.host_rack.get(s), self.host_rack.get(d)
             if x is None or z is None or x == z:
@@ -393,6 +399,8 @@ class PathDelays:
                 recent = mine[mine["t_ns"] > newest - LOSS_SPAN_NS]
                 recent = recent[np.isfinite(recent["delay"])]
                 got = recent["delay"][np.argsort(recent["t_ns"])][-MIN_PROBES:]
+                if not len(got) and lost >= MIN_PROBES:
+                    self._dark.add((s, d))  # every probe lost: for pair_excess only
                 if len(got) < MIN_PROBES and not (len(got) and lost >= MIN_PROBES):
                     continue
             stats = np.percentile(got, QUANTILES) if len(got) else np.full(len(QUANTILES), np.nan)

@@ -297,8 +297,14 @@ def test_two_jobs_hashed_onto_one_spine_slow_each_other_and_the_link_is_named(
         for job, port in (("jobA", jobgen.PORT), ("jobB", port_b)):
             jobgen.start_job(lab, job, [h1, h2], 3, 200.0, 1400, port=port)
 
+        blamed: list[str] = []  # RoCE v1 pages for these RoCE v2 jobs (index 3, DSCP 26)
+
         def named() -> dict[str, Any] | None:
-            got = [a for a in _open(live, "contention") if a["link"] == f"{leaf1}-{spine}"]
+            doc = live()
+            blamed.extend(a["summary"] for a in doc["anomalies"]["open"]
+                          if a["kind"] == "roce_v1_job" and a["job_id"] in ("jobA", "jobB"))  # fmt: skip
+            got = [a for a in doc["anomalies"]["open"]
+                   if a["kind"] == "contention" and a["link"] == f"{leaf1}-{spine}"]  # fmt: skip
             return got[0] if got else None
 
         t0 = time.monotonic()
@@ -317,6 +323,11 @@ def test_two_jobs_hashed_onto_one_spine_slow_each_other_and_the_link_is_named(
         _wait(slowed, 20, f"median excess > 5 ms on {leaf1}-{spine} while the jobs run")
         other = [x for x in _open(live, "contention") if spine not in x["link"]]
         assert other == [], f"the idle spine was blamed: {other}"
+        deadline = time.monotonic() + 10.0  # the jobs' waits are the link's queue, not v1
+        while time.monotonic() < deadline:
+            named()
+            time.sleep(0.5)
+        assert blamed == [], f"RoCE v2 jobs paged as RoCE v1 during contention: {blamed[:2]}"
     finally:
         jobgen.stop_job(lab, "jobA")
         jobgen.stop_job(lab, "jobB")

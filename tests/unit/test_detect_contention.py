@@ -228,3 +228,21 @@ def test_the_probes_wait_as_their_worst_route_does_for_the_in_band_roce_v1_signa
     assert delays.pair_excess()[(1, 2)] == float("inf")  # a fifth lost: a full queue
     delays._last_windows = [window("spine1", 40, 0, 0.0), window("spine2", 39, 1, 3.0)]
     assert delays.pair_excess()[(1, 2)] == 3e3  # one probe lost is not a full queue
+
+
+def test_a_route_that_loses_every_probe_is_the_pairs_worst_for_the_in_band_signal() -> None:
+    """A queue so full that no probe through it arrives (two jobs at 2 Mbit/s: 600 ms of
+    queue, the rest dropped) leaves no window to judge on that route; pair_excess must
+    still say the probes between those hosts wait without bound, not report the quiet
+    other spine (it reported 3 µs, and two RoCE v2 jobs were paged as RoCE v1)."""
+    f = _Fleet()
+    f.warm()
+    f.judge({("leaf2-spine1", "spine→leaf"): 300.0}, 5, loss=1.0)
+    crossing = {(s, d) for (s, d, _p), y in f.paths.spine_of.items()
+                if y == "spine1" and f.host_rack[d] == "leaf2" and f.host_rack[s] != "leaf2"}  # fmt: skip
+    assert crossing
+    excess = f.delays.pair_excess()
+    for pair in crossing:
+        assert excess[pair] == float("inf"), (pair, excess.get(pair))
+    others = [e for (s, d), e in excess.items() if f.host_rack[d] != "leaf2"]
+    assert others and all(e < 1e5 for e in others), others  # the other pairs stay quiet
