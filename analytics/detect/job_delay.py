@@ -17,8 +17,9 @@ flow's *excess* is its recent median minus its own floor; the probes' excess is 
 for their paths.
 
 A flow is *held back* when its excess is at least ``min_excess_ns`` (200 µs) and at least
-``ratio`` (5) times the probes' excess between the same hosts — a queue the RDMA class does
-not have. When every path between the hosts is slow too, it is contention, not the job.
+``ratio`` (5) times the probes' excess between the same hosts (their worst over the last
+``PROBE_SPAN_NS``, so that a flow's recent waits are never judged against newer, quieter
+probes) — a queue the RDMA class does not have. When every path between the hosts is slow too, it is contention, not the job.
 A job with ``min_flows`` (2) held-back flows is a ``roce_v1_job``, naming the hosts that
 send them.
 """
@@ -35,6 +36,11 @@ from analytics.clock.clock_state import ClockState
 from analytics.detect.anomalies import Observation
 
 WINDOW_NS = 5_000_000_000  # a flow's recent delays
+# The probes' excess is taken as its worst over the passes of this long: the flow's window
+# plus the in-band reports' own shipping lag, so a flow's waits are never held against
+# probes newer than they are (a queue that drained as the jobs stopped left their last
+# 5 s of 600-ms waits beside probes already back at their floor: a false RoCE v1 page).
+PROBE_SPAN_NS = WINDOW_NS + 5_000_000_000
 FORGET_NS = 600_000_000_000  # a flow silent this long is forgotten (its floor too)
 PENDING_NS = 10_000_000_000  # a send or receive waits this long for its other half
 MIN_EXCESS_NS = 200_000.0
@@ -69,6 +75,8 @@ class JobDelays:
         self._seen_newest, self._seen_at = -1, 0  # self.newest when a pass saw it
         self._clocks: ClockState | None = None
         self._index: dict[int, int] = {}
+        # (src, dst) of a flow -> the probes' excess at each pass (pass time, ns)
+        self._probe_seen: dict[tuple[int, int], collections.deque[tuple[int, float]]] = {}
 
     def feed(self, rows: np.ndarray, clocks: ClockState | None) -> None:
         """``inband`` records (numpy, :data:`collector.records.INBAND`), any order, and the
@@ -134,6 +142,16 @@ class JobDelays:
         if self.newest != self._seen_newest:
             self._seen_newest, self._seen_at = self.newest, now_ns
         horizon = self.newest + max(0, now_ns - self._seen_at) - WINDOW_NS
+        pairs = {(src, dst) for _job, src, dst in self.flows}
+        for pair in list(self._probe_seen):
+            if pair not in pairs:
+                del self._probe_seen[pair]
+        for pair in pairs:
+            seen = self._probe_seen.setdefault(pair, collections.deque())
+            if pair in probe_excess:
+                seen.append((now_ns, probe_excess[pair]))
+            while seen and seen[0][0] < now_ns - PROBE_SPAN_NS:
+                seen.popleft()
         for (job, src, dst), f in list(self.flows.items()):
             while f.recent and f.recent[0][0] < horizon:
                 f.recent.popleft()
@@ -142,9 +160,10 @@ class JobDelays:
                 continue
             if len(f.recent) < MIN_SAMPLES:
                 continue
-            probe = probe_excess.get((src, dst))
-            if probe is None:
+            seen = self._probe_seen.get((src, dst))
+            if not seen:
                 continue  # no out-of-band picture of these hosts yet
+            probe = max(e for _t, e in seen)  # their worst over the flow's window and more
             measured[job] |= {src, dst}
             excess = statistics.median(d for _t, d in f.recent) - f.floor
             if excess >= max(self.min_excess_ns, self.ratio * max(probe, 0.0)):

@@ -82,3 +82,18 @@ def test_a_job_that_stopped_is_no_longer_blamed_once_its_recent_messages_age_out
     assert obs.kind == "roce_v1_job"
     assert len(rule.observations(38 * S, _probes(3_000))) == 1  # within its 5-s window still
     assert rule.observations(42 * S, _probes(3_000)) == []  # stopped 6 s ago: aged out
+
+
+def test_waits_of_a_queue_that_has_just_drained_are_not_held_against_the_quiet_probes() -> None:
+    """Two RoCE v2 jobs fill a link: their messages and the probes wait alike. The jobs
+    stop and the queue drains: the flows' last 5 s still hold the waits while the probes
+    are back at their floor at once — no RoCE v1 page (the lab paged jobs A and B 2 s
+    after their contention closed)."""
+    rule = JobDelays(NAMES)
+    rule.feed(_messages(0, 30, 0), CLOCKS)
+    assert rule.observations(30 * S, _probes(2_000)) == []
+    rule.feed(_messages(30, 6, 500_000_000), CLOCKS)  # 500 ms of queue, the probes too
+    for t in (34, 35, 36):
+        assert rule.observations(t * S, _probes(float("inf"))) == []
+    for t in (37, 38, 39, 40, 41, 42):  # stopped and drained: the probes are quiet again
+        assert rule.observations(t * S, _probes(3_000)) == [], t
