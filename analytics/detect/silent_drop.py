@@ -34,7 +34,9 @@ moved (a link went and routing took it out: :mod:`analytics.detect.paths` names 
 flap), and paths over a link the path tomography suspects or a remediation took out are
 not judged. When the probes that do get through on a link-direction the lossy paths cross
 wait (median) longer than ``RISE_NS`` over their pair's floor, the loss is a full queue
-(:mod:`analytics.detect.contention`), not a silent drop, and nothing is reported.
+(:mod:`analytics.detect.contention`), not a silent drop, and nothing is reported. A place
+that is a link-direction alone (everything through it lost) is named only once its paths
+have been lossy ``LINK_HOLD_NS``: a saturated shallow queue looks the same at its onset.
 
 The class is a rule the model does not re-judge: the forest was trained on the other
 classes only (docs/detect.md).
@@ -67,6 +69,12 @@ MIN_LOST = 5  # a lossy path lost its newest this many probes in a row ...
 MIN_SPREAD_NS = 1_500_000_000
 MIN_PATHS = 2  # lossy paths a place must explain to be named
 BACKGROUND = 1e-3  # chance that a path of a healthy fabric looks lossy
+# A place that is one link-direction and nothing narrower (every path through it losing
+# its newest probes) is named only once its paths have been lossy this long: the onset of a
+# saturated shallow queue looks the same for a few seconds (on/off bulk keeps it full or
+# empty, so what gets through does not wait, what arrives while it is full is dropped)
+# until probes caught while it fills show the delay (lab, 50 Mbit/s, 500-µs buffer: 4 s).
+LINK_HOLD_NS = 6_000_000_000
 PLACE_COST = 10.0  # nats: what naming one more place must earn (2 paths all lost: 13.8)
 
 
@@ -175,6 +183,7 @@ class SilentDrops:
         self.watermark: dict[int, int] = {}  # receiver -> newest rx_ns it shipped
         self.sample_bits = 0  # paths kept: hash % 2**bits == 0 (grows, never shrinks)
         self._lossy_spine: dict[tuple[int, int, int], str] = {}  # spine when it went lossy
+        self._lossy_since: dict[tuple[int, int, int], int] = {}  # pass that first saw it lossy
         self.held_as_queue = 0  # passes whose loss came with a delay rise (contention)
         self._queued: dict[Place, int] = {}  # link-direction -> queued (remembered) until
 
@@ -377,6 +386,7 @@ class SilentDrops:
             if is_lossy:
                 streaking.add(key)
                 was = self._lossy_spine.setdefault(key, spine or "")
+                self._lossy_since.setdefault(key, now_ns)
                 if spine is not None and was != spine:  # the path moved: a flap's doing
                     continue  # (until its streak ends: its lost probes were the old path's)
                 lossy.add(key)
@@ -386,6 +396,7 @@ class SilentDrops:
                 pending.add(key)  # losing now, not judged lossy yet (or a stray loss)
         for key in [k for k in self._lossy_spine if k not in streaking]:
             del self._lossy_spine[key]
+            self._lossy_since.pop(key, None)
         queues = self._queues(crossing, stats, now_ns)  # every pass: it remembers
         if len(lossy) < MIN_PATHS:
             return []
@@ -422,6 +433,10 @@ class SilentDrops:
                 continue  # a host's own loss: its port counters speak for it
             if self._premature(places[0], pending, crossing):
                 continue
+            if all(p.what == "link" for p in places) and any(
+                now_ns - self._lossy_since.get(k, now_ns) < LINK_HOLD_NS for k in covered
+            ):
+                continue  # a link-direction losing everything: a full queue, for now
             hops = {p for k in covered for p in crossing[k] if p.what == "link"}
             rise = max((queues.get(p, 0.0) for p in hops), default=0.0)
             if rise > RISE_NS or hops & self._queued.keys():
