@@ -160,10 +160,10 @@ class JobDelays:
                 continue
             if len(f.recent) < MIN_SAMPLES:
                 continue
-            seen = self._probe_seen.get((src, dst))
-            if not seen:
+            picture = self._probe_seen.get((src, dst))
+            if not picture:
                 continue  # no out-of-band picture of these hosts yet
-            probe = max(e for _t, e in seen)  # their worst over the flow's window and more
+            probe = max(e for _t, e in picture)  # their worst over the flow's window and more
             measured[job] |= {src, dst}
             excess = statistics.median(d for _t, d in f.recent) - f.floor
             if excess >= max(self.min_excess_ns, self.ratio * max(probe, 0.0)):
