@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from analytics.ingest import load as ingest_load
@@ -31,9 +34,42 @@ def _post_fleet(daemon: Daemon, loss: float, first: int = 0) -> None:
             assert status == 200, reply
 
 
+@contextlib.contextmanager
+def _shipping(daemon: Daemon) -> Iterator[None]:
+    """The fleet keeps shipping a second of batches every second, as collectors do, while
+    the block runs: a host whose newest batch is 5 s old is stale, and on a loaded machine
+    `clockmesh live` alone can take that long to start."""
+    stop = threading.Event()
+    errors: list[str] = []
+
+    def ship() -> None:
+        ids = ingest_load.host_ids(HOSTS)
+        k = 0
+        while not stop.wait(1.0):
+            t0 = (time.time_ns() // 10**9 - 20) * 10**9
+            for i in range(HOSTS):  # the second that ended 5 s ago, a new segment each time
+                body = ingest_load.fleet_segment(i, ids, 15, t0_ns=t0, segment=1000 + k,
+                                                 buddies=3)  # fmt: skip
+                status, reply = daemon.post(body)
+                if status != 200:  # said by the test, not lost in the thread
+                    errors.append(f"{status} {reply!r}")
+                    return
+            k += 1
+
+    thread = threading.Thread(target=ship, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    assert errors == [], errors
+
+
 def test_live_shows_every_host_healthy_and_waits(daemon: Daemon) -> None:
     _post_fleet(daemon, loss=0.0)
-    ok = live("--url", daemon.url, "--wait-hosts", str(HOSTS), "--timeout", "20")
+    with _shipping(daemon):
+        ok = live("--url", daemon.url, "--wait-hosts", str(HOSTS), "--timeout", "20")
     assert ok.returncode == 0, ok.stderr
     lines = ok.stdout.splitlines()
     for i in range(HOSTS):
@@ -42,7 +78,8 @@ def test_live_shows_every_host_healthy_and_waits(daemon: Daemon) -> None:
     assert f"{HOSTS}/{HOSTS} hosts healthy" in ok.stdout
 
     _post_fleet(daemon, loss=0.0, first=10)  # fresh batches, so none is stale yet
-    short = live("--url", daemon.url, "--wait-hosts", str(HOSTS + 1), "--timeout", "1")
+    with _shipping(daemon):
+        short = live("--url", daemon.url, "--wait-hosts", str(HOSTS + 1), "--timeout", "1")
     assert short.returncode == 1
     assert f"only {HOSTS} of {HOSTS + 1} hosts healthy" in short.stderr
 
