@@ -46,10 +46,10 @@ def _shipping(daemon: Daemon) -> Iterator[None]:
         ids = ingest_load.host_ids(HOSTS)
         k = 0
         while not stop.wait(1.0):
-            t0 = (time.time_ns() // 10**9 - 20) * 10**9
-            for i in range(HOSTS):  # the second that ended 5 s ago, a new segment each time
-                body = ingest_load.fleet_segment(i, ids, 15, t0_ns=t0, segment=1000 + k,
-                                                 buddies=3)  # fmt: skip
+            second = 100 + k  # its own probe sequence numbers, sent 5 s ago
+            t0 = (time.time_ns() // 10**9 - 5 - second) * 10**9
+            for i in range(HOSTS):
+                body = ingest_load.fleet_segment(i, ids, second, t0_ns=t0, buddies=3)
                 status, reply = daemon.post(body)
                 if status != 200:  # said by the test, not lost in the thread
                     errors.append(f"{status} {reply!r}")
