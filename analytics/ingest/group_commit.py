@@ -26,10 +26,10 @@ from analytics.clock.clock_runner import ClockRunner
 from analytics.detect.detect_runner import DetectRunner
 from analytics.ingest import body as ingest_body
 from analytics.ingest.config import IngestConfig
+from analytics.ingest.hot_window import HotWindow
 from analytics.ingest.metrics import FleetView, HostState, IngestMetrics
 from analytics.ingest.slabs import SlabPool
 from analytics.store import layout
-from analytics.store.hot_window import HotWindow
 from analytics.store.store_writer import StoreWriteError, StoreWriter
 from collector import records
 

@@ -19,8 +19,8 @@ from analytics.clock.clock_runner import ClockRunner
 from analytics.detect import attribution
 from analytics.detect.detect_runner import DetectRunner
 from analytics.ingest.group_commit import GroupCommit
+from analytics.ingest.hot_window import HotWindow
 from analytics.ingest.metrics import FleetView, IngestMetrics
-from analytics.store.hot_window import HotWindow
 from analytics.store.store_writer import StoreWriter
 
 

@@ -34,6 +34,7 @@ from analytics.clock.clock_runner import ClockRunner
 from analytics.detect.detect_runner import DetectConfig, DetectRunner
 from analytics.ingest.config import IngestConfig, ResolvedIngest, auto_max_rows
 from analytics.ingest.group_commit import GroupCommit
+from analytics.ingest.hot_window import HotWindow
 from analytics.ingest.live import LiveDocument
 from analytics.ingest.metrics import FleetView, IngestMetrics, SlabCollector
 from analytics.ingest.pace import Pacer
@@ -47,7 +48,6 @@ from analytics.ingest.slabs import (
 )
 from analytics.store import catalog
 from analytics.store.compactor import Compactor
-from analytics.store.hot_window import HotWindow
 from analytics.store.store_writer import StoreWriter
 from analytics.thread_priority import lower_thread_priority
 
