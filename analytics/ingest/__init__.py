@@ -13,5 +13,7 @@ analysis pipeline that runs beside it (clock solver, then detector).
 - :mod:`analytics.ingest.cli` — ``clockmesh ingest ...``;
 - :mod:`analytics.ingest.metrics`, :mod:`analytics.ingest.pace`, :mod:`analytics.ingest.slabs`
   — Prometheus metrics, acknowledgement pacing, reused memory;
+- :mod:`analytics.ingest.hot_window` — recent probes in memory: the live picture, rollups;
+- :mod:`analytics.ingest.live_cli` — ``clockmesh live`` (reads ``/v1/live``);
 - :mod:`analytics.ingest.load` — synthetic collector segments (benchmarks, tests).
 """

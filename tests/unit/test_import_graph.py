@@ -28,14 +28,14 @@ LAYERS: list[tuple[str, ...]] = [
         "analytics.cli_options",
         "analytics.sim",
     ),
-    ("analytics.store",),  # layout, writer, compactor, catalog
+    ("analytics.store",),  # layout, writer, compactor, catalog, export
     ("analytics.clock",),  # the solver; writes through the store
     # the remediations/audits tables (records) are read by the detector to close anomalies
     ("analytics.remediate",),
     ("analytics.detect",),
     # the commands and the daemon on top
-    ("analytics.ingest", "analytics.audit", "analytics.report", "analytics.export"),
-    # every command: the `cli` module of each part, and the loose sql_cli and live_cli
+    ("analytics.ingest", "analytics.audit", "analytics.report"),
+    # every command: the `cli` module of each part, ingest's live_cli and the loose sql_cli
     ("analytics commands",),
     ("tui",),
 ]
