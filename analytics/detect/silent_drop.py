@@ -38,6 +38,8 @@ wait (median) longer than ``RISE_NS`` over their pair's floor, the loss is a ful
 
 The class is a rule the model does not re-judge: the forest was trained on the other
 classes only (docs/detect.md).
+
+Over 500 lines: one signal; loss judgement, tomography and queue check share its path state.
 """
 
 from __future__ import annotations
