@@ -12,7 +12,7 @@ measures the rollup on its own: what it costs the ops box every minute, on top o
 The joined rows are built as the hot window holds them: in arrival order (each host's
 probes of a ``--span``-second segment together, hosts' segments interleaved), one-way
 delay = 5 us + jitter + the two hosts' clock offsets, 1 % lost (null). The same rows go
-through :func:`analytics.store.hot_window.rollup_minute` (today's) and through the SQL
+through :func:`analytics.ingest.hot_window.rollup_minute` (today's) and through the SQL
 the daemon ran before 2026-11-22 (one ``quantile_cont`` per fraction, ``count(DISTINCT
 sport)`` per pair), in one run, on one DuckDB thread each as in the daemon; the outputs
 must be identical. Prints the machine, CPU seconds of each, their ratio, and the share of
@@ -34,8 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from analytics.ingest import load as ingest_load  # noqa: E402
+from analytics.ingest.hot_window import query_over, rollup_minute  # noqa: E402
 from analytics.store import layout  # noqa: E402
-from analytics.store.hot_window import query_over, rollup_minute  # noqa: E402
 from benchmarks.bench_ingest import machine  # noqa: E402
 
 MINUTE_NS = 29_000_000 * layout.NS_PER_MINUTE  # a minute in 2025

@@ -18,8 +18,16 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "daemon": ("collector.supervise:daemon", "Supervise a clockmesh service without systemd.", ""),
     "ingest": ("analytics.ingest.cli:ingest", "Run the ops-box ingest daemon.", "opsbox"),
     "sql": ("analytics.sql_cli:sql", "Query the ops-box store with SQL (read-only).", "opsbox"),
-    "export": ("analytics.export:export", "Export recent store data as a Parquet set.", "opsbox"),
-    "live": ("analytics.live_cli:live", "Show fleet health now, from the ops box.", "opsbox"),
+    "export": (
+        "analytics.store.export:export",
+        "Export recent store data as a Parquet set.",
+        "opsbox",
+    ),
+    "live": (
+        "analytics.ingest.live_cli:live",
+        "Show fleet health now, from the ops box.",
+        "opsbox",
+    ),
     "detector": (
         "analytics.detect.cli:detector",
         "Train and evaluate the detector on labelled lab runs.",

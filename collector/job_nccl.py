@@ -27,6 +27,8 @@ survives"):
   in every release.
 
 Standard library only (the collector's rule); the ops box imports the formulas from here.
+
+Over 500 lines: NCCL's and UCX's own choices (version, settings, GID, timeouts), one copy.
 """
 
 from __future__ import annotations

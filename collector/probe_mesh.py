@@ -6,6 +6,8 @@ and echoes them. Each sent probe gets a slot in a ring of numpy arrays indexed
 by ``seq % RING`` (no per-probe Python objects); kernel TX timestamps from the
 error queue fill the slot, and :meth:`ProbeMesh.flush` turns finished slots into
 PROBE_TX rows in bulk.
+
+Over 500 lines: the mesh's sockets and rings; path tracing goes to collector/path_trace.py (#27).
 """
 
 from __future__ import annotations

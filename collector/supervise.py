@@ -17,6 +17,8 @@ uses LSB exit codes: 0 running, 1 dead but the pidfile remains, 3 not running.
 Liveness is decided by an ``flock`` on ``PIDFILE.lock`` that the supervisor holds for
 its whole life, never by a bare PID (PIDs get reused). Standard library only: this
 runs on fleet hosts.
+
+Over 500 lines: one job, the supervisor (fork, lock, back-off) and its five small commands.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""``clockmesh lab ...``: build, inspect and break a leaf-spine lab (root only)."""
+"""``clockmesh lab ...``: build, inspect and break a leaf-spine lab (root only).
+
+Over 500 lines: one thin command per ``clockmesh lab`` verb; the work is in lab's modules.
+"""
 
 from __future__ import annotations
 

@@ -11,6 +11,8 @@ Netlink work (namespaces, veths, bridge, addresses, host routes) goes through
 pyroute2; sysctls and process launches use ``ip netns exec`` (they need a process
 inside the namespace anyway). Leaves and spines route with FRR (eBGP + BFD, see
 :mod:`lab.frr`): no route between racks is ever installed by the lab itself.
+
+Over 500 lines: the Lab class; its status and routes go to lab/status.py, lab/routes.py (#27).
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ a thread worker (never on the UI thread); history from the store's read-only vie
 the daemon cannot be reached the last picture stays, under a red "STALE since …" banner,
 and the TUI keeps retrying by itself. Remediation runs the same code as ``clockmesh
 remediate``: check-mode preview → explicit confirmation → real run, streamed, cancellable.
+
+Over 500 lines: the app and four panes; the remediation dialogs go to tui/remediation.py (#27).
 """
 
 from __future__ import annotations

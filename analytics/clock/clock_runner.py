@@ -26,6 +26,8 @@ Bounded: one solve at a time; when more than ``max_backlog`` complete windows wa
 oldest are skipped (counted); rows for a window already solved or skipped are dropped as
 late (counted); the buffered rows are capped at ``max_rows`` (oldest window dropped).
 docs/clock.md ("In the daemon") and docs/store.md describe it.
+
+Over 500 lines: the clock loop, its pipeline health and the /metrics families over them.
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """``solve_window``: one window of probe records in, per-host clocks and one-way delays out.
 
 See docs/clock.md for the method, the gauge, the uncertainty model and the flags.
+
+Over 500 lines: one method (docs/clock.md); network, gauge, variances, delays are its steps.
 """
 
 from __future__ import annotations

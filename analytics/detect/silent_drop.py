@@ -40,6 +40,8 @@ have been lossy ``LINK_HOLD_NS``: a saturated shallow queue looks the same at it
 
 The class is a rule the model does not re-judge: the forest was trained on the other
 classes only (docs/detect.md).
+
+Over 500 lines: one signal; loss judgement, tomography and queue check share its path state.
 """
 
 from __future__ import annotations

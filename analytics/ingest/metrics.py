@@ -22,8 +22,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from analytics.ingest.hot_window import LiveSnapshot
 from analytics.ingest.slabs import SlabPool
-from analytics.store.hot_window import LiveSnapshot
 
 # *_created series double the scrape size and no dashboard of ours reads them.
 prometheus_client.disable_created_metrics()

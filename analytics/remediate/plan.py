@@ -36,6 +36,8 @@ against what is already out of service (the active remediations in the store):
 
 Like a PodDisruptionBudget, the cap counts what is already out: a second link on the same
 leaf is refused while the first is out, with the cap and the count named.
+
+Over 500 lines: four actions, each with its targets, its cap and its undo, in one preflight.
 """
 
 from __future__ import annotations

@@ -14,6 +14,8 @@ kills loses the outage and the work since its last checkpoint plus the restart
 (``lost_min`` minutes, stated). Anomalies stored before jobs were judged (no
 ``evidence.job_verdicts``) fall back to the hosts behind the link (its rack for a leaf–spine link,
 the host for an access link) × the outage, judged against current NCCL defaults.
+
+Over 500 lines: one report: its queries, its plots and three renderings of the same facts.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from typing import Any
 
 from textual.widgets import DataTable
 
-from analytics.live_cli import render
+from analytics.ingest.live_cli import render
 from tests.tui.sample import T0, sample_live, sample_topology
 from tests.tui.test_tui import Feed, _app, _rows
 

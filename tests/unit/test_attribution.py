@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from analytics import live_cli
 from analytics.detect import attribution
+from analytics.ingest import live_cli
 from tests.tui.sample import CULPRIT, sample_host_flap
 
 RACKS = {f"h{r}-{i}": f"leaf{r}" for r in (1, 2, 3) for i in (1, 2)}

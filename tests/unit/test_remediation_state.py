@@ -118,9 +118,9 @@ def test_the_report_lists_a_remediation_that_spans_the_range(store: tuple[Path, 
 def test_every_store_option_honours_clockmesh_store(store: tuple[Path, int]) -> None:
     """One ``--store`` option: every command that takes it defaults to $CLOCKMESH_STORE."""
     from analytics.audit.cli import audit
-    from analytics.export import export
     from analytics.report.cli import report
     from analytics.sql_cli import sql
+    from analytics.store.export import export
     from tui.cli import tui
 
     root, _ = store

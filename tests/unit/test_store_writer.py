@@ -17,10 +17,10 @@ import pytest
 
 from analytics.ingest import config as ingest_config
 from analytics.ingest import load as ingest_load
+from analytics.ingest.hot_window import HotWindow
 from analytics.store import layout
 from analytics.store.catalog import VIEW_NAMES, write_catalog
 from analytics.store.compactor import Compactor
-from analytics.store.hot_window import HotWindow
 from analytics.store.segment_ledger import SegmentLedger
 from analytics.store.store_writer import StoreWriter
 from collector import wire
@@ -358,7 +358,7 @@ def test_hot_window_join_matches_sql_over_all_rows() -> None:
 
 
 def test_live_snapshot_worst_pairs_match_a_full_sort() -> None:
-    from analytics.store.hot_window import LiveSnapshot
+    from analytics.ingest.hot_window import LiveSnapshot
 
     rng = np.random.default_rng(3)
     n = 500

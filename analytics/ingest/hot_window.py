@@ -24,6 +24,8 @@ probes per second (docs/store.md, "Performance"):
 until the clock solver has run (its corrected delays go to the ``owd`` table).
 Minutes that began before this process started are not rolled up (their earlier part
 may be missing from memory); the raw rows are in the store regardless.
+
+Over 500 lines: settling, the live picture and the rollups share one state (slots, minutes).
 """
 
 from __future__ import annotations
