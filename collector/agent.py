@@ -6,6 +6,9 @@ records go to per-table numpy buffers, are appended to the open spool segment
 every ``FLUSH_S`` and the segment is rolled (fsync) every ``spool.roll_s``. The
 shipper thread posts closed segments. SIGTERM/SIGINT: flush, roll, stop.
 SIGHUP: reload the config (a bad one is logged and the old one kept).
+
+Over 500 lines: the one selector loop and every timer and socket it owns; the work itself
+is in other modules.
 """
 
 from __future__ import annotations

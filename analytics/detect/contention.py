@@ -33,6 +33,9 @@ handled, transmit wait; :data:`CONGESTION_COUNTERS`) on the hosts behind the nam
 
 The per-window medians of the clock solver's ``owd`` rows (:meth:`PathDelays.feed`) are
 still kept per path for :meth:`pair_excess` (the in-band RoCE v1 signal).
+
+Over 500 lines: one signal; the streamed delays, per-route windows and the verdict share
+one state.
 """
 
 from __future__ import annotations
