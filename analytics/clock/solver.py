@@ -15,7 +15,7 @@ import numpy as np
 from analytics.clock import network
 from analytics.clock.clock_state import ClockState
 from analytics.clock.key_index import KeyIndex, dense_ids
-from analytics.clock.pair_fit import PairFit, _row_halves, fit_pairs
+from analytics.clock.pair_fit import PairFit, fit_pairs, in_blocks
 from analytics.clock.probe_samples import ProbeSamples, extract, hosts_in, prepare
 from analytics.clock.tables import CLOCK_ROW, PAIR_ROW, HostStatus, PairFlag
 from collector.records import ECHO, PROBE_RX, PROBE_TX
@@ -612,7 +612,8 @@ def _owd(
 ) -> dict[str, np.ndarray]:
     """Corrected one-way delay of every RX row, as columns (OWD_ROW names, no window).
 
-    With a ``pool``, the first half of the rows is computed in its thread."""
+    Computed in blocks of rows (cache-sized temporaries); with a ``pool``, the first
+    half of the rows in its thread."""
     n = len(ps.matched)
     tx_ns = np.empty(n, np.int64)
     owd = np.empty(n)
@@ -654,7 +655,7 @@ def _owd(
         if bad is not None:
             ms[bad] = 0
 
-    _row_halves(pool, n, rows)
+    in_blocks(pool, n, rows)
     pure = np.zeros(n, bool)
     pure[ps.pure_rows] = True
     return {
