@@ -71,25 +71,6 @@ def _kth_smallest(v: np.ndarray, k: np.ndarray) -> np.ndarray:
     return np.take_along_axis(s, k[:, None], axis=1)[:, 0]
 
 
-# Rounds of plain assignment before :func:`_scatter_min` leaves the rest to np.minimum.at.
-_MIN_ROUNDS = 8
-
-
-def _scatter_min(out: np.ndarray, idx: np.ndarray, val: np.ndarray) -> None:
-    """``np.minimum.at(out, idx, val)`` for ``out`` all +inf and ``val`` without NaN, in
-    a few vectorised rounds (ufunc.at costs ~10x a plain scatter): each round writes the
-    values below their cell's current one (some writer wins each cell, which lowers it)
-    until none is below. Cells hold ~1 value each here, so two or three rounds do."""
-    out[idx] = val
-    for _ in range(_MIN_ROUNDS):
-        lower = np.flatnonzero(val < np.take(out, idx))
-        if len(lower) == 0:
-            return
-        idx, val = np.take(idx, lower), np.take(val, lower)
-        out[idx] = val
-    np.minimum.at(out, idx, val)
-
-
 def fit_pairs(
     pid: np.ndarray,
     rev: np.ndarray,
@@ -135,7 +116,7 @@ def fit_pairs(
         cs *= n_bins
         cs += b
         part = np.full(size, np.inf)
-        _scatter_min(part, cs, zs)
+        np.minimum.at(part, cs, zs)
         return part
 
     parts = _row_halves(pool, n, cells)
