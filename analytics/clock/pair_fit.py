@@ -194,7 +194,7 @@ def fit_pairs(
     alpha, slope, sigma_alpha, sigma_slope, used, x_mid, sigma_mid = (
         parts_l[0] if len(parts_l) == 1 else [np.concatenate(p) for p in zip(*parts_l, strict=True)]
     )
-    counts = counts.reshape(shape).sum(axis=2)
+    counts = _row_sum(counts.reshape(2 * n_pairs, n_bins)).reshape(2, n_pairs)
     # Pairs with fewer than 3 bins: how far their midpoints could be off if all their
     # least round trips queued (half their excess over the window's clean round trip).
     nvalid = bins[3]
@@ -242,13 +242,13 @@ def _fit_lines(
     if bad.any():
         w = np.where(bad, 0.0, w)
         alpha, slope, s0, sxxc, resid = _wls(w, xm, mid)
-    used = (w > 0).sum(axis=1)
+    used = np.count_nonzero(w > 0, axis=1)
     dof = used - 2
-    chi2 = (w * resid**2).sum(axis=1)
+    chi2 = _row_sum(w * resid**2)
     scale = np.where(dof > 0, np.maximum(1.0, chi2 / np.maximum(dof, 1)), 1.0)
     slope_ok = sxxc > 0
     with np.errstate(divide="ignore", invalid="ignore"):
-        xbar = np.where(s0 > 0, (w * xm).sum(axis=1) / s0, 0.0)
+        xbar = np.where(s0 > 0, _row_sum(w * xm) / s0, 0.0)
         var_a = np.where(s0 > 0, 1.0 / s0, np.inf) + np.where(slope_ok, xbar**2 / sxxc, 0.0)
         var_s = np.where(slope_ok, 1.0 / sxxc, np.inf)
         var_m = np.where(s0 > 0, 1.0 / s0, np.inf)
@@ -348,7 +348,7 @@ def _clean_rtt(points: np.ndarray) -> float:
     pair's clean round trip on the same fabric; inf when no pair has 3 bins."""
     zf, zr = points[0], points[1]
     valid = np.isfinite(zf) & np.isfinite(zr)
-    rows = valid.sum(axis=1) >= 3
+    rows = np.count_nonzero(valid, axis=1) >= 3
     if not rows.any():
         return float(np.inf)
     rtt = np.where(valid[rows], zf[rows] + zr[rows], np.inf)
@@ -368,7 +368,7 @@ def _bin_points(
         mid = np.where(valid, (zf - zr) / 2, 0.0)
         rtt = np.where(valid, zf + zr, np.inf)
     xm = np.zeros(zf.shape) if xsel is None else np.where(valid, (xsel[0] + xsel[1]) / 2, 0.0)
-    nvalid = valid.sum(axis=1)
+    nvalid = np.count_nonzero(valid, axis=1)
     k = np.where(nvalid >= 3, 1, 0)
     ref = _kth_smallest(rtt, k)
     if np.isfinite(clean_rtt_ns):
@@ -379,19 +379,37 @@ def _bin_points(
     return mid, xm, valid, nvalid, excess
 
 
+def _row_sum(a: np.ndarray) -> np.ndarray:
+    """``a.sum(axis=1)`` of a 2-D float64 or int64 array. For 8 contiguous columns (the
+    default bins) in numpy's own pairwise order, ``((a0 + a1) + (a2 + a3)) + ((a4 + a5)
+    + (a6 + a7))``, as three column-wise adds over all rows: ~3x faster than numpy's
+    per-row reduction of 8 values, same bits (numpy 2.4; another order would move the
+    last bit of a float sum)."""
+    if (
+        a.ndim == 2
+        and a.shape[1] == 8
+        and a.dtype in (np.float64, np.int64)
+        and a.strides[1] == a.itemsize
+    ):
+        c = a[:, 0::2] + a[:, 1::2]
+        d = c[:, 0::2] + c[:, 1::2]
+        return d[:, 0] + d[:, 1]
+    return a.sum(axis=1)
+
+
 def _wls(
     w: np.ndarray, x: np.ndarray, y: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Row-wise weighted line fit; slope 0 where x does not vary (one bin)."""
-    s0 = w.sum(axis=1)
-    sx = (w * x).sum(axis=1)
-    sy = (w * y).sum(axis=1)
+    s0 = _row_sum(w)
+    sx = _row_sum(w * x)
+    sy = _row_sum(w * y)
     with np.errstate(divide="ignore", invalid="ignore"):
         xbar = np.where(s0 > 0, sx / s0, 0.0)
         ybar = np.where(s0 > 0, sy / s0, np.nan)
     dx = x - xbar[:, None]
-    sxxc = (w * dx * dx).sum(axis=1)
-    sxy = (w * dx * (y - np.nan_to_num(ybar)[:, None])).sum(axis=1)
+    sxxc = _row_sum(w * dx * dx)
+    sxy = _row_sum(w * dx * (y - np.nan_to_num(ybar)[:, None]))
     # A line needs bins spread in time: weighted spread of x of at least 1 ms.
     spread_ok = sxxc > s0 * 1e12
     with np.errstate(divide="ignore", invalid="ignore"):
