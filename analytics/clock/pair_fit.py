@@ -136,10 +136,11 @@ def fit_pairs(
         # Typical midpoint noise: half the median |rtt - ref| over bins of pairs
         # with enough bins (robust to congested bins by the median).
         def noise_terms(sl: slice) -> np.ndarray:
-            _, _, valid, nvalid, excess = _bin_points(zmin3[:, sl], None)
-            rows = nvalid >= 3
-            e = np.sort(np.where(valid[rows], excess[rows], np.inf), axis=1)
-            return np.take_along_axis(e, (nvalid[rows] // 2)[:, None], axis=1)[:, 0]
+            zf, zr = zmin3[0, sl], zmin3[1, sl]
+            rows = np.flatnonzero(np.count_nonzero(np.isfinite(zf) & np.isfinite(zr), axis=1) >= 3)
+            _, _, valid, nvalid, excess = _bin_points(zmin3[:, sl][:, rows], None)
+            e = np.sort(np.where(valid, excess, np.inf), axis=1)
+            return np.take_along_axis(e, (nvalid // 2)[:, None], axis=1)[:, 0]
 
         per_pair = np.concatenate(
             _row_halves(pool, n_pairs, _pair_blocks(noise_terms), _MIN_SPLIT_PAIRS)
@@ -201,8 +202,15 @@ def fit_pairs(
     few = np.flatnonzero((nvalid > 0) & (nvalid < 3))
     bound = np.zeros(n_pairs)
     if len(few):
-        _, _, valid, _, excess = _bin_points(points[:, few], None, clean_rtt)
-        bound[few] = np.max(np.where(valid, excess, 0.0), axis=1) / 2
+        # max over valid bins of rtt - ref, ref = min(least rtt, clean_rtt) <= every rtt:
+        # the largest rtt less ref (x - ref rounds monotonically: the same bits as the
+        # largest of the differences)
+        zf, zr = points[0][few], points[1][few]
+        valid = np.isfinite(zf) & np.isfinite(zr)
+        rtt = zf + zr
+        least = np.where(valid, rtt, np.inf).min(axis=1)
+        most = np.where(valid, rtt, -np.inf).max(axis=1)
+        bound[few] = (most - np.minimum(least, clean_rtt)) / 2
     return PairFit(
         alpha=alpha,
         slope=slope,
