@@ -103,14 +103,14 @@ def dense_ids(keys: np.ndarray, size_hint: int | None = None) -> tuple[np.ndarra
         hint = len(sub) if (size_hint is None or level > 0) else min(size_hint, len(sub))
         bits = _bits_for(hint)
         slot = _slots(sub, mult, bits)
-        table = np.zeros(1 << bits, dtype=np.int64)
+        table = np.empty(1 << bits, dtype=np.int64)  # read only where written
         used = np.zeros(1 << bits, dtype=bool)
         table[slot] = sub
         used[slot] = True
         won = np.take(table, slot) == sub
         occupied = np.flatnonzero(used)
         # Occupied slots hold distinct keys (a slot holds exactly one key).
-        rank = np.full(1 << bits, -1, dtype=np.intp)
+        rank = np.empty(1 << bits, dtype=np.intp)  # read only at occupied slots
         rank[occupied] = np.arange(next_id, next_id + len(occupied))
         uniques.append(table[occupied])
         next_id += len(occupied)

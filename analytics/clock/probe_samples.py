@@ -26,6 +26,7 @@ from functools import partial
 import numpy as np
 
 from analytics.clock.key_index import KeyIndex
+from analytics.clock.pair_fit import in_blocks
 from collector.records import TsKind
 
 # Above this many slots per row the join sorts instead (a collector restart
@@ -259,11 +260,18 @@ def _pair_partners(
 
 
 def _tolerance(
-    kind: np.ndarray, a: np.ndarray, b: np.ndarray, spacing_tol: tuple[int, int]
+    kind: np.ndarray,
+    a: np.ndarray,
+    b: np.ndarray,
+    spacing_tol: tuple[int, int],
+    any_hw: bool | None = None,
 ) -> np.ndarray | int:
     """Per coded pair (rows ``a``, ``b``): the hardware tolerance when all its
-    timestamps are NIC/RDMA ones; one int when no row has a NIC timestamp."""
-    if spacing_tol[0] == spacing_tol[1] or int(kind.max(initial=0)) < TsKind.HW:
+    timestamps are NIC/RDMA ones; one int when no row has a NIC timestamp
+    (``any_hw``: whether any row of ``kind`` has one, when the caller knows)."""
+    if any_hw is None:
+        any_hw = int(kind.max(initial=0)) >= TsKind.HW
+    if spacing_tol[0] == spacing_tol[1] or not any_hw:
         return spacing_tol[0]
     hw = (np.take(kind, a) >= TsKind.HW) & (np.take(kind, b) >= TsKind.HW)
     return np.where(hw, spacing_tol[1], spacing_tol[0])
@@ -303,7 +311,7 @@ def prepare(
         # then does the echo half while this one joins and filters
         tx_job = pool.submit(_tx_slots, cols, hosts, n_hosts)
         echo_job = pool.submit(_echo_samples, cols, hosts, n_hosts, spacing_tol)
-        probe = _probe_samples(cols, hosts, n_hosts, spacing_tol, tx_job.result)
+        probe = _probe_samples(cols, hosts, n_hosts, spacing_tol, tx_job.result, False)
         echo = echo_job.result()
     else:
         tx_slots = partial(_tx_slots, cols, hosts, n_hosts)
@@ -330,9 +338,48 @@ def prepare(
 
 def _tx_slots(cols: RecordColumns, hosts: KeyIndex, n_hosts: int) -> tuple[SeqLayout, SlotValues]:
     """TX side of the join: sender index, slot, TX time per slot."""
+    fast = _tx_slots_in_place(cols, hosts, n_hosts)
+    if fast is not None:
+        return fast
     tx_src_i = host_index_of(hosts, cols.tx_src)
     layout = SeqLayout(tx_src_i, cols.tx_seq, n_hosts)
     return layout, SlotValues(layout, layout.own_position(tx_src_i, cols.tx_seq), cols.tx_ns)
+
+
+def _tx_slots_in_place(
+    cols: RecordColumns, hosts: KeyIndex, n_hosts: int
+) -> tuple[SeqLayout, SlotValues] | None:
+    """The TX slots when every sender's rows are one run of consecutive seqs (as the
+    collectors ship them): the slot of a TX row is its row, no scatter. None otherwise."""
+    src, seq, t = cols.tx_src, cols.tx_seq, cols.tx_ns
+    n = len(seq)
+    if n == 0:
+        return None
+    starts = np.concatenate(([0], np.flatnonzero(src[1:] != src[:-1]) + 1))
+    h = hosts.lookup(src[starts])
+    if (h < 0).any() or np.bincount(h, minlength=n_hosts).max() > 1:
+        return None  # a sender unknown, or in more than one run
+    step = seq[1:] - seq[:-1]
+    step[starts[1:] - 1] = 1  # across runs: not a step
+    if not (step == 1).all():
+        return None
+    layout = SeqLayout.__new__(SeqLayout)
+    layout.base = np.zeros(n_hosts, np.int64)
+    layout.span = np.zeros(n_hosts, np.int64)
+    layout.offset = np.zeros(n_hosts, np.int64)
+    layout.base[h] = seq[starts]
+    layout.span[h] = np.diff(np.append(starts, n))
+    layout.offset[h] = starts
+    layout.total = n
+    layout.dense = True
+    values = SlotValues.__new__(SlotValues)
+    values.dense = True
+    values.table = np.empty(n + 1, np.int64)
+    values.table[:n] = t
+    values.table[n] = _NONE  # slot -1 reads it
+    values.stored = int(np.count_nonzero(t != _NONE))
+    values.written = n
+    return layout, values
 
 
 def _probe_samples(
@@ -341,37 +388,126 @@ def _probe_samples(
     n_hosts: int,
     spacing_tol: tuple[int, int],
     tx_slots: Callable[[], tuple[SeqLayout, SlotValues]],
+    tx_ready: bool = True,
 ) -> tuple:
     """RX side of the join and the coded filter; ``tx_slots()`` gives the TX side
-    (computed meanwhile in another thread when there is one)."""
+    (computed meanwhile in another thread when ``tx_ready`` is False).
+
+    Row-wise work runs in blocks of ``BLOCK_ROWS`` rows (cache-sized temporaries);
+    the results are those of whole-array passes."""
     drops: dict[str, int] = {}
-    rx_src, rx_seq, rx_ns = cols.rx_src, cols.rx_seq, cols.rx_ns
-    rx_dst_i = host_index_of(hosts, cols.rx_dst)
-    rx_src_i = hosts.lookup(rx_src)
-    layout, tx_time = tx_slots()
+    rx_src, rx_seq, rx_ns, rx_dst = cols.rx_src, cols.rx_seq, cols.rx_ns, cols.rx_dst
+    n = len(rx_seq)
+    rx_dst_i = np.empty(n, np.intp)
+    rx_src_i = np.empty(n, np.intp)
+    t_tx = np.empty(n, np.int64)
+    matched = np.empty(n, bool)
+    slots: tuple[SeqLayout, SlotValues] | None = tx_slots() if tx_ready else None
+
+    def lookups(sl: slice) -> None:
+        rx_dst_i[sl] = host_index_of(hosts, rx_dst[sl])
+        rx_src_i[sl] = hosts.lookup(rx_src[sl])
+
+    def join(sl: slice) -> None:
+        assert slots is not None
+        layout, tx_time = slots
+        t = t_tx[sl]
+        t[:] = tx_time.get(layout.position(rx_src_i[sl], rx_seq[sl]))
+        m = matched[sl]
+        np.not_equal(t, _NONE, out=m)
+        m &= rx_dst_i[sl] >= 0
+
+    if slots is None:  # look the hosts up while the other thread builds the TX slots
+        in_blocks(None, n, lookups)
+        slots = tx_slots()
+        in_blocks(None, n, join)
+    else:
+
+        def both(sl: slice) -> None:
+            lookups(sl)
+            join(sl)
+
+        in_blocks(None, n, both)
+    tx_time = slots[1]
     drops["tx_duplicate"] = tx_time.written - tx_time.stored
-    rx_pos = layout.position(rx_src_i, rx_seq)
-    t_tx = tx_time.get(rx_pos)
-    matched = (t_tx != _NONE) & (rx_dst_i >= 0)
     n_matched = int(np.count_nonzero(matched))
-    drops["rx_without_tx"] = len(rx_seq) - n_matched
+    drops["rx_without_tx"] = n - n_matched
     drops["tx_without_rx"] = max(tx_time.stored - n_matched, 0)
 
     # ---- coded pairs ---------------------------------------------------------------
-    first = np.flatnonzero(matched & ((rx_seq & 1) == 0))  # pair 0 <=> even seq
-    partner = _pair_partners(rx_src, rx_seq, first, matched, rx_src_i, n_hosts)
-    complete = partner >= 0
-    drops["pair_incomplete"] = int(np.count_nonzero(~complete))
-    f, p = first[complete], partner[complete]
+    # The first probe of a pair (even seq) is nearly always followed by its partner
+    # (seq + 1, same sender): tested on the next row, block by block; the rest are
+    # looked up afterwards in a slot table of the odd rows no first has claimed.
+    any_hw = int(cols.rx_kind.max(initial=0)) >= TsKind.HW
+    pure = np.zeros(n, bool)  # first rows of pure pairs
+    claimed = np.zeros(n, bool)  # second rows of pairs found on the next row
+    miss_parts: list[np.ndarray] = []
+    counts = np.zeros(2, np.int64)  # complete pairs (next row), of which pure
+
+    def coded(sl: slice) -> None:
+        start, stop = sl.start, sl.stop
+        end = min(stop + 1, n)  # one row more: the partner of the block's last row
+        m = matched[start:end]
+        first = np.flatnonzero(m[: stop - start] & ((rx_seq[sl] & 1) == 0))
+        if len(first) == 0:
+            return
+        src, seq = rx_src[start:end], rx_seq[start:end]
+        nxt_ok = np.zeros(end - start, bool)
+        nxt_ok[:-1] = (src[1:] == src[:-1]) & (seq[1:] == seq[:-1] + 1) & m[1:]
+        hit = np.take(nxt_ok, first)
+        miss_parts.append(first[~hit] + start)
+        f = first[hit]
+        f += start
+        p = f + 1
+        claimed[p] = True
+        ok = _pure(t_tx, rx_ns, cols.rx_kind, f, p, spacing_tol, any_hw)
+        pure[f[ok]] = True
+        counts[0] += len(f)
+        counts[1] += int(np.count_nonzero(ok))
+
+    in_blocks(None, n, coded)
+    miss = np.concatenate(miss_parts) if miss_parts else np.empty(0, np.intp)
+    n_complete, n_pure = int(counts[0]), int(counts[1])
+    n_incomplete = len(miss)
+    if len(miss):
+        unclaimed = matched & ((rx_seq & 1) == 1)
+        unclaimed[claimed] = False
+        odd = np.flatnonzero(unclaimed)
+        if len(odd):
+            lay = SeqLayout(rx_src_i[odd], rx_seq[odd], n_hosts)
+            odd_slots = SlotValues(lay, lay.position(rx_src_i[odd], rx_seq[odd]), odd)
+            found = odd_slots.get(lay.position(rx_src_i[miss], rx_seq[miss] + 1))
+            got = found != _NONE
+            f, p = miss[got], found[got]
+            ok = _pure(t_tx, rx_ns, cols.rx_kind, f, p, spacing_tol, any_hw)
+            pure[f[ok]] = True
+            n_complete += len(f)
+            n_pure += int(np.count_nonzero(ok))
+            n_incomplete -= len(f)
+    drops["pair_incomplete"] = n_incomplete
+    drops["pair_impure"] = n_complete - n_pure
+    drops["pair_pure"] = n_pure
+    return rx_src_i, rx_dst_i, t_tx, matched, np.flatnonzero(pure), drops
+
+
+def _pure(
+    t_tx: np.ndarray,
+    rx_ns: np.ndarray,
+    kind: np.ndarray,
+    f: np.ndarray,
+    p: np.ndarray,
+    spacing_tol: tuple[int, int],
+    any_hw: bool,
+) -> np.ndarray:
+    """The coded filter on pairs of RX rows (first ``f``, partner ``p``): the receive
+    spacing equals the send spacing within the tolerance, and the send spacing is > 0."""
     tx_gap = np.take(t_tx, p) - np.take(t_tx, f)
     rx_gap = np.take(rx_ns, p) - np.take(rx_ns, f)
-    tol = _tolerance(cols.rx_kind, f, p, spacing_tol)
+    tol = _tolerance(kind, f, p, spacing_tol, any_hw)
     rx_gap -= tx_gap
     ok = np.abs(rx_gap, out=rx_gap) <= tol
     ok &= tx_gap > 0
-    drops["pair_impure"] = int(np.count_nonzero(~ok))
-    drops["pair_pure"] = int(np.count_nonzero(ok))
-    return rx_src_i, rx_dst_i, t_tx, matched, f[ok], drops
+    return ok
 
 
 def _echo_samples(

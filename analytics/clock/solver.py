@@ -17,7 +17,7 @@ import numpy as np
 from analytics.clock import network
 from analytics.clock.clock_state import ClockState
 from analytics.clock.key_index import KeyIndex, dense_ids
-from analytics.clock.pair_fit import PairFit, _row_halves, fit_pairs
+from analytics.clock.pair_fit import PairFit, fit_pairs, in_blocks
 from analytics.clock.probe_samples import ProbeSamples, extract, hosts_in, prepare
 from analytics.clock.tables import CLOCK_ROW, PAIR_ROW, HostStatus, PairFlag
 from collector.records import ECHO, PROBE_RX, PROBE_TX
@@ -245,13 +245,14 @@ def _solve(
         window_ns=float(window_ns), n_bins=cfg.n_bins, pool=pool,
     )  # fmt: skip
     noise = fit.noise_ns
-    stats["pairs_reanchored"] = _anchor_without_slope(fit, pa, pb, n, p_drift, p_dsig)
+    drift_solve: list = []  # the re-anchoring's drift solve, for _network to reuse
+    stats["pairs_reanchored"] = _anchor_without_slope(fit, pa, pb, n, p_drift, p_dsig, drift_solve)
     clock_t.lap("t_pair_fit_s")
     stats["pairs"] = n_pairs
 
     # ---- network effect ------------------------------------------------------------
     theta, drift, flags, _residual, comp, _o_wsum, d_wsum, scales, o_rvar, o_mvar = _network(
-        fit, pa, pb, n, cfg, noise, p_off
+        fit, pa, pb, n, cfg, noise, p_off, drift_solve
     )
     stats["chi2_scale_offset"], stats["chi2_scale_drift"] = scales
     clock_t.lap("t_network_s")
@@ -344,9 +345,11 @@ def _anchor_without_slope(
     n: int,
     p_drift: np.ndarray,
     p_dsig: np.ndarray,
+    drift_solve: list | None = None,
 ) -> int:
     """Re-anchor the pairs whose own drift is not determined (bins with both directions
-    in one sub-window only), in place; returns how many.
+    in one sub-window only), in place; returns how many. The drift solve it makes is
+    appended to ``drift_solve`` as ``(weights, slopes of the weighted pairs, solution)``.
 
     Such a pair measures the offset at ``x_mid`` only (its bin, up to a second from the
     reference); the fit carried it to the reference with the slope guess (the coarse
@@ -364,6 +367,8 @@ def _anchor_without_slope(
     dok = est & np.isfinite(fit.sigma_slope)
     wd = np.where(dok, 1.0 / np.maximum(np.where(dok, fit.sigma_slope, 1.0), 1e-12) ** 2, 0.0)
     gd = network.solve(pa, pb, fit.slope, wd, n)
+    if drift_solve is not None:
+        drift_solve.append((wd, fit.slope[wd > 0], gd))  # before the slopes change below
     wsum = np.bincount(pa[dok], wd[dok], minlength=n) + np.bincount(pb[dok], wd[dok], minlength=n)
     with np.errstate(divide="ignore"):
         dsig = np.sqrt(max(gd.chi2_scale, 1.0) / wsum)
@@ -393,12 +398,15 @@ def _network(
     cfg: SolverConfig,
     noise: float,
     p_off: np.ndarray,
+    drift_solve: list | None = None,
 ) -> tuple[
     np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
     tuple[float, float], np.ndarray, np.ndarray,
 ]:  # fmt: skip
     """Offsets and drifts over the probe graph; flags for disagreeing pairs; per host
-    the offset variance from the loop residuals and the model variance (pair sigmas)."""
+    the offset variance from the loop residuals and the model variance (pair sigmas).
+    The drift solve is ``drift_solve``'s (the re-anchoring's) when its weights and
+    slopes are the ones here (no pair disagrees): the same solve, made once."""
     flags = np.zeros(len(pa), np.uint8)
     one_way = ((fit.n_fwd == 0) | (fit.n_rev == 0)) & ((fit.n_fwd + fit.n_rev) > 0)
     flags[one_way] |= np.uint8(PairFlag.ONE_WAY)
@@ -446,7 +454,14 @@ def _network(
     dsig = np.where(dok, fit.sigma_slope, np.inf)
     dsig = np.maximum(dsig, 1e-12)
     wd = np.where(dok, 1.0 / dsig**2, 0.0)
-    gd = network.solve(pa, pb, fit.slope, wd, n, cache=cache)
+    if (
+        drift_solve
+        and np.array_equal(drift_solve[0][0], wd)
+        and np.array_equal(drift_solve[0][1], fit.slope[wd > 0])
+    ):
+        gd = drift_solve[0][2]
+    else:
+        gd = network.solve(pa, pb, fit.slope, wd, n, cache=cache)
     d_wsum = np.bincount(pa[dok], wd[dok], minlength=n) + np.bincount(pb[dok], wd[dok], minlength=n)
     return (
         g.value, gd.value, flags, g.residual, g.component, o_wsum, d_wsum,
@@ -614,7 +629,8 @@ def _owd(
 ) -> dict[str, np.ndarray]:
     """Corrected one-way delay of every RX row, as columns (OWD_ROW names, no window).
 
-    With a ``pool``, the first half of the rows is computed in its thread."""
+    Computed in blocks of rows (cache-sized temporaries); with a ``pool``, the first
+    half of the rows in its thread."""
     n = len(ps.matched)
     tx_ns = np.empty(n, np.int64)
     owd = np.empty(n)
@@ -656,7 +672,7 @@ def _owd(
         if bad is not None:
             ms[bad] = 0
 
-    _row_halves(pool, n, rows)
+    in_blocks(pool, n, rows)
     pure = np.zeros(n, bool)
     pure[ps.pure_rows] = True
     return {

@@ -236,3 +236,60 @@ def test_network_cache_gives_the_same_solution_and_handles_repeated_edges() -> N
         cached = network.solve(da, db, dm, np.full(len(da), scale), 30, cache=cache)
         np.testing.assert_array_equal(cached.value, plain.value)  # same matrix, same CG
         assert cache["graph"][2] is not None  # distinct edges: the pattern is reused
+
+
+def _joined(sim, rx_order: np.ndarray | None = None, tx_order: np.ndarray | None = None):
+    """prepare() of a window's records (rows reordered as given): per original RX row
+    its sender, receiver, TX time and match, and the set of pure first rows."""
+    tx = sim.tx if tx_order is None else sim.tx[tx_order]
+    rx = sim.rx if rx_order is None else sim.rx[rx_order]
+    cols = probe_samples.extract(tx, rx, sim.echoes)
+    hosts = probe_samples.hosts_in(cols.tx_src, cols.rx_dst, cols.e_src)
+    ps = probe_samples.prepare(cols, KeyIndex(hosts), (100, 200))
+    back = np.arange(len(rx)) if rx_order is None else rx_order  # row i is original back[i]
+    per_row = np.empty(len(rx), [("s", "<i8"), ("d", "<i8"), ("t", "<i8"), ("m", "?")])
+    per_row["s"][back] = np.where(ps.rx_src_i >= 0, hosts[ps.rx_src_i], -1)
+    per_row["d"][back] = np.where(ps.rx_dst_i >= 0, hosts[ps.rx_dst_i], -1)
+    per_row["t"][back] = np.where(ps.matched, ps.tx_ns, 0)
+    per_row["m"][back] = ps.matched
+    return per_row, np.sort(back[ps.pure_rows]), ps.drops
+
+
+@pytest.mark.parametrize("block", [1, 3, 64])
+def test_join_in_blocks_equals_the_join_in_any_record_order(
+    monkeypatch: pytest.MonkeyPatch, block: int
+) -> None:
+    # Rows as shipped (TX rows one run per sender: slots in place; a pair's probes on
+    # adjacent RX rows) joined in blocks of any size, against the same records shuffled
+    # (TX slots scattered, every pair split: found through the slot table).
+    cfg = SimConfig(racks=3, hosts_per_rack=3, buddies_random=2, seed=7, loss=0.1)
+    sim = MeshSimulator(cfg).run()
+    rng = np.random.default_rng(1)
+    shuffled = _joined(sim, rng.permutation(len(sim.rx)), rng.permutation(len(sim.tx)))
+    monkeypatch.setattr(pair_fit, "BLOCK_ROWS", block)
+    shipped = _joined(sim)
+    np.testing.assert_array_equal(shipped[0], shuffled[0])
+    np.testing.assert_array_equal(shipped[1], shuffled[1])
+    assert shipped[2] == shuffled[2]
+    assert shipped[2]["pair_pure"] > 0 and shipped[2]["pair_incomplete"] > 0  # loss
+    # the two TX paths were taken
+    for tx, in_place in ((sim.tx, True), (sim.tx[rng.permutation(len(sim.tx))], False)):
+        cols = probe_samples.extract(tx, sim.rx, sim.echoes)
+        hosts = probe_samples.hosts_in(cols.tx_src, cols.rx_dst, cols.e_src)
+        slots = probe_samples._tx_slots_in_place(cols, KeyIndex(hosts), len(hosts))
+        assert (slots is not None) == in_place
+
+
+def test_solution_does_not_depend_on_the_block_sizes(monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = SimConfig(racks=3, hosts_per_rack=3, buddies_random=2, seed=5, loss=0.05)
+    sim = MeshSimulator(cfg).run()
+    config = SolverConfig(spacing_tol_ns=100)
+    big = solve_window(sim.tx, sim.rx, sim.echoes, window_start_ns=cfg.start_ns, config=config)
+    monkeypatch.setattr(pair_fit, "BLOCK_ROWS", 5)
+    monkeypatch.setattr(pair_fit, "_BLOCK_PAIRS", 3)
+    small = solve_window(sim.tx, sim.rx, sim.echoes, window_start_ns=cfg.start_ns, config=config)
+    np.testing.assert_array_equal(big.clock, small.clock)
+    np.testing.assert_array_equal(big.pairs, small.pairs)
+    for name, col in big.owd.items():
+        np.testing.assert_array_equal(col, small.owd[name], err_msg=name)
+    assert big.drops == small.drops
