@@ -4,6 +4,7 @@ records, and the detector closing an anomaly a remediation dealt with."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -317,3 +318,131 @@ def test_contention_by_jobs_spreads_them_on_their_hosts_and_undo_restores(store:
     u = plan_undo(store, _topology(), p.remediation_id)
     assert u.action == "spread_restore" and u.targets == ["h1-1", "h2-1"]
     assert u.restore["h1-1"] == {"value": -1, "conf_existed": False}
+
+
+# ---- two ops boxes (issue 29): the union of both stores, running rows, a second start ----
+
+
+def _row(rid: str, target: str, status: str, ts_ns: int, box: str = "ops",
+         check: bool = False, action: str = "fabric_link_out") -> records.Remediation:  # fmt: skip
+    return records.Remediation(rid, "", action, target, [], check, status, "alice", "{}",
+                               {"box": box}, ts_ns)  # fmt: skip
+
+
+def test_merge_keeps_each_remediation_once_at_its_latest_row() -> None:
+    a = [_row("rem-1", "leaf1-spine1", "running", 10), _row("rem-2", "leaf2-spine1", "ok", 5)]
+    b = [_row("rem-1", "leaf1-spine1", "ok", 20), _row("rem-3", "leaf3-spine1", "failed", 7)]
+    merged = records.merge(a, b)
+    assert [(r.remediation_id, r.status) for r in merged] == [
+        ("rem-2", "ok"), ("rem-3", "failed"), ("rem-1", "ok")
+    ]  # fmt: skip
+    assert records.merge(b, a) == merged  # the order of the stores does not matter
+    # a tie: the real row over a preview, the settled outcome over running
+    tie = records.merge([_row("rem-4", "x", "running", 30)], [_row("rem-4", "x", "ok", 30)])
+    assert tie[0].status == "ok"
+
+
+def test_counted_is_real_ok_or_running_only() -> None:
+    rows = [
+        _row("rem-1", "a", "ok", 1), _row("rem-2", "b", "running", 2),
+        _row("rem-3", "c", "failed", 3), _row("rem-4", "d", "undone", 4),
+        _row("rem-5", "e", "running", 5, check=True), _row("rem-6", "f", "ok", 6, check=True),
+    ]  # fmt: skip
+    assert [r.remediation_id for r in records.counted(rows)] == ["rem-1", "rem-2"]
+
+
+def test_the_cap_counts_what_the_other_box_took_out_or_is_taking_out(store: Path) -> None:
+    now = time.time_ns()
+    other = [_row("rem-b1", "leaf1-spine1", "ok", now, box="ops2")]
+    with pytest.raises(Refused, match=r"leaf1 would have 2 of its 2 uplinks out"):
+        plan(store, _topology(), action="fabric_link_out", target="leaf1-spine2", also=other,
+             box="ops")  # fmt: skip
+    running = [_row("rem-b2", "leaf1-spine1", "running", now, box="ops2")]
+    with pytest.raises(Refused, match=r"leaf1 would have 2 of its 2 uplinks out"):
+        plan(store, _topology(), action="fabric_link_out", target="leaf1-spine2",
+             also=running, box="ops")  # fmt: skip
+    # without the other box's rows this store alone would allow it (what happens when the
+    # other box is down: the plan names it)
+    p = plan(store, _topology(), action="fabric_link_out", target="leaf1-spine2", box="ops",
+             peers_down={"ops2": "unreachable: connection refused"})  # fmt: skip
+    assert p.cap["leaf_out_after"] == 1
+    assert "ops box ops2 is down (unreachable: connection refused)" in p.describe()
+    # the other box's remediation undone there: no longer counted
+    undone = [_row("rem-b1", "leaf1-spine1", "undone", now + 1, box="ops2")]
+    assert plan(store, _topology(), action="fabric_link_out", target="leaf1-spine2",
+                also=other + undone, box="ops").cap["leaf_out_after"] == 1  # fmt: skip
+
+
+def test_a_second_start_from_the_other_box_is_refused_while_it_runs(store: Path) -> None:
+    now = time.time_ns()
+    records.write_remediation(store, _row("rem-a1", "leaf1-spine1", "running", now, box="ops"))
+    with pytest.raises(Refused) as exc:
+        plan(store, _topology(), action="fabric_link_out", target="leaf1-spine1", box="ops2")
+    msg = str(exc.value)
+    assert msg.startswith("rem-a1: fabric_link_out leaf1-spine1 is already running from ops "
+                          "box ops (started by alice ")  # fmt: skip
+    assert msg.endswith("nothing was touched") and "\n" not in msg
+    # no box named (remediate list, the TUI): every running row is another's
+    with pytest.raises(Refused, match="already running from ops box ops"):
+        plan(store, _topology(), action="fabric_link_out", target="leaf1-spine1")
+    # the box that started it (its run died): takes it over under the same id
+    p = plan(store, _topology(), action="fabric_link_out", target="leaf1-spine1", box="ops")
+    assert p.remediation_id == "rem-a1" and "this run takes it over" in p.summary
+    # a start older than RUNNING_STALE_S (its box was lost mid-run): the other box may too
+    stale = now - int((records.RUNNING_STALE_S + 1) * 1e9)
+    assert records.running_elsewhere(
+        [_row("rem-a1", "leaf1-spine1", "running", stale)], "fabric_link_out", "leaf1-spine1",
+        "ops2", now,
+    ) is None  # fmt: skip
+
+
+def test_a_rerun_from_the_other_box_is_the_same_remediation_and_keeps_the_first_results(
+    store: Path,
+) -> None:
+    first = _row("rem-a1", "leaf1-spine1", "ok", time.time_ns(), box="ops")
+    first.detail["results"] = [{"switch": "leaf1", "changed": True}]
+    p = plan(store, _topology(), action="fabric_link_out", target="leaf1-spine1",
+             also=[first], box="ops2")  # fmt: skip
+    assert p.remediation_id == "rem-a1"
+    assert "Already in force: rem-a1, from ops box ops by alice" in p.summary
+    assert "changes nothing" in p.summary
+    args = ["record", "--store", str(store), "--plan", json.dumps(p.as_dict())]
+    res = CliRunner().invoke(remediate, [*args, "--running", "--real"])
+    assert "in force already: a re-run, no start record" in res.output
+    res = CliRunner().invoke(remediate, [*args, "--real", "--results",
+                                         '[{"switch": "leaf1", "changed": false}, '
+                                         '{"switch": "spine1", "changed": false}]'])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    (row,) = records.read_remediations(store)
+    assert row.status == "ok" and row.box == "ops2"
+    assert row.detail["results"] == first.detail["results"]  # the undo's state before
+
+
+def test_undo_from_the_box_that_did_not_run_it(store: Path) -> None:
+    """ops2 never recorded rem-a1 (it was down): it undoes it from ops's rows and marks it
+    undone in its own store too."""
+    first = _row("rem-a1", "leaf3-spine2", "ok", time.time_ns(), box="ops")
+    u = plan_undo(store, _topology(), "rem-a1", also=[first], box="ops2")
+    assert u.undo_of == "rem-a1" and u.original["remediation_id"] == "rem-a1"
+    res = CliRunner().invoke(remediate, ["record", "--store", str(store), "--plan",
+                                         json.dumps(u.as_dict()), "--results",
+                                         json.dumps([{"switch": "leaf3"}, {"switch": "spine2"}]),
+                                         "--real"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    states = {r.remediation_id: r.status for r in records.read_remediations(store)}
+    assert states == {"rem-a1": "undone", u.remediation_id: "ok"}
+    with pytest.raises(Refused, match="still running"):
+        plan_undo(store, _topology(), "rem-x",
+                  also=[_row("rem-x", "leaf2-spine2", "running", time.time_ns())])  # fmt: skip
+
+
+def test_also_that_is_not_history_json_is_a_one_line_error(store: Path, tmp_path: Path) -> None:
+    topo = tmp_path / "topology.json"
+    topo.write_text(json.dumps(_topology()))
+    res = CliRunner().invoke(remediate, ["plan", "--store", str(store), "--topology", str(topo),
+                                         "--action", "fabric_link_out", "--target",
+                                         "leaf1-spine1", "--also", '{"x": 1}'])  # fmt: skip
+    assert res.exit_code == 1
+    assert res.output.strip().splitlines() == [
+        "Error: --also: expected the JSON list of `clockmesh remediate history --json` (not a list)"
+    ]
