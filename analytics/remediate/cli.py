@@ -321,6 +321,25 @@ def _record_start(store: Path, plan_json: str, check: bool, recorded_on_json: st
                f"{' from ops box ' + p['box'] if p.get('box') else ''}")  # fmt: skip
 
 
+@remediate.command("sync")
+@_store
+@click.option("--rows", "rows_json", required=True,
+              help="Remediations other ops boxes hold (their `remediate history --json`).")  # fmt: skip
+def sync(store: Path, rows_json: str) -> None:
+    """Copy into this store each remediation row it lacks or holds an older state of
+    (the playbook runs it on every ops box first: a box that was down catches up)."""
+    try:
+        theirs = records.rows_from_json(rows_json, "--rows")
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
+        copied = records.sync(store, theirs)
+    except records.RecordError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"copied {len(copied)} remediation row(s)"
+               + (f": {', '.join(r.remediation_id for r in copied)}" if copied else ""))  # fmt: skip
+
+
 @remediate.command("history")
 @_store
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")

@@ -194,6 +194,20 @@ def counted(rows: list[Remediation]) -> list[Remediation]:
     return [r for r in rows if not r.check_mode and r.status in ("ok", "running")]
 
 
+def sync(store: Path, theirs: list[Remediation]) -> list[Remediation]:
+    """Write into ``store`` each of ``theirs`` (another box's current rows) that it lacks
+    or holds an older state of, as it is (same time, same file name: idempotent).
+    Returns the rows written."""
+    mine = {r.remediation_id: r for r in read_remediations(store)}
+    out = []
+    for r in merge(theirs):
+        have = mine.get(r.remediation_id)
+        if have is None or (merge([have], [r])[0] is r and have.ts_ns != r.ts_ns):
+            write_remediation(store, r)
+            out.append(r)
+    return out
+
+
 RUNNING_STALE_S = 900.0  # a run still "running" after this long: its box died mid-run
 
 

@@ -253,3 +253,12 @@ def test_the_other_box_down_is_said_and_does_not_block_the_fix(pair: dict[str, A
     (row,) = _history(stores["ops"])
     assert row["status"] == "ok" and "ops2" in row["detail"]["peers_down"]
     assert _history(stores["ops2"]) == []  # it could not be told
+
+    # ops2 is back: the next run (here a check-mode preview) copies it there first.
+    rc, out = _play(pair["inventory"](), "remediate.yml", "--check", "--diff",
+                    "-e", "action=fabric_link_out", "-e", f"target={LINK}")  # fmt: skip
+    assert rc == 0, out[-3000:]
+    assert [(r["remediation_id"], r["status"]) for r in _history(stores["ops2"])] == [
+        (row["remediation_id"], "ok")
+    ]
+    assert len(_seen(tmp)) == 2  # the preview changed nothing

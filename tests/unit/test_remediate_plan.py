@@ -446,3 +446,19 @@ def test_also_that_is_not_history_json_is_a_one_line_error(store: Path, tmp_path
     assert res.output.strip().splitlines() == [
         "Error: --also: expected the JSON list of `clockmesh remediate history --json` (not a list)"
     ]
+
+
+def test_sync_copies_what_this_store_lacks_or_holds_older_once(store: Path) -> None:
+    now = time.time_ns()
+    records.write_remediation(store, _row("rem-1", "leaf1-spine1", "running", now))
+    theirs = [
+        _row("rem-1", "leaf1-spine1", "ok", now + 5),
+        _row("rem-2", "leaf2-spine1", "ok", now),
+    ]
+    assert [r.remediation_id for r in records.sync(store, theirs)] == ["rem-2", "rem-1"]
+    assert {r.remediation_id: r.status for r in records.read_remediations(store)} == {
+        "rem-1": "ok", "rem-2": "ok"
+    }  # fmt: skip
+    assert records.sync(store, theirs) == []  # nothing new: nothing written
+    older = [_row("rem-2", "leaf2-spine1", "running", now - 5)]
+    assert records.sync(store, older) == []  # an older state never replaces a newer one
