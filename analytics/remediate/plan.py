@@ -231,8 +231,9 @@ def _settle(p: Plan, rows: list[records.Remediation], box: str, peers_down: dict
         elif r.status == "running":
             p.summary += (
                 f". {r.remediation_id} was started {where} by {r.actor} "
-                f"{records.ago(r.ts_ns)} and never said how it ended (its box was lost or "
-                "the run died): this run takes it over"
+                f"{records.ago(r.ts_ns)} and has not recorded how it ended (its run died or "
+                "was cancelled, its box was lost, or it is still going from this box): this "
+                "run takes it over under the same id"
             )
     return p
 

@@ -240,7 +240,7 @@ def test_a_running_remediation_is_refused_from_the_other_box(pair: dict[str, Any
     )
     again = _plan(pair, "ops", "--action", "fabric_link_out", "--target", LINK)
     assert again.returncode == 0, again.stderr
-    assert p["remediation_id"] in again.stdout and "never said how it ended" in again.stdout
+    assert p["remediation_id"] in again.stdout and "has not recorded how it ended" in again.stdout
 
 
 def test_the_other_box_down_is_said_and_does_not_block_the_fix(pair: dict[str, Any]) -> None:

@@ -387,7 +387,7 @@ def test_a_second_start_from_the_other_box_is_refused_while_it_runs(store: Path)
         plan(store, _topology(), action="fabric_link_out", target="leaf1-spine1")
     # the box that started it (its run died): takes it over under the same id
     p = plan(store, _topology(), action="fabric_link_out", target="leaf1-spine1", box="ops")
-    assert p.remediation_id == "rem-a1" and "this run takes it over" in p.summary
+    assert p.remediation_id == "rem-a1" and "this run takes it over under the same id" in p.summary
     # a start older than RUNNING_STALE_S (its box was lost mid-run): the other box may too
     stale = now - int((records.RUNNING_STALE_S + 1) * 1e9)
     assert records.running_elsewhere(
