@@ -201,8 +201,8 @@ def _stability(
               help="The restore guard's reading (JSON), kept with the record.")  # fmt: skip
 @click.option("--running", is_flag=True,
               help="Record the start (state running), before anything is touched.")  # fmt: skip
-@click.option("--recorded-on", "recorded_on_json", default="",
-              help="With --running: {box: \"\" or why not} for every ops box (JSON).")  # fmt: skip
+@click.option("--refused", "refused_why", default="",
+              help="Record that the run stopped before touching anything, and why.")  # fmt: skip
 def record_(
     store: Path,
     plan_json: str,
@@ -210,12 +210,13 @@ def record_(
     check: bool,
     stability_json: str,
     running: bool,
-    recorded_on_json: str,
+    refused_why: str,
 ) -> None:
     """Write a run's remediations and audits rows (the playbook's last play calls it;
-    with --running, its start, written to every ops box before anything changes)."""
-    if running:
-        _record_start(store, plan_json, check, recorded_on_json)
+    with --running, its start, written to every ops box before anything changes; with
+    --refused, that it yielded to another start of the same fix)."""
+    if running or refused_why:
+        _record_start(store, plan_json, check, refused_why)
         return
     try:
         p = json.loads(plan_json)
@@ -289,21 +290,21 @@ def _box_detail(p: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _record_start(store: Path, plan_json: str, check: bool, recorded_on_json: str) -> None:
+def _record_start(store: Path, plan_json: str, check: bool, refused_why: str = "") -> None:
     """The ``running`` row of a run about to start, in this box's store (the playbook
-    writes it to every ops box before it touches a switch or a host)."""
+    writes it to every ops box before it touches a switch or a host); with
+    ``refused_why``, the ``refused`` row of a run that yielded before touching anything."""
     try:
         p = json.loads(plan_json)
         rid = p["preview_id"] if check else p["remediation_id"]
-        recorded_on = json.loads(recorded_on_json) if recorded_on_json else {}
         action, target = p["action"], p["target"]
     except (ValueError, KeyError, TypeError) as exc:
         raise click.ClickException(f"--plan: not a clockmesh plan ({exc})") from None
     detail = {"summary": p.get("summary", ""), "results": [], "cap": p.get("cap", {}),
               "switches": p.get("switches", []), "undo_of": p.get("undo_of", ""),
               **_box_detail(p)}  # fmt: skip
-    if recorded_on:
-        detail["recorded_on"] = recorded_on
+    if refused_why:
+        detail["refused"] = refused_why
     if p.get("rerun_of") and not check:
         # In force already (ok on either box): a running row would hide it from the
         # detector and the restore until the re-run ends; the outcome row follows.
@@ -311,14 +312,42 @@ def _record_start(store: Path, plan_json: str, check: bool, recorded_on_json: st
         return
     rem = records.Remediation(
         rid, p.get("anomaly_id", ""), action, target, list(p.get("hosts", [])), check,
-        "running", records.actor(), json.dumps(p.get("undo", {})), detail,
+        "refused" if refused_why else "running", records.actor(),
+        json.dumps(p.get("undo", {})), detail,
     )  # fmt: skip
     try:
         records.write_remediation(store, rem)
     except records.RecordError as exc:
         raise click.ClickException(str(exc)) from None
-    click.echo(f"recorded {rid}: {action} {target} running{' (check mode)' if check else ''}"
+    click.echo(f"recorded {rid}: {action} {target} {rem.status}"
+               f"{' (check mode)' if check else ''}"
                f"{' from ops box ' + p['box'] if p.get('box') else ''}")  # fmt: skip
+
+
+@remediate.command("first")
+@_store
+@click.option("--plan", "plan_json", required=True, help="The plan (JSON) the playbook runs.")
+def first_(store: Path, plan_json: str) -> None:
+    """Exit 1, naming it, if this store recorded another start of the same fix before this
+    run's (two starts at once, one from each ops box); the playbook asks every ops box
+    after writing its start, and goes ahead only if none says so."""
+    try:
+        p = json.loads(plan_json)
+        rid, action, target = p["remediation_id"], p["action"], p["target"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise click.ClickException(f"--plan: not a clockmesh plan ({exc})") from None
+    try:
+        earlier = records.started_before(store, rid, action, target)
+    except records.RecordError as exc:
+        raise click.ClickException(str(exc)) from None
+    if earlier:
+        r = earlier[0]
+        raise click.ClickException(
+            f"{rid}: yielded to {r.remediation_id}, the same {action} {target} started from "
+            f"ops box {r.box or '?'} by {r.actor} {records.ago(r.ts_ns)} (recorded first "
+            f"here): nothing was touched by {rid}; see clockmesh remediate history"
+        )
+    click.echo(f"{rid}: the first start of {action} {target} recorded here")
 
 
 @remediate.command("sync")

@@ -228,6 +228,47 @@ def running_elsewhere(
     return None
 
 
+def started_before(
+    store: Path, remediation_id: str, action: str, target: str, now_ns: int | None = None
+) -> list[Remediation]:
+    """Other real runs of ``action`` on ``target`` (running, or done and in force) that
+    ``store`` recorded as started before ``remediation_id`` — two starts of one fix at once,
+    one from each ops box. Each box's store orders the two starts by when it wrote them;
+    a run goes ahead only if no store that answers holds another before it, so at most one
+    of two simultaneous starts goes ahead (both may yield: run it again). A ``running`` row
+    older than ``RUNNING_STALE_S`` is a dead run's, not counted."""
+    if not layout.has_files(store, "remediations"):
+        return []
+    now_ns = now_ns or time.time_ns()
+    try:
+        con = connect_views(store, only=["remediation_current"])
+    except FileNotFoundError as exc:
+        raise RecordError(str(exc)) from None
+    try:
+        mine = con.execute(
+            "SELECT min(first_ns) FROM remediation_current WHERE remediation_id = ?",
+            [remediation_id],
+        ).fetchone()
+        if mine is None or mine[0] is None:
+            raise RecordError(f"{store}/remediations: no start of {remediation_id} recorded")
+        ids = [
+            rid
+            for (rid,) in con.execute(
+                """SELECT remediation_id FROM remediation_current
+                   WHERE action = ? AND target = ? AND NOT check_mode AND remediation_id <> ?
+                     AND (status = 'ok' OR (status = 'running' AND ts_ns > ?))
+                     AND (first_ns < ? OR (first_ns = ? AND remediation_id < ?))""",
+                [action, target, remediation_id, now_ns - int(RUNNING_STALE_S * 1e9),
+                 mine[0], mine[0], remediation_id],
+            ).fetchall()
+        ]  # fmt: skip
+    except duckdb.Error as exc:
+        raise RecordError(f"{store}/remediations: cannot be read ({exc})") from None
+    finally:
+        con.close()
+    return [r for r in read_remediations(store) if r.remediation_id in ids]
+
+
 def ago(ts_ns: int, now_ns: int | None = None) -> str:
     """``"42 s ago"``, ``"3 min ago"``, ``"2.5 h ago"``."""
     s = max(0.0, ((now_ns or time.time_ns()) - ts_ns) / 1e9)

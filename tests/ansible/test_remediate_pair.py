@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -262,3 +263,61 @@ def test_the_other_box_down_is_said_and_does_not_block_the_fix(pair: dict[str, A
         (row["remediation_id"], "ok")
     ]
     assert len(_seen(tmp)) == 2  # the preview changed nothing
+
+
+def test_two_starts_of_one_fix_at_once_from_both_boxes_never_both_go_ahead(
+    pair: dict[str, Any],
+) -> None:
+    """Two operators start the same fix at the same moment, one from each box: at most one
+    run goes ahead; the other is refused (the preflight saw the first running) or yields
+    (both starts were recorded; the other was first), each in one clear line, before it
+    touches anything. Both may yield: then a run again goes through."""
+    stores, inventory = pair["stores"], pair["inventory"]()
+    env = {**tool_env(), "ANSIBLE_SSH_ARGS": "-o ConnectTimeout=5 -o BatchMode=yes"}
+    procs = [
+        subprocess.Popen(
+            [
+                ANSIBLE,
+                "-i",
+                str(inventory),
+                str(ROOT / "playbooks" / "remediate.yml"),
+                "-e",
+                f"clockmesh_remediate_box={box}",
+                "-e",
+                "action=fabric_link_out",
+                "-e",
+                f"target={LINK}",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=ROOT,
+            env=env,
+        )
+        for box in ("ops", "ops2")
+    ]
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    went = [out for p, out in zip(procs, outs, strict=True) if p.returncode == 0]
+    stopped = [out for p, out in zip(procs, outs, strict=True) if p.returncode != 0]
+    assert len(went) <= 1, "both starts went ahead"
+    print(f"{len(went)} went ahead;", *[
+        m[0] for out in stopped
+        for m in [re.search(r"(yielded to|is already running from) [^:]*", out)] if m
+    ])  # fmt: skip
+    for out in stopped:
+        assert re.search(r"yielded to rem-\w+, the same fabric_link_out leaf1-spine2 started "
+                         r"from ops box ops2? |is already running from ops box ops2? ", out), (
+            out[-3000:]
+        )  # fmt: skip
+        assert "nothing was touched" in out
+    if not went:  # both yielded: the fix is run again, and goes through
+        rc, out = _play(inventory, "remediate.yml", "-e", "action=fabric_link_out",
+                        "-e", f"target={LINK}")  # fmt: skip
+        assert rc == 0, out[-3000:]
+    for store in stores.values():
+        ok = [r for r in _history(store) if r["status"] == "ok"]
+        running = [r for r in _history(store) if r["status"] == "running"]
+        assert len(ok) == 1 and running == [], _history(store)
+    assert _history(stores["ops"])[-1]["remediation_id"] in {
+        r["remediation_id"] for r in _history(stores["ops2"]) if r["status"] == "ok"
+    }

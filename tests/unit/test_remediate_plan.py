@@ -462,3 +462,61 @@ def test_sync_copies_what_this_store_lacks_or_holds_older_once(store: Path) -> N
     assert records.sync(store, theirs) == []  # nothing new: nothing written
     older = [_row("rem-2", "leaf2-spine1", "running", now - 5)]
     assert records.sync(store, older) == []  # an older state never replaces a newer one
+
+
+def test_two_starts_at_once_only_the_one_recorded_first_everywhere_goes_ahead(
+    tmp_path: Path,
+) -> None:
+    """Each box's store orders two simultaneous starts of one fix by when it wrote them:
+    a run goes ahead only if no store holds the other's start before its own."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    now = time.time_ns()
+    x = _row("rem-x", "leaf1-spine1", "running", now, box="ops")
+    y = _row("rem-y", "leaf1-spine1", "running", now + 1, box="ops2")
+    # store a wrote x first, store b wrote y first: neither may go ahead
+    records.write_remediation(a, x)
+    records.write_remediation(a, y)
+    records.write_remediation(b, _row("rem-y", "leaf1-spine1", "running", now, box="ops2"))
+    records.write_remediation(b, _row("rem-x", "leaf1-spine1", "running", now + 1, box="ops"))
+    assert [r.remediation_id for r in records.started_before(a, "rem-x", "fabric_link_out",
+                                                             "leaf1-spine1")] == []  # fmt: skip
+    assert [r.remediation_id for r in records.started_before(b, "rem-x", "fabric_link_out",
+                                                             "leaf1-spine1")] == ["rem-y"]  # fmt: skip
+    assert [r.remediation_id for r in records.started_before(a, "rem-y", "fabric_link_out",
+                                                             "leaf1-spine1")] == ["rem-x"]  # fmt: skip
+    # another target, a preview, a refused run or a dead run's stale start never count
+    stale = now - int((records.RUNNING_STALE_S + 5) * 1e9)
+    c = tmp_path / "c"
+    c.mkdir()
+    for r in (
+        _row("rem-o", "leaf2-spine1", "running", now - 9),
+        _row("rem-p", "leaf1-spine1", "running", now - 9, check=True),
+        _row("rem-q", "leaf1-spine1", "refused", now - 9),
+        _row("rem-s", "leaf1-spine1", "running", stale),
+        x,
+    ):
+        records.write_remediation(c, r)
+    assert records.started_before(c, "rem-x", "fabric_link_out", "leaf1-spine1") == []
+
+    # the CLI: one line naming the run it yielded to; the refused row written by --refused
+    p: dict[str, Any] = {"remediation_id": "rem-y", "anomaly_id": "", "action": "fabric_link_out",
+                         "target": "leaf1-spine1", "switches": [], "box": "ops2"}  # fmt: skip
+    res = CliRunner().invoke(remediate, ["first", "--store", str(b), "--plan", json.dumps(p)])
+    assert res.exit_code == 0, res.output
+    p["remediation_id"] = "rem-x"
+    res = CliRunner().invoke(remediate, ["first", "--store", str(b), "--plan", json.dumps(p)])
+    assert res.exit_code == 1
+    (line,) = res.output.strip().splitlines()
+    assert line.startswith("Error: rem-x: yielded to rem-y, the same fabric_link_out "
+                           "leaf1-spine1 started from ops box ops2 by alice")  # fmt: skip
+    assert line.endswith("nothing was touched by rem-x; see clockmesh remediate history")
+    res = CliRunner().invoke(remediate, ["record", "--real", "--store", str(b), "--plan",
+                                         json.dumps(p), "--refused", line[7:]])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    rows = {r.remediation_id: r for r in records.read_remediations(b)}
+    assert (
+        rows["rem-x"].status == "refused" and "yielded to rem-y" in rows["rem-x"].detail["refused"]
+    )
+    assert [r.remediation_id for r in records.counted(list(rows.values()))] == ["rem-y"]
