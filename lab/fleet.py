@@ -167,21 +167,32 @@ def stop_opsbox(proc: subprocess.Popen[bytes] | None) -> None:
         proc.wait()
 
 
-def opsbox_inventory(lab: Any, store: Path, out: Path, hosts: Path | None = None) -> Path:
+def opsbox_inventory(
+    lab: Any, store: Path | list[Path], out: Path, hosts: Path | None = None
+) -> Path:
     """The lab's inventory with its ``opsbox`` replaced by this machine, where
     :func:`start_opsbox` runs the daemon: the remediation playbooks' preflight and record
-    then read and write ``store`` with this checkout's ``clockmesh``. With ``hosts`` (the
-    base :func:`start` was given), each host's playbooks use this checkout's CLI and the
-    collector.yml :func:`start` wrote for it. Returns ``out``."""
+    then read and write ``store`` with this checkout's ``clockmesh``. A list of stores is a
+    standby pair: ops boxes ``ops`` and ``ops2``, each with its own store. With ``hosts``
+    (the base :func:`start` was given), each host's playbooks use this checkout's CLI and
+    the collector.yml :func:`start` wrote for it. Returns ``out``."""
 
     inv = yaml.safe_load(Path(lab.inventory_path).read_text())
     python = Path(sys.executable)
+    stores = store if isinstance(store, list) else [store]
     inv["all"]["children"]["opsbox"] = {
-        "hosts": {"ops": {"ansible_connection": "local", "ansible_python_interpreter": str(python)}}
+        "hosts": {
+            f"ops{i + 1 if i else ''}": {
+                "ansible_connection": "local",
+                "ansible_python_interpreter": str(python),
+                **({"clockmesh_ops_store_dir": str(s)} if len(stores) > 1 else {}),
+            }
+            for i, s in enumerate(stores)
+        }
     }
     inv["all"]["vars"].update(
         clockmesh_ops_cli=str(python.with_name("clockmesh")),
-        clockmesh_ops_store_dir=str(store),
+        clockmesh_ops_store_dir=str(stores[0]),
         clockmesh_ops_topology_file=str(lab.topology_path),
     )
     if hosts is not None:

@@ -44,14 +44,28 @@ def _open_anomalies(store: Path) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
+def _running(store: Path) -> list[records.Remediation]:
+    """Real remediations this store says are running now (from this box or the other)."""
+    return [r for r in records.read_remediations(store)
+            if r.status == "running" and not r.check_mode]  # fmt: skip
+
+
+def _running_line(r: records.Remediation) -> str:
+    return (f"{r.remediation_id}  running  {r.action} {r.target} from ops box "
+            f"{r.box or '?'} by {r.actor}, started {records.ago(r.ts_ns)} "
+            f"(anomaly {r.anomaly_id or '-'})")  # fmt: skip
+
+
 @remediate.command("list")
 @_store
 @_topology
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def list_(store: Path, topology: Path, as_json: bool) -> None:
-    """Open anomalies, each with its recommended action (or why there is none)."""
+    """Open anomalies, each with its recommended action (or why there is none), after
+    the remediations running now (from this ops box or the other)."""
     try:
         topo = read_topology(topology)
+        running = _running(store)
         out = []
         for a in _open_anomalies(store):
             try:
@@ -65,6 +79,8 @@ def list_(store: Path, topology: Path, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(out, indent=2))
         return
+    for r in running:
+        click.echo(_running_line(r))
     if not out:
         click.echo("no open anomalies")
     for a in out:
@@ -89,6 +105,12 @@ def list_(store: Path, topology: Path, as_json: bool) -> None:
 @click.option("--max-rack-hosts-share", type=click.FloatRange(0, 1), default=0.5,
               show_default=True, help="Cap: share of a rack's hosts drained at once.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON (the playbook's).")
+@click.option("--box", default="", help="The ops box that runs it (its inventory name).")
+@click.option("--also", "also_json", default="[]",
+              help="The other ops box's remediations (its `remediate history --json`): "
+                   "counted in the cap with this store's.")  # fmt: skip
+@click.option("--peers-down", "peers_down_json", default="{}",
+              help="Other ops boxes that could not be read, JSON {box: why}.")  # fmt: skip
 def plan_(
     store: Path,
     topology: Path,
@@ -101,16 +123,26 @@ def plan_(
     max_hosts_share: float,
     max_rack_hosts_share: float,
     as_json: bool,
+    box: str,
+    also_json: str,
+    peers_down_json: str,
 ) -> None:
     """The preflight: what would change, where, and the blast-radius cap (exit 1: refused)."""
     try:
+        also = records.rows_from_json(also_json, "--also")
+        peers_down = json.loads(peers_down_json or "{}")
+        if not isinstance(peers_down, dict):
+            raise ValueError("--peers-down: expected a JSON object {box: why}")
+    except ValueError as exc:
+        raise click.ClickException(str(exc).splitlines()[0]) from None
+    try:
         topo = read_topology(topology)
         if undo_id:
-            p = plan_undo(store, topo, undo_id)
+            p = plan_undo(store, topo, undo_id, also, box, peers_down)
         else:
             caps = Caps(max_uplinks_out_share, max_fabric_links_out_share, max_hosts_share,
                         max_rack_hosts_share)  # fmt: skip
-            p = plan(store, topo, anomaly_id, action, target, caps)
+            p = plan(store, topo, anomaly_id, action, target, caps, also, box, peers_down)
     except (Refused, records.RecordError) as exc:
         raise click.ClickException(f"refused: {exc}") from None
     if as_json:
@@ -167,10 +199,25 @@ def _stability(
 @click.option("--check/--real", "check", required=True, help="Check-mode preview or real run.")
 @click.option("--stability", "stability_json", default="",
               help="The restore guard's reading (JSON), kept with the record.")  # fmt: skip
+@click.option("--running", is_flag=True,
+              help="Record the start (state running), before anything is touched.")  # fmt: skip
+@click.option("--refused", "refused_why", default="",
+              help="Record that the run stopped before touching anything, and why.")  # fmt: skip
 def record_(
-    store: Path, plan_json: str, results_json: str, check: bool, stability_json: str
+    store: Path,
+    plan_json: str,
+    results_json: str,
+    check: bool,
+    stability_json: str,
+    running: bool,
+    refused_why: str,
 ) -> None:
-    """Write a run's remediations and audits rows (the playbook's last play calls it)."""
+    """Write a run's remediations and audits rows (the playbook's last play calls it;
+    with --running, its start, written to every ops box before anything changes; with
+    --refused, that it yielded to another start of the same fix)."""
+    if running or refused_why:
+        _record_start(store, plan_json, check, refused_why)
+        return
     try:
         p = json.loads(plan_json)
         results = json.loads(results_json)
@@ -182,9 +229,11 @@ def record_(
     done = {r.get("target") or r.get("switch") for r in results}
     status = "ok" if done >= set(targets) else "failed"
     if check:  # a preview never replaces the state of a remediation in force
-        rid = records.new_id(p.get("anomaly_id", ""), p["action"], p["target"])
+        rid = p.get("preview_id") or records.new_id(p.get("anomaly_id", ""), p["action"],
+                                                    p["target"])  # fmt: skip
     detail = {"summary": p.get("summary", ""), "results": results, "cap": p.get("cap", {}),
-              "switches": p["switches"], "undo_of": p.get("undo_of", "")}  # fmt: skip
+              "switches": p["switches"], "undo_of": p.get("undo_of", ""),
+              **_box_detail(p)}  # fmt: skip
     if stability is not None:
         detail["stability"] = stability
     if not check:
@@ -192,8 +241,13 @@ def record_(
             first = {r.remediation_id: r for r in records.active(store)}.get(rid)
         except records.RecordError as exc:
             raise click.ClickException(str(exc)) from None
-        if first is not None:  # a re-run: the undo still needs the state before the first
-            detail["results"] = first.detail.get("results", results)
+        # A re-run: the undo still needs the state before the first run (the plan carries
+        # it when the first run is in force on either box, so both write the same row).
+        before = (p.get("rerun_of") or {}).get("results")
+        if before is None and first is not None:
+            before = first.detail.get("results", results)
+        if before is not None:
+            detail["results"] = before
             detail["rerun_results"] = results
     rem = records.Remediation(
         rid, p.get("anomaly_id", ""), p["action"], p["target"], list(p.get("hosts", [])),
@@ -204,6 +258,8 @@ def record_(
         if p.get("undo_of") and not check and status == "ok":
             known = {r.remediation_id: r for r in records.read_remediations(store)}
             orig = known.get(p["undo_of"])
+            if orig is None and p.get("original"):  # done by the other box, unknown here
+                orig = records.Remediation.from_dict(p["original"])
             if orig is not None:
                 orig.status, orig.ts_ns = "undone", 0
                 orig.detail = {**orig.detail, "undone_by": rid}
@@ -224,6 +280,95 @@ def record_(
                f"{' (check mode)' if check else ''}")  # fmt: skip
 
 
+def _box_detail(p: dict[str, Any]) -> dict[str, Any]:
+    """What a record keeps of the ops boxes: which ran it, which could not be read."""
+    out: dict[str, Any] = {}
+    if p.get("box"):
+        out["box"] = p["box"]
+    if p.get("peers_down"):
+        out["peers_down"] = p["peers_down"]
+    return out
+
+
+def _record_start(store: Path, plan_json: str, check: bool, refused_why: str = "") -> None:
+    """The ``running`` row of a run about to start, in this box's store (the playbook
+    writes it to every ops box before it touches a switch or a host); with
+    ``refused_why``, the ``refused`` row of a run that yielded before touching anything."""
+    try:
+        p = json.loads(plan_json)
+        rid = p["preview_id"] if check else p["remediation_id"]
+        action, target = p["action"], p["target"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise click.ClickException(f"--plan: not a clockmesh plan ({exc})") from None
+    detail = {"summary": p.get("summary", ""), "results": [], "cap": p.get("cap", {}),
+              "switches": p.get("switches", []), "undo_of": p.get("undo_of", ""),
+              **_box_detail(p)}  # fmt: skip
+    if refused_why:
+        detail["refused"] = refused_why
+    if p.get("rerun_of") and not check:
+        # In force already (ok on either box): a running row would hide it from the
+        # detector and the restore until the re-run ends; the outcome row follows.
+        click.echo(f"{rid}: {action} {target} is in force already: a re-run, no start record")
+        return
+    rem = records.Remediation(
+        rid, p.get("anomaly_id", ""), action, target, list(p.get("hosts", [])), check,
+        "refused" if refused_why else "running", records.actor(),
+        json.dumps(p.get("undo", {})), detail,
+    )  # fmt: skip
+    try:
+        records.write_remediation(store, rem)
+    except records.RecordError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"recorded {rid}: {action} {target} {rem.status}"
+               f"{' (check mode)' if check else ''}"
+               f"{' from ops box ' + p['box'] if p.get('box') else ''}")  # fmt: skip
+
+
+@remediate.command("first")
+@_store
+@click.option("--plan", "plan_json", required=True, help="The plan (JSON) the playbook runs.")
+def first_(store: Path, plan_json: str) -> None:
+    """Exit 1, naming it, if this store recorded another start of the same fix before this
+    run's (two starts at once, one from each ops box); the playbook asks every ops box
+    after writing its start, and goes ahead only if none says so."""
+    try:
+        p = json.loads(plan_json)
+        rid, action, target = p["remediation_id"], p["action"], p["target"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise click.ClickException(f"--plan: not a clockmesh plan ({exc})") from None
+    try:
+        earlier = records.started_before(store, rid, action, target)
+    except records.RecordError as exc:
+        raise click.ClickException(str(exc)) from None
+    if earlier:
+        r = earlier[0]
+        raise click.ClickException(
+            f"{rid}: yielded to {r.remediation_id}, the same {action} {target} started from "
+            f"ops box {r.box or '?'} by {r.actor} {records.ago(r.ts_ns)} (recorded first "
+            f"here): nothing was touched by {rid}; see clockmesh remediate history"
+        )
+    click.echo(f"{rid}: the first start of {action} {target} recorded here")
+
+
+@remediate.command("sync")
+@_store
+@click.option("--rows", "rows_json", required=True,
+              help="Remediations other ops boxes hold (their `remediate history --json`).")  # fmt: skip
+def sync(store: Path, rows_json: str) -> None:
+    """Copy into this store each remediation row it lacks or holds an older state of
+    (the playbook runs it on every ops box first: a box that was down catches up)."""
+    try:
+        theirs = records.rows_from_json(rows_json, "--rows")
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
+        copied = records.sync(store, theirs)
+    except records.RecordError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"copied {len(copied)} remediation row(s)"
+               + (f": {', '.join(r.remediation_id for r in copied)}" if copied else ""))  # fmt: skip
+
+
 @remediate.command("history")
 @_store
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
@@ -234,12 +379,13 @@ def history(store: Path, as_json: bool) -> None:
     except records.RecordError as exc:
         raise click.ClickException(str(exc)) from None
     if as_json:
-        click.echo(json.dumps([r.__dict__ for r in rows], indent=2, default=str))
+        click.echo(json.dumps([r.as_dict() for r in rows], indent=2, default=str))
         return
     if not rows:
         click.echo("no remediations yet")
     for r in rows:
         click.echo(f"{r.remediation_id}  {r.action:<16} {r.target:<16} {r.state:<8} by {r.actor} "
+                   f"{'from ops box ' + r.box + ' ' if r.box else ''}"
                    f"(anomaly {r.anomaly_id or '-'})")  # fmt: skip
 
 
@@ -289,24 +435,35 @@ _inventory = click.option(
     required=True, help="Ansible inventory of the fleet (and its fabric switches).",
 )  # fmt: skip
 _yes = click.option("--yes", is_flag=True, help="Do not ask (automation); never the default.")
+_box = click.option(
+    "--box", default="",
+    help="With two ops boxes: the one (its inventory name) that acts; default: the first "
+         "of group opsbox whose preflight plans it.",
+)  # fmt: skip
+
+
+def _box_extra(box: str) -> dict[str, str]:
+    return {"clockmesh_remediate_box": box} if box else {}
 
 
 @remediate.command("run")
 @click.argument("anomaly_id")
 @_inventory
 @_yes
-def run(anomaly_id: str, inventory: Path, yes: bool) -> None:
+@_box
+def run(anomaly_id: str, inventory: Path, yes: bool, box: str) -> None:
     """Preview ANOMALY_ID's remediation in check mode, ask, then run it for real."""
-    _run(inventory, "remediate.yml", {"anomaly_id": anomaly_id}, yes)
+    _run(inventory, "remediate.yml", {"anomaly_id": anomaly_id, **_box_extra(box)}, yes)
 
 
 @remediate.command("undo")
 @click.argument("remediation_id")
 @_inventory
 @_yes
-def undo(remediation_id: str, inventory: Path, yes: bool) -> None:
+@_box
+def undo(remediation_id: str, inventory: Path, yes: bool, box: str) -> None:
     """Preview the undo of REMEDIATION_ID in check mode, ask, then restore for real."""
-    _run(inventory, "undo.yml", {"remediation_id": remediation_id}, yes)
+    _run(inventory, "undo.yml", {"remediation_id": remediation_id, **_box_extra(box)}, yes)
 
 
 RESTORABLE = ("fabric_link_out", "host_drain")  # what goes back once its link is stable

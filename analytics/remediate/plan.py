@@ -37,6 +37,12 @@ against what is already out of service (the active remediations in the store):
 Like a PodDisruptionBudget, the cap counts what is already out: a second link on the same
 leaf is refused while the first is out, with the cap and the count named.
 
+Two ops boxes (docs/deploy.md, "Two ops boxes"): the playbook hands the preflight the
+other box's remediations (``also``), and the cap counts the union of both stores — what
+either box took out, or is taking out (``running``). A remediation running from the other
+box is refused here (a second start would race it); one in force is the same remediation
+again, a re-run that changes nothing, and the plan says so.
+
 Over 500 lines: four actions, each with its targets, its cap and its undo, in one preflight.
 """
 
@@ -93,6 +99,11 @@ class Plan:
     undo: dict[str, str] = field(default_factory=dict)
     undo_of: str = ""  # the remediation this plan undoes
     why: str = ""  # host_drain: the reason, in words, that goes into the scheduler's
+    box: str = ""  # the ops box that runs it (its inventory name)
+    peers_down: dict[str, str] = field(default_factory=dict)  # other boxes not read: why
+    preview_id: str = ""  # the id a check-mode run of this plan is recorded under
+    rerun_of: dict[str, Any] = field(default_factory=dict)  # the same remediation in force
+    original: dict[str, Any] = field(default_factory=dict)  # an undo: the row it undoes
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -104,7 +115,16 @@ class Plan:
         lines += [f"  {s.name}: BGP neighbour {s.neighbor} {verb}" for s in self.switches]
         if self.cap:
             lines.append(f"  blast radius: {json.dumps(self.cap)}")
+        lines += [f"  {note}" for note in self.peer_notes()]
         return "\n".join(lines)
+
+    def peer_notes(self) -> list[str]:
+        """One line per other ops box this plan could not read: what that means."""
+        return [
+            f"ops box {box} is down ({why}): its remediations are not counted in the cap "
+            "and it will not see this one until a later run copies it there"
+            for box, why in sorted(self.peers_down.items())
+        ]
 
 
 @dataclass
@@ -173,9 +193,62 @@ def plan(
     action: str = "",
     target: str = "",
     caps: Caps | None = None,
+    also: list[records.Remediation] | None = None,
+    box: str = "",
+    peers_down: dict[str, str] | None = None,
 ) -> Plan:
-    caps = caps or Caps()
-    in_force = records.active(store)
+    """The preflight (see the module). ``also``: the other ops box's remediations (its
+    ``remediate history --json``), counted with this store's; ``box``: the ops box that
+    will run the plan ("" when none: any running remediation is then another box's);
+    ``peers_down``: the other boxes that could not be read, and why."""
+    rows = records.merge(records.read_remediations(store), also or [])
+    p = _plan(store, topology, anomaly_id, action, target, caps or Caps(),
+              records.counted(rows))  # fmt: skip
+    return _settle(p, rows, box, peers_down or {})
+
+
+def _settle(p: Plan, rows: list[records.Remediation], box: str, peers_down: dict[str, str]) -> Plan:
+    """Refuse a plan another box is running now; name a re-run of one in force."""
+    busy = records.running_elsewhere(rows, p.action, p.target, box)
+    if busy is not None:
+        raise Refused(
+            f"{busy.remediation_id}: {p.action} {p.target} is already running from ops box "
+            f"{busy.box or '(unknown)'} (started by {busy.actor} {records.ago(busy.ts_ns)}): a "
+            "second start would race it; wait for it to finish (clockmesh remediate history "
+            "shows its outcome): nothing was touched"
+        )
+    p.box, p.peers_down = box, dict(peers_down)
+    p.preview_id = records.new_id(p.anomaly_id, p.action, p.target)
+    same = [r for r in rows if r.remediation_id == p.remediation_id and not r.check_mode]
+    if same and not p.undo_of:
+        r = same[-1]
+        where = f"from ops box {r.box}" if r.box else "recorded"
+        if r.status == "ok":
+            p.rerun_of = {"box": r.box, "ts_ns": r.ts_ns, "actor": r.actor,
+                          "results": r.detail.get("results", [])}  # fmt: skip
+            p.summary += (
+                f". Already in force: {r.remediation_id}, {where} by {r.actor} "
+                f"{records.ago(r.ts_ns)}; a re-run is the same remediation and changes nothing"
+            )
+        elif r.status == "running":
+            p.summary += (
+                f". {r.remediation_id} was started {where} by {r.actor} "
+                f"{records.ago(r.ts_ns)} and has not recorded how it ended (its run died or "
+                "was cancelled, its box was lost, or it is still going from this box): this "
+                "run takes it over under the same id"
+            )
+    return p
+
+
+def _plan(
+    store: Path,
+    topology: dict[str, Any],
+    anomaly_id: str,
+    action: str,
+    target: str,
+    caps: Caps,
+    in_force: list[records.Remediation],
+) -> Plan:
     if anomaly_id:
         a = read_anomaly(store, anomaly_id)
         closed_by = a.detail.get("closed_by", "")
@@ -312,10 +385,17 @@ def _hosts_cap(hosts: list[str], fleet: int, caps: Caps) -> tuple[int, int]:
     return fleet, cap
 
 
-def _same(in_force: list[records.Remediation], anomaly_id: str, action: str, new: str) -> str:
+def _same(
+    in_force: list[records.Remediation], anomaly_id: str, action: str, new: str, target: str = ""
+) -> str:
     """The id of this anomaly's remediation already in force (a re-run is the same
-    remediation, its record keeps the state before for the undo), else ``new``."""
-    same = [r for r in in_force if r.action == action and r.anomaly_id == anomaly_id]
+    remediation, its record keeps the state before for the undo), else ``new``. The
+    same action on the same target is the same remediation too: the other ops box names
+    the same condition with its own anomaly id."""
+    same = [
+        r for r in in_force
+        if r.action == action and (r.anomaly_id == anomaly_id or (target and r.target == target))
+    ]  # fmt: skip
     return same[-1].remediation_id if same else new
 
 
@@ -344,6 +424,7 @@ def _spread_flows(
             a.anomaly_id,
             "spread_flows",
             records.new_id(a.anomaly_id, "spread_flows", a.link),
+            a.link,
         ),
         anomaly_id=a.anomaly_id,
         action="spread_flows",
@@ -383,6 +464,7 @@ def _roce_v2_gid(
             a.anomaly_id,
             "roce_v2_gid",
             records.new_id(a.anomaly_id, "roce_v2_gid", a.job_id),
+            a.job_id,
         ),
         anomaly_id=a.anomaly_id,
         action="roce_v2_gid",
@@ -399,14 +481,39 @@ def _roce_v2_gid(
     )
 
 
-def plan_undo(store: Path, topology: dict[str, Any], remediation_id: str) -> Plan:
-    """The exact inverse of a remediation in force, on the same targets."""
-    known = {r.remediation_id: r for r in records.read_remediations(store)}
-    r = known.get(remediation_id)
+def plan_undo(
+    store: Path,
+    topology: dict[str, Any],
+    remediation_id: str,
+    also: list[records.Remediation] | None = None,
+    box: str = "",
+    peers_down: dict[str, str] | None = None,
+) -> Plan:
+    """The exact inverse of a remediation in force, on the same targets (found in this
+    store or in ``also``, the other ops box's: either box may undo what the other did)."""
+    rows = records.merge(records.read_remediations(store), also or [])
+    p = _plan_undo(store, topology, remediation_id, rows)
+    p.original = {**rows_by_id(rows)[remediation_id].as_dict()}
+    return _settle(p, rows, box, peers_down or {})
+
+
+def rows_by_id(rows: list[records.Remediation]) -> dict[str, records.Remediation]:
+    return {r.remediation_id: r for r in rows}
+
+
+def _plan_undo(
+    store: Path, topology: dict[str, Any], remediation_id: str, rows: list[records.Remediation]
+) -> Plan:
+    r = rows_by_id(rows).get(remediation_id)
     if r is None:
         raise Refused(f"remediation {remediation_id}: not in {store}/remediations")
     if r.check_mode:
         raise Refused(f"remediation {remediation_id} was a check-mode preview: nothing to undo")
+    if r.status == "running":
+        raise Refused(
+            f"remediation {remediation_id} is still running (from ops box {r.box or '?'}, "
+            f"started {records.ago(r.ts_ns)}): nothing in force to undo yet"
+        )
     if r.status != "ok":
         raise Refused(f"remediation {remediation_id} is {r.status}: nothing in force to undo")
     if r.action == "roce_v2_gid":

@@ -5,6 +5,12 @@ Written by whoever acts (``clockmesh remediate record``, run by the playbooks on
 box), one durable Parquet file per row (temporary name, fsync, rename: a reader never sees
 half a file), beside the daemon's files; the daemon's detector reads them back to close
 the anomaly a remediation dealt with (:mod:`analytics.detect.detect_runner`).
+
+With two ops boxes (docs/deploy.md, "Two ops boxes") the playbook writes the same rows to
+both stores: a ``running`` row before anything changes, the outcome after. The box that
+acted is ``detail["box"]``. :func:`merge` is the union of what several stores hold, and
+:func:`counted` what the blast-radius cap counts in it: real remediations that succeeded
+or are running (a run still going, or one whose box died before it could say).
 """
 
 from __future__ import annotations
@@ -38,12 +44,31 @@ class Remediation:
     target: str
     hosts: list[str]
     check_mode: bool
-    status: str  # planned, ok, failed, refused, undone
+    status: str  # running, ok, failed, refused, undone
     actor: str
     undo: str  # the extra vars that undo it, JSON
     detail: dict[str, Any] = field(default_factory=dict)
     ts_ns: int = 0
     state: str = ""  # read back: "preview" for a check-mode run, else its status
+
+    @property
+    def box(self) -> str:
+        """The ops box (its inventory name) whose playbook run this is; "" when unknown."""
+        return str(self.detail.get("box", ""))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Remediation:
+        """A row as ``clockmesh remediate history --json`` prints it (another box's)."""
+        return cls(
+            str(d["remediation_id"]), str(d.get("anomaly_id", "")), str(d["action"]),
+            str(d.get("target", "")), [str(h) for h in d.get("hosts") or []],
+            bool(d.get("check_mode")), str(d["status"]), str(d.get("actor", "")),
+            str(d.get("undo", "")), dict(d.get("detail") or {}), int(d.get("ts_ns") or 0),
+            str(d.get("state") or ("preview" if d.get("check_mode") else d["status"])),
+        )  # fmt: skip
 
 
 def actor() -> str:
@@ -132,3 +157,123 @@ def read_remediations(store: Path) -> list[Remediation]:
 def active(store: Path) -> list[Remediation]:
     """Real remediations that succeeded and have not been undone: what is in force now."""
     return [r for r in read_remediations(store) if r.status == "ok" and not r.check_mode]
+
+
+def rows_from_json(text: str, what: str = "--also") -> list[Remediation]:
+    """Rows another box printed (``clockmesh remediate history --json``); a one-line
+    ``ValueError`` naming ``what`` when it is not that."""
+    try:
+        doc = json.loads(text or "[]")
+        if not isinstance(doc, list):
+            raise TypeError("not a list")
+        return [Remediation.from_dict(d) for d in doc]
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise ValueError(
+            f"{what}: expected the JSON list of `clockmesh remediate history --json` ({exc})"
+        ) from None
+
+
+def merge(*stores: list[Remediation]) -> list[Remediation]:
+    """The union of several stores' current remediations: each remediation once, its
+    latest row (by time; at a tie a real row over a preview, then the stronger outcome)."""
+    rank = {"undone": 4, "ok": 3, "failed": 2, "refused": 1, "running": 0}
+    best: dict[str, Remediation] = {}
+    for rows in stores:
+        for r in rows:
+            have = best.get(r.remediation_id)
+            key = (r.ts_ns, not r.check_mode, rank.get(r.status, -1))
+            if have is None or key > (have.ts_ns, not have.check_mode, rank.get(have.status, -1)):
+                best[r.remediation_id] = r
+    return sorted(best.values(), key=lambda r: (r.ts_ns, r.remediation_id))
+
+
+def counted(rows: list[Remediation]) -> list[Remediation]:
+    """What the blast-radius cap counts: real remediations in force (``ok``) or under way
+    (``running``: a run on either box, or one whose box was lost before it said how it
+    ended — the change may be in place, so it counts until a run or an undo settles it)."""
+    return [r for r in rows if not r.check_mode and r.status in ("ok", "running")]
+
+
+def sync(store: Path, theirs: list[Remediation]) -> list[Remediation]:
+    """Write into ``store`` each of ``theirs`` (another box's current rows) that it lacks
+    or holds an older state of, as it is (same time, same file name: idempotent).
+    Returns the rows written."""
+    mine = {r.remediation_id: r for r in read_remediations(store)}
+    out = []
+    for r in merge(theirs):
+        have = mine.get(r.remediation_id)
+        if have is None or (merge([have], [r])[0] is r and have.ts_ns != r.ts_ns):
+            write_remediation(store, r)
+            out.append(r)
+    return out
+
+
+RUNNING_STALE_S = 900.0  # a run still "running" after this long: its box died mid-run
+
+
+def running_elsewhere(
+    rows: list[Remediation], action: str, target: str, box: str, now_ns: int | None = None
+) -> Remediation | None:
+    """A real run of ``action`` on ``target`` started from another ops box than ``box``
+    (any box when ``box`` is "") within ``RUNNING_STALE_S`` and not finished: a second
+    start would race it."""
+    now_ns = now_ns or time.time_ns()
+    for r in reversed(rows):
+        if (
+            r.status == "running" and not r.check_mode and r.action == action
+            and r.target == target and (not box or r.box != box)
+            and now_ns - r.ts_ns < RUNNING_STALE_S * 1e9
+        ):  # fmt: skip
+            return r
+    return None
+
+
+def started_before(
+    store: Path, remediation_id: str, action: str, target: str, now_ns: int | None = None
+) -> list[Remediation]:
+    """Other real runs of ``action`` on ``target`` (running, or done and in force) that
+    ``store`` recorded as started before ``remediation_id`` — two starts of one fix at once,
+    one from each ops box. Each box's store orders the two starts by when it wrote them;
+    a run goes ahead only if no store that answers holds another before it, so at most one
+    of two simultaneous starts goes ahead (both may yield: run it again). A ``running`` row
+    older than ``RUNNING_STALE_S`` is a dead run's, not counted."""
+    if not layout.has_files(store, "remediations"):
+        return []
+    now_ns = now_ns or time.time_ns()
+    try:
+        con = connect_views(store, only=["remediation_current"])
+    except FileNotFoundError as exc:
+        raise RecordError(str(exc)) from None
+    try:
+        mine = con.execute(
+            "SELECT min(first_ns) FROM remediation_current WHERE remediation_id = ?",
+            [remediation_id],
+        ).fetchone()
+        if mine is None or mine[0] is None:
+            raise RecordError(f"{store}/remediations: no start of {remediation_id} recorded")
+        ids = [
+            rid
+            for (rid,) in con.execute(
+                """SELECT remediation_id FROM remediation_current
+                   WHERE action = ? AND target = ? AND NOT check_mode AND remediation_id <> ?
+                     AND (status = 'ok' OR (status = 'running' AND ts_ns > ?))
+                     AND (first_ns < ? OR (first_ns = ? AND remediation_id < ?))""",
+                [action, target, remediation_id, now_ns - int(RUNNING_STALE_S * 1e9),
+                 mine[0], mine[0], remediation_id],
+            ).fetchall()
+        ]  # fmt: skip
+    except duckdb.Error as exc:
+        raise RecordError(f"{store}/remediations: cannot be read ({exc})") from None
+    finally:
+        con.close()
+    return [r for r in read_remediations(store) if r.remediation_id in ids]
+
+
+def ago(ts_ns: int, now_ns: int | None = None) -> str:
+    """``"42 s ago"``, ``"3 min ago"``, ``"2.5 h ago"``."""
+    s = max(0.0, ((now_ns or time.time_ns()) - ts_ns) / 1e9)
+    if s < 120:
+        return f"{s:.0f} s ago"
+    if s < 7200:
+        return f"{s / 60:.0f} min ago"
+    return f"{s / 3600:.1f} h ago"

@@ -452,6 +452,30 @@ async def test_remediation_past_the_cap_is_refused_with_nothing_to_run(tmp_path:
         assert app.screen.query_one("#preview", Button).disabled
 
 
+async def test_a_remediation_running_from_the_other_ops_box_is_shown_and_not_started_again(
+    tmp_path: Path,
+) -> None:
+    """Two ops boxes: the other box (ops) recorded its run of this fix in this store as
+    running (playbooks/remediate.yml does, before it touches a switch): the dialog says
+    so, names the run, and offers nothing to run."""
+    import time as _time
+
+    live = sample_live()
+    store, topo = _store_with(tmp_path, live)
+    link = live["anomalies"]["open"][0]["link"]
+    records.write_remediation(store, records.Remediation(
+        "rem-a1", "flapping-other", "fabric_link_out", link, [], False, "running", "alice",
+        "{}", {"box": "ops"}, _time.time_ns()))  # fmt: skip
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text("all: {}\n")
+    app = _app(Feed(live), store=store, topology=topo, inventory=inventory)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await _open_first_anomaly(app, pilot)
+        plan = str(app.screen.query_one("#plan", Static).render())
+        assert f"rem-a1: fabric_link_out {link} is already running from ops box ops" in plan
+        assert app.screen.query_one("#preview", Button).disabled
+
+
 async def test_preview_then_cancel_runs_nothing_for_real(tmp_path: Path, monkeypatch) -> None:
     """The preview streams a real ansible-playbook run (it fails here: the inventory has no
     ops box), the run button stays disabled, and cancel closes the dialog."""

@@ -4,6 +4,7 @@ records, and the detector closing an anomaly a remediation dealt with."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -317,3 +318,205 @@ def test_contention_by_jobs_spreads_them_on_their_hosts_and_undo_restores(store:
     u = plan_undo(store, _topology(), p.remediation_id)
     assert u.action == "spread_restore" and u.targets == ["h1-1", "h2-1"]
     assert u.restore["h1-1"] == {"value": -1, "conf_existed": False}
+
+
+# ---- two ops boxes (issue 29): the union of both stores, running rows, a second start ----
+
+
+def _row(rid: str, target: str, status: str, ts_ns: int, box: str = "ops",
+         check: bool = False, action: str = "fabric_link_out") -> records.Remediation:  # fmt: skip
+    return records.Remediation(rid, "", action, target, [], check, status, "alice", "{}",
+                               {"box": box}, ts_ns)  # fmt: skip
+
+
+def test_merge_keeps_each_remediation_once_at_its_latest_row() -> None:
+    a = [_row("rem-1", "leaf1-spine1", "running", 10), _row("rem-2", "leaf2-spine1", "ok", 5)]
+    b = [_row("rem-1", "leaf1-spine1", "ok", 20), _row("rem-3", "leaf3-spine1", "failed", 7)]
+    merged = records.merge(a, b)
+    assert [(r.remediation_id, r.status) for r in merged] == [
+        ("rem-2", "ok"), ("rem-3", "failed"), ("rem-1", "ok")
+    ]  # fmt: skip
+    assert records.merge(b, a) == merged  # the order of the stores does not matter
+    # a tie: the real row over a preview, the settled outcome over running
+    tie = records.merge([_row("rem-4", "x", "running", 30)], [_row("rem-4", "x", "ok", 30)])
+    assert tie[0].status == "ok"
+
+
+def test_counted_is_real_ok_or_running_only() -> None:
+    rows = [
+        _row("rem-1", "a", "ok", 1), _row("rem-2", "b", "running", 2),
+        _row("rem-3", "c", "failed", 3), _row("rem-4", "d", "undone", 4),
+        _row("rem-5", "e", "running", 5, check=True), _row("rem-6", "f", "ok", 6, check=True),
+    ]  # fmt: skip
+    assert [r.remediation_id for r in records.counted(rows)] == ["rem-1", "rem-2"]
+
+
+def test_the_cap_counts_what_the_other_box_took_out_or_is_taking_out(store: Path) -> None:
+    now = time.time_ns()
+    other = [_row("rem-b1", "leaf1-spine1", "ok", now, box="ops2")]
+    with pytest.raises(Refused, match=r"leaf1 would have 2 of its 2 uplinks out"):
+        plan(store, _topology(), action="fabric_link_out", target="leaf1-spine2", also=other,
+             box="ops")  # fmt: skip
+    running = [_row("rem-b2", "leaf1-spine1", "running", now, box="ops2")]
+    with pytest.raises(Refused, match=r"leaf1 would have 2 of its 2 uplinks out"):
+        plan(store, _topology(), action="fabric_link_out", target="leaf1-spine2",
+             also=running, box="ops")  # fmt: skip
+    # without the other box's rows this store alone would allow it (what happens when the
+    # other box is down: the plan names it)
+    p = plan(store, _topology(), action="fabric_link_out", target="leaf1-spine2", box="ops",
+             peers_down={"ops2": "unreachable: connection refused"})  # fmt: skip
+    assert p.cap["leaf_out_after"] == 1
+    assert "ops box ops2 is down (unreachable: connection refused)" in p.describe()
+    # the other box's remediation undone there: no longer counted
+    undone = [_row("rem-b1", "leaf1-spine1", "undone", now + 1, box="ops2")]
+    assert plan(store, _topology(), action="fabric_link_out", target="leaf1-spine2",
+                also=other + undone, box="ops").cap["leaf_out_after"] == 1  # fmt: skip
+
+
+def test_a_second_start_from_the_other_box_is_refused_while_it_runs(store: Path) -> None:
+    now = time.time_ns()
+    records.write_remediation(store, _row("rem-a1", "leaf1-spine1", "running", now, box="ops"))
+    with pytest.raises(Refused) as exc:
+        plan(store, _topology(), action="fabric_link_out", target="leaf1-spine1", box="ops2")
+    msg = str(exc.value)
+    assert msg.startswith("rem-a1: fabric_link_out leaf1-spine1 is already running from ops "
+                          "box ops (started by alice ")  # fmt: skip
+    assert msg.endswith("nothing was touched") and "\n" not in msg
+    # no box named (remediate list, the TUI): every running row is another's
+    with pytest.raises(Refused, match="already running from ops box ops"):
+        plan(store, _topology(), action="fabric_link_out", target="leaf1-spine1")
+    # the box that started it (its run died): takes it over under the same id
+    p = plan(store, _topology(), action="fabric_link_out", target="leaf1-spine1", box="ops")
+    assert p.remediation_id == "rem-a1" and "this run takes it over under the same id" in p.summary
+    # a start older than RUNNING_STALE_S (its box was lost mid-run): the other box may too
+    stale = now - int((records.RUNNING_STALE_S + 1) * 1e9)
+    assert records.running_elsewhere(
+        [_row("rem-a1", "leaf1-spine1", "running", stale)], "fabric_link_out", "leaf1-spine1",
+        "ops2", now,
+    ) is None  # fmt: skip
+
+
+def test_a_rerun_from_the_other_box_is_the_same_remediation_and_keeps_the_first_results(
+    store: Path,
+) -> None:
+    first = _row("rem-a1", "leaf1-spine1", "ok", time.time_ns(), box="ops")
+    first.detail["results"] = [{"switch": "leaf1", "changed": True}]
+    p = plan(store, _topology(), action="fabric_link_out", target="leaf1-spine1",
+             also=[first], box="ops2")  # fmt: skip
+    assert p.remediation_id == "rem-a1"
+    assert "Already in force: rem-a1, from ops box ops by alice" in p.summary
+    assert "changes nothing" in p.summary
+    args = ["record", "--store", str(store), "--plan", json.dumps(p.as_dict())]
+    res = CliRunner().invoke(remediate, [*args, "--running", "--real"])
+    assert "in force already: a re-run, no start record" in res.output
+    res = CliRunner().invoke(remediate, [*args, "--real", "--results",
+                                         '[{"switch": "leaf1", "changed": false}, '
+                                         '{"switch": "spine1", "changed": false}]'])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    (row,) = records.read_remediations(store)
+    assert row.status == "ok" and row.box == "ops2"
+    assert row.detail["results"] == first.detail["results"]  # the undo's state before
+
+
+def test_undo_from_the_box_that_did_not_run_it(store: Path) -> None:
+    """ops2 never recorded rem-a1 (it was down): it undoes it from ops's rows and marks it
+    undone in its own store too."""
+    first = _row("rem-a1", "leaf3-spine2", "ok", time.time_ns(), box="ops")
+    u = plan_undo(store, _topology(), "rem-a1", also=[first], box="ops2")
+    assert u.undo_of == "rem-a1" and u.original["remediation_id"] == "rem-a1"
+    res = CliRunner().invoke(remediate, ["record", "--store", str(store), "--plan",
+                                         json.dumps(u.as_dict()), "--results",
+                                         json.dumps([{"switch": "leaf3"}, {"switch": "spine2"}]),
+                                         "--real"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    states = {r.remediation_id: r.status for r in records.read_remediations(store)}
+    assert states == {"rem-a1": "undone", u.remediation_id: "ok"}
+    with pytest.raises(Refused, match="still running"):
+        plan_undo(store, _topology(), "rem-x",
+                  also=[_row("rem-x", "leaf2-spine2", "running", time.time_ns())])  # fmt: skip
+
+
+def test_also_that_is_not_history_json_is_a_one_line_error(store: Path, tmp_path: Path) -> None:
+    topo = tmp_path / "topology.json"
+    topo.write_text(json.dumps(_topology()))
+    res = CliRunner().invoke(remediate, ["plan", "--store", str(store), "--topology", str(topo),
+                                         "--action", "fabric_link_out", "--target",
+                                         "leaf1-spine1", "--also", '{"x": 1}'])  # fmt: skip
+    assert res.exit_code == 1
+    assert res.output.strip().splitlines() == [
+        "Error: --also: expected the JSON list of `clockmesh remediate history --json` (not a list)"
+    ]
+
+
+def test_sync_copies_what_this_store_lacks_or_holds_older_once(store: Path) -> None:
+    now = time.time_ns()
+    records.write_remediation(store, _row("rem-1", "leaf1-spine1", "running", now))
+    theirs = [
+        _row("rem-1", "leaf1-spine1", "ok", now + 5),
+        _row("rem-2", "leaf2-spine1", "ok", now),
+    ]
+    assert [r.remediation_id for r in records.sync(store, theirs)] == ["rem-2", "rem-1"]
+    assert {r.remediation_id: r.status for r in records.read_remediations(store)} == {
+        "rem-1": "ok", "rem-2": "ok"
+    }  # fmt: skip
+    assert records.sync(store, theirs) == []  # nothing new: nothing written
+    older = [_row("rem-2", "leaf2-spine1", "running", now - 5)]
+    assert records.sync(store, older) == []  # an older state never replaces a newer one
+
+
+def test_two_starts_at_once_only_the_one_recorded_first_everywhere_goes_ahead(
+    tmp_path: Path,
+) -> None:
+    """Each box's store orders two simultaneous starts of one fix by when it wrote them:
+    a run goes ahead only if no store holds the other's start before its own."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    now = time.time_ns()
+    x = _row("rem-x", "leaf1-spine1", "running", now, box="ops")
+    y = _row("rem-y", "leaf1-spine1", "running", now + 1, box="ops2")
+    # store a wrote x first, store b wrote y first: neither may go ahead
+    records.write_remediation(a, x)
+    records.write_remediation(a, y)
+    records.write_remediation(b, _row("rem-y", "leaf1-spine1", "running", now, box="ops2"))
+    records.write_remediation(b, _row("rem-x", "leaf1-spine1", "running", now + 1, box="ops"))
+    assert [r.remediation_id for r in records.started_before(a, "rem-x", "fabric_link_out",
+                                                             "leaf1-spine1")] == []  # fmt: skip
+    assert [r.remediation_id for r in records.started_before(b, "rem-x", "fabric_link_out",
+                                                             "leaf1-spine1")] == ["rem-y"]  # fmt: skip
+    assert [r.remediation_id for r in records.started_before(a, "rem-y", "fabric_link_out",
+                                                             "leaf1-spine1")] == ["rem-x"]  # fmt: skip
+    # another target, a preview, a refused run or a dead run's stale start never count
+    stale = now - int((records.RUNNING_STALE_S + 5) * 1e9)
+    c = tmp_path / "c"
+    c.mkdir()
+    for r in (
+        _row("rem-o", "leaf2-spine1", "running", now - 9),
+        _row("rem-p", "leaf1-spine1", "running", now - 9, check=True),
+        _row("rem-q", "leaf1-spine1", "refused", now - 9),
+        _row("rem-s", "leaf1-spine1", "running", stale),
+        x,
+    ):
+        records.write_remediation(c, r)
+    assert records.started_before(c, "rem-x", "fabric_link_out", "leaf1-spine1") == []
+
+    # the CLI: one line naming the run it yielded to; the refused row written by --refused
+    p: dict[str, Any] = {"remediation_id": "rem-y", "anomaly_id": "", "action": "fabric_link_out",
+                         "target": "leaf1-spine1", "switches": [], "box": "ops2"}  # fmt: skip
+    res = CliRunner().invoke(remediate, ["first", "--store", str(b), "--plan", json.dumps(p)])
+    assert res.exit_code == 0, res.output
+    p["remediation_id"] = "rem-x"
+    res = CliRunner().invoke(remediate, ["first", "--store", str(b), "--plan", json.dumps(p)])
+    assert res.exit_code == 1
+    (line,) = res.output.strip().splitlines()
+    assert line.startswith("Error: rem-x: yielded to rem-y, the same fabric_link_out "
+                           "leaf1-spine1 started from ops box ops2 by alice")  # fmt: skip
+    assert line.endswith("nothing was touched by rem-x; see clockmesh remediate history")
+    res = CliRunner().invoke(remediate, ["record", "--real", "--store", str(b), "--plan",
+                                         json.dumps(p), "--refused", line[7:]])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    rows = {r.remediation_id: r for r in records.read_remediations(b)}
+    assert (
+        rows["rem-x"].status == "refused" and "yielded to rem-y" in rows["rem-x"].detail["refused"]
+    )
+    assert [r.remediation_id for r in records.counted(list(rows.values()))] == ["rem-y"]
