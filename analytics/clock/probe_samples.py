@@ -14,6 +14,9 @@ Everything is O(n) scatter/gather, no sort of millions of rows:
 - Echoes likewise (a prober records the two echoes of a pair back to back).
 
 Drop reasons are counted in ``drops``, never silent.
+
+Over 500 lines: the join, the coded filter and the echo legs share the slot tables and the
+cache-sized blocks they are processed in (the solver's hot path, kept together).
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""``clockmesh remediate``: open anomalies and their fix; preview, confirm, run, record, undo."""
+"""``clockmesh remediate``: open anomalies and their fix; preview, confirm, run, record, undo.
+
+Over 500 lines: one click command per step of a remediation (list, plan, run, undo,
+restore, record, sync), each a thin layer over analytics.remediate.
+"""
 
 from __future__ import annotations
 
