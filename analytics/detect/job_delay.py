@@ -19,9 +19,10 @@ for their paths.
 A flow is *held back* when its excess is at least ``min_excess_ns`` (200 µs) and at least
 ``ratio`` (5) times the probes' excess between the same hosts (their worst over the last
 ``PROBE_SPAN_NS``, so that a flow's recent waits are never judged against newer, quieter
-probes) — a queue the RDMA class does not have. When every path between the hosts is slow too, it is contention, not the job.
-A job with ``min_flows`` (2) held-back flows is a ``roce_v1_job``, naming the hosts that
-send them.
+probes) — a queue the RDMA class does not have. A job with ``min_flows`` (2) held-back flows
+in every pass for ``HOLD_NS`` (5 s) is a ``roce_v1_job``: at a queue's onset the flows
+filling it wait before the probes through it are judged. When every path between the hosts is slow too, it is contention, not the job.
+The ``roce_v1_job`` names the hosts that send the held-back flows.
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ WINDOW_NS = 5_000_000_000  # a flow's recent delays
 # probes newer than they are (a queue that drained as the jobs stopped left their last
 # 5 s of 600-ms waits beside probes already back at their floor: a false RoCE v1 page).
 PROBE_SPAN_NS = WINDOW_NS + 5_000_000_000
+# A job is said to be on RoCE v1 once it has been held back this long (pass time): at the
+# onset of a queue the flows filling it wait before the probes through it are judged
+# (their newest window is still the last one that arrived), and two RoCE v2 jobs were
+# paged for the few seconds it took the probes to catch up.
+HOLD_NS = 5_000_000_000
 FORGET_NS = 600_000_000_000  # a flow silent this long is forgotten (its floor too)
 PENDING_NS = 10_000_000_000  # a send or receive waits this long for its other half
 MIN_EXCESS_NS = 200_000.0
@@ -77,6 +83,7 @@ class JobDelays:
         self._index: dict[int, int] = {}
         # (src, dst) of a flow -> the probes' excess at each pass (pass time, ns)
         self._probe_seen: dict[tuple[int, int], collections.deque[tuple[int, float]]] = {}
+        self._held_since: dict[str, int] = {}  # job -> first pass it was held back in a row
 
     def feed(self, rows: np.ndarray, clocks: ClockState | None) -> None:
         """``inband`` records (numpy, :data:`collector.records.INBAND`), any order, and the
@@ -169,8 +176,10 @@ class JobDelays:
             if excess >= max(self.min_excess_ns, self.ratio * max(probe, 0.0)):
                 held[job].append((src, dst, excess, probe))
         out = []
+        held = {job: flows for job, flows in held.items() if len(flows) >= self.min_flows}
+        self._held_since = {job: self._held_since.get(job, now_ns) for job in held}
         for job, flows in sorted(held.items()):
-            if len(flows) < self.min_flows:
+            if now_ns - self._held_since[job] < HOLD_NS:
                 continue
             senders = sorted({self.host_names.get(s, str(s)) for s, _d, _e, _p in flows})
             med = statistics.median(e for _s, _d, e, _p in flows)

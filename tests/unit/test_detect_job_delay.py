@@ -50,7 +50,9 @@ def test_a_job_held_back_while_the_probes_are_not_is_roce_v1_and_contention_is_n
     rule.feed(_messages(0, 30, 0), CLOCKS)  # 30 s idle fabric: the floors (drift corrected)
     assert rule.observations(30 * S, _probes(2_000)) == []
     rule.feed(_messages(30, 6, 5_000_000), CLOCKS)  # bulk load: best effort waits 5 ms
-    (obs,) = rule.observations(36 * S, _probes(3_000))  # the RDMA class waits 3 µs
+    assert rule.observations(36 * S, _probes(3_000)) == []  # held back, not for 5 s yet
+    rule.feed(_messages(36, 5, 5_000_000), CLOCKS)
+    (obs,) = rule.observations(41 * S, _probes(3_000))  # the RDMA class waits 3 µs
     assert obs.kind == "roce_v1_job" and obs.job_id == "j"
     assert obs.evidence["hosts"] == ["h1-1", "h2-1", "h3-1"]
     assert (
@@ -58,9 +60,11 @@ def test_a_job_held_back_while_the_probes_are_not_is_roce_v1_and_contention_is_n
     )
     assert "RoCE v1" in obs.summary
     # Every path between the hosts slow as well: that is contention, not the job's class.
-    assert rule.observations(36 * S, _probes(4_000_000)) == []
+    assert rule.observations(41 * S, _probes(4_000_000)) == []
     # No out-of-band picture of these hosts: no verdict.
-    assert rule.observations(36 * S, {}) == []
+    fresh = JobDelays(NAMES)
+    fresh.feed(_messages(0, 41, 0), CLOCKS)
+    assert fresh.observations(41 * S, {}) == []
 
 
 def test_messages_are_not_counted_before_both_clocks_are_solved() -> None:
@@ -78,10 +82,12 @@ def test_a_job_that_stopped_is_no_longer_blamed_once_its_recent_messages_age_out
     rule.feed(_messages(0, 30, 0), CLOCKS)
     assert rule.observations(30 * S, _probes(2_000)) == []
     rule.feed(_messages(30, 6, 5_000_000), CLOCKS)
-    (obs,) = rule.observations(36 * S, _probes(3_000))
+    assert rule.observations(36 * S, _probes(3_000)) == []
+    rule.feed(_messages(36, 5, 5_000_000), CLOCKS)
+    (obs,) = rule.observations(41 * S, _probes(3_000))
     assert obs.kind == "roce_v1_job"
-    assert len(rule.observations(38 * S, _probes(3_000))) == 1  # within its 5-s window still
-    assert rule.observations(42 * S, _probes(3_000)) == []  # stopped 6 s ago: aged out
+    assert len(rule.observations(43 * S, _probes(3_000))) == 1  # within its 5-s window still
+    assert rule.observations(47 * S, _probes(3_000)) == []  # stopped 6 s ago: aged out
 
 
 def test_waits_of_a_queue_that_has_just_drained_are_not_held_against_the_quiet_probes() -> None:
@@ -97,3 +103,18 @@ def test_waits_of_a_queue_that_has_just_drained_are_not_held_against_the_quiet_p
         assert rule.observations(t * S, _probes(float("inf"))) == []
     for t in (37, 38, 39, 40, 41, 42):  # stopped and drained: the probes are quiet again
         assert rule.observations(t * S, _probes(3_000)) == [], t
+
+
+def test_flows_that_wait_before_the_probes_through_their_queue_are_judged_are_not_v1() -> None:
+    """Two RoCE v2 jobs fill a link: their own messages wait at once, the probes through it
+    are judged only once they arrive — for a few seconds the probes' picture is the quiet
+    one from before (a fresh-clone CI run paged job A as RoCE v1 at that onset)."""
+    rule = JobDelays(NAMES)
+    rule.feed(_messages(0, 30, 0), CLOCKS)
+    assert rule.observations(30 * S, _probes(2_000)) == []
+    rule.feed(_messages(30, 4, 4_000_000), CLOCKS)
+    for t in (31, 32, 33):  # the probes not caught up yet: still quiet
+        assert rule.observations(t * S, _probes(18_000)) == [], t
+    rule.feed(_messages(34, 8, 4_000_000), CLOCKS)
+    for t in range(34, 42):  # they have: every route through the link waits
+        assert rule.observations(t * S, _probes(float("inf"))) == [], t
