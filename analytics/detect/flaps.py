@@ -293,6 +293,13 @@ def judge_outages(obs: Observation, jobs: list[JobLimit]) -> None:
     fabric = "reroutes_s" in e
     reroutes: list[float | None] = list(e.get("reroutes_s") or [])
     reroutes += [None] * (len(durations) - len(reroutes))
+    lost_all = [bool(x) for x in (e.get("every_path_lost") or [])][: len(durations)]
+    lost_all += [False] * (len(durations) - len(lost_all))
+    # A fabric link whose rack kept another spine but whose reroute was not measured: its
+    # flows lost at most the outage, most likely only the reroute — over a job's limit it
+    # *may* have killed it, never certainly.
+    unmeasured = [fabric and r is None and not lost
+                  for r, lost in zip(reroutes, lost_all, strict=True)]  # fmt: skip
     judged: list[dict[str, Any]] = []
     fatal: set[int] = set()
     for jl in sorted(jobs, key=lambda j: j.job):
@@ -305,6 +312,9 @@ def judge_outages(obs: Observation, jobs: list[JobLimit]) -> None:
                 verdicts.append(None)
             elif r is not None:
                 verdicts.append(_reroute_verdict(r, jl.limit_s, jl.bounds))
+            elif unmeasured[i]:
+                v = _verdict(d, jl.limit_s, jl.bounds)
+                verdicts.append("may kill" if v == "kills" else v)
             else:
                 verdicts.append(_verdict(d, jl.limit_s, jl.bounds))
         fatal |= {i for i, v in enumerate(verdicts) if v == "kills"}
@@ -317,8 +327,8 @@ def judge_outages(obs: Observation, jobs: list[JobLimit]) -> None:
             "verdicts": verdicts,
         })  # fmt: skip
     if not jobs:
-        fatal = {i for i, d in enumerate(durations)
-                 if reroutes[i] is None and d is not None and d > ASSUMED_LIMIT_S}  # fmt: skip
+        fatal = {i for i, d in enumerate(durations) if reroutes[i] is None
+                 and not unmeasured[i] and d is not None and d > ASSUMED_LIMIT_S}  # fmt: skip
     longest = e.get("longest_outage_s")
     parts = [f"{obs.link} flapped {n} time{'s' if n != 1 else ''} in "
              f"{(e.get('window_s') or 600) / 60:.0f} min"]  # fmt: skip
@@ -333,22 +343,29 @@ def judge_outages(obs: Observation, jobs: list[JobLimit]) -> None:
     survives: list[str] = []
     for j in judged:
         limit = _secs(j["survives_s"], j["survives_range_s"])
-        on_outage = [(d, v) for d, r, v in zip(durations, reroutes, j["verdicts"], strict=True)
-                     if r is None and d is not None]  # fmt: skip
+        on_outage = [(d, v) for d, r, u, v in zip(durations, reroutes, unmeasured, j["verdicts"],
+                                                   strict=True)
+                     if r is None and not u and d is not None]  # fmt: skip
+        on_unmeasured = [(d, v) for d, u, v in zip(durations, unmeasured, j["verdicts"],
+                                                   strict=True) if u and d is not None]  # fmt: skip
         on_reroute = [(r, v) for r, v in zip(reroutes, j["verdicts"], strict=True)
                       if r is not None]  # fmt: skip
         worst = max((d for d, v in on_outage if v == "kills"), default=None)
         unsure = max((d for d, v in on_outage if v == "may kill"), default=None)
         unsure_r = max((r for r, v in on_reroute if v == "may kill"), default=None)
+        unsure_u = max((d for d, v in on_unmeasured if v == "may kill"), default=None)
         if worst is not None:
             kills.append(f"kills job {j['job_id']}: outage {worst:.1f} s > its {limit}")
         elif unsure is not None:
             unsure_parts.append(f"job {j['job_id']} may not survive: outage {unsure:.1f} s, "
                                 f"its limit unknown ({j['survives_from']})")  # fmt: skip
+        elif unsure_u is not None:
+            unsure_parts.append(f"job {j['job_id']} may not survive: out {unsure_u:.1f} s and "
+                                f"its flows' reroute not measured, its {limit}")  # fmt: skip
         elif unsure_r is not None:
             unsure_parts.append(f"job {j['job_id']} may not survive the reroute: paths "
                                 f"rerouted within {unsure_r:.2f} s, its {limit}")  # fmt: skip
-        elif any(v == "survives" for _d, v in on_outage):
+        elif any(v == "survives" for _d, v in on_outage + on_unmeasured):
             survives.append(f"job {j['job_id']} survives (its {limit})")
         elif any(v == "survives" for _r, v in on_reroute):
             survives.append(f"job {j['job_id']} survives the reroute (its {limit})")

@@ -721,3 +721,31 @@ def test_a_host_link_is_judged_on_its_down_time() -> None:
     assert obs.evidence["job_verdicts"][0]["verdicts"] == ["kills"]
     assert "outages up to 2.0 s; kills job tight: outage 2.0 s > its 0.54 s" in obs.summary
     assert "reroute" not in obs.summary
+
+
+def test_a_fabric_outage_whose_reroute_was_not_measured_may_kill_never_kills() -> None:
+    """The rack kept its other spine but no trace saw its paths move: its flows lost at
+    most the outage, most likely only the reroute. Over a job's limit that outage *may*
+    have killed it — never "kills" (a fresh-clone CI run said "kills job mid" of a job the
+    fabric had rerouted in 0.07 s)."""
+    from analytics.detect.flaps import judge_outages
+
+    def observed(every_path_lost: bool) -> Observation:
+        obs = Observation(kind="flapping_link", key="leaf1-spine1", score=0.5, summary="")
+        obs.link = "leaf1-spine1"
+        obs.evidence = {"flaps": 1, "outages_s": [6.9], "outages_ns": [[10 * S, 17 * S]],
+                        "reroutes_s": [None], "every_path_lost": [every_path_lost],
+                        "longest_outage_s": 6.9, "window_s": 600, "down_now": False}  # fmt: skip
+        return obs
+
+    mid = JobLimit("mid", qp_limit_s(17, 7), "NCCL_IB_TIMEOUT 17", set(), 0, 0)
+    obs = observed(every_path_lost=False)
+    judge_outages(obs, [mid])
+    assert obs.evidence["job_verdicts"][0]["verdicts"] == ["may kill"]
+    assert obs.evidence["outages_over_kill_s"] == 0 and "kills job" not in obs.summary
+    assert "job mid may not survive: out 6.9 s and its flows' reroute not measured" in obs.summary
+    lost = observed(every_path_lost=True)  # no path left: the job lost the whole outage
+    judge_outages(lost, [mid])
+    assert (
+        lost.evidence["outages_over_kill_s"] == 1 and "kills job mid: outage 6.9 s" in lost.summary
+    )
