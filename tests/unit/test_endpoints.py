@@ -4,13 +4,10 @@ ingest daemon over real HTTP, a port nothing listens on for the box that is down
 
 from __future__ import annotations
 
-import contextlib
 import socket
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +17,7 @@ from analytics.ingest import endpoints
 from analytics.remediate import records
 from tests.tui.sample import T0, sample_live, sample_racks
 from tests.unit.ingest_daemon import ROOT, Daemon
-from tests.unit.test_live_cli import HOSTS, _post_fleet
+from tests.unit.test_live_cli import HOSTS, _post_fleet, _shipping
 
 
 def _dead_url() -> str:
@@ -72,28 +69,6 @@ def test_first_answering_prefers_the_first_and_skips_a_box_down_for_a_while() ->
     now[0] = 30.0
     with pytest.raises(ConnectionError, match=r"a: .*refused; b: .*refused \(none answers\)"):
         pick()
-
-
-@contextlib.contextmanager
-def _shipping(daemon: Daemon) -> Iterator[None]:
-    """The fleet keeps shipping while a command waits: a host whose newest batch is 5 s
-    old is stale, and a loaded machine can take that long to start the command."""
-    stop = threading.Event()
-
-    def run() -> None:
-        batch = 1
-        while not stop.is_set():
-            _post_fleet(daemon, loss=0.0, first=10 * batch)
-            batch += 1
-            stop.wait(0.5)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join(30)
 
 
 def test_live_with_two_urls_reads_the_one_that_answers_and_names_the_one_down(
