@@ -184,8 +184,8 @@ class SilentDrops:
         self._hist = _Cols()  # judged: src, dst, sport, tx_ns, lost, delay
         self.watermark: dict[int, int] = {}  # receiver -> newest rx_ns it shipped
         self.sample_bits = 0  # paths kept: hash % 2**bits == 0 (grows, never shrinks)
-        self._lossy_spine: dict[tuple[int, int, int], str] = {}  # spine when it went lossy
-        self._lossy_since: dict[tuple[int, int, int], int] = {}  # pass that first saw it lossy
+        # path -> (its spine when it went lossy, the pass that first saw it lossy)
+        self._lossy: dict[tuple[int, int, int], tuple[str, int]] = {}
         self.held_as_queue = 0  # passes whose loss came with a delay rise (contention)
         self._queued: dict[Place, int] = {}  # link-direction -> queued (remembered) until
 
@@ -387,8 +387,7 @@ class SilentDrops:
             is_lossy = st["streak"] >= MIN_LOST and st["spread_ns"] >= MIN_SPREAD_NS
             if is_lossy:
                 streaking.add(key)
-                was = self._lossy_spine.setdefault(key, spine or "")
-                self._lossy_since.setdefault(key, now_ns)
+                was, _since = self._lossy.setdefault(key, (spine or "", now_ns))
                 if spine is not None and was != spine:  # the path moved: a flap's doing
                     continue  # (until its streak ends: its lost probes were the old path's)
                 lossy.add(key)
@@ -396,9 +395,8 @@ class SilentDrops:
                 clean.add(key)
             elif st["newest_lost"]:
                 pending.add(key)  # losing now, not judged lossy yet (or a stray loss)
-        for key in [k for k in self._lossy_spine if k not in streaking]:
-            del self._lossy_spine[key]
-            self._lossy_since.pop(key, None)
+        for key in [k for k in self._lossy if k not in streaking]:
+            del self._lossy[key]
         queues = self._queues(crossing, stats, now_ns)  # every pass: it remembers
         if len(lossy) < MIN_PATHS:
             return []
@@ -436,7 +434,7 @@ class SilentDrops:
             if self._premature(places[0], pending, crossing):
                 continue
             if all(p.what == "link" for p in places) and any(
-                now_ns - self._lossy_since.get(k, now_ns) < LINK_HOLD_NS for k in covered
+                now_ns - self._lossy.get(k, ("", now_ns))[1] < LINK_HOLD_NS for k in covered
             ):
                 continue  # a link-direction losing everything: a full queue, for now
             hops = {p for k in covered for p in crossing[k] if p.what == "link"}
