@@ -47,6 +47,14 @@ def _app(feed: Feed | None = None, **kw: Any) -> ClockmeshApp:
                         now=lambda: NOW, **kw)  # fmt: skip
 
 
+async def _until_tab(pilot: Any, tab: str, timeout_s: float = 5.0) -> None:
+    """Wait until ``tab`` is the active tab (at most ``timeout_s``; the caller asserts)."""
+    for _ in range(int(timeout_s / 0.05)):
+        if pilot.app.query_one(TabbedContent).active == tab:
+            return
+        await pilot.pause(0.05)
+
+
 def _text(app: ClockmeshApp, selector: str) -> str:
     return str(app.query_one(selector, Static).render())
 
@@ -519,16 +527,10 @@ async def test_audit_tree_and_help_and_theme(tmp_path: Path) -> None:
     async with app.run_test(size=(100, 30)) as pilot:
         # The tabs take their initial tab in a refresh after mount: a key pressed before
         # that is overridden by it (a loaded machine's first frame comes late).
-        for _ in range(100):
-            if app.query_one(TabbedContent).active == "fleet":
-                break
-            await pilot.pause(0.05)
+        await _until_tab(pilot, "fleet")
         await pilot.pause(0.1)
         await pilot.press("u")
-        for _ in range(100):  # a loaded machine may handle the key a few frames later
-            if app.query_one(TabbedContent).active == "audit":
-                break
-            await pilot.pause(0.05)
+        await _until_tab(pilot, "audit")  # a loaded machine may handle the key frames later
         assert app.query_one(TabbedContent).active == "audit", (app.focused, app.screen)
         tree = app.query_one(Tree)
         backend = tree.root.children[0]
@@ -557,10 +559,7 @@ def test_snapshot_main_screens(snap_compare, tab: str) -> None:
     async def go(pilot) -> None:
         await pilot.pause(0.3)
         await pilot.press(tab[0])
-        for _ in range(100):  # the tab shown, not a fixed time: a loaded machine is slow
-            if pilot.app.query_one(TabbedContent).active == tab:
-                break
-            await pilot.pause(0.05)
+        await _until_tab(pilot, tab)  # the tab shown, not a fixed time: a loaded machine is slow
         # ... and its content drawn: the same screen twice in a row (the clock is fixed)
         before = ""
         for _ in range(50):
