@@ -69,7 +69,7 @@ PERSIST_NS = 1_000_000_000  # a hop contended this long (probe time) is said
 LOST_AFTER_NS = 2_000_000_000  # no receive by the time the receiver shipped this much later
 # (longer than any queue: a probe held 0.6 s in a lab queue is late, not lost)
 PENDING_NS = 10_000_000_000  # a send or receive waits this long for its other half
-MAX_PROBES = 200_000  # rows per side and feed; beyond, a consistent sample by sequence
+MAX_PROBES = 200_000  # rows per side and pass; beyond, a consistent sample by sequence
 COUNTER_SPAN_NS = 10_000_000_000  # counter rates over this long
 # The NIC's congestion counters (mlx5 sysfs: ports/<p>/hw_counters and counters/).
 CONGESTION_COUNTERS = (
@@ -171,6 +171,14 @@ def queues(routes: list[RouteWindow]) -> tuple[list[tuple[str, str]], np.ndarray
     return hops, a, q * 1e3
 
 
+def _fields(rows: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """The columns of ``dtype`` out of ``rows`` (a copy)."""
+    out = np.empty(len(rows), dtype)
+    for name in dtype.names or ():
+        out[name] = rows[name]
+    return out
+
+
 class PathDelays:
     def __init__(
         self,
@@ -193,8 +201,11 @@ class PathDelays:
         # streamed probes
         self._tx = np.zeros(0, _TX)
         self._rx = np.zeros(0, _RX)
-        self._rx_mark: dict[int, int] = {}  # receiver -> newest receive it shipped
-        self._probes = np.zeros(0, _PROBE)  # joined (delay) or lost (nan), newest HOLD_NS
+        # receiver -> newest receive it shipped: receivers sorted, their newest rx_ns
+        self._mark_hosts = np.zeros(0, np.int64)
+        self._mark_ns = np.zeros(0, np.int64)
+        # joined (delay) or lost (nan), newest HOLD_NS: one chunk per feed, joined when read
+        self._chunks: list[np.ndarray] = []
         self._sample = 1
         self.newest_ns = 0
         self.routes: dict[tuple[int, int, str], _Route] = {}
@@ -250,26 +261,27 @@ class PathDelays:
     def feed_probes(self, tx: np.ndarray, rx: np.ndarray, clocks: ClockState | None) -> None:
         """``probe_tx`` and ``probe_rx`` records (numpy, any order, any commit) and the clock
         solver's latest solution (None: nothing is counted yet)."""
-        if len(tx) > MAX_PROBES or len(rx) > MAX_PROBES:
+        self.feed_probe_batches([(tx, rx)], clocks)
+
+    def feed_probe_batches(
+        self, batches: list[tuple[np.ndarray, np.ndarray]], clocks: ClockState | None
+    ) -> None:
+        """Several commits' ``(probe_tx, probe_rx)`` at once, as :meth:`feed_probes` of each
+        in turn would count them: a detector that fell behind matches its queue in one pass
+        instead of re-sorting what is pending once per commit."""
+        most = max(sum(len(tx) for tx, _ in batches), sum(len(rx) for _, rx in batches))
+        if most > MAX_PROBES:
             # A consistent sample (the same sequence numbers on both sides); a new rate
             # starts the pending halves afresh (an old half would look lost).
-            k = 1 << max(0, math.ceil(math.log2(max(len(tx), len(rx)) / MAX_PROBES)))
+            k = 1 << max(0, math.ceil(math.log2(most / MAX_PROBES)))
             if k > self._sample:
                 self._sample = k
                 self._tx, self._rx = self._tx[:0], self._rx[:0]
-        if self._sample > 1:
-            tx = tx[tx["seq"] % self._sample == 0]
-            rx = rx[rx["seq"] % self._sample == 0]
-        new_tx = np.empty(len(tx), _TX)
-        for name in _TX.names or ():
-            new_tx[name] = tx[name]
-        new_rx = np.empty(len(rx), _RX)
-        for name in _RX.names or ():
-            new_rx[name] = rx[name]
-        if len(new_rx):
-            for d in np.unique(new_rx["dst"]).tolist():
-                newest = int(new_rx["rx_ns"][new_rx["dst"] == d].max())
-                self._rx_mark[d] = max(self._rx_mark.get(d, 0), newest)
+        # rates only grow: seq % 2k == 0 keeps a subset of seq % k == 0 (rows sampled
+        # when queued, at a lower rate, are sampled again here)
+        new_tx = np.concatenate([_fields(self.sampled(tx), _TX) for tx, _ in batches])
+        new_rx = np.concatenate([_fields(self.sampled(rx), _RX) for _, rx in batches])
+        self._mark(new_rx["dst"], new_rx["rx_ns"])
         txs = np.concatenate([self._tx, new_tx])
         rxs = np.concatenate([self._rx, new_rx])
         if len(txs):
@@ -292,8 +304,7 @@ class PathDelays:
         out = [self._joined(txs[ti], rxs["rx_ns"][ri], clocks)]
         # Sends never received: lost once their receiver shipped receives well after them.
         left = txs[~matched_tx]
-        mark = np.array([self._rx_mark.get(d, 0) for d in left["dst"].tolist()], np.int64)
-        lost = left["tx_ns"] + LOST_AFTER_NS < mark
+        lost = left["tx_ns"] + LOST_AFTER_NS < self._marks_of(left["dst"])
         horizon = self.newest_ns - PENDING_NS
         if lost.any() and clocks is not None:
             gone = left[lost]
@@ -310,8 +321,45 @@ class PathDelays:
         self._tx = left[keep]
         rleft = rxs[~matched_rx]
         self._rx = rleft[rleft["rx_ns"] >= horizon]
-        probes = np.concatenate([self._probes, *out])
-        self._probes = probes[probes["t_ns"] >= self.newest_ns - HOLD_NS]
+        fresh = np.concatenate(out)
+        if len(fresh):
+            self._chunks.append(fresh)
+        cut = self.newest_ns - HOLD_NS
+        self._chunks = [c for c in self._chunks if c["t_ns"].max() >= cut]
+
+    def sampled(self, rows: np.ndarray) -> np.ndarray:
+        """The probe rows (``seq`` field) of the current consistent sample: all while one
+        pass matches at most :data:`MAX_PROBES` a side, one sequence number in k beyond
+        (a copy then: a queued commit does not hold the daemon's buffers)."""
+        k = self._sample
+        return rows if k == 1 else rows[rows["seq"] % k == 0]
+
+    def _mark(self, dst: np.ndarray, rx_ns: np.ndarray) -> None:
+        """Each receiver's newest shipped receive, updated with these."""
+        if not len(dst):
+            return
+        hosts = np.concatenate([self._mark_hosts, dst.astype(np.int64)])
+        ns = np.concatenate([self._mark_ns, rx_ns.astype(np.int64)])
+        order = np.lexsort((ns, hosts))
+        hosts, ns = hosts[order], ns[order]
+        last = np.append(hosts[1:] != hosts[:-1], True)  # each host's newest, sorted last
+        self._mark_hosts, self._mark_ns = hosts[last], ns[last]
+
+    def _marks_of(self, dst: np.ndarray) -> np.ndarray:
+        """The newest shipped receive of each of ``dst`` (0: none yet)."""
+        if not len(self._mark_hosts):
+            return np.zeros(len(dst), np.int64)
+        i = np.searchsorted(self._mark_hosts, dst).clip(0, len(self._mark_hosts) - 1)
+        return np.where(self._mark_hosts[i] == dst, self._mark_ns[i], 0)
+
+    def _held(self) -> np.ndarray:
+        """The probes held (joined or lost), newest HOLD_NS, as one array (kept as the
+        only chunk)."""
+        cut = self.newest_ns - HOLD_NS
+        probes = np.concatenate(self._chunks) if self._chunks else np.zeros(0, _PROBE)
+        probes = probes[probes["t_ns"] >= cut]
+        self._chunks = [probes] if len(probes) else []
+        return probes
 
     def _joined(self, tx: np.ndarray, rx_ns: np.ndarray, clocks: ClockState | None) -> np.ndarray:
         if clocks is None or not len(tx) or not len(clocks.hosts):
@@ -363,7 +411,7 @@ class PathDelays:
     def windows(self) -> list[RouteWindow]:
         """Every route's newest window, with its excess over its own healthy tail (routes
         still learning their baseline have none: they are fed it, not judged)."""
-        p = self._probes
+        p = self._held()
         if not len(p):
             return []
         out = []

@@ -198,7 +198,8 @@ class DetectRunner:
     ) -> None:
         """Queue copies of what the rules read (cheap: the link-state and congestion
         counters only). ``probes``: the commit's ``probe_tx``/``probe_rx`` numpy records
-        that the daemon keeps unchanged (queued as they are, no copy); without them the
+        that the daemon keeps unchanged (queued as they are, no copy, while the detector
+        matches every probe; only its sample is copied beyond); without them the
         Arrow tables' rows are copied."""
         got: list[tuple[str, Any]] = []
         data = tables.get("counter")
@@ -212,7 +213,9 @@ class DetectRunner:
         pair = []
         for name in ("probe_tx", "probe_rx"):
             rows = (probes or {}).get(name)
-            if rows is None:
+            if rows is not None:
+                rows = self.delays.sampled(rows)
+            else:
                 t = tables.get(name)
                 rows = (
                     layout.arrow_to_records(name, t)
@@ -290,10 +293,15 @@ class DetectRunner:
             queue: list[tuple[str, Any]]
             queue, self._queue = self._queue, []
         taken_ns = time.time_ns()
+        # Every queued commit's probes in one match (a detector behind its queue catches
+        # up instead of re-sorting what is pending once per commit).
+        probes = [data for name, data in queue if name == "probes"]
+        if probes:
+            queue = [("probes", probes), *((n, d) for n, d in queue if n != "probes")]
         for name, data in queue:
             try:
                 if name == "probes":
-                    self.delays.feed_probes(data[0], data[1], self._clock_state())
+                    self.delays.feed_probe_batches(data, self._clock_state())
                     continue
                 if name == "congestion":
                     self.delays.feed_counters(layout.arrow_to_records("counter", data))

@@ -246,3 +246,28 @@ def test_a_route_that_loses_every_probe_is_the_pairs_worst_for_the_in_band_signa
         assert excess[pair] == float("inf"), (pair, excess.get(pair))
     others = [e for (s, d), e in excess.items() if f.host_rack[d] != "leaf2"]
     assert others and all(e < 1e5 for e in others), others  # the other pairs stay quiet
+
+
+def test_a_detector_behind_its_queue_judges_as_if_it_had_kept_up() -> None:
+    """The detector fell behind: four seconds of commits are matched in one pass
+    (``feed_probe_batches``, as the runner does with its queue) and every route's window
+    is judged exactly as when each commit was fed on arrival: the loaded link stands out."""
+    kept_up, behind = _Fleet(seed=5), _Fleet(seed=5)
+    kept_up.warm()
+    behind.warm()
+    queued: list[tuple[np.ndarray, np.ndarray]] = []
+    behind.delays.feed_probes = lambda tx, rx, clocks: queued.append((tx, rx))  # type: ignore[method-assign]
+    fault = {("leaf1-spine2", "leaf→spine"): 250.0}
+    for _ in range(4):
+        kept_up.second(fault)
+        behind.second(fault)
+    del behind.delays.feed_probes
+    behind.delays.feed_probe_batches(queued, behind.clocks)
+    want, got = kept_up.delays.windows(), behind.delays.windows()
+    assert [(w.src, w.dst, w.spine, w.received, w.lost, w.judged) for w in got] == [
+        (w.src, w.dst, w.spine, w.received, w.lost, w.judged) for w in want
+    ]
+    assert all(np.array_equal(g.excess, w.excess) for g, w in zip(got, want, strict=True))
+    slow = {(w.src, w.spine) for w in got if w.judged and w.excess[0] > 100_000}
+    assert slow and {kept_up.host_rack[s] for s, _ in slow} == {"leaf1"}
+    assert {spine for _, spine in slow} == {"spine2"}
