@@ -270,9 +270,10 @@ def test_the_tui_runs_a_real_remediation_and_its_undo(site: dict[str, Any]) -> N
     four screens go to docs/img/ (the README shows them)."""
     from textual.widgets import Button, DataTable, Log
 
-    from tui.app import ClockmeshApp, ConfirmScreen, RemediationScreen
+    from tui.app import ClockmeshApp
     from tui.data import LiveSource, load_racks
     from tui.drill import LinkScreen
+    from tui.remediation import ConfirmScreen, RemediationScreen
 
     lab, live = site["lab"], site["live"]
     link = lab.topology.link(LINK)
