@@ -17,8 +17,9 @@ from typing import Any, TypeVar
 import click
 
 from collector.configfile import ConfigError
-from lab.fabric import Lab, LabError, LabStatus
+from lab.fabric import Lab, LabError
 from lab.plan import PlanError
+from lab.status import LabStatus
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -12,7 +12,10 @@ pyroute2; sysctls and process launches use ``ip netns exec`` (they need a proces
 inside the namespace anyway). Leaves and spines route with FRR (eBGP + BFD, see
 :mod:`lab.frr`): no route between racks is ever installed by the lab itself.
 
-Over 500 lines: the Lab class; its status and routes go to lab/status.py, lab/routes.py (#27).
+What of a lab is up is read by :mod:`lab.status`; the hosts' static routes and the
+fabric's routing state are :mod:`lab.routes`.
+
+Over 500 lines: one lifecycle, the Lab class's: build (netlink, FRR, sshd), down, exec.
 """
 
 from __future__ import annotations
@@ -30,15 +33,16 @@ import sys
 import time
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pyroute2 import IPRoute, NetlinkError, netns
 
-from lab import convergence, fake_rdma, frr, inventory, plan, processes, sshd
+from lab import fake_rdma, frr, inventory, plan, processes, routes, sshd
 from lab.convergence import Convergence
 from lab.state import MARKER_FILE, LabState
+from lab.status import LabStatus, LinkStatus, collect, link_states
 from lab.topology import Topology, dumps, load
 
 GLOBAL_LOCK = Path("/run/lock/clockmesh-lab.lock")
@@ -70,52 +74,6 @@ class LabError(RuntimeError):
 
 def default_state_dir(name: str) -> Path:
     return Path.cwd() / ".lab" / name
-
-
-@dataclass
-class NodeStatus:
-    name: str
-    namespace: str
-    exists: bool
-    sshd_pid: int | None = None
-    sshd_alive: bool = False
-    ssh_port_open: bool = False
-
-
-@dataclass
-class LinkStatus:
-    name: str
-    a_up: bool | None
-    b_up: bool | None
-    qdisc: list[str] = field(default_factory=list)
-
-    @property
-    def up(self) -> bool:
-        return bool(self.a_up and self.b_up)
-
-
-@dataclass
-class LabStatus:
-    name: str
-    state_dir: Path
-    recorded: bool
-    bridge: str | None
-    bridge_exists: bool
-    namespaces_expected: int
-    namespaces_present: list[str]
-    nodes: list[NodeStatus]
-    links: list[LinkStatus]
-    faults: list[dict[str, Any]]
-    routing: Convergence | None = None
-    routers: list[RouterStatus] = field(default_factory=list)
-    netd_alive: bool | None = None  # the hosts' network manager (lab.netd); None: not recorded
-    capacity: dict[str, Any] = field(default_factory=dict)  # lab capacity ({}: unlimited)
-
-
-@dataclass
-class RouterStatus:
-    name: str
-    daemons: dict[str, bool]  # FRR daemon -> alive
 
 
 @dataclass
@@ -447,7 +405,7 @@ class Lab:
             ipr.addr("add", index=idx, address=node.mgmt_address, prefixlen=24)
             ipr.link("set", index=idx, state="up")
         # 3. routes.
-        for ns, rts in host_routes(topo).items():
+        for ns, rts in routes.host_routes(topo).items():
             for rt in rts:
                 h[ns].route("add", **rt)
 
@@ -481,17 +439,12 @@ class Lab:
             self.state.add("processes", *recs)
 
     def routing(self, links: list[LinkStatus] | None = None) -> Convergence:
-        """The fabric's routing state against its links (see :mod:`lab.convergence`);
+        """The fabric's routing state against its links (:func:`lab.routes.routing`);
         ``links``: their states if the caller has just read them."""
         topo = self.topology
         if links is None:
             links = link_states(topo, set(self._namespaces()))
-        link_up = {lk.name: lk.up for lk in links}
-        fibs = convergence.read_fibs(topo)
-        sessions = []
-        for r in (*topo.leaves, *topo.spines):
-            sessions += frr.sessions(self.name, topo, r)
-        return convergence.assess(topo, link_up, fibs, sessions)
+        return routes.routing(self.name, topo, {lk.name: lk.up for lk in links})
 
     def wait_converged(self, timeout: float = 10.0, interval: float = 0.1) -> Convergence:
         """Poll :meth:`routing` until the fabric is converged or ``timeout`` passes."""
@@ -687,73 +640,10 @@ class Lab:
 
     # ----------------------------------------------------------------- status
     def status(self) -> LabStatus:
+        """What of this lab is up now (:mod:`lab.status`)."""
         require_root()
-        data = self.state.read()
-        present = self._namespaces()
-        present_set = set(present)
-        bridge = data.get("bridge")
-        nodes: list[NodeStatus] = []
-        links: list[LinkStatus] = []
-        bridge_exists = False
-        if bridge:
-            with IPRoute() as root:
-                bridge_exists = bool(root.link_lookup(ifname=bridge))
-        try:
-            topo: Topology | None = self.topology
-        except Exception:
-            topo = None
-        if topo is not None:
-            sshd_recs = {r["node"]: r for r in data.get("processes", []) if r.get("what") == "sshd"}
-            for name, ns, addr in [
-                *((h.name, h.namespace, h.mgmt_address) for h in topo.hosts),
-                *((b.name, b.namespace, b.mgmt_address) for b in topo.ops_boxes),
-            ]:
-                rec = sshd_recs.get(name)
-                ns_ok = ns in present_set
-                nodes.append(
-                    NodeStatus(
-                        name=name,
-                        namespace=ns,
-                        exists=ns_ok,
-                        sshd_pid=rec["pid"] if rec else None,
-                        sshd_alive=bool(rec and processes.alive(rec)),
-                        ssh_port_open=ns_ok and sshd.port_open(addr, 0.3),
-                    )
-                )
-            links = link_states(topo, present_set)
-        expected = 0
-        if topo is not None:
-            expected = len(topo.hosts) + len(topo.leaves) + len(topo.spines) + len(topo.ops_boxes)
-        faults = [
-            dict(f, alive=processes.alive(f)) if "pid" in f else f for f in data.get("faults", [])
-        ]
-        routing = None
-        routers: list[RouterStatus] = []
-        if topo is not None and present:
-            daemons: dict[str, dict[str, bool]] = {}
-            for rec in data.get("processes", []):
-                if rec.get("what") == "frr":
-                    daemons.setdefault(rec["node"], {})[rec["daemon"]] = processes.alive(rec)
-            routers = [
-                RouterStatus(r.name, daemons.get(r.name, {})) for r in (*topo.leaves, *topo.spines)
-            ]
-            routing = self.routing(links)
-        netd = [r for r in data.get("processes", []) if r.get("what") == "netd"]
-        return LabStatus(
-            name=self.name,
-            state_dir=self.dir,
-            recorded=bool(data),
-            bridge=bridge,
-            bridge_exists=bridge_exists,
-            namespaces_expected=expected,
-            namespaces_present=present,
-            nodes=nodes,
-            links=links,
-            faults=faults,
-            routing=routing,
-            routers=routers,
-            netd_alive=processes.alive(netd[0]) if netd else None,
-            capacity=dict(data.get("capacity") or {}),
+        return collect(
+            self.name, self.dir, self.state.read(), self._namespaces(), self.topology_path
         )
 
 
@@ -769,81 +659,3 @@ def _spawn(argv: list[str], log: Path, cwd: Path | None = None, **info: Any) -> 
             cwd=cwd,
         )
     return processes.record(proc.pid, **info)
-
-
-def host_routes(topo: Topology) -> dict[str, list[dict[str, Any]]]:
-    """Every host's static route: the backend 198.18.0.0/16 via its leaf (/31 access link).
-
-    Leaves and spines have no static routes: BGP installs theirs (:mod:`lab.frr`).
-    """
-    out: dict[str, list[dict[str, Any]]] = {}
-    for host in topo.hosts:
-        access = topo.access_link(host.name)
-        out.setdefault(host.namespace, []).append(
-            {"dst": convergence.HOST_ROUTE, "gateway": access.b.address}
-        )
-    return out
-
-
-def restore_host_routes(topo: Topology, namespaces: set[str] | None = None) -> int:
-    """Re-apply hosts' network configuration (what ``ifup`` does on a real host).
-
-    The kernel deletes a host's static route when its own ``bk0`` is set administratively
-    down; a host's network manager re-adds it when the interface comes back. Only hosts:
-    leaves and spines learn every route from BGP. Returns routes added.
-    """
-    added = 0
-    for ns, rts in host_routes(topo).items():
-        if namespaces is not None and ns not in namespaces:
-            continue
-        with IPRoute(netns=ns, flags=0) as ipr:
-            have = {
-                f"{r.get_attr('RTA_DST')}/{r['dst_len']}"
-                for r in ipr.get_routes(family=socket.AF_INET, table=254)
-            }
-            for rt in rts:
-                if rt["dst"] not in have:
-                    try:
-                        ipr.route("replace", **rt)
-                    except NetlinkError as exc:
-                        # Its interface is still down: re-added when it comes back up.
-                        if exc.code not in (errno.ENETUNREACH, errno.ENETDOWN):
-                            raise
-                        continue
-                    added += 1
-    return added
-
-
-def link_states(topo: Topology, present: set[str]) -> list[LinkStatus]:
-    """Operational state and root qdisc of both ends of every link."""
-    by_ns: dict[str, dict[str, tuple[bool, list[str]]]] = {}
-    for ns in {e.namespace for lk in topo.links for e in (lk.a, lk.b)} & present:
-        info: dict[str, tuple[bool, list[str]]] = {}
-        try:
-            with IPRoute(netns=ns, flags=0) as ipr:
-                names = {}
-                for link in ipr.get_links():
-                    ifname = link.get_attr("IFLA_IFNAME")
-                    names[link["index"]] = ifname
-                    up = link.get_attr("IFLA_OPERSTATE") == "UP"
-                    info[ifname] = (up, [])
-                for q in ipr.get_qdiscs():
-                    kind = q.get_attr("TCA_KIND")
-                    ifname = names.get(q["index"])
-                    if (
-                        ifname in info
-                        and kind in {"tbf", "netem", "htb"}
-                        and q["parent"] == 0xFFFFFFFF
-                    ):
-                        info[ifname][1].append(kind)
-        except (OSError, NetlinkError):
-            continue
-        by_ns[ns] = info
-    out = []
-    for lk in topo.links:
-        a = by_ns.get(lk.a.namespace, {}).get(lk.a.interface)
-        b = by_ns.get(lk.b.namespace, {}).get(lk.b.interface)
-        qd = [f"{lk.a.node}:{k}" for k in (a[1] if a else [])]
-        qd += [f"{lk.b.node}:{k}" for k in (b[1] if b else [])]
-        out.append(LinkStatus(lk.name, a[0] if a else None, b[0] if b else None, qd))
-    return out

@@ -35,7 +35,9 @@ from pyroute2 import IPRoute, NetlinkError, netns
 
 from lab import capacity, processes
 from lab.capacity import parse_rate
-from lab.fabric import Lab, LabError, link_states, restore_host_routes
+from lab.fabric import Lab, LabError
+from lab.routes import restore_host_routes
+from lab.status import link_states
 from lab.topology import Host, Link, LinkEnd, Topology
 
 PROBE_BURST = 64

@@ -27,8 +27,8 @@ from pathlib import Path
 
 from pyroute2 import netns
 
-from lab.fabric import host_routes, restore_host_routes
 from lab.processes import NETNS_DIR
+from lab.routes import host_routes, restore_host_routes
 from lab.topology import load
 
 RTMGRP_LINK = 0x1

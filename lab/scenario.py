@@ -167,6 +167,11 @@ class Scenario:
                 "how": "lab saturate"})  # fmt: skip
             loadgen.saturate(self.lab, link, direction, CAPACITY)
             f.start_ns = time.time_ns()  # onset: the load runs (its port search took seconds)
+        return self._hold(f, seconds)
+
+    def _hold(self, f: Fault, seconds: float) -> Fault:
+        """Leave fault ``f`` in place ``seconds``, then heal the lab (also on failure) and
+        stamp ``f``'s end."""
         try:
             time.sleep(seconds)
         finally:
@@ -228,12 +233,7 @@ class Scenario:
         f = Fault("silent_drop", "silent_drop", where, start, detail={
             "switch": spine, "to": rec["to"], "share": rec["share"], "how": rec["how"],
             "seconds": round(seconds, 1)})  # fmt: skip
-        try:
-            time.sleep(seconds)
-        finally:
-            faults.heal(self.lab)
-            f.end_ns = time.time_ns()
-        return f
+        return self._hold(f, seconds)
 
     def _clean(self) -> Fault:
         f = Fault("clean", "none", "", time.time_ns())

@@ -399,6 +399,38 @@ def _same(
     return same[-1].remediation_id if same else new
 
 
+def _hosts_plan(
+    a: StoredAnomaly,
+    action: str,
+    target: str,
+    hosts: list[str],
+    fleet_size: int,
+    caps: Caps,
+    in_force: list[records.Remediation],
+    *,
+    summary: str,
+    undo: str,
+    **cap: Any,
+) -> Plan:
+    """A plan for anomaly ``a`` that changes nccl.conf on ``hosts`` (``spread_flows``,
+    ``roce_v2_gid``): refused past the fleet's cap, under the id of the same remediation in
+    force if there is one, undone by the action ``undo`` on the same ``target``; ``cap``:
+    what its blast radius names besides the hosts."""
+    fleet, max_hosts = _hosts_cap(hosts, fleet_size, caps)
+    new = records.new_id(a.anomaly_id, action, target)
+    return Plan(
+        remediation_id=_same(in_force, a.anomaly_id, action, new, target),
+        anomaly_id=a.anomaly_id,
+        action=action,
+        target=target,
+        summary=summary,
+        hosts=hosts,
+        targets=hosts,
+        cap={"hosts": len(hosts), "fleet": fleet, "max_hosts": max_hosts, **cap},
+        undo={"action": undo, "target": target},
+    )
+
+
 def _spread_flows(
     topology: dict[str, Any], a: StoredAnomaly, caps: Caps, in_force: list[records.Remediation]
 ) -> Plan:
@@ -417,29 +449,14 @@ def _spread_flows(
         raise Refused(
             f"anomaly {a.anomaly_id}: names no hosts of the topology (evidence.job_hosts)"
         )
-    fleet, cap = _hosts_cap(hosts, len(known), caps)
-    return Plan(
-        remediation_id=_same(
-            in_force,
-            a.anomaly_id,
-            "spread_flows",
-            records.new_id(a.anomaly_id, "spread_flows", a.link),
-            a.link,
-        ),
-        anomaly_id=a.anomaly_id,
-        action="spread_flows",
-        target=a.link,
-        summary=(
-            f"set NCCL_IB_QPS_PER_CONNECTION={SPREAD_QPS} in nccl.conf on {', '.join(hosts)} "
-            f"(jobs {', '.join(jobs)}): each connection gets {SPREAD_QPS} queue pairs, each "
-            f"its own UDP source port, so ECMP spreads them off {a.link}; jobs pick it up "
-            "when they start"
-        ),
-        hosts=hosts,
-        targets=hosts,
-        cap={"hosts": len(hosts), "fleet": fleet, "max_hosts": cap, "jobs": jobs},
-        undo={"action": "spread_restore", "target": a.link},
-    )
+    return _hosts_plan(
+        a, "spread_flows", a.link, hosts, len(known), caps, in_force,
+        summary=f"set NCCL_IB_QPS_PER_CONNECTION={SPREAD_QPS} in nccl.conf on "
+        f"{', '.join(hosts)} (jobs {', '.join(jobs)}): each connection gets {SPREAD_QPS} queue "
+        f"pairs, each its own UDP source port, so ECMP spreads them off {a.link}; jobs pick "
+        "it up when they start",
+        undo="spread_restore", jobs=jobs,
+    )  # fmt: skip
 
 
 def _roce_v2_gid(
@@ -457,28 +474,13 @@ def _roce_v2_gid(
             "cannot override a job's environment; restart it with a RoCE v2 index "
             "(clockmesh collector gids on a host names it)"
         )
-    fleet, cap = _hosts_cap(hosts, len(topology.get("hosts", [])), caps)
-    return Plan(
-        remediation_id=_same(
-            in_force,
-            a.anomaly_id,
-            "roce_v2_gid",
-            records.new_id(a.anomaly_id, "roce_v2_gid", a.job_id),
-            a.job_id,
-        ),
-        anomaly_id=a.anomaly_id,
-        action="roce_v2_gid",
-        target=a.job_id,
-        summary=(
-            f"set NCCL_IB_GID_INDEX in nccl.conf to each host's RoCE v2 GID (from its GID "
-            f"table) on the {len(hosts)} host(s) of job {a.job_id} on RoCE v1: "
-            f"{', '.join(hosts)}; jobs that set no index pick it up when they start"
-        ),
-        hosts=hosts,
-        targets=hosts,
-        cap={"hosts": len(hosts), "fleet": fleet, "max_hosts": cap},
-        undo={"action": "roce_gid_restore", "target": a.job_id},
-    )
+    return _hosts_plan(
+        a, "roce_v2_gid", a.job_id, hosts, len(topology.get("hosts", [])), caps, in_force,
+        summary=f"set NCCL_IB_GID_INDEX in nccl.conf to each host's RoCE v2 GID (from its GID "
+        f"table) on the {len(hosts)} host(s) of job {a.job_id} on RoCE v1: "
+        f"{', '.join(hosts)}; jobs that set no index pick it up when they start",
+        undo="roce_gid_restore",
+    )  # fmt: skip
 
 
 def plan_undo(

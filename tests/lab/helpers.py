@@ -1,11 +1,18 @@
-"""Small helpers the lab tests share."""
+"""Small helpers the lab tests share, and the one way they start an ops box and a fleet."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import secrets
 import subprocess
 import time
-from collections.abc import Callable
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
+
+from lab import fleet
 
 
 def wait_for(pred: Callable[[], Any], timeout: float, what: str, every: float = 0.1) -> Any:
@@ -40,3 +47,39 @@ def spine_for(lab: Any, src: str, dst: str, sport: int, dport: int | None = None
             if lk.kind == "fabric" and lk.a.node == leaf.node and lk.a.interface == dev
         )
     )
+
+
+@contextlib.contextmanager
+def opsbox_fleet(
+    lab: Any,
+    base: Path,
+    *,
+    probe: dict[str, Any] | None = None,
+    ship_timeout_s: float = 30.0,
+    **opsbox: Any,
+) -> Iterator[dict[str, Any]]:
+    """An ops box beside ``lab`` (the real ``clockmesh ingest run`` on its management
+    bridge, store in ``base/store``; ``opsbox``: its config, e.g. ``detect_clear_s``) and a
+    collector in every host (config and spool under ``base/hosts``; ``probe``: their probe
+    settings) shipping to it under a fresh fleet key. Yields once every host has shipped
+    (within ``ship_timeout_s``) ``{"lab", "url", "live", "store", "hosts"}`` (``live()``:
+    the daemon's ``/v1/live``); stops the collectors, then the ops box, on the way out,
+    also on failure."""
+    key = secrets.token_hex(16).encode()
+    box = None
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    try:
+        box, url = fleet.start_opsbox(lab, base, key, **opsbox)
+        procs = fleet.start(lab, base / "hosts", key, url, probe)
+
+        def live() -> dict[str, Any]:
+            with urllib.request.urlopen(url + "/v1/live", timeout=10) as resp:
+                return dict(json.load(resp))
+
+        n = len(lab.topology.hosts)
+        wait_for(lambda: len(live()["hosts"]) == n, ship_timeout_s, "every host shipping")
+        yield {"lab": lab, "url": url, "live": live, "store": base / "store",
+               "hosts": base / "hosts"}  # fmt: skip
+    finally:
+        fleet.stop(procs)
+        fleet.stop_opsbox(box)

@@ -16,6 +16,7 @@ import yaml
 
 from lab import fleet
 from lab.fabric import Lab
+from tests.lab.helpers import opsbox_fleet
 
 pytestmark = [pytest.mark.root, pytest.mark.lab]
 
@@ -27,13 +28,9 @@ def test_audit_flags_the_v1_host_and_the_dead_link_and_passes_the_rest(
     lab_factory: Callable[..., Lab], tmp_path: Path
 ) -> None:
     lab = lab_factory("a", spines=2, leaves=2, hosts_per_leaf=2)
-    key = b"audit-lab-fleet-key-0123456789ab"
-    opsbox, procs = None, {}
     v1_host, dead_host = "h1-1", "h2-2"
-    try:
-        opsbox, url = fleet.start_opsbox(lab, tmp_path, key)
-        procs = fleet.start(lab, tmp_path / "hosts", key, url)
-        inv_path = fleet.opsbox_inventory(lab, tmp_path / "store", tmp_path / "inventory.yml")
+    with opsbox_fleet(lab, tmp_path) as site:
+        inv_path = fleet.opsbox_inventory(lab, site["store"], tmp_path / "inventory.yml")
         inv = yaml.safe_load(inv_path.read_text())
         # The fleet's collectors run from this checkout: the audit uses the same CLI and
         # each host's collector.yml; nccl.conf per host (the lab's hosts share /etc).
@@ -57,9 +54,6 @@ def test_audit_flags_the_v1_host_and_the_dead_link_and_passes_the_rest(
         )  # fmt: skip
         assert run.returncode == 0, run.stdout[-4000:]
         assert "changed=0" in run.stdout and "changed=1" not in run.stdout  # read-only
-    finally:
-        fleet.stop(procs)
-        fleet.stop_opsbox(opsbox)
 
     show = subprocess.run([str(BIN / "clockmesh"), "audit", "show", "--json", "--store",
                            str(tmp_path / "store")], capture_output=True, text=True)  # fmt: skip

@@ -11,16 +11,14 @@ import json
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from lab import fleet
 from lab.fabric import Lab
-from tests.lab.helpers import wait_for
+from tests.lab.helpers import opsbox_fleet, wait_for
 
 pytestmark = [pytest.mark.root, pytest.mark.lab]
 
@@ -33,27 +31,17 @@ def opsbox(
     lab_factory: Callable[..., Lab], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, Any]]:
     lab = lab_factory("cu", spines=2, leaves=3, hosts_per_leaf=2)
-    base = tmp_path_factory.mktemp("culprit")
-    key = b"culprit-lab-fleet-key-0123456789"
-    opsbox_proc = None
-    procs: dict[str, subprocess.Popen[bytes]] = {}
-    try:
-        # The anomaly stays open 90 s after the link is stable: the checks below read the
-        # live picture while the loss is in its window.
-        opsbox_proc, url = fleet.start_opsbox(lab, base, key, detect_interval_s=0.2,
-                                              detect_clear_s=90)  # fmt: skip
-        procs = fleet.start(lab, base / "hosts", key, url, {"trace_interval_s": 1.0})
-
-        def live() -> dict[str, Any]:
-            with urllib.request.urlopen(url + "/v1/live", timeout=10) as resp:
-                return dict(json.load(resp))
-
-        n = len(lab.topology.hosts)
-        wait_for(lambda: len(live()["hosts"]) == n, 60, "every host shipping")
-        yield {"lab": lab, "url": url, "live": live}
-    finally:
-        fleet.stop(procs)
-        fleet.stop_opsbox(opsbox_proc)
+    # The anomaly stays open 90 s after the link is stable: the checks below read the
+    # live picture while the loss is in its window.
+    with opsbox_fleet(
+        lab,
+        tmp_path_factory.mktemp("culprit"),
+        probe={"trace_interval_s": 1.0},
+        ship_timeout_s=60,
+        detect_interval_s=0.2,
+        detect_clear_s=90,
+    ) as site:
+        yield site
 
 
 async def _tui_header(url: str, lab: Lab) -> tuple[str, dict[str, str]]:

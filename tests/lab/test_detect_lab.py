@@ -8,7 +8,6 @@ topology file.
 
 from __future__ import annotations
 
-import json
 import random
 import re
 import subprocess
@@ -22,9 +21,9 @@ import pytest
 
 from analytics.detect.flaps import ASSUMED_LIMIT_S
 from collector.job_nccl import qp_limit_s
-from lab import faults, fleet, jobgen
+from lab import faults, jobgen
 from lab.fabric import Lab
-from tests.lab.helpers import spine_for, wait_for
+from tests.lab.helpers import opsbox_fleet, spine_for, wait_for
 
 pytestmark = [pytest.mark.root, pytest.mark.lab]
 
@@ -52,38 +51,25 @@ def _opsbox(
 ) -> Iterator[dict[str, Any]]:
     # Three racks: with two, a missing path leaves its two fabric links indistinguishable.
     lab = lab_factory(name, spines=2, leaves=3, hosts_per_leaf=1)
-    topo = lab.topology
-    base = tmp_path_factory.mktemp("detect")
-    key = b"detect-lab-fleet-key-0123456789"
-    opsbox_proc = None
-    procs: dict[str, subprocess.Popen[bytes]] = {}
-    try:
-        opsbox_proc, url = fleet.start_opsbox(
-            lab,
-            base,
-            key,
-            detect_interval_s=0.2,
-            detect_clear_s=10,  # longer than the 5 s between the flaps below: one anomaly
-        )
-        procs = fleet.start(lab, base / "hosts", key, url, {"trace_interval_s": 1.0})
-
-        def live() -> dict[str, Any]:
-            with urllib.request.urlopen(url + "/v1/live", timeout=10) as resp:
-                return json.load(resp)
-
-        _wait(lambda: len(live()["hosts"]) == len(topo.hosts), 30, "every host shipping")
+    with opsbox_fleet(
+        lab,
+        tmp_path_factory.mktemp("detect"),
+        probe={"trace_interval_s": 1.0},
+        detect_interval_s=0.2,
+        detect_clear_s=10,  # longer than the 5 s between the flaps below: one anomaly
+    ) as site:
+        live = site["live"]
         # the tomography sees a path move only once it saw where it was: two trace rounds
         # (2 buddies in other racks x 8 ports each) of every host before any fault
 
         def traced() -> bool:
             return all(h["rows"].get("path_hop", 0) >= 32 for h in live()["hosts"])
 
-        _wait(traced, 30, "every host's paths traced twice")
-        yield {"lab": lab, "url": url, "store": base / "store", "live": live}
-    finally:
-        jobgen.stop_job(lab, "v1job")
-        fleet.stop(procs)
-        fleet.stop_opsbox(opsbox_proc)
+        try:
+            _wait(traced, 30, "every host's paths traced twice")
+            yield site
+        finally:
+            jobgen.stop_job(lab, "v1job")
 
 
 def _open(live: Callable[[], dict[str, Any]], kind: str) -> list[dict[str, Any]]:

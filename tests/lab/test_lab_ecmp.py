@@ -11,7 +11,8 @@ import pytest
 from pyroute2 import netns
 
 from lab import faults
-from lab.fabric import Lab, link_states
+from lab.fabric import Lab
+from lab.status import link_states
 from lab.topology import LinkEnd
 
 pytestmark = [pytest.mark.root, pytest.mark.lab]

@@ -6,7 +6,8 @@ import subprocess
 
 import pytest
 
-from lab.fabric import Lab, link_states
+from lab.fabric import Lab
+from lab.status import link_states
 
 pytestmark = [pytest.mark.root, pytest.mark.lab]
 

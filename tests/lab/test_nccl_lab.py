@@ -9,10 +9,8 @@ Lab jobs are started as a chosen NCCL version (``jobgen.start_job(..., nccl_vers
 
 from __future__ import annotations
 
-import json
 import subprocess
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -20,9 +18,9 @@ import pytest
 
 from analytics.report.report import Range, collect
 from collector.job_nccl import qp_limit_s
-from lab import fleet, jobgen
+from lab import jobgen
 from lab.fabric import Lab
-from tests.lab.helpers import wait_for
+from tests.lab.helpers import opsbox_fleet, wait_for
 
 pytestmark = [pytest.mark.root, pytest.mark.lab]
 
@@ -35,27 +33,13 @@ def site(
     lab_factory: Callable[..., Lab], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, Any]]:
     lab = lab_factory("n", spines=2, leaves=2, hosts_per_leaf=1)
-    base = tmp_path_factory.mktemp("nccl")
-    key = b"nccl-lab-fleet-key-0123456789abc"
-    opsbox_proc = None
-    procs: dict[str, subprocess.Popen[bytes]] = {}
-    try:
-        opsbox_proc, url = fleet.start_opsbox(lab, base, key, detect_interval_s=0.2,
-                                              detect_clear_s=10)  # fmt: skip
-        procs = fleet.start(lab, base / "hosts", key, url, {"trace_interval_s": 2.0})
-
-        def live() -> dict[str, Any]:
-            with urllib.request.urlopen(url + "/v1/live", timeout=10) as resp:
-                return json.load(resp)
-
-        n = len(lab.topology.hosts)
-        wait_for(lambda: len(live()["hosts"]) == n, 30, "every host shipping")
-        yield {"lab": lab, "live": live, "store": base / "store"}
-    finally:
-        for job in (*ROCE_JOBS, *FLAP_JOBS):
-            jobgen.stop_job(lab, job)
-        fleet.stop(procs)
-        fleet.stop_opsbox(opsbox_proc)
+    with opsbox_fleet(lab, tmp_path_factory.mktemp("nccl"), probe={"trace_interval_s": 2.0},
+                      detect_interval_s=0.2, detect_clear_s=10) as site:  # fmt: skip
+        try:
+            yield site
+        finally:
+            for job in (*ROCE_JOBS, *FLAP_JOBS):
+                jobgen.stop_job(lab, job)
 
 
 def _jobs(live: Callable[[], dict[str, Any]]) -> dict[str, dict[str, Any]]:

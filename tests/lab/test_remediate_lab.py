@@ -16,7 +16,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ from analytics.remediate import records
 from lab import fleet, frr
 from lab.fabric import Lab
 from lab.traffic import Mesh
-from tests.lab.helpers import spine_for, wait_for
+from tests.lab.helpers import opsbox_fleet, spine_for, wait_for
 
 pytestmark = [pytest.mark.root, pytest.mark.lab]
 
@@ -46,25 +45,11 @@ def site(
 ) -> Iterator[dict[str, Any]]:
     lab = lab_factory("r", spines=2, leaves=3, hosts_per_leaf=1)
     base = tmp_path_factory.mktemp("remediate")
-    key = b"remediate-lab-fleet-key-012345678"
-    opsbox = None
-    procs: dict[str, subprocess.Popen[bytes]] = {}
-    try:
-        opsbox, url = fleet.start_opsbox(lab, base, key, detect_interval_s=0.2, detect_clear_s=30)
-        procs = fleet.start(lab, base / "hosts", key, url, {"trace_interval_s": 1.0})
-
-        def live() -> dict[str, Any]:
-            with urllib.request.urlopen(url + "/v1/live", timeout=10) as resp:
-                return json.load(resp)
-
-        _wait(lambda: len(live()["hosts"]) == len(lab.topology.hosts), 30, "hosts shipping")
-        inventory = fleet.opsbox_inventory(lab, base / "store", base / "inventory.yml",
-                                           base / "hosts")  # fmt: skip
-        yield {"lab": lab, "live": live, "store": base / "store", "inventory": inventory,
-               "url": url}  # fmt: skip
-    finally:
-        fleet.stop(procs)
-        fleet.stop_opsbox(opsbox)
+    with opsbox_fleet(lab, base, probe={"trace_interval_s": 1.0}, detect_interval_s=0.2,
+                      detect_clear_s=30) as site:  # fmt: skip
+        site["inventory"] = fleet.opsbox_inventory(lab, site["store"], base / "inventory.yml",
+                                                   site["hosts"])  # fmt: skip
+        yield site
 
 
 def _playbook(site: dict[str, Any], name: str, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -270,9 +255,10 @@ def test_the_tui_runs_a_real_remediation_and_its_undo(site: dict[str, Any]) -> N
     four screens go to docs/img/ (the README shows them)."""
     from textual.widgets import Button, DataTable, Log
 
-    from tui.app import ClockmeshApp, ConfirmScreen, RemediationScreen
+    from tui.app import ClockmeshApp
     from tui.data import LiveSource, load_racks
     from tui.drill import LinkScreen
+    from tui.remediation import ConfirmScreen, RemediationScreen
 
     lab, live = site["lab"], site["live"]
     link = lab.topology.link(LINK)

@@ -13,7 +13,7 @@ from analytics.remediate import runner
 from tests.tui.sample import sample_live
 from tests.tui.test_tui import Feed, _app, _until
 from tui import preview
-from tui.app import RemediationScreen
+from tui.remediation import RemediationScreen
 
 PLAYBOOK = """
 - name: Remediate

@@ -22,8 +22,9 @@ from tests.tui.sample import (
     sample_store,
     sample_topology,
 )
-from tui.app import ClockmeshApp, ConfirmScreen, RemediationScreen
+from tui.app import ClockmeshApp
 from tui.drill import HostScreen, JobScreen, LinkScreen, PairScreen
+from tui.remediation import ConfirmScreen, RemediationScreen
 from tui.widgets import RowList
 
 NOW = T0 / 1e9
