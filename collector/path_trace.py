@@ -71,12 +71,15 @@ class PathTracer:
         self._retrace_at = 0.0  # earliest next re-trace after a change
         self._retrace_due = False
         self.retraced = False  # a re-trace went out: the agent ships its answers promptly
-        # The watch (every watch_interval_s): the 5-tuple that last crossed each uplink
-        # router, and, while paths are away from a router, one moved 5-tuple per (rack,
-        # router it left) until it crosses that router again (at most MOVED_WATCH_S).
+        # The watch (every watch_interval_s): per rack traced, the 5-tuple towards it that
+        # last crossed each uplink router (each rack's path through each spine: a leaf
+        # drops a spine from its group towards one rack, not all, when a link at that
+        # rack fails), and, while paths are away from a router, one moved 5-tuple per
+        # (rack, router it left) until it crosses that router again (at most MOVED_WATCH_S).
         self.watch_every = cfg.probe.watch_interval_s if self.trace_every else 0.0
         self.next_watch = self.next_trace
-        self._sentinel: dict[str, tuple[int, int]] = {}  # router -> (buddy, sport)
+        # (rack, router) -> (buddy, sport)
+        self._sentinel: dict[tuple[str, str], tuple[int, int]] = {}
         self._moved: dict[tuple[str, str], tuple[int, int, float]] = {}
         self._left: dict[tuple[int, int], str] = {}  # moved 5-tuple -> the router it left
         self.set_buddies([])
@@ -145,9 +148,10 @@ class PathTracer:
         return min(self.next_trace, self.next_watch) if self.watch_every else self.next_trace
 
     def watched(self, now: float) -> list[tuple[int, int]]:
-        """(buddy, sport) the watch traces: a 5-tuple across each uplink router (the
-        newest to cross it once the one before moved away), and one moved 5-tuple per
-        (rack, router it left) until it is back (for at most MOVED_WATCH_S)."""
+        """(buddy, sport) the watch traces: per rack, a 5-tuple towards it across each
+        uplink router (the newest to cross it once the one before moved away), and one
+        moved 5-tuple per (rack, router it left) until it is back (for at most
+        MOVED_WATCH_S). Buddies of no known rack count as one rack."""
         for k in [k for k, (_d, _p, t) in self._moved.items() if now - t > MOVED_WATCH_S]:
             del self._moved[k]
         keys = {*self._sentinel.values(), *((d, p) for d, p, _t in self._moved.values())}
@@ -219,10 +223,11 @@ class PathTracer:
         key = (dst, sport)
         before = self._hop_of.get(key)
         self._hop_of[key] = router
-        watching = self._sentinel.get(router)
-        if watching is None or self._hop_of.get(watching) != router:
-            self._sentinel[router] = key  # the router's watch: a 5-tuple that crosses it
         rack = self._rack_of.get(dst, "")
+        watching = self._sentinel.get((rack, router))
+        if watching is None or self._hop_of.get(watching) != router:
+            # the watch of this rack's path through the router: a 5-tuple that crosses it
+            self._sentinel[(rack, router)] = key
         away = self._moved.get((rack, router))
         if away is not None and (away[0], away[1]) == key:
             del self._moved[(rack, router)]  # back across the router it had left

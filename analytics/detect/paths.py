@@ -29,9 +29,9 @@ paths were unusable — from the link failing until the fabric routes over it ag
 includes the ~1.3 s BGP and BFD take to re-learn a returned link (no traffic crosses it
 until then). Each end is placed halfway between the traces that bound it: the newest trace
 across the link and the first that saw its paths go; the newest that showed a moved
-5-tuple still away and the first across the link again (collectors trace the last
-5-tuple across each uplink and every moved one every watch interval, 0.2 s, and time each
-answer by its trace's send time). Such a link is a ``flapping_link`` from its first
+5-tuple still away and the first across the link again (collectors trace, per rack, the
+last 5-tuple towards it across each uplink and every moved one every watch interval,
+0.2 s, and time each answer by its trace's send time). Such a link is a ``flapping_link`` from its first
 outage, like a host port (:mod:`analytics.detect.flaps`), naming the racks that lost a
 path; links suspected together share one anomaly (one key), and a twin is dropped from
 it as soon as the traces single the link out.
@@ -40,8 +40,9 @@ it as soon as the traces single the link out.
 on, and each path through it (X → Z) is rerouted once X's leaf drops its spine from the
 group towards Z — the first trace that saw one of its 5-tuples move. So no flow lost more
 than the newest of those first moves minus the newest trace across the link before the
-outage (known to the watch interval, 0.2 s, where the moving path is watched; to the
-trace round where it is not). Unknown while a path in use was not seen moving, and moot
+outage (known to the watch interval, 0.2 s: each rack's path through each spine is
+watched; to the trace round with the watch off). Unknown while a path in use (not away
+when the link failed) was not seen moving, and moot
 when the rack had no other path (every other link of its leaf out too, or silent for
 ``SILENT_NS``): then a job loses the outage.
 """
