@@ -368,8 +368,8 @@ class Collector:
         chunks = [(name, buf.take()) for name, buf in self.buffers.items() if len(buf)]
         if chunks:
             self.spool.write_many(chunks)  # one chunk per table, one write
-        if self.mesh is not None and self.mesh.path_changed:
-            self.mesh.path_changed = False
+        if self.mesh is not None and self.mesh.tracer.path_changed:
+            self.mesh.tracer.path_changed = False
             self._urgent = True
         now = time.monotonic()
         urgent = self._urgent and now - self._last_urgent >= URGENT_MIN_S
@@ -481,14 +481,14 @@ class Collector:
         }
 
     def _tracing_note(self) -> str:
-        mesh = self.mesh
-        if mesh is None:
+        if self.mesh is None:
             return ""
-        if mesh.trace_note:  # it was on and had to be turned off: say why
-            return mesh.trace_note
-        if not mesh.trace_every:
+        tracer = self.mesh.tracer
+        if tracer.trace_note:  # it was on and had to be turned off: say why
+            return tracer.trace_note
+        if not tracer.trace_every:
             return "off (probe.trace_interval_s: 0)"
-        return f"every {mesh.trace_every:g} s at TTL {mesh.trace_ttl}"
+        return f"every {tracer.trace_every:g} s at TTL {tracer.trace_ttl}"
 
     def write_status(self) -> None:
         path = Path(self.cfg.status_file)
@@ -624,9 +624,9 @@ class Collector:
                 tick = TICK_S * (1.0 + TICK_JITTER * (2.0 * self._tick_rng.random() - 1.0))
                 self.mesh.send_due(now, tick)
                 next_probes = now + tick
-            self.mesh.send_traces(now)
-            if self.mesh.retraced:  # a path moved: its re-trace's answers ship promptly
-                self.mesh.retraced = False
+            self.mesh.tracer.send_traces(now)
+            if self.mesh.tracer.retraced:  # a path moved: its re-trace's answers ship promptly
+                self.mesh.tracer.retraced = False
                 self._urgent_flush_at = now + RETRACE_DRAIN_S
             if self.rdma is not None:
                 self.rdma.poll()
@@ -655,7 +655,7 @@ class Collector:
                 next_status = now + STATUS_S
             # Timers run at tick granularity (at most TICK_S late; their rows carry
             # their own timestamps): one wake-up per tick, none extra for timers.
-            wake_at = min(next_probes, self.mesh.trace_due_at())  # the watch: 0.2 s
+            wake_at = min(next_probes, self.mesh.tracer.trace_due_at())  # the watch: 0.2 s
             if self._urgent_flush_at:
                 wake_at = min(wake_at, self._urgent_flush_at)
             elif self._urgent:  # held back by URGENT_MIN_S

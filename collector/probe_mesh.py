@@ -7,13 +7,15 @@ by ``seq % RING`` (no per-probe Python objects); kernel TX timestamps from the
 error queue fill the slot, and :meth:`ProbeMesh.flush` turns finished slots into
 PROBE_TX rows in bulk.
 
-Over 500 lines: the mesh's sockets and rings; path tracing goes to collector/path_trace.py (#27).
+Path tracing (trace rounds, the watch, their answers) is collector/path_trace.py's
+:class:`~collector.path_trace.PathTracer`, on this mesh's source-port sockets.
+
+Over 500 lines: one job, the probes' sockets and rings (send, drain, echo, flush share them).
 """
 
 from __future__ import annotations
 
 import errno
-import logging
 import socket
 import struct
 import time
@@ -27,6 +29,7 @@ from collector import records, timestamping
 from collector.config import CollectorConfig, Peer
 from collector.datagram_batch import DatagramBatch, sockaddr_in
 from collector.lab_clock import RecordingClock
+from collector.path_trace import PathTracer
 from collector.probe_packet import (
     BODY_SIZE,
     FLAG_ECHO,
@@ -45,7 +48,6 @@ from collector.record_buffer import RecordBuffer
 from collector.records import Transport, TsKind
 from collector.verbs_probe import ipv4_mapped_gid
 
-log = logging.getLogger("clockmesh.collector.probe")
 RING = 1 << 16
 _PENDING, _EMITTED, _FAILED = 1, 2, 3
 TX_WAIT_NS = 500_000_000  # a probe without a kernel TX timestamp after this gets a USER one
@@ -56,16 +58,6 @@ MAX_BATCHES = 8  # recvmmsg calls per socket and drain, so one busy socket canno
 MAX_PAIRS = 1024  # coded pairs per tick: 10,240 pairs/s at 10 ticks/s
 RX_SLOT = 128  # larger datagrams arrive truncated (MSG_TRUNC) and are malformed anyway
 ERR_SLOT = 256  # error-queue messages carry the looped-back packet with its headers
-# A trace probe: magic, destination host_id, send time (raw ns). Not a probe: the router
-# whose hop it is answers it, and it never reaches a collector (other racks only).
-_TRACE = struct.Struct("<4sqq")
-TRACE_MAGIC = b"CMTR"
-RETRACE_S = 0.5  # a path change re-traces every path at once, at most this often
-MOVED_WATCH_S = 120.0  # a moved 5-tuple is watched this long at most (then: the rounds)
-TRACE_AGE_NS = 10_000_000_000  # an answer's send time older than this is not believed
-# Per packet: the TTL, and no TX timestamp (the socket's timestamp counter must count
-# probes only; a trace would shift every probe's identity after it).
-_NO_TIMESTAMP = struct.pack("i", 0)
 _ARANGE4 = np.arange(4)
 _ARANGE8_SEQ = np.arange(8, 16)
 _ICMP_ERRNOS = {errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN}
@@ -138,41 +130,16 @@ class ProbeMesh:
         self.tx_socks: list[socket.socket] = []
         self._tx_ids = np.zeros((0, RING), np.uint64)  # [socket, send counter % RING] -> seq
         self._tx_count = np.zeros(0, np.int64)  # per socket: datagrams the kernel took
-        self.trace_every = cfg.probe.trace_interval_s
-        self.trace_ttl = cfg.probe.trace_ttl
-        self.trace_note = ""
-        self.icmp_sock: socket.socket | None = None
-        self.next_trace = time.monotonic() + 1.0
-        # Which router each traced (buddy, source port) crossed last: a change means the
-        # fabric's ECMP group changed (a link went or came back). Then every path is traced
-        # again at once and the answers ship without waiting for the next segment.
-        self._hop_of: dict[tuple[int, int], str] = {}
-        self.path_changed = False  # set by drain_traces, taken by the agent (urgent ship)
-        self._retrace_at = 0.0  # earliest next re-trace after a change
-        self._retrace_due = False
-        self.retraced = False  # a re-trace went out: the agent ships its answers promptly
-        # The watch (every watch_interval_s): the 5-tuple that last crossed each uplink
-        # router, and, while paths are away from a router, one moved 5-tuple per (rack,
-        # router it left) until it crosses that router again (at most MOVED_WATCH_S).
-        self.watch_every = cfg.probe.watch_interval_s if self.trace_every else 0.0
-        self.next_watch = self.next_trace
-        self._sentinel: dict[str, tuple[int, int]] = {}  # router -> (buddy, sport)
-        self._moved: dict[tuple[str, str], tuple[int, int, float]] = {}
-        self._left: dict[tuple[int, int], str] = {}  # moved 5-tuple -> the router it left
+        # Path tracing (collector/path_trace.py): on these source-port sockets, its
+        # counters in these stats.
+        self.tracer = PathTracer(cfg, clock, buffers, self.stats)
         self.set_buddies(buddies)
         self.next_due = time.monotonic()
 
     # ---- set-up ---------------------------------------------------------------------
     def set_buddies(self, buddies: list[Peer]) -> None:
         self.buddies = buddies
-        # Traced: buddies in other racks (in the own rack, hop 2 would be the buddy itself).
-        self._trace_to = [
-            (records.host_id(p.name), p.address)
-            for p in buddies
-            if not (p.rack and p.rack == self.cfg.rack)
-        ]
-        self._rack_of = {records.host_id(p.name): p.rack for p in buddies}
-        self._address_of = dict(self._trace_to)
+        self.tracer.set_buddies(buddies)
         self._dst = [(records.host_id(p.name), p.address) for p in buddies]
         self._dst_ids = np.array([d for d, _a in self._dst], np.int64)
         self._templates_qpn = -1  # rebuilt on the next send
@@ -193,13 +160,7 @@ class ProbeMesh:
     def open(self) -> list[socket.socket]:
         addr = self.cfg.backend.address
         self.rx_sock = timestamping.udp_socket(addr, self.port, tx_timestamps=False)
-        if self.trace_every and self.icmp_sock is None:
-            try:
-                self.icmp_sock = timestamping.icmp_socket()
-            except OSError as exc:  # no CAP_NET_RAW: probes go on, paths stay unknown
-                self.trace_every = 0
-                self.trace_note = f"path tracing off: no raw ICMP socket ({exc})"
-                log.warning("event=trace_off reason=%r", str(exc))
+        self.tracer.open()
         try:
             for i in range(self.cfg.probe.ports_per_buddy):
                 sock = timestamping.udp_socket(
@@ -208,6 +169,7 @@ class ProbeMesh:
                 self.tx_socks.append(sock)
             self._tx_ids = np.zeros((len(self.tx_socks), RING), np.uint64)
             self._tx_count = np.zeros(len(self.tx_socks), np.int64)
+            self.tracer.socks = self.tx_socks
             # Probes, echoes and traces in the RDMA traffic class (RoCE v2's DSCP): they
             # measure the queue RDMA traffic sees, not the best-effort one.
             for sock in [self.rx_sock, *self.tx_socks]:
@@ -218,11 +180,11 @@ class ProbeMesh:
         return [self.rx_sock, *self.tx_socks]
 
     def close(self) -> None:
-        for sock in [self.rx_sock, *self.tx_socks, self.icmp_sock]:
+        for sock in [self.rx_sock, *self.tx_socks]:
             if sock is not None:
                 sock.close()
+        self.tracer.close()
         self.rx_sock = None
-        self.icmp_sock = None
         self.tx_socks = []
         self._tx_count = np.zeros(0, np.int64)
 
@@ -461,7 +423,7 @@ class ProbeMesh:
             return
         socks = list(enumerate(self.tx_socks))
         self._drain(self._errb, socks, timestamping.MSG_ERRQUEUE, self._on_tx_timestamps)
-        self.drain_traces()
+        self.tracer.drain()
         self._drain(self._rxb, [*socks, (-1, self.rx_sock)], 0, self._on_received)
 
     def _drain(
@@ -652,142 +614,6 @@ class ProbeMesh:
         self.stats["echoes_sent"] += sent
         if errors:
             self.stats["echo_send_errors"] += errors
-
-    def send_traces(self, now: float) -> None:
-        """Every trace interval: one TTL-limited probe per (traced buddy, source port);
-        every watch interval: the watched 5-tuples (see :meth:`watched`)."""
-        if not self.trace_every or not self.tx_socks:
-            return
-        if now >= self.next_trace:
-            self.next_trace = now + self.trace_every
-            self.stats["trace_rounds"] += 1
-            if self._retrace_due:
-                self._retrace_due = False
-                self.retraced = True
-            anc = self._trace_anc()
-            for dst, address in self._trace_to:
-                for sock in self.tx_socks:
-                    if not self._send_trace(sock, dst, address, anc):
-                        return
-            self.next_watch = now + self.watch_every  # this round traced them all
-        if self.watch_every and now >= self.next_watch:
-            self.next_watch = now + self.watch_every
-            anc = self._trace_anc()
-            base = self.cfg.probe.base_sport
-            for dst, sport in self.watched(now):
-                to = self._address_of.get(dst)
-                i = sport - base
-                if to is None or not 0 <= i < len(self.tx_socks):
-                    continue
-                if not self._send_trace(self.tx_socks[i], dst, to, anc):
-                    return
-                self.stats["watch_traces"] += 1
-
-    def trace_due_at(self) -> float:
-        """When the next trace (round or watch) is due, monotonic; inf when off."""
-        if not self.trace_every or not self.tx_socks:
-            return float("inf")
-        return min(self.next_trace, self.next_watch) if self.watch_every else self.next_trace
-
-    def watched(self, now: float) -> list[tuple[int, int]]:
-        """(buddy, sport) the watch traces: a 5-tuple across each uplink router (the
-        newest to cross it once the one before moved away), and one moved 5-tuple per
-        (rack, router it left) until it is back (for at most MOVED_WATCH_S)."""
-        for k in [k for k, (_d, _p, t) in self._moved.items() if now - t > MOVED_WATCH_S]:
-            del self._moved[k]
-        keys = {*self._sentinel.values(), *((d, p) for d, p, _t in self._moved.values())}
-        return sorted(keys)
-
-    def _trace_anc(self) -> list[tuple[int, int, bytes]]:
-        return [
-            (socket.IPPROTO_IP, timestamping.IP_TTL, struct.pack("i", self.trace_ttl)),
-            (socket.SOL_SOCKET, timestamping.SO_TIMESTAMPING, _NO_TIMESTAMP),
-        ]
-
-    def _send_trace(
-        self, sock: socket.socket, dst: int, address: str, anc: list[tuple[int, int, bytes]]
-    ) -> bool:
-        """One trace probe; False once the kernel refused tracing (then it is off)."""
-        payload = _TRACE.pack(TRACE_MAGIC, dst, time.time_ns())
-        try:
-            sock.sendmsg([payload], anc, 0, (address, self.port))
-            self.stats["traces_sent"] += 1
-        except BlockingIOError:
-            self.stats["trace_send_errors"] += 1
-        except OSError as exc:
-            if exc.errno in (errno.EINVAL, errno.ENOPROTOOPT):
-                self.trace_every = 0
-                self.trace_note = f"path tracing off: the kernel refused it ({exc})"
-                log.warning("event=trace_off reason=%r", str(exc))
-                return False
-            self.stats["trace_send_errors"] += 1
-        return True
-
-    def drain_traces(self) -> None:
-        """Answers to trace probes from the raw ICMP socket: one path_hop row each, at
-        the time the trace was sent (when the path was as its answer says)."""
-        sock = self.icmp_sock
-        if sock is None:
-            return
-        now = self.clock.now()
-        raw = time.time_ns()
-        base = self.cfg.probe.base_sport
-        ports = range(base, base + len(self.tx_socks))
-        for _ in range(4096):
-            try:
-                packet = sock.recv(2048)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
-                self.stats["trace_recv_errors"] += 1
-                return
-            got = timestamping.parse_time_exceeded(packet)
-            if got is None:
-                continue
-            router, _dst_addr, sport, dport, payload = got
-            if dport != self.port or sport not in ports or len(payload) < _TRACE.size:
-                continue
-            magic, dst, sent = _TRACE.unpack_from(payload)
-            if magic != TRACE_MAGIC:
-                continue
-            fresh = 0 <= raw - sent < TRACE_AGE_NS  # our own send time (else: drained now)
-            self.buffers["path_hop"].append(
-                self.clock.skew(sent) if fresh else now,
-                self.me, dst, sport, self.trace_ttl, router.encode(), raw - sent,
-            )  # fmt: skip
-            self.stats["trace_answers"] += 1
-            self._answered(dst, sport, router)
-
-    def _answered(self, dst: int, sport: int, router: str) -> None:
-        """Bookkeeping of one answer: the router this 5-tuple crosses now."""
-        key = (dst, sport)
-        before = self._hop_of.get(key)
-        self._hop_of[key] = router
-        watching = self._sentinel.get(router)
-        if watching is None or self._hop_of.get(watching) != router:
-            self._sentinel[router] = key  # the router's watch: a 5-tuple that crosses it
-        rack = self._rack_of.get(dst, "")
-        away = self._moved.get((rack, router))
-        if away is not None and (away[0], away[1]) == key:
-            del self._moved[(rack, router)]  # back across the router it had left
-        if before is not None and before != router:
-            if self._left.pop(key, None) != router and self.watch_every:
-                self._left[key] = before  # it left this router (not: came back to one)
-                self._moved.setdefault((rack, before), (dst, sport, time.monotonic()))
-            self._path_moved()
-
-    def _path_moved(self) -> None:
-        """A traced 5-tuple crossed another spine than last time: ship now, and trace
-        every path again at once (at most once per RETRACE_S) so the ops box sees the
-        whole new picture, not one path of it."""
-        if not self.path_changed:
-            self.stats["path_changes"] += 1
-        self.path_changed = True
-        now = time.monotonic()
-        if now >= self._retrace_at:
-            self._retrace_at = now + RETRACE_S
-            self.next_trace = now
-            self._retrace_due = True
 
     def _on_tx_timestamps(self, n: int) -> None:
         b = self._errb

@@ -29,9 +29,9 @@ paths were unusable — from the link failing until the fabric routes over it ag
 includes the ~1.3 s BGP and BFD take to re-learn a returned link (no traffic crosses it
 until then). Each end is placed halfway between the traces that bound it: the newest trace
 across the link and the first that saw its paths go; the newest that showed a moved
-5-tuple still away and the first across the link again (collectors trace the last
-5-tuple across each uplink and every moved one every watch interval, 0.2 s, and time each
-answer by its trace's send time). Such a link is a ``flapping_link`` from its first
+5-tuple still away and the first across the link again (collectors trace, per rack, the
+last 5-tuple towards it across each uplink and every moved one every watch interval,
+0.2 s, and time each answer by its trace's send time). Such a link is a ``flapping_link`` from its first
 outage, like a host port (:mod:`analytics.detect.flaps`), naming the racks that lost a
 path; links suspected together share one anomaly (one key), and a twin is dropped from
 it as soon as the traces single the link out.
@@ -40,8 +40,9 @@ it as soon as the traces single the link out.
 on, and each path through it (X → Z) is rerouted once X's leaf drops its spine from the
 group towards Z — the first trace that saw one of its 5-tuples move. So no flow lost more
 than the newest of those first moves minus the newest trace across the link before the
-outage (known to the watch interval, 0.2 s, where the moving path is watched; to the
-trace round where it is not). Unknown while a path in use was not seen moving, and moot
+outage (known to the watch interval, 0.2 s: each rack's path through each spine is
+watched; to the trace round with the watch off). Unknown while a path in use (not away
+when the link failed) was not seen moving, and moot
 when the rack had no other path (every other link of its leaf out too, or silent for
 ``SILENT_NS``): then a job loses the outage.
 """
@@ -371,10 +372,9 @@ class FabricPaths:
         had moved to another spine by its first trace off it, so no flow lost more than
         the newest of those first moves minus ``last_ok_ns`` (the reroute's bound). Not
         known (0: a job is judged on the outage) while a path in use (traced across it in the
-        10 s before, and not still seen away from it since an earlier outage) was not
-        seen moving,
-        or when every other link of the leaf was out too (suspected, or silent for
-        ``SILENT_NS``): the rack had no path left."""
+        10 s before, and not away from it then since an earlier outage: :meth:`_away`) was
+        not seen moving, or when every other link of the leaf was out too (suspected, or
+        silent for ``SILENT_NS``): the rack had no path left."""
         lk = self.links[name]
         o = st.outages[-1]
         others = [n for n, x in self.links.items() if x.leaf == lk.leaf and n != name]
@@ -387,12 +387,12 @@ class FabricPaths:
         if not st.last_ok_ns or st.every_path_lost:
             return
         ends = [(x, z) for (x, z, y) in self.last_seen if y == lk.spine and lk.leaf in (x, z)]
-        # in use: traced across it lately, and not still seen away from it since an
-        # earlier outage (no trace of it crossed the link since: its flows were elsewhere)
+        # in use: traced across it lately, and not away from it when it failed (its flows
+        # were elsewhere) — also once such a path is back: this is recomputed when the
+        # outage ends, and its first trace back may be the one that ends it
         in_use = {p for p in ends
                   if st.last_ok_ns - self.last_seen[(*p, lk.spine)] < IN_USE_NS
-                  and self.gone.get((*p, lk.spine), _Gone(st.last_ok_ns)).since_ns
-                  >= st.last_ok_ns}  # fmt: skip
+                  and not self._away(p, lk.spine, st.last_ok_ns)}  # fmt: skip
         moved = {p: self.moved_at.get((*p, lk.spine), 0) for p in in_use}
         # The link's own leaf drops it from every ECMP group at once (its carrier or BFD):
         # one of its paths seen moving bounds them all. A path towards its rack from
@@ -402,6 +402,16 @@ class FabricPaths:
                 for (x, _z), t in moved.items()]  # fmt: skip
         if in_use and all(t >= st.last_ok_ns for t in seen):
             o.reroute_ns = max(1, max(seen) - st.last_ok_ns)
+
+    def _away(self, p: tuple[str, str], spine: str, at_ns: int) -> bool:
+        """Was path ``p`` (racks X → Z) through ``spine`` away at ``at_ns``: gone since
+        before it (an earlier outage), and not seen back by then (still gone, or back only
+        after it — a leaf that re-learned the spine late, after the link failed again)?"""
+        g = self.gone.get((*p, spine))
+        if g is not None:
+            return g.since_ns < at_ns
+        moved = self.moved_at.get((*p, spine), 0)
+        return 0 < moved < at_ns < self.returned.get((*p, spine), 0)
 
     def _lead(self, twins: tuple[str, ...]) -> str:
         """The member of a suspected group whose anomaly it is observed under: the one

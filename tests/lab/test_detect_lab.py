@@ -376,13 +376,6 @@ def test_spine_side_flaps_of_every_fabric_link_are_measured_to_a_third_of_a_seco
     print("\n".join(report))
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="known detector gap (open, issue 26): on a loaded machine a leaf–spine outage's "
-    "reroute is sometimes not measured (a path in use not seen moving by the watch traces); "
-    "the verdict then says 'may not survive … reroute not measured' instead of judging on "
-    "the reroute — 1 of 3 fresh-clone runs on 2026-11-26 ('reroute reported within None s')",
-)
 def test_jobs_crossing_a_fabric_link_routed_around_are_judged_on_the_reroute(
     fresh_opsbox: dict[str, Any],
 ) -> None:

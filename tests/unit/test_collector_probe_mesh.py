@@ -255,26 +255,27 @@ def test_the_watch_follows_each_router_and_a_moved_path_until_it_is_back(
     a_addr, b_addr = f"{net}.1", f"{net}.2"
     port = free_udp_port(a_addr)
     a = _mesh(tmp_path, "wa", a_addr, "wb", b_addr, port, watch_interval_s=0.2)
+    t = a.tracer
     try:
         dst, base = records.host_id("wb"), port + 1
         p0, p1, p2, p3 = ((dst, base + p) for p in range(4))
         now = time.monotonic()
         for p in range(4):  # a round: ports 0, 2 on spine A, 1, 3 on spine B
-            a._answered(dst, base + p, "10.9.0.1" if p % 2 == 0 else "10.9.0.3")
-        assert a.watched(now) == [p0, p1]
-        assert not a.path_changed
-        a._answered(*p2, "10.9.0.3")  # spine A left the group
-        assert a.path_changed and a.stats["path_changes"] == 1
-        assert a.watched(now) == [p0, p1, p2]  # p2 is watched until it is back on A
-        a._answered(*p0, "10.9.0.3")  # a second moved 5-tuple: one per router is enough
-        assert a.watched(now) == [p0, p1, p2]
-        a._answered(*p2, "10.9.0.1")  # back: A's watch is p2 now, p0 no longer moved
-        a._answered(*p0, "10.9.0.1")
-        assert a._moved == {} and a.watched(now) == [p1, p2]
-        a._answered(*p1, "10.9.0.1")  # off B: B's watch moves on to a 5-tuple on B
-        a._answered(*p3, "10.9.0.3")
-        assert a.watched(now) == [p1, p2, p3]
-        assert a.watched(now + 121.0) == [p2, p3]  # a moved 5-tuple: 120 s at most
-        assert a.trace_due_at() == min(a.next_trace, a.next_watch)
+            t._answered(dst, base + p, "10.9.0.1" if p % 2 == 0 else "10.9.0.3")
+        assert t.watched(now) == [p0, p1]
+        assert not t.path_changed
+        t._answered(*p2, "10.9.0.3")  # spine A left the group
+        assert t.path_changed and t.stats["path_changes"] == 1
+        assert t.watched(now) == [p0, p1, p2]  # p2 is watched until it is back on A
+        t._answered(*p0, "10.9.0.3")  # a second moved 5-tuple: one per router is enough
+        assert t.watched(now) == [p0, p1, p2]
+        t._answered(*p2, "10.9.0.1")  # back: A's watch is p2 now, p0 no longer moved
+        t._answered(*p0, "10.9.0.1")
+        assert t._moved == {} and t.watched(now) == [p1, p2]
+        t._answered(*p1, "10.9.0.1")  # off B: B's watch moves on to a 5-tuple on B
+        t._answered(*p3, "10.9.0.3")
+        assert t.watched(now) == [p1, p2, p3]
+        assert t.watched(now + 121.0) == [p2, p3]  # a moved 5-tuple: 120 s at most
+        assert t.trace_due_at() == min(t.next_trace, t.next_watch)
     finally:
         a.close()

@@ -694,6 +694,39 @@ def test_a_fabric_link_routed_around_is_judged_on_the_reroute_not_the_outage() -
     ), obs.summary
 
 
+def test_a_path_still_away_from_an_earlier_outage_leaves_the_next_reroute_measured() -> None:
+    """leaf2-spine1 goes down (5.05–8.35 s) and again at 8.6 s, before leaf3 re-learned
+    spine1 towards rack 2: rack 3's path to rack 2 through spine1 was away when the link
+    failed again (no flow of it to reroute) and comes back only with the link at 13 s —
+    its trace back is among the first across the link, so the outage's end sees it. The
+    second outage's reroute is still measured, from the paths in use when it failed (the
+    lab's "reroute reported within None s" of a link's second, quick flap)."""
+    from analytics.detect.paths import FabricPaths
+
+    links, host_rack, hosts = _fabric(3)
+    paths = FabricPaths(links, host_rack)
+    rack3 = set(hosts["leaf3"])
+    t = 0.0
+    while t < 15.0:
+        ends = [(5.05, 8.35), (8.6, 13.0)]
+        down = {"leaf2-spine1"} if any(a <= t < b for a, b in ends) else set()
+        late = {"leaf2-spine1"} if 5.05 <= t < 13.0 else set()  # leaf3's view of it
+        rows = np.concatenate([_round(links, hosts, t, down), _round(links, hosts, t, late)])
+        from_rack3 = np.isin(rows["src"], list(rack3))
+        half = len(rows) // 2
+        keep = np.r_[~from_rack3[:half], from_rack3[half:]]
+        paths.feed(rows[keep])
+        paths.observations(int(t * S) + S // 10)
+        t = round(t + 0.2, 6)
+    (obs,) = paths.observations(15 * S)
+    e = obs.evidence
+    assert len(e["outages_s"]) == 2 and e["every_path_lost"] == [False, False], e
+    # each: the last trace across it (5.0, 8.4 s) to the first round that saw its paths
+    # in use move (5.2, 8.6 s)
+    assert all(r is not None and 0.15 <= r <= 0.25 for r in e["reroutes_s"]), e["reroutes_s"]
+    assert "reroute not measured" not in obs.summary, obs.summary
+
+
 def test_a_rack_that_lost_every_spine_is_judged_on_the_outage() -> None:
     """leaf2-spine1 out from 5.05 to 10 s and leaf2-spine2 from 6.05 to 9.5 s: rack 2 had
     no path at all for most of it, so a job sees the outage, not a reroute."""
