@@ -173,6 +173,8 @@ class DetectRunner:
                 self.model_note = f"rules only: {exc}"
                 log.warning("event=detect_model_refused reason=%r", str(exc))
         self._queue: list[tuple[str, Any]] = []
+        self.queued_bytes = 0  # what the queue holds now
+        self.taken_bytes = 0  # what the last pass took from it
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -245,8 +247,10 @@ class DetectRunner:
                 data = data.filter(pa.array(seq % k == 0))
             got.append(("inband_rows", data.take(pa.array(np.arange(data.num_rows)))))
         if got:
+            size = sum(_nbytes(d) for _, d in got)
             with self._lock:
                 self._queue.extend(got)
+                self.queued_bytes += size
             self._wake.set()
 
     def feed_owd(self, owd: pa.Table) -> None:
@@ -257,6 +261,7 @@ class DetectRunner:
         agg = owd.group_by(["src", "dst", "sport"]).aggregate([("owd_ns", "approximate_median")])
         with self._lock:
             self._queue.append(("owd", agg))
+            self.queued_bytes += agg.nbytes
 
     # ---- analysis thread -------------------------------------------------------------
     def start(self) -> None:
@@ -292,6 +297,7 @@ class DetectRunner:
         with self._lock:
             queue: list[tuple[str, Any]]
             queue, self._queue = self._queue, []
+            self.taken_bytes, self.queued_bytes = self.queued_bytes, 0
         taken_ns = time.time_ns()
         # Every queued commit's probes in one match (a detector behind its queue catches
         # up instead of re-sorting what is pending once per commit).
@@ -511,3 +517,24 @@ class _DetectCollector(Collector):
             "clockmesh_detect_pass_seconds", "Duration of the last detector pass",
             value=r.last_pass_s,
         )  # fmt: skip
+        yield GaugeMetricFamily(
+            "clockmesh_detect_queue_bytes",
+            "Input waiting for the detector's next pass (bytes; grows while it is behind)",
+            value=r.queued_bytes,
+        )
+        yield GaugeMetricFamily(
+            "clockmesh_detect_pass_input_bytes", "Input the last detector pass took (bytes)",
+            value=r.taken_bytes,
+        )  # fmt: skip
+
+
+def _nbytes(data: Any) -> int:
+    """Memory held by a queued item (numpy arrays, Arrow tables, and tuples or dicts of
+    them)."""
+    if isinstance(data, np.ndarray | pa.Table):
+        return int(data.nbytes)
+    if isinstance(data, tuple | list):
+        return sum(_nbytes(d) for d in data)
+    if isinstance(data, dict):
+        return sum(_nbytes(d) for d in data.values())
+    return 0

@@ -271,3 +271,29 @@ def test_a_detector_behind_its_queue_judges_as_if_it_had_kept_up() -> None:
     slow = {(w.src, w.spine) for w in got if w.judged and w.excess[0] > 100_000}
     assert slow and {kept_up.host_rack[s] for s, _ in slow} == {"leaf1"}
     assert {spine for _, spine in slow} == {"spine2"}
+
+
+def test_the_detectors_backlog_is_on_metrics_and_a_pass_empties_it() -> None:
+    """What waits for the detector is measured (``clockmesh_detect_queue_bytes``): an
+    operator sees a detector falling behind before the box runs out of memory."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from analytics.detect.detect_runner import DetectRunner
+
+    runner = DetectRunner(None)
+    registry = CollectorRegistry()
+    registry.register(runner.collector())
+    tx = np.zeros(5_000, records.PROBE_TX)
+    rx = np.zeros(5_000, records.PROBE_RX)
+    runner.feed({}, {"probe_tx": tx, "probe_rx": rx})
+
+    def gauge(name: str) -> float:
+        for line in generate_latest(registry).decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+        raise AssertionError(f"{name} not exported")
+
+    assert gauge("clockmesh_detect_queue_bytes") == tx.nbytes + rx.nbytes
+    runner.step()
+    assert gauge("clockmesh_detect_queue_bytes") == 0
+    assert gauge("clockmesh_detect_pass_input_bytes") == tx.nbytes + rx.nbytes
