@@ -57,7 +57,15 @@ def _running(store: Path) -> list[records.Remediation]:
 def _running_line(r: records.Remediation) -> str:
     return (f"{r.remediation_id}  running  {r.action} {r.target} from ops box "
             f"{r.box or '?'} by {r.actor}, started {records.ago(r.ts_ns)} "
-            f"(anomaly {r.anomaly_id or '-'})")  # fmt: skip
+            f"({records.utc(r.ts_ns)}; anomaly {r.anomaly_id or '-'})")  # fmt: skip
+
+
+def _running_dict(r: records.Remediation) -> dict[str, Any]:
+    """A running remediation as ``list --json`` prints it: the same row (and ``state``)
+    as ``history --json``, the TUI and the report, with which box started it and when."""
+    return {"remediation_id": r.remediation_id, "state": r.state, "action": r.action,
+            "target": r.target, "anomaly_id": r.anomaly_id, "box": r.box, "actor": r.actor,
+            "started_ns": r.ts_ns, "started": records.utc(r.ts_ns)}  # fmt: skip
 
 
 @remediate.command("list")
@@ -66,7 +74,8 @@ def _running_line(r: records.Remediation) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def list_(store: Path, topology: Path, as_json: bool) -> None:
     """Open anomalies, each with its recommended action (or why there is none), after
-    the remediations running now (from this ops box or the other)."""
+    the remediations running now (from this ops box or the other). --json: an object,
+    ``running`` (those remediations) and ``anomalies``."""
     try:
         topo = read_topology(topology)
         running = _running(store)
@@ -81,7 +90,8 @@ def list_(store: Path, topology: Path, as_json: bool) -> None:
     except (Refused, records.RecordError) as exc:
         raise click.ClickException(str(exc)) from None
     if as_json:
-        click.echo(json.dumps(out, indent=2))
+        click.echo(json.dumps({"running": [_running_dict(r) for r in running],
+                               "anomalies": out}, indent=2))  # fmt: skip
         return
     for r in running:
         click.echo(_running_line(r))

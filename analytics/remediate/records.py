@@ -269,6 +269,11 @@ def started_before(
     return [r for r in read_remediations(store) if r.remediation_id in ids]
 
 
+def utc(ts_ns: int) -> str:
+    """``"2026-11-26 20:14:03 UTC"``: a moment an operator compares with a clock."""
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts_ns / 1e9))
+
+
 def ago(ts_ns: int, now_ns: int | None = None) -> str:
     """``"42 s ago"``, ``"3 min ago"``, ``"2.5 h ago"``."""
     s = max(0.0, ((now_ns or time.time_ns()) - ts_ns) / 1e9)
