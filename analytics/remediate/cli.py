@@ -7,6 +7,8 @@ restore, abandon, record, sync), each a thin layer over analytics.remediate.
 from __future__ import annotations
 
 import json
+import os
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +134,9 @@ def list_(store: Path, topology: Path, as_json: bool) -> None:
                    "counted in the cap with this store's.")  # fmt: skip
 @click.option("--peers-down", "peers_down_json", default="{}",
               help="Other ops boxes that could not be read, JSON {box: why}.")  # fmt: skip
+@click.option("--controller", default="",
+              help="HOST:PID of the `clockmesh remediate` running the playbook (kept in the "
+                   "record: a run whose controller is alive is never declared dead).")  # fmt: skip
 def plan_(
     store: Path,
     topology: Path,
@@ -147,6 +152,7 @@ def plan_(
     box: str,
     also_json: str,
     peers_down_json: str,
+    controller: str,
 ) -> None:
     """The preflight: what would change, where, and the blast-radius cap (exit 1: refused)."""
     try:
@@ -166,6 +172,7 @@ def plan_(
             p = plan(store, topo, anomaly_id, action, target, caps, also, box, peers_down)
     except (Refused, records.RecordError) as exc:
         raise click.ClickException(f"refused: {exc}") from None
+    p.controller = controller
     if as_json:
         click.echo(json.dumps(p.as_dict()))
         return
@@ -245,8 +252,8 @@ def record_(
     with --running, its start, written to every ops box before anything changes; with
     --refused, that it yielded to another start of the same fix; with --abandoned REM,
     that REM's run died: `clockmesh remediate abandon` records it on every ops box)."""
-    if abandoned_id:
-        _record_abandoned(store, abandoned_id, why, also_json)
+    if abandoned_id:  # with --check: only whether it may be (nothing written)
+        _record_abandoned(store, abandoned_id, why, also_json, dry=bool(check))
         return
     if not plan_json:
         raise click.ClickException("--plan: required (the plan the playbook ran, JSON)")
@@ -317,15 +324,20 @@ def record_(
                f"{' (check mode)' if check else ''}")  # fmt: skip
 
 
-def _record_abandoned(store: Path, remediation_id: str, why: str, also_json: str) -> None:
+def _record_abandoned(
+    store: Path, remediation_id: str, why: str, also_json: str, dry: bool
+) -> None:
     try:
         also = records.rows_from_json(also_json, "--also")
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     try:
-        r, written = records.abandon(store, remediation_id, why, also)
+        r, written = records.abandon(store, remediation_id, why, also, dry=dry)
     except records.RecordError as exc:
         raise click.ClickException(f"refused: {exc}") from None
+    if dry:
+        click.echo(f"{remediation_id}: {r.action} {r.target} ({r.state}) may be declared dead")
+        return
     gone = r.detail.get("abandoned") or {}
     said = (f"{remediation_id}: {r.action} {r.target} (started from ops box {r.box or '?'} "
             f"by {r.actor} at {records.utc(int(gone.get('started_ns') or 0))}) declared dead "
@@ -340,6 +352,8 @@ def _box_detail(p: dict[str, Any]) -> dict[str, Any]:
         out["box"] = p["box"]
     if p.get("peers_down"):
         out["peers_down"] = p["peers_down"]
+    if p.get("controller"):
+        out["controller"] = p["controller"]
     return out
 
 
@@ -468,6 +482,8 @@ def _preview_then_run(
     failed or was refused: nothing changed), ``declined``, ``failed`` or ``done`` — with
     the last run's result."""
     click.echo(f"== preview (check mode): {playbook} {extra}")
+    # this process, kept in the run's records: while it lives its run is never declared dead
+    extra = {**extra, "clockmesh_remediate_controller": f"{socket.gethostname()}:{os.getpid()}"}
     preview = runner.stream(runner.playbook_argv(inventory, playbook, extra, check=True),
                             click.echo)  # fmt: skip
     if not preview.ok:

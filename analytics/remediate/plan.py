@@ -103,6 +103,7 @@ class Plan:
     why: str = ""  # host_drain: the reason, in words, that goes into the scheduler's
     box: str = ""  # the ops box that runs it (its inventory name)
     peers_down: dict[str, str] = field(default_factory=dict)  # other boxes not read: why
+    controller: str = ""  # host:pid of the `clockmesh remediate` that runs the playbook
     preview_id: str = ""  # the id a check-mode run of this plan is recorded under
     rerun_of: dict[str, Any] = field(default_factory=dict)  # the same remediation in force
     original: dict[str, Any] = field(default_factory=dict)  # an undo: the row it undoes

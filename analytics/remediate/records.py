@@ -28,6 +28,7 @@ import getpass
 import hashlib
 import json
 import os
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -248,15 +249,40 @@ def running_elsewhere(
     return None
 
 
+def controller_alive(r: Remediation) -> str:
+    """``"pid N on HOST"`` when the controller that started ``r``'s run (``detail.controller``,
+    the host and pid of the ``clockmesh remediate run|undo|restore`` behind it) is a live
+    process on this host that started before the run's start was written; "" when it is
+    gone, elsewhere or unknown (a playbook run by hand, from the TUI)."""
+    host, _, pid = str(r.detail.get("controller", "")).rpartition(":")
+    if not host or host != socket.gethostname() or not pid.isdigit():
+        return ""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        boot = next(int(ln.split()[1]) for ln in Path("/proc/stat").read_text().splitlines()
+                    if ln.startswith("btime "))  # fmt: skip
+        started_s = boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, StopIteration, ValueError):
+        return ""
+    alive = fields[0] not in ("Z", "X") and started_s <= r.ts_ns / 1e9 + 1
+    return f"pid {pid} on {host}" if alive else ""
+
+
 def abandon(
-    store: Path, remediation_id: str, why: str, also: list[Remediation] | None = None
+    store: Path,
+    remediation_id: str,
+    why: str,
+    also: list[Remediation] | None = None,
+    dry: bool = False,
 ) -> tuple[Remediation, bool]:
     """Declare ``remediation_id``'s run dead now (its box lost, its playbook killed): an
     ``abandoned`` row in ``store`` and an ``audits`` row (``abandon``). ``also``: the other
     ops boxes' rows, so a box that lacks the run (it was down) records it too, and a run
     another box saw end is never declared dead here. Returns the row and whether it was
-    written (False: ``store`` holds that declaration already). A run that is not
-    ``running`` in the union of the stores is refused (``RecordError``, one line)."""
+    written (False: ``store`` holds that declaration already; or ``dry``: only checked).
+    A run that is not ``running`` in the union of the stores is refused (``RecordError``,
+    one line), and so is one whose controller is alive on this host (:func:`controller_alive`):
+    that run is not dead."""
     rows = merge(read_remediations(store), also or [])
     r = {x.remediation_id: x for x in rows}.get(remediation_id)
     if r is None:
@@ -268,7 +294,7 @@ def abandon(
         )
     if r.status == "abandoned":  # declared on the other box: copy it here, once
         mine = {x.remediation_id: x for x in read_remediations(store)}.get(remediation_id)
-        if mine is not None and mine.status == "abandoned":
+        if dry or (mine is not None and mine.status == "abandoned"):
             return r, False
         write_remediation(store, r)
         return r, True
@@ -277,6 +303,14 @@ def abandon(
             f"remediation {remediation_id} is {r.status} (recorded {ago(r.ts_ns)}): its run "
             "ended, nothing to declare dead"
         )
+    who = controller_alive(r)
+    if who:
+        raise RecordError(
+            f"remediation {remediation_id} is still going: the clockmesh remediate that started "
+            f"it ({who}) is alive; end it first (kill {who.split()[1]}) or wait for its outcome"
+        )
+    if dry:
+        return r, False
     now = time.time_ns()
     dead = Remediation(
         r.remediation_id, r.anomaly_id, r.action, r.target, list(r.hosts), False, "abandoned",

@@ -332,7 +332,11 @@ def test_a_run_that_died_is_declared_dead_on_both_boxes_then_the_other_box_takes
     `clockmesh remediate abandon` records it dead in both stores; then ops2's run goes
     ahead under the same id and both stores hold its outcome."""
     stores, inventory = pair["stores"], pair["inventory"]()
-    planned = _plan(pair, "ops", "--json", "--action", "fabric_link_out", "--target", LINK)
+    # the `clockmesh remediate run` behind it: alive at first (its run is not dead yet)
+    controller = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    me = f"{socket.gethostname()}:{controller.pid}"
+    planned = _plan(pair, "ops", "--json", "--controller", me, "--action", "fabric_link_out",
+                    "--target", LINK)  # fmt: skip
     assert planned.returncode == 0, planned.stderr
     rid = json.loads(planned.stdout)["remediation_id"]
     for store in stores.values():
@@ -351,10 +355,24 @@ def test_a_run_that_died_is_declared_dead_on_both_boxes_then_the_other_box_takes
     assert "taken for dead at " in said and f"clockmesh remediate abandon {rid} -i" in said
     assert _seen(pair["tmp"]) == []  # nothing touched
 
-    res = subprocess.run(
-        [CLI, "remediate", "abandon", rid, "-i", str(inventory), "--yes", "--why", "ops lost"],
-        capture_output=True, text=True, cwd=ROOT, env=tool_env(), timeout=300,
-    )  # fmt: skip
+    def abandon() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [CLI, "remediate", "abandon", rid, "-i", str(inventory), "--yes", "--why", "ops lost"],
+            capture_output=True, text=True, cwd=ROOT, env=tool_env(), timeout=300,
+        )  # fmt: skip
+
+    try:  # its controller alive on a box: refused there, nothing written on either box
+        res = abandon()
+        assert res.returncode == 1, res.stdout[-3000:]
+        assert f"is still going: the clockmesh remediate that started it (pid {controller.pid}" in (
+            " ".join(res.stdout.split())
+        ), res.stdout[-3000:]
+        assert [[r["status"] for r in _history(s)] for s in stores.values()] == [["running"]] * 2
+    finally:
+        controller.kill()
+        controller.wait()
+
+    res = abandon()
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr
     assert f"recorded {rid}: fabric_link_out {LINK} (started from ops box ops" in " ".join(
         res.stdout.split()

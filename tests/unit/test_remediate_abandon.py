@@ -191,3 +191,68 @@ def _audits(store: Path, action: str) -> list[str]:
         t = pq.read_table(f).to_pylist()
         out += [r["detail"] for r in t if r["action"] == action]
     return out
+
+
+def test_a_run_whose_controller_is_alive_here_is_never_declared_dead(
+    pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """`clockmesh remediate run` names itself (host:pid) in the plan, so in the run's
+    records; while that process lives on the box, the run is not dead: refused, nothing
+    written, also by the playbook's first pass (--check)."""
+    import socket
+    import subprocess
+    import sys
+
+    a, _ = pair
+    topo = tmp_path / "topology.json"
+    topo.write_text(json.dumps(_topology()))
+    controller = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        time.sleep(0.05)
+        me = f"{socket.gethostname()}:{controller.pid}"
+        planned = CliRunner().invoke(remediate, [
+            "plan", "--json", "--store", str(a), "--topology", str(topo), "--box", "ops",
+            "--controller", me, "--action", "fabric_link_out", "--target", LINK,
+        ])  # fmt: skip
+        assert planned.exit_code == 0, planned.output
+        res = CliRunner().invoke(remediate, ["record", "--running", "--real", "--store", str(a),
+                                             "--plan", planned.output])  # fmt: skip
+        assert res.exit_code == 0, res.output
+        (row,) = records.read_remediations(a)
+        assert row.detail["controller"] == me
+        for extra in (["--check"], []):
+            res = _abandon(a, row.remediation_id, *extra)
+            assert res.exit_code == 1
+            assert res.output.strip() == (
+                f"Error: refused: remediation {row.remediation_id} is still going: the "
+                f"clockmesh remediate that started it (pid {controller.pid} on "
+                f"{socket.gethostname()}) is alive; end it first (kill {controller.pid}) or "
+                "wait for its outcome"
+            )
+        assert [r.status for r in records.read_remediations(a)] == ["running"]
+    finally:
+        controller.kill()
+        controller.wait()
+    res = _abandon(a, row.remediation_id, "--check")
+    assert res.exit_code == 0 and "may be declared dead" in res.output, res.output
+    assert [r.status for r in records.read_remediations(a)] == ["running"]  # only checked
+    assert _abandon(a, row.remediation_id).exit_code == 0
+    assert [r.status for r in records.read_remediations(a)] == ["abandoned"]
+
+
+def test_a_pid_that_is_not_the_runs_controller_does_not_keep_it_alive() -> None:
+    """A live process under the recorded pid that started after the run did (the pid was
+    reused, the box rebooted), or a controller on another host, says nothing here."""
+    import os
+    import socket
+
+    here = socket.gethostname()
+    old = time.time_ns() - 3600 * S  # long before this test process started
+    later = _row("rem-1", LINK, "running", old)
+    later.detail["controller"] = f"{here}:{os.getpid()}"
+    assert records.controller_alive(later) == ""
+    now = _row("rem-1", LINK, "running", time.time_ns())
+    now.detail["controller"] = f"{here}:{os.getpid()}"
+    assert records.controller_alive(now) == f"pid {os.getpid()} on {here}"
+    now.detail["controller"] = f"not-{here}:{os.getpid()}"
+    assert records.controller_alive(now) == ""
