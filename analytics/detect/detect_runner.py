@@ -36,7 +36,7 @@ from prometheus_client.registry import Collector
 
 from analytics.clock.clock_state import ClockState
 from analytics.detect import features
-from analytics.detect.anomalies import KINDS, AnomalyBook, Observation
+from analytics.detect.anomalies import KINDS, Anomaly, AnomalyBook, Observation
 from analytics.detect.contention import CONGESTION_COUNTERS, PathDelays
 from analytics.detect.flaps import NAMES as FLAP_COUNTERS
 from analytics.detect.flaps import LinkFlaps, Survival
@@ -68,6 +68,20 @@ REMEDIATION_SETTLE_S = 20.0
 INBAND_ROWS = 50_000  # in-band messages kept per commit for the delay signal
 RULE_ONLY = ("silent_drop",)  # classes the model does not re-judge (docs/detect.md)
 FABRIC_SETTLE_S = 10.0  # no silent drop is judged this long after a fabric link flapped
+
+
+def dealt_with(a: Anomaly, r: remediations.Remediation) -> bool:
+    """Did remediation ``r`` (in force) deal with open anomaly ``a``? It did when ``a`` is
+    the anomaly it was planned for, or this box's own anomaly for the same condition — the
+    other ops box names it with its own id, and its record arrives here: the same link
+    flapping (``fabric_link_out`` on the link), the same job on RoCE v1 (``roce_v2_gid`` on the job), contention on the same
+    link (``spread_flows`` on the link). Both boxes then show it closed by ``r``."""
+    return (
+        a.anomaly_id == r.anomaly_id
+        or (a.kind == "flapping_link" and r.action == "fabric_link_out" and a.link == r.target)
+        or (a.kind == "roce_v1_job" and r.action == "roce_v2_gid" and a.job_id == r.target)
+        or (a.kind == "contention" and r.action == "spread_flows" and a.link == r.target)
+    )
 
 
 def _merge_roce(config: list[Observation], delay: list[Observation]) -> list[Observation]:
@@ -423,9 +437,7 @@ class DetectRunner:
                 continue
             self._applied.add(r.remediation_id)
             for a in list(self.book.open.values()):
-                if a.anomaly_id == r.anomaly_id or (
-                    a.kind == "flapping_link" and a.link == r.target
-                ):
+                if dealt_with(a, r):
                     self.book.close(a, now_ns, closed_by=r.remediation_id)
                     self._settling[a.book_key] = now_ns + int(REMEDIATION_SETTLE_S * 1e9)
                     log.info("event=anomaly_closed id=%s kind=%s by=%s", a.anomaly_id, a.kind,

@@ -1,12 +1,14 @@
 """``clockmesh remediate``: open anomalies and their fix; preview, confirm, run, record, undo.
 
 Over 500 lines: one click command per step of a remediation (list, plan, run, undo,
-restore, record, sync), each a thin layer over analytics.remediate.
+restore, abandon, record, sync), each a thin layer over analytics.remediate.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +36,8 @@ def remediate() -> None:
 
     `list` shows open anomalies with the action for each; `run ID` previews the change in
     check mode, asks, runs playbooks/remediate.yml and streams it; `undo REM` restores;
-    `restore` puts back every link and host taken out once its link has been stable.
+    `restore` puts back every link and host taken out once its link has been stable;
+    `abandon REM` declares a run that died mid-way dead on every ops box.
     """
 
 
@@ -55,9 +58,23 @@ def _running(store: Path) -> list[records.Remediation]:
 
 
 def _running_line(r: records.Remediation) -> str:
+    dead = records.dead_at_ns(r)
     return (f"{r.remediation_id}  running  {r.action} {r.target} from ops box "
             f"{r.box or '?'} by {r.actor}, started {records.ago(r.ts_ns)} "
-            f"(anomaly {r.anomaly_id or '-'})")  # fmt: skip
+            f"({records.utc(r.ts_ns)}; anomaly {r.anomaly_id or '-'}); "
+            f"{'taken for dead since' if not records.live(r) else 'no outcome: dead at'} "
+            f"{records.utc(dead)} ({records.ahead(dead)})")  # fmt: skip
+
+
+def _running_dict(r: records.Remediation) -> dict[str, Any]:
+    """A running remediation as ``list --json`` prints it: the same row (and ``state``)
+    as ``history --json``, the TUI and the report, with which box started it and when,
+    and when the stale-running rule takes it for dead (``dead``: it has)."""
+    dead = records.dead_at_ns(r)
+    return {"remediation_id": r.remediation_id, "state": r.state, "action": r.action,
+            "target": r.target, "anomaly_id": r.anomaly_id, "box": r.box, "actor": r.actor,
+            "started_ns": r.ts_ns, "started": records.utc(r.ts_ns), "dead_at_ns": dead,
+            "dead_at": records.utc(dead), "dead": not records.live(r)}  # fmt: skip
 
 
 @remediate.command("list")
@@ -66,7 +83,8 @@ def _running_line(r: records.Remediation) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def list_(store: Path, topology: Path, as_json: bool) -> None:
     """Open anomalies, each with its recommended action (or why there is none), after
-    the remediations running now (from this ops box or the other)."""
+    the remediations running now (from this ops box or the other). --json: an object,
+    ``running`` (those remediations) and ``anomalies``."""
     try:
         topo = read_topology(topology)
         running = _running(store)
@@ -81,7 +99,8 @@ def list_(store: Path, topology: Path, as_json: bool) -> None:
     except (Refused, records.RecordError) as exc:
         raise click.ClickException(str(exc)) from None
     if as_json:
-        click.echo(json.dumps(out, indent=2))
+        click.echo(json.dumps({"running": [_running_dict(r) for r in running],
+                               "anomalies": out}, indent=2))  # fmt: skip
         return
     for r in running:
         click.echo(_running_line(r))
@@ -115,6 +134,9 @@ def list_(store: Path, topology: Path, as_json: bool) -> None:
                    "counted in the cap with this store's.")  # fmt: skip
 @click.option("--peers-down", "peers_down_json", default="{}",
               help="Other ops boxes that could not be read, JSON {box: why}.")  # fmt: skip
+@click.option("--controller", default="",
+              help="HOST:PID of the `clockmesh remediate` running the playbook (kept in the "
+                   "record: a run whose controller is alive is never declared dead).")  # fmt: skip
 def plan_(
     store: Path,
     topology: Path,
@@ -130,6 +152,7 @@ def plan_(
     box: str,
     also_json: str,
     peers_down_json: str,
+    controller: str,
 ) -> None:
     """The preflight: what would change, where, and the blast-radius cap (exit 1: refused)."""
     try:
@@ -149,6 +172,7 @@ def plan_(
             p = plan(store, topo, anomaly_id, action, target, caps, also, box, peers_down)
     except (Refused, records.RecordError) as exc:
         raise click.ClickException(f"refused: {exc}") from None
+    p.controller = controller
     if as_json:
         click.echo(json.dumps(p.as_dict()))
         return
@@ -198,27 +222,43 @@ def _stability(
 
 @remediate.command("record")
 @_store
-@click.option("--plan", "plan_json", required=True, help="The plan (JSON) the playbook ran.")
+@click.option("--plan", "plan_json", default="", help="The plan (JSON) the playbook ran.")
 @click.option("--results", "results_json", default="[]", help="Per target results (JSON).")
-@click.option("--check/--real", "check", required=True, help="Check-mode preview or real run.")
+@click.option("--check/--real", "check", default=None, help="Check-mode preview or real run.")
 @click.option("--stability", "stability_json", default="",
               help="The restore guard's reading (JSON), kept with the record.")  # fmt: skip
 @click.option("--running", is_flag=True,
               help="Record the start (state running), before anything is touched.")  # fmt: skip
 @click.option("--refused", "refused_why", default="",
               help="Record that the run stopped before touching anything, and why.")  # fmt: skip
+@click.option("--abandoned", "abandoned_id", default="", metavar="REM",
+              help="Record that REM's run is dead (playbooks/abandon.yml; no --plan).")  # fmt: skip
+@click.option("--why", default="", help="With --abandoned: why it is declared dead.")
+@click.option("--also", "also_json", default="[]",
+              help="With --abandoned: the other ops boxes' `remediate history --json`.")  # fmt: skip
 def record_(
     store: Path,
     plan_json: str,
     results_json: str,
-    check: bool,
+    check: bool | None,
     stability_json: str,
     running: bool,
     refused_why: str,
+    abandoned_id: str,
+    why: str,
+    also_json: str,
 ) -> None:
     """Write a run's remediations and audits rows (the playbook's last play calls it;
     with --running, its start, written to every ops box before anything changes; with
-    --refused, that it yielded to another start of the same fix)."""
+    --refused, that it yielded to another start of the same fix; with --abandoned REM,
+    that REM's run died: `clockmesh remediate abandon` records it on every ops box)."""
+    if abandoned_id:  # with --check: only whether it may be (nothing written)
+        _record_abandoned(store, abandoned_id, why, also_json, dry=bool(check))
+        return
+    if not plan_json:
+        raise click.ClickException("--plan: required (the plan the playbook ran, JSON)")
+    if check is None:
+        raise click.ClickException("--check/--real: required (a preview or a real run)")
     if running or refused_why:
         _record_start(store, plan_json, check, refused_why)
         return
@@ -284,6 +324,27 @@ def record_(
                f"{' (check mode)' if check else ''}")  # fmt: skip
 
 
+def _record_abandoned(
+    store: Path, remediation_id: str, why: str, also_json: str, dry: bool
+) -> None:
+    try:
+        also = records.rows_from_json(also_json, "--also")
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
+        r, written = records.abandon(store, remediation_id, why, also, dry=dry)
+    except records.RecordError as exc:
+        raise click.ClickException(f"refused: {exc}") from None
+    if dry:
+        click.echo(f"{remediation_id}: {r.action} {r.target} ({r.state}) may be declared dead")
+        return
+    gone = r.detail.get("abandoned") or {}
+    said = (f"{remediation_id}: {r.action} {r.target} (started from ops box {r.box or '?'} "
+            f"by {r.actor} at {records.utc(int(gone.get('started_ns') or 0))}) declared dead "
+            f"by {gone.get('by', '?')} at {records.utc(r.ts_ns)}")  # fmt: skip
+    click.echo(f"recorded {said}" if written else f"already recorded: {said}")
+
+
 def _box_detail(p: dict[str, Any]) -> dict[str, Any]:
     """What a record keeps of the ops boxes: which ran it, which could not be read."""
     out: dict[str, Any] = {}
@@ -291,6 +352,8 @@ def _box_detail(p: dict[str, Any]) -> dict[str, Any]:
         out["box"] = p["box"]
     if p.get("peers_down"):
         out["peers_down"] = p["peers_down"]
+    if p.get("controller"):
+        out["controller"] = p["controller"]
     return out
 
 
@@ -320,6 +383,17 @@ def _record_start(store: Path, plan_json: str, check: bool, refused_why: str = "
         json.dumps(p.get("undo", {})), detail,
     )  # fmt: skip
     try:
+        if refused_why and not check:
+            # Both boxes took over one dead run at once (same id): a refused row would
+            # hide the other box's live start under that id; the audit keeps the yield.
+            starts = records.live_starts(store, rid)
+            winner = [r for r in starts if r.box != p.get("box", "")]
+            if winner and len(winner) < len(starts):  # this box's start among them too
+                records.write_audit(store, "remediate (yielded)", target,
+                                    {"remediation_id": rid, "refused": refused_why})  # fmt: skip
+                click.echo(f"{rid}: yielded to the start from ops box {winner[0].box or '?'} "
+                           "of the same id: audited, its running row kept")  # fmt: skip
+                return
         records.write_remediation(store, rem)
     except records.RecordError as exc:
         raise click.ClickException(str(exc)) from None
@@ -341,7 +415,7 @@ def first_(store: Path, plan_json: str) -> None:
     except (ValueError, KeyError, TypeError) as exc:
         raise click.ClickException(f"--plan: not a clockmesh plan ({exc})") from None
     try:
-        earlier = records.started_before(store, rid, action, target)
+        earlier = records.started_before(store, rid, action, target, box=str(p.get("box", "")))
     except records.RecordError as exc:
         raise click.ClickException(str(exc)) from None
     if earlier:
@@ -408,6 +482,8 @@ def _preview_then_run(
     failed or was refused: nothing changed), ``declined``, ``failed`` or ``done`` — with
     the last run's result."""
     click.echo(f"== preview (check mode): {playbook} {extra}")
+    # this process, kept in the run's records: while it lives its run is never declared dead
+    extra = {**extra, "clockmesh_remediate_controller": f"{socket.gethostname()}:{os.getpid()}"}
     preview = runner.stream(runner.playbook_argv(inventory, playbook, extra, check=True),
                             click.echo)  # fmt: skip
     if not preview.ok:
@@ -468,6 +544,32 @@ def run(anomaly_id: str, inventory: Path, yes: bool, box: str) -> None:
 def undo(remediation_id: str, inventory: Path, yes: bool, box: str) -> None:
     """Preview the undo of REMEDIATION_ID in check mode, ask, then restore for real."""
     _run(inventory, "undo.yml", {"remediation_id": remediation_id, **_box_extra(box)}, yes)
+
+
+@remediate.command("abandon")
+@click.argument("remediation_id")
+@_inventory
+@click.option("--why", default="", help="Why it is declared dead (kept in the record).")
+@_yes
+def abandon(remediation_id: str, inventory: Path, why: str, yes: bool) -> None:
+    """Declare REMEDIATION_ID's run dead now (its ops box was lost, or its playbook was
+    killed): recorded `abandoned` on every ops box that answers, and audited
+    (playbooks/abandon.yml), so a start of the same fix from the other box is no longer
+    refused. Only for a run that is not going any more: until its outcome or the
+    stale-running rule (15 min) a live run blocks a second start."""
+    _check_playbooks()
+    click.echo(f"== declare {remediation_id} dead on every ops box: a start of the same fix "
+               "may then go ahead; its change may be half in place (the next run settles it)")  # fmt: skip
+    if not yes and not click.confirm(
+        f"Is {remediation_id}'s playbook no longer running anywhere?", default=False
+    ):
+        raise click.ClickException("not confirmed: nothing recorded")
+    extra = {"remediation_id": remediation_id, "abandon_why": why or "declared dead by hand"}
+    result = runner.stream(runner.playbook_argv(inventory, "abandon.yml", extra, check=False),
+                           click.echo)  # fmt: skip
+    if not result.ok:
+        raise click.ClickException(f"abandon.yml: {remediation_id} was not recorded dead "
+                                   "(see above)")  # fmt: skip
 
 
 RESTORABLE = ("fabric_link_out", "host_drain")  # what goes back once its link is stable

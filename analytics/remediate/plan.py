@@ -40,8 +40,10 @@ leaf is refused while the first is out, with the cap and the count named.
 Two ops boxes (docs/deploy.md, "Two ops boxes"): the playbook hands the preflight the
 other box's remediations (``also``), and the cap counts the union of both stores — what
 either box took out, or is taking out (``running``). A remediation running from the other
-box is refused here (a second start would race it); one in force is the same remediation
-again, a re-run that changes nothing, and the plan says so.
+box is refused here (a second start would race it) until it ends, is declared dead
+(``abandoned``), or passes the stale-running rule (``records.RUNNING_STALE_S``); the
+refusal names the run, its box, its start and when it is taken for dead. One in force is
+the same remediation again, a re-run that changes nothing, and the plan says so.
 
 Over 500 lines: four actions, each with its targets, its cap and its undo, in one preflight.
 """
@@ -101,6 +103,7 @@ class Plan:
     why: str = ""  # host_drain: the reason, in words, that goes into the scheduler's
     box: str = ""  # the ops box that runs it (its inventory name)
     peers_down: dict[str, str] = field(default_factory=dict)  # other boxes not read: why
+    controller: str = ""  # host:pid of the `clockmesh remediate` that runs the playbook
     preview_id: str = ""  # the id a check-mode run of this plan is recorded under
     rerun_of: dict[str, Any] = field(default_factory=dict)  # the same remediation in force
     original: dict[str, Any] = field(default_factory=dict)  # an undo: the row it undoes
@@ -211,11 +214,15 @@ def _settle(p: Plan, rows: list[records.Remediation], box: str, peers_down: dict
     """Refuse a plan another box is running now; name a re-run of one in force."""
     busy = records.running_elsewhere(rows, p.action, p.target, box)
     if busy is not None:
+        dead = records.dead_at_ns(busy)
         raise Refused(
             f"{busy.remediation_id}: {p.action} {p.target} is already running from ops box "
-            f"{busy.box or '(unknown)'} (started by {busy.actor} {records.ago(busy.ts_ns)}): a "
-            "second start would race it; wait for it to finish (clockmesh remediate history "
-            "shows its outcome): nothing was touched"
+            f"{busy.box or '(unknown)'} (started by {busy.actor} at {records.utc(busy.ts_ns)}, "
+            f"{records.ago(busy.ts_ns)}): a second start would race it. With no outcome it is "
+            f"taken for dead at {records.utc(dead)} ({records.ahead(dead)}); wait for it "
+            "(clockmesh remediate history shows its outcome), or, if its run died (its box "
+            f"lost, its playbook killed), declare it dead now: clockmesh remediate abandon "
+            f"{busy.remediation_id} -i INVENTORY: nothing was touched"
         )
     p.box, p.peers_down = box, dict(peers_down)
     p.preview_id = records.new_id(p.anomaly_id, p.action, p.target)
@@ -236,6 +243,14 @@ def _settle(p: Plan, rows: list[records.Remediation], box: str, peers_down: dict
                 f"{records.ago(r.ts_ns)} and has not recorded how it ended (its run died or "
                 "was cancelled, its box was lost, or it is still going from this box): this "
                 "run takes it over under the same id"
+            )
+        elif r.status == "abandoned":
+            gone = r.detail.get("abandoned") or {}
+            p.summary += (
+                f". {r.remediation_id} was started {where} by {r.actor} "
+                f"{records.ago(int(gone.get('started_ns') or r.ts_ns))} and declared dead by "
+                f"{gone.get('by', '?')} {records.ago(r.ts_ns)} (its change may be half in "
+                "place): this run takes it over under the same id"
             )
     return p
 
@@ -514,7 +529,14 @@ def _plan_undo(
     if r.status == "running":
         raise Refused(
             f"remediation {remediation_id} is still running (from ops box {r.box or '?'}, "
-            f"started {records.ago(r.ts_ns)}): nothing in force to undo yet"
+            f"started {records.ago(r.ts_ns)}, taken for dead at "
+            f"{records.utc(records.dead_at_ns(r))}): nothing in force to undo yet"
+        )
+    if r.status == "abandoned":
+        raise Refused(
+            f"remediation {remediation_id} was declared dead mid-run (its change may be half "
+            f"in place): run {r.action} {r.target} again to settle it (the run takes it over "
+            "under the same id), then undo it"
         )
     if r.status != "ok":
         raise Refused(f"remediation {remediation_id} is {r.status}: nothing in force to undo")

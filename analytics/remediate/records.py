@@ -11,6 +11,15 @@ both stores: a ``running`` row before anything changes, the outcome after. The b
 acted is ``detail["box"]``. :func:`merge` is the union of what several stores hold, and
 :func:`counted` what the blast-radius cap counts in it: real remediations that succeeded
 or are running (a run still going, or one whose box died before it could say).
+
+The stale-running rule (:data:`RUNNING_STALE_S`): a ``running`` row is a live run for 15
+minutes after it was written; with no outcome by then (:func:`dead_at_ns`) its run is
+taken for dead and no longer blocks a start of the same fix from the other box. An
+operator who knows sooner (the box is lost, the playbook was killed) declares it dead at
+once with :func:`abandon` (``clockmesh remediate abandon``): an ``abandoned`` row, in every
+store that answers, and an audits row. A dead or abandoned run still counts in the cap
+(its change may be half in place) until a run of the same fix takes it over under the
+same id and records how it ended.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ import getpass
 import hashlib
 import json
 import os
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,7 +54,7 @@ class Remediation:
     target: str
     hosts: list[str]
     check_mode: bool
-    status: str  # running, ok, failed, refused, undone
+    status: str  # running, ok, failed, refused, undone, abandoned
     actor: str
     undo: str  # the extra vars that undo it, JSON
     detail: dict[str, Any] = field(default_factory=dict)
@@ -176,7 +186,7 @@ def rows_from_json(text: str, what: str = "--also") -> list[Remediation]:
 def merge(*stores: list[Remediation]) -> list[Remediation]:
     """The union of several stores' current remediations: each remediation once, its
     latest row (by time; at a tie a real row over a preview, then the stronger outcome)."""
-    rank = {"undone": 4, "ok": 3, "failed": 2, "refused": 1, "running": 0}
+    rank = {"undone": 5, "ok": 4, "failed": 3, "refused": 2, "abandoned": 1, "running": 0}
     best: dict[str, Remediation] = {}
     for rows in stores:
         for r in rows:
@@ -190,8 +200,9 @@ def merge(*stores: list[Remediation]) -> list[Remediation]:
 def counted(rows: list[Remediation]) -> list[Remediation]:
     """What the blast-radius cap counts: real remediations in force (``ok``) or under way
     (``running``: a run on either box, or one whose box was lost before it said how it
-    ended — the change may be in place, so it counts until a run or an undo settles it)."""
-    return [r for r in rows if not r.check_mode and r.status in ("ok", "running")]
+    ended; ``abandoned``: declared dead — the change may be in place, so it counts until
+    a run or an undo settles it)."""
+    return [r for r in rows if not r.check_mode and r.status in ("ok", "running", "abandoned")]
 
 
 def sync(store: Path, theirs: list[Remediation]) -> list[Remediation]:
@@ -211,35 +222,167 @@ def sync(store: Path, theirs: list[Remediation]) -> list[Remediation]:
 RUNNING_STALE_S = 900.0  # a run still "running" after this long: its box died mid-run
 
 
+def dead_at_ns(r: Remediation) -> int:
+    """When ``r``'s run, ``running`` with no outcome, is taken for dead (the stale-running
+    rule: ``RUNNING_STALE_S`` after its start was written)."""
+    return r.ts_ns + int(RUNNING_STALE_S * 1e9)
+
+
+def live(r: Remediation, now_ns: int | None = None) -> bool:
+    """A real run under way: ``running``, neither past the stale-running rule nor declared
+    dead (``abandoned``)."""
+    return r.status == "running" and not r.check_mode and (now_ns or time.time_ns()) < dead_at_ns(r)
+
+
 def running_elsewhere(
     rows: list[Remediation], action: str, target: str, box: str, now_ns: int | None = None
 ) -> Remediation | None:
-    """A real run of ``action`` on ``target`` started from another ops box than ``box``
-    (any box when ``box`` is "") within ``RUNNING_STALE_S`` and not finished: a second
-    start would race it."""
+    """A live run (:func:`live`) of ``action`` on ``target`` started from another ops box
+    than ``box`` (any box when ``box`` is ""): a second start would race it."""
     now_ns = now_ns or time.time_ns()
     for r in reversed(rows):
         if (
-            r.status == "running" and not r.check_mode and r.action == action
-            and r.target == target and (not box or r.box != box)
-            and now_ns - r.ts_ns < RUNNING_STALE_S * 1e9
+            live(r, now_ns) and r.action == action and r.target == target
+            and (not box or r.box != box)
         ):  # fmt: skip
             return r
     return None
 
 
+def controller_alive(r: Remediation) -> str:
+    """``"pid N on HOST"`` when the controller that started ``r``'s run (``detail.controller``,
+    the host and pid of the ``clockmesh remediate run|undo|restore`` behind it) is a live
+    process on this host that started before the run's start was written; "" when it is
+    gone, elsewhere or unknown (a playbook run by hand, from the TUI)."""
+    host, _, pid = str(r.detail.get("controller", "")).rpartition(":")
+    if not host or host != socket.gethostname() or not pid.isdigit():
+        return ""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        boot = next(int(ln.split()[1]) for ln in Path("/proc/stat").read_text().splitlines()
+                    if ln.startswith("btime "))  # fmt: skip
+        started_s = boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, StopIteration, ValueError):
+        return ""
+    alive = fields[0] not in ("Z", "X") and started_s <= r.ts_ns / 1e9 + 1
+    return f"pid {pid} on {host}" if alive else ""
+
+
+def abandon(
+    store: Path,
+    remediation_id: str,
+    why: str,
+    also: list[Remediation] | None = None,
+    dry: bool = False,
+) -> tuple[Remediation, bool]:
+    """Declare ``remediation_id``'s run dead now (its box lost, its playbook killed): an
+    ``abandoned`` row in ``store`` and an ``audits`` row (``abandon``). ``also``: the other
+    ops boxes' rows, so a box that lacks the run (it was down) records it too, and a run
+    another box saw end is never declared dead here. Returns the row and whether it was
+    written (False: ``store`` holds that declaration already; or ``dry``: only checked).
+    A run that is not ``running`` in the union of the stores is refused (``RecordError``,
+    one line), and so is one whose controller is alive on this host (:func:`controller_alive`):
+    that run is not dead."""
+    rows = merge(read_remediations(store), also or [])
+    r = {x.remediation_id: x for x in rows}.get(remediation_id)
+    if r is None:
+        raise RecordError(f"remediation {remediation_id}: not in {store}/remediations")
+    if r.check_mode:
+        raise RecordError(
+            f"remediation {remediation_id} was a check-mode preview: it never ran, nothing to "
+            "declare dead"
+        )
+    if r.status == "abandoned":  # declared on the other box: copy it here, once
+        mine = {x.remediation_id: x for x in read_remediations(store)}.get(remediation_id)
+        if dry or (mine is not None and mine.status == "abandoned"):
+            return r, False
+        write_remediation(store, r)
+        return r, True
+    if r.status != "running":
+        raise RecordError(
+            f"remediation {remediation_id} is {r.status} (recorded {ago(r.ts_ns)}): its run "
+            "ended, nothing to declare dead"
+        )
+    who = controller_alive(r)
+    if who:
+        raise RecordError(
+            f"remediation {remediation_id} is still going: the clockmesh remediate that started "
+            f"it ({who}) is alive; end it first (kill {who.split()[1]}) or wait for its outcome"
+        )
+    if dry:
+        return r, False
+    now = time.time_ns()
+    dead = Remediation(
+        r.remediation_id, r.anomaly_id, r.action, r.target, list(r.hosts), False, "abandoned",
+        r.actor, r.undo, {**r.detail, "abandoned": {"by": actor(), "why": why, "ts_ns": now,
+                                                    "started_ns": r.ts_ns}}, now,
+    )  # fmt: skip
+    write_remediation(store, dead)
+    write_audit(store, "abandon", r.target,
+                {"remediation_id": r.remediation_id, "action": r.action, "box": r.box,
+                 "started_ns": r.ts_ns, "why": why})  # fmt: skip
+    return dead, True
+
+
+def _from_rows(rows: list[tuple[Any, ...]]) -> list[Remediation]:
+    return [
+        Remediation(rid, aid, action, target, [h for h in hosts.split(",") if h], bool(check),
+                    status, who, undo, json.loads(detail or "{}"), ts, status)
+        for ts, rid, aid, action, target, hosts, check, status, who, undo, detail in rows
+    ]  # fmt: skip
+
+
+def live_starts(store: Path, remediation_id: str, now_ns: int | None = None) -> list[Remediation]:
+    """The live starts (:func:`live`) of ``remediation_id`` that ``store`` recorded since its
+    last outcome (or ``abandoned``), oldest first: more than one when both ops boxes took
+    over the same dead run at once, one ``running`` row each (same id, each its box)."""
+    if not layout.has_files(store, "remediations"):
+        return []
+    now_ns = now_ns or time.time_ns()
+    try:
+        con = connect_views(store, only=["remediations"])
+    except FileNotFoundError as exc:
+        raise RecordError(str(exc)) from None
+    try:
+        rows = _from_rows(con.execute(
+            """SELECT ts_ns, remediation_id, anomaly_id, action, target, hosts, check_mode,
+                      status, actor, undo, detail
+               FROM remediations WHERE remediation_id = ? AND NOT check_mode
+               ORDER BY ts_ns, status""", [remediation_id]).fetchall())  # fmt: skip
+    except duckdb.Error as exc:
+        raise RecordError(f"{store}/remediations: cannot be read ({exc})") from None
+    finally:
+        con.close()
+    ended = max((i for i, r in enumerate(rows) if r.status != "running"), default=-1)
+    return [r for r in rows[ended + 1 :] if live(r, now_ns)]
+
+
 def started_before(
-    store: Path, remediation_id: str, action: str, target: str, now_ns: int | None = None
+    store: Path,
+    remediation_id: str,
+    action: str,
+    target: str,
+    now_ns: int | None = None,
+    box: str = "",
 ) -> list[Remediation]:
     """Other real runs of ``action`` on ``target`` (running, or done and in force) that
     ``store`` recorded as started before ``remediation_id`` — two starts of one fix at once,
     one from each ops box. Each box's store orders the two starts by when it wrote them;
     a run goes ahead only if no store that answers holds another before it, so at most one
     of two simultaneous starts goes ahead (both may yield: run it again). A ``running`` row
-    older than ``RUNNING_STALE_S`` is a dead run's, not counted."""
+    older than ``RUNNING_STALE_S`` is a dead run's, not counted. Two boxes taking over the
+    same dead run start under the same id: with ``box`` (the box this run is from), the
+    other box's live start of that id written before this box's counts too."""
     if not layout.has_files(store, "remediations"):
         return []
     now_ns = now_ns or time.time_ns()
+    if box:
+        starts = live_starts(store, remediation_id, now_ns)
+        own = [r for r in starts if r.box == box]
+        if own:
+            first = [r for r in starts if r.box != box and (r.ts_ns, r.box) < (own[-1].ts_ns, box)]
+            if first:
+                return first[:1]
     try:
         con = connect_views(store, only=["remediation_current"])
     except FileNotFoundError as exc:
@@ -269,11 +412,25 @@ def started_before(
     return [r for r in read_remediations(store) if r.remediation_id in ids]
 
 
+def utc(ts_ns: int) -> str:
+    """``"2026-11-26 20:14:03 UTC"``: a moment an operator compares with a clock."""
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts_ns / 1e9))
+
+
+def _span(s: float) -> str:
+    if s < 120:
+        return f"{s:.0f} s"
+    if s < 7200:
+        return f"{s / 60:.0f} min"
+    return f"{s / 3600:.1f} h"
+
+
 def ago(ts_ns: int, now_ns: int | None = None) -> str:
     """``"42 s ago"``, ``"3 min ago"``, ``"2.5 h ago"``."""
-    s = max(0.0, ((now_ns or time.time_ns()) - ts_ns) / 1e9)
-    if s < 120:
-        return f"{s:.0f} s ago"
-    if s < 7200:
-        return f"{s / 60:.0f} min ago"
-    return f"{s / 3600:.1f} h ago"
+    return _span(max(0.0, ((now_ns or time.time_ns()) - ts_ns) / 1e9)) + " ago"
+
+
+def ahead(ts_ns: int, now_ns: int | None = None) -> str:
+    """``"in 11 min"``; ``"3 min ago"`` once past."""
+    s = (ts_ns - (now_ns or time.time_ns())) / 1e9
+    return f"in {_span(s)}" if s > 0 else ago(ts_ns, now_ns)

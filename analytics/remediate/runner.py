@@ -4,6 +4,7 @@ call the same code."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -38,8 +39,8 @@ def playbook_argv(
 ) -> list[str]:
     exe = ansible_playbook or str(Path(sys.executable).with_name("ansible-playbook"))
     argv = [exe, "-i", str(inventory), str(PLAYBOOKS / playbook)]
-    for k, v in extra.items():
-        argv += ["-e", f"{k}={v}"]
+    for k, v in extra.items():  # JSON: a value with spaces (abandon --why) arrives whole
+        argv += ["-e", json.dumps({k: v})]
     if check:
         argv += ["--check", "--diff"]
     return argv

@@ -321,3 +321,70 @@ def test_two_starts_of_one_fix_at_once_from_both_boxes_never_both_go_ahead(
     assert _history(stores["ops"])[-1]["remediation_id"] in {
         r["remediation_id"] for r in _history(stores["ops2"]) if r["status"] == "ok"
     }
+
+
+@pytest.mark.skipif(os.environ.get("CLOCKMESH_SKIP_ANSIBLE") == "1", reason="asked to skip")
+def test_a_run_that_died_is_declared_dead_on_both_boxes_then_the_other_box_takes_it_over(
+    pair: dict[str, Any],
+) -> None:
+    """ops's run died after writing its start to both stores (its box was lost): ops2's
+    playbook is refused, naming the run, its box, its start and when it is taken for dead;
+    `clockmesh remediate abandon` records it dead in both stores; then ops2's run goes
+    ahead under the same id and both stores hold its outcome."""
+    stores, inventory = pair["stores"], pair["inventory"]()
+    # the `clockmesh remediate run` behind it: alive at first (its run is not dead yet)
+    controller = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    me = f"{socket.gethostname()}:{controller.pid}"
+    planned = _plan(pair, "ops", "--json", "--controller", me, "--action", "fabric_link_out",
+                    "--target", LINK)  # fmt: skip
+    assert planned.returncode == 0, planned.stderr
+    rid = json.loads(planned.stdout)["remediation_id"]
+    for store in stores.values():
+        rec = _cli("remediate", "record", "--running", "--real", "--store", str(store),
+                   "--plan", planned.stdout)  # fmt: skip
+        assert rec.returncode == 0, rec.stderr
+    args = ["-e", "clockmesh_remediate_box=ops2", "-e", "action=fabric_link_out",
+            "-e", f"target={LINK}"]  # fmt: skip
+
+    rc, out = _play(inventory, "remediate.yml", *args)
+    assert rc != 0
+    said = " ".join(out.split())
+    assert f"{rid}: fabric_link_out {LINK} is already running from ops box ops (started by " in (
+        said
+    ), out[-3000:]
+    assert "taken for dead at " in said and f"clockmesh remediate abandon {rid} -i" in said
+    assert _seen(pair["tmp"]) == []  # nothing touched
+
+    def abandon() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [CLI, "remediate", "abandon", rid, "-i", str(inventory), "--yes", "--why", "ops lost"],
+            capture_output=True, text=True, cwd=ROOT, env=tool_env(), timeout=300,
+        )  # fmt: skip
+
+    try:  # its controller alive on a box: refused there, nothing written on either box
+        res = abandon()
+        assert res.returncode == 1, res.stdout[-3000:]
+        assert f"is still going: the clockmesh remediate that started it (pid {controller.pid}" in (
+            " ".join(res.stdout.split())
+        ), res.stdout[-3000:]
+        assert [[r["status"] for r in _history(s)] for s in stores.values()] == [["running"]] * 2
+    finally:
+        controller.kill()
+        controller.wait()
+
+    res = abandon()
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr
+    assert f"recorded {rid}: fabric_link_out {LINK} (started from ops box ops" in " ".join(
+        res.stdout.split()
+    ), res.stdout[-3000:]
+    for store in stores.values():
+        (row,) = _history(store)
+        assert (row["remediation_id"], row["status"]) == (rid, "abandoned"), row
+        assert row["detail"]["abandoned"]["why"] == "ops lost"
+
+    rc, out = _play(inventory, "remediate.yml", *args)
+    assert rc == 0, out[-3000:]
+    assert len(_seen(pair["tmp"])) == 2  # leaf1 and spine2, each changed once
+    for store in stores.values():
+        (row,) = _history(store)
+        assert (row["remediation_id"], row["status"], row["detail"]["box"]) == (rid, "ok", "ops2")

@@ -180,6 +180,50 @@ def test_detector_closes_the_anomaly_a_remediation_dealt_with(store: Path) -> No
     assert runner.paths.maintenance == {"leaf1-spine2"}
 
 
+@pytest.mark.parametrize(
+    ("kind", "where", "action"),
+    [
+        ("flapping_link", "leaf1-spine2", "fabric_link_out"),
+        ("roce_v1_job", "j7", "roce_v2_gid"),
+        ("contention", "leaf1-spine2", "spread_flows"),
+    ],
+)
+def test_the_other_boxs_remediation_closes_this_boxs_anomaly_for_the_same_condition(
+    store: Path, kind: str, where: str, action: str
+) -> None:
+    """The other ops box fixed the condition under its own anomaly id; its record arrives
+    here: this box's anomaly for the same link or job closes too, naming the remediation,
+    and the one for another place stays open."""
+    from analytics.remediate.plan import latest_anomalies
+
+    runner = DetectRunner(StoreWriter(store))
+
+    def seen(at: str, k: str = kind) -> Observation:
+        if k == "roce_v1_job":
+            return Observation(k, at, 0.9, "RoCE v1", job_id=at)
+        return Observation(k, at, 0.9, k, link=at)
+
+    mine = runner.book.observe(seen(where), 10 * S)
+    other = "j8" if kind == "roce_v1_job" else "leaf2-spine1"
+    elsewhere = runner.book.observe(seen(other), 10 * S)
+    # a flap on the link a spread names is not the spread's to close
+    flap = runner.book.observe(seen("leaf1-spine2", "flapping_link"), 10 * S)
+    theirs = records.Remediation("rem-b1", "theirs-0123456789", action, where, ["h1-1"], False,
+                                 "ok", "bob", "{}", {"box": "ops2"})  # fmt: skip
+    records.write_remediation(store, theirs)
+    runner.step(now_ns=11 * S)
+    closed = {a.anomaly_id: a.closed_by for a in runner.book.closed}
+    assert closed[mine.anomaly_id] == "rem-b1"
+    assert elsewhere.anomaly_id in {a.anomaly_id for a in runner.book.open.values()}
+    assert (flap.anomaly_id in closed) == (kind == "flapping_link")
+    # as the store says it (the TUI, the report, remediate list read it there)
+    stored = {a.anomaly_id: a for a in latest_anomalies(store)}
+    assert stored[mine.anomaly_id].closed_ns and (
+        stored[mine.anomaly_id].detail["closed_by"] == "rem-b1"
+    )
+    assert not stored[elsewhere.anomaly_id].closed_ns
+
+
 def _roce(store: Path, source: str, hosts: list[str]) -> None:
     import pyarrow as pa
 

@@ -32,10 +32,12 @@ def store(tmp_path: Path) -> tuple[Path, int]:
     write_catalog(store)  # as the ingest daemon does at start
     t0 = time.time_ns() - 1800 * S
 
-    def rem(rid: str, check: bool, status: str, dt_s: float, anomaly: str = "flapping-1") -> None:
+    def rem(rid: str, check: bool, status: str, dt_s: float, anomaly: str = "flapping-1",
+            box: str = "") -> None:  # fmt: skip
         records.write_remediation(store, records.Remediation(
             rid, anomaly, "fabric_link_out", "leaf1-spine1", ["h1-1"], check, status, "alice",
-            "{}", {"summary": rid}, t0 + int(dt_s * S)))  # fmt: skip
+            "{}", {"summary": rid, **({"box": box} if box else {})},
+            t0 + int(dt_s * S)))  # fmt: skip
 
     rem("rem-previewed-then-run", True, "planned", 0)  # check mode, then the same id for real
     rem("rem-previewed-then-run", False, "ok", 10)
@@ -46,6 +48,7 @@ def store(tmp_path: Path) -> tuple[Path, int]:
     rem("rem-same-instant", True, "ok", 60)  # a preview and a real run in one nanosecond
     rem("rem-same-instant", False, "ok", 60)
     rem("", False, "ok", 70)  # no id (a playbook without its plan): nobody shows it
+    rem("rem-running", False, "running", 80, "flapping-3", box="ops2")  # the other box's run
     return store, t0
 
 
@@ -55,6 +58,7 @@ EXPECTED = {
     "rem-preview-only": "preview",
     "rem-failed": "failed",
     "rem-same-instant": "ok",
+    "rem-running": "running",
 }
 
 
@@ -76,6 +80,30 @@ def test_history_tui_and_report_agree_on_every_remediation(
     from_report = {r["remediation_id"]: r["state"] for r in facts["remediations"]}
 
     assert from_history == from_tui == from_report == EXPECTED
+
+    # `remediate list` names the runs going on now: the same ones, in the same state, with
+    # the box that started them and since when.
+    topology = tmp_path / "topology.json"
+    topology.write_text(json.dumps({"hosts": [{"name": "h1-1"}], "links": []}))
+    args = ["list", "--store", str(root), "--topology", str(topology)]
+    res = CliRunner().invoke(remediate, [*args, "--json"])
+    assert res.exit_code == 0, res.output
+    listed = json.loads(res.output)
+    running = {rid for rid, state in EXPECTED.items() if state == "running"}
+    assert (
+        {r["remediation_id"]: r["state"] for r in listed["running"]}
+        == {rid: from_tui[rid] for rid in running}
+        == {rid: from_report[rid] for rid in running}
+    )
+    (r,) = listed["running"]
+    assert (r["box"], r["actor"], r["started_ns"]) == ("ops2", "alice", t0 + 80 * S)
+    assert r["started"] == time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t0 / S + 80))
+    assert listed["anomalies"] == []
+    table = CliRunner().invoke(remediate, args).output
+    assert (
+        f"rem-running  running  fabric_link_out leaf1-spine1 from ops box ops2 by alice, "
+        f"started 29 min ago ({r['started']}; anomaly flapping-3)" in table
+    ), table
     text = CliRunner().invoke(remediate, ["history", "--store", str(root)]).output
     report_md = write(facts, tmp_path / "out")["md"].read_text(encoding="utf-8")
     for rid, state in EXPECTED.items():
