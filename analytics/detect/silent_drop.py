@@ -11,7 +11,8 @@ so one ECMP path — and localises the loss on the paths the traces say each 5-t
 probe_rx rows received ``MARGIN_S`` after the probe was sent (the destination's watermark)
 and none of them is that probe: a receiver that ships nothing judges nothing (a host that
 is down is a flap, not a drop; its own port counters say so). With 1-s segments that is
-1–2 s after the probe. A *lossy* path lost its newest probes in a row, at least
+1–2 s after the probe. A pair none of whose probes was ever received has not started
+(a new buddy its destination's collector does not take yet) and is not judged. A *lossy* path lost its newest probes in a row, at least
 ``MIN_LOST`` of them sent over at least three send rounds (``MIN_SPREAD_NS``); a *clean*
 one lost none in the last ``WINDOW_S``.
 
@@ -97,6 +98,7 @@ def evidence(lossy: int, clean: int) -> float:
 RISE_NS = 100_000.0  # received probes this much over their pair's floor: a queue, not a drop
 QUEUE_MEMORY_S = 10.0  # a link-direction that queued is not judged for drops this long
 MAX_PATHS = 5_000  # paths judged; beyond, a stable hash-sample of them
+FORGET_S = 3600.0  # a pair that delivered nothing this long may be forgotten (_started)
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 TABLES = ("probe_tx", "probe_rx")
 _TX = ("src", "dst", "sport", "seq", "tx_ns")
@@ -186,6 +188,9 @@ class SilentDrops:
         self.sample_bits = 0  # paths kept: hash % 2**bits == 0 (grows, never shrinks)
         # path -> (its spine when it went lossy, the pass that first saw it lossy)
         self._lossy: dict[tuple[int, int, int], tuple[str, int]] = {}
+        # (src, dst) -> newest send of a pair whose destination has received at least one
+        # of its probes (on any path): a pair that never delivered has not started
+        self._delivered: dict[tuple[int, int], int] = {}
         self.held_as_queue = 0  # passes whose loss came with a delay rise (contention)
         self._queued: dict[Place, int] = {}  # link-direction -> queued (remembered) until
 
@@ -235,6 +240,7 @@ class SilentDrops:
         uniq, inv = np.unique(tx["dst"], return_inverse=True)
         wm = np.array([self.watermark.get(int(d), 0) for d in uniq.tolist()], np.int64)[inv]
         judged = matched | (wm >= tx["tx_ns"] + int(MARGIN_S * 1e9))
+        self._started(tx["src"][matched], tx["dst"][matched], tx["tx_ns"][matched])
         if judged.any():
             delay = np.where(matched, rx_ns - tx["tx_ns"], 0).astype(np.float64)
             delay[~matched] = np.nan
@@ -269,6 +275,7 @@ class SilentDrops:
         if not hit.any():
             return
         rows = lost[hit]
+        self._started(h["src"][rows], h["dst"][rows], h["tx_ns"][rows])
         h["lost"][rows] = False
         h["delay"][rows] = (self._rx.data["rx_ns"][order][pos[hit]] - h["tx_ns"][rows]).astype(
             np.float64
@@ -276,6 +283,22 @@ class SilentDrops:
         used = np.zeros(len(rk), bool)
         used[order[pos[hit]]] = True
         self._rx.keep(~used)
+
+    def _started(self, src: np.ndarray, dst: np.ndarray, tx_ns: np.ndarray) -> None:
+        """Pairs with a probe received: started (the destination's collector takes the
+        sender's probes). Once more than 4 × MAX_PATHS pairs are known, those that
+        delivered nothing for ``FORGET_S`` are forgotten (buddies that changed)."""
+        if len(src):
+            pair = _key(src, dst)
+            order = np.lexsort((tx_ns, pair))
+            last = order[np.append(pair[order][1:] != pair[order][:-1], True)]
+            for s_, d_, t in zip(src[last].tolist(), dst[last].tolist(), tx_ns[last].tolist(),
+                                 strict=True):  # fmt: skip
+                if t > self._delivered.get((s_, d_), 0):
+                    self._delivered[(s_, d_)] = t
+        if len(self._delivered) > 4 * MAX_PATHS and len(self._hist):
+            horizon = int(self._hist.data["tx_ns"].max()) - int(FORGET_S * 1e9)
+            self._delivered = {k: t for k, t in self._delivered.items() if t >= horizon}
 
     def _bound(self) -> None:
         """More than MAX_PATHS paths: keep a stable hash-sample (half, then a quarter...),
@@ -382,6 +405,12 @@ class SilentDrops:
             spine = self.spine_of.get(key)
             places = self._places(key, spine)
             if not places or any(p.what == "link" and p.name in excluded for p in places):
+                continue
+            if key[:2] not in self._delivered:
+                # every probe of the pair lost since it began: a pair that has not started
+                # (its destination's collector does not take the sender's probes yet, as
+                # when a new buddy joins), not a switch's drop — a drop shows on pairs
+                # that delivered before, or on this pair's other paths
                 continue
             crossing[key] = places
             is_lossy = st["streak"] >= MIN_LOST and st["spread_ns"] >= MIN_SPREAD_NS

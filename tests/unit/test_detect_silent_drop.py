@@ -387,3 +387,16 @@ def test_a_link_direction_dropping_everything_is_named_once_it_has_lasted() -> N
     assert obs.link == "leaf1-spine2" and obs.evidence["links"] == ["leaf1-spine2"], obs.evidence
     # lossy after three rounds, then held LINK_HOLD_NS (6 s) in case it is a queue's onset
     assert 10 + 3 + 6 <= first <= 10 + 3 + 6 + 2, first
+
+
+def test_pairs_that_never_delivered_a_probe_have_not_started_and_are_no_silent_drop() -> None:
+    """New buddies: the hosts of rack 1 start probing h3-1 and h3-2, whose collectors do
+    not take their probes yet — every probe of those pairs lost on every path from the
+    first (make demo named leaf3 a silent drop). A pair that delivered before and then
+    loses everything still counts (the blackhole tests)."""
+
+    def not_started(s: int, d: int, p: int, spine: str, t: float) -> tuple[bool, float]:
+        return HOSTS[s] == "leaf1" and d in (31, 32) and t < 6.0, 0.0
+
+    every = _run(not_started, seconds=12, healthy_s=0)
+    assert not any(every), [o.summary for obs in every for o in obs]
