@@ -204,8 +204,9 @@ class PathDelays:
         # receiver -> newest receive it shipped: receivers sorted, their newest rx_ns
         self._mark_hosts = np.zeros(0, np.int64)
         self._mark_ns = np.zeros(0, np.int64)
-        # joined (delay) or lost (nan), newest HOLD_NS: one chunk per feed, joined when read
-        self._chunks: list[np.ndarray] = []
+        # joined (delay) or lost (nan), newest HOLD_NS: (newest t_ns, chunk) per feed,
+        # joined when read
+        self._chunks: list[tuple[int, np.ndarray]] = []
         self._sample = 1
         self.newest_ns = 0
         self.routes: dict[tuple[int, int, str], _Route] = {}
@@ -323,9 +324,9 @@ class PathDelays:
         self._rx = rleft[rleft["rx_ns"] >= horizon]
         fresh = np.concatenate(out)
         if len(fresh):
-            self._chunks.append(fresh)
+            self._chunks.append((int(fresh["t_ns"].max()), fresh))
         cut = self.newest_ns - HOLD_NS
-        self._chunks = [c for c in self._chunks if c["t_ns"].max() >= cut]
+        self._chunks = [(t, c) for t, c in self._chunks if t >= cut]
 
     def sampled(self, rows: np.ndarray) -> np.ndarray:
         """The probe rows (``seq`` field) of the current consistent sample: all while one
@@ -356,9 +357,10 @@ class PathDelays:
         """The probes held (joined or lost), newest HOLD_NS, as one array (kept as the
         only chunk)."""
         cut = self.newest_ns - HOLD_NS
-        probes = np.concatenate(self._chunks) if self._chunks else np.zeros(0, _PROBE)
+        chunks = [c for _t, c in self._chunks]
+        probes = np.concatenate(chunks) if chunks else np.zeros(0, _PROBE)
         probes = probes[probes["t_ns"] >= cut]
-        self._chunks = [probes] if len(probes) else []
+        self._chunks = [(int(probes["t_ns"].max()), probes)] if len(probes) else []
         return probes
 
     def _joined(self, tx: np.ndarray, rx_ns: np.ndarray, clocks: ClockState | None) -> np.ndarray:

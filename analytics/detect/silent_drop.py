@@ -12,9 +12,9 @@ probe_rx rows received ``MARGIN_S`` after the probe was sent (the destination's 
 and none of them is that probe: a receiver that ships nothing judges nothing (a host that
 is down is a flap, not a drop; its own port counters say so). With 1-s segments that is
 1–2 s after the probe. A pair none of whose probes was ever received has not started
-(a new buddy its destination's collector does not take yet) and is not judged. A *lossy* path lost its newest probes in a row, at least
-``MIN_LOST`` of them sent over at least three send rounds (``MIN_SPREAD_NS``); a *clean*
-one lost none in the last ``WINDOW_S``.
+(a new buddy its destination's collector does not take yet) and is not judged. A *lossy*
+path lost its newest probes in a row, at least ``MIN_LOST`` of them sent over at least
+three send rounds (``MIN_SPREAD_NS``); a *clean* one lost none in the last ``WINDOW_S``.
 
 **Tomography.** Each lossy path is explained by a place it crosses: a switch (all its
 flows), a switch towards one destination (a spine towards host D: every path X → D
