@@ -74,8 +74,9 @@ def dealt_with(a: Anomaly, r: remediations.Remediation) -> bool:
     """Did remediation ``r`` (in force) deal with open anomaly ``a``? It did when ``a`` is
     the anomaly it was planned for, or this box's own anomaly for the same condition — the
     other ops box names it with its own id, and its record arrives here: the same link
-    flapping (``fabric_link_out`` on the link), the same job on RoCE v1 (``roce_v2_gid`` on the job), contention on the same
-    link (``spread_flows`` on the link). Both boxes then show it closed by ``r``."""
+    flapping (``fabric_link_out`` on the link), the same job on RoCE v1 (``roce_v2_gid``
+    on the job), contention on the same link (``spread_flows`` on the link). Both boxes
+    then show it closed by ``r``."""
     return (
         a.anomaly_id == r.anomaly_id
         or (a.kind == "flapping_link" and r.action == "fabric_link_out" and a.link == r.target)
