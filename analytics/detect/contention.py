@@ -18,8 +18,11 @@ tail exceeds the baseline median by more than ``K_SIGMA`` robust σ, and never b
 than ``FLOOR_NS`` (20 µs): what this route's own jitter cannot explain. Lost probes on
 the route are evidence of the same queue (a full queue drops).
 
-**Where: tomography by magnitude.** A route X → Z through Y crosses leafX–spineY
-upwards and leafZ–spineY downwards; its excess is the sum of the queues it waits in.
+**Where: tomography by magnitude.** A route from host S in rack X to host D in rack Z
+through spine Y crosses S's access link (host→leaf), leafX–spineY upwards, leafZ–spineY
+downwards and D's access link (leaf→host); its excess is the sum of the queues it waits
+in. A receiver's own port (incast: many senders into one host, or a NIC that cannot keep
+up) is such a hop, so its queue is not blamed on the fabric links in front of it.
 Non-negative least squares over every judged route (slow and healthy) estimates each
 (link, direction)'s queue (:func:`queues`); a fast route pins both of its hops near zero,
 so a rack behind two congested uplinks is not blamed for them. A (link, direction) is
@@ -69,6 +72,9 @@ PERSIST_NS = 1_000_000_000  # a hop contended this long (probe time) is said
 LOST_AFTER_NS = 2_000_000_000  # no receive by the time the receiver shipped this much later
 # (longer than any queue: a probe held 0.6 s in a lab queue is late, not lost)
 PENDING_NS = 10_000_000_000  # a send or receive waits this long for its other half
+# a probe is judged only when its correction (both clocks' uncertainty, carried to its
+# send time) is this sure: well under the smallest excess judged
+CLOCK_SIGMA_MAX_NS = FLOOR_NS / 4
 MAX_PROBES = 200_000  # rows per side and pass; beyond, a consistent sample by sequence
 COUNTER_SPAN_NS = 10_000_000_000  # counter rates over this long
 # The NIC's congestion counters (mlx5 sysfs: ports/<p>/hw_counters and counters/).
@@ -78,6 +84,7 @@ CONGESTION_COUNTERS = (
     "rp_cnp_handled",  # ... it received and slowed down for (reaction point)
     "port_xmit_wait",  # ticks the port had data to send and could not (pause/credit)
 )  # mlx5 has its pause counters in ethtool statistics, not sysfs: not read here
+HOST_UP, HOST_DOWN = "host→leaf", "leaf→host"  # the directions of a host's access link
 # (evidence key, with what unit) of the rates cited
 _COUNTER_WORDS = {
     "np_ecn_marked_roce_packets": "ECN-marked",
@@ -120,7 +127,7 @@ class RouteWindow:
     src: int
     dst: int
     spine: str
-    hops: tuple[tuple[str, str], tuple[str, str]]  # (link, direction) up, down
+    hops: tuple[tuple[str, str], ...]  # (link, direction): source port, up, down, dest port
     newest_ns: int
     received: int
     lost: int
@@ -187,8 +194,12 @@ class PathDelays:
         spine_of: dict[tuple[int, int, int], str],
         host_names: dict[int, str] | None = None,
         floor_ns: float = FLOOR_NS,
+        host_access: dict[int, str] | None = None,
     ) -> None:
         self.host_rack = host_rack
+        # host -> its access link's name (from the topology; a host without one is named
+        # by itself: "h1-1 (leaf→host)")
+        self.host_access = host_access if host_access is not None else {}
         self.by_ends = links_by_ends
         self.spine_of = spine_of  # (src, dst, sport) -> spine, kept by FabricPaths
         self.host_names = host_names if host_names is not None else {}
@@ -212,6 +223,7 @@ class PathDelays:
         self.routes: dict[tuple[int, int, str], _Route] = {}
         self.lost_total = 0
         self.joined_total = 0
+        self.unsure_total = 0  # received probes not judged: their clocks too uncertain
         # host -> counter -> deque of (ts_ns, delta)
         self._counters: dict[int, dict[str, collections.deque[tuple[int, int]]]] = {}
         self._twins: dict[tuple[str, str], list[tuple[str, str]]] = {}
@@ -373,6 +385,16 @@ class PathDelays:
         ok = (hosts[i] == tx["src"]) & (hosts[j] == tx["dst"])
         tx, rx_ns, i, j = tx[ok], rx_ns[ok], order[i[ok]], order[j[ok]]
         dt = (tx["tx_ns"] - clocks.ref_ns).astype(np.float64)
+        # A correction the solver is unsure of judges nothing: a queue every probe to a
+        # host waits in (its own port, full) looks to any clock sync like that host's clock
+        # being ahead, and the solver says so with its uncertainty (docs/clock.md).
+        sig = np.hypot(
+            np.hypot(clocks.offset_sigma_ns[i], clocks.drift_sigma[i] * dt),
+            np.hypot(clocks.offset_sigma_ns[j], clocks.drift_sigma[j] * dt),
+        )
+        sure = sig <= CLOCK_SIGMA_MAX_NS  # nan / inf: not sure
+        self.unsure_total += int(len(sure) - sure.sum())
+        tx, rx_ns, i, j, dt = tx[sure], rx_ns[sure], i[sure], j[sure], dt[sure]
         skew = (clocks.offset_ns[j] - clocks.offset_ns[i]) + (
             clocks.drift[j] - clocks.drift[i]
         ) * dt
@@ -458,9 +480,11 @@ class PathDelays:
                     continue
             stats = np.percentile(got, QUANTILES) if len(got) else np.full(len(QUANTILES), np.nan)
             route = self.routes.setdefault((s, d, y), _Route())
+            hops = ((self._port(s), HOST_UP), (up, "leaf→spine"), (down, "spine→leaf"),
+                    (self._port(d), HOST_DOWN))  # fmt: skip
             out.append(
                 RouteWindow(
-                    s, d, y, ((up, "leaf→spine"), (down, "spine→leaf")), newest,
+                    s, d, y, hops, newest,
                     len(span) - lost, lost, stats, np.full(2, np.nan), np.full(2, np.inf),
                     len(by_route[(s, d, y)]),
                 )
@@ -482,6 +506,10 @@ class PathDelays:
             elif base is route:
                 w.excess, w.thresholds = w.stats - route.med, route.thresholds()
         return out
+
+    def _port(self, host: int) -> str:
+        """The name of ``host``'s access link (its own name where the topology has none)."""
+        return self.host_access.get(host) or self.host_names.get(host, str(host))
 
     def observations(self, now_ns: int) -> list[Observation]:
         wins = self._last_windows = self.windows()
@@ -579,8 +607,15 @@ class PathDelays:
         jobs = sorted(set().union(*on.values()))
         job_hosts = sorted({self.host_names.get(h, str(h)) for (s, d), j in on.items()
                             if j for h in (s, d)})  # fmt: skip
-        leaf = next((lf for (lf, _y), name in self.by_ends.items() if name == link), "")
-        behind = sorted(h for h, r in self.host_rack.items() if r == leaf)
+        port_of = None  # the host whose access link this is
+        if direction in (HOST_UP, HOST_DOWN):
+            w0 = slow[0]
+            port_of = w0.src if direction == HOST_UP else w0.dst
+            leaf = self.host_names.get(port_of, str(port_of))
+            behind = [port_of]
+        else:
+            leaf = next((lf for (lf, _y), name in self.by_ends.items() if name == link), "")
+            behind = sorted(h for h, r in self.host_rack.items() if r == leaf)
         rates = self.counter_rates(behind)
         cited = [f"{_COUNTER_WORDS[k]} {v:g}/s" for k, v in rates.items() if k in _COUNTER_WORDS]
         label = " or ".join(f"{lk} ({dr})" for lk, dr in twins)
@@ -590,8 +625,10 @@ class PathDelays:
             f"({len(pairs)} pair(s), threshold {thr / 1e3:.0f} µs)"
             + (f", {loss:.0%} of their probes lost" if lost else "")
             + (f"; jobs between these hosts: {', '.join(jobs[:6])}" if jobs else "")
-            + (f"; NICs behind {leaf}: {', '.join(cited)}" if cited else "")
+            + (f"; NICs behind {leaf}: {', '.join(cited)}" if cited and port_of is None else "")
+            + (f"; {leaf}'s NIC: {', '.join(cited)}" if cited and port_of is not None else "")
         )
+        place = {} if port_of is None else {"host": self.host_names.get(port_of, str(port_of))}
         return Observation(
             kind="contention",
             key=f"{link} {direction}",
@@ -599,6 +636,7 @@ class PathDelays:
             summary=summary,
             link=link,
             evidence={
+                **place,  # a host's own port: that host (the culprit, its peers affected)
                 "direction": direction,
                 "candidates": sorted({lk for lk, _dr in twins}) if len(twins) > 1 else [],
                 "candidate_hops": [f"{lk} {dr}" for lk, dr in twins] if len(twins) > 1 else [],

@@ -284,6 +284,13 @@ def _plan(
                 f"crosses {', '.join(links) or 'no fabric link'}): take the switch out of "
                 "service by hand"
             )
+        if not action and a.kind == "contention":
+            raise Refused(
+                f"anomaly {anomaly_id} (contention on {a.link}): a host's own port; more "
+                "queue pairs would not spread it (ECMP hashes onto spines, not onto another "
+                "port of that host): find the senders with the host's counters and the "
+                "anomaly's pairs"
+            )
         if not action:
             raise Refused(f"anomaly {anomaly_id} ({a.kind}): no remediation for this class")
     if action == "host_drain":
@@ -302,7 +309,8 @@ def recommended(topology: dict[str, Any] | None, kind: str, link: str,
     """The remediation an anomaly calls for, as (action, target); ("", "") for none.
 
     A flapping host access link drains its host; a flapping leaf–spine link goes out of
-    service; a job on RoCE v1 moves to a RoCE v2 GID; contention spreads the jobs' flows; a
+    service; a job on RoCE v1 moves to a RoCE v2 GID; contention on a fabric link spreads
+    the jobs' flows (on a host's own port nothing does); a
     silent drop that one fabric link explains takes that link out of service.
     Without a topology a flapping link cannot be told to be a host's: "" target, the
     action the fabric's."""
@@ -312,6 +320,10 @@ def recommended(topology: dict[str, Any] | None, kind: str, link: str,
     if kind == "roce_v1_job":
         return "roce_v2_gid", job_id
     if kind == "contention":
+        # A host's own port (incast, or its NIC): more queue pairs hash onto other spines,
+        # not onto another port of that host; nothing here fixes it (docs/remediate.md).
+        if topology and _access_link(topology, link):
+            return "", ""
         return "spread_flows", link
     if kind == "silent_drop" and link:  # the one link the lossy paths leave the switch by
         fabric = topology is None or any(

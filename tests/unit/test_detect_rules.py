@@ -315,9 +315,12 @@ def _fabric(racks: int) -> tuple[list, dict[int, str], dict[str, list[int]]]:
     return links, host_rack, hosts
 
 
-def _round(links: list, hosts: dict[str, list[int]], sec: float, down: set[str]) -> np.ndarray:
-    """One trace round of every host: 4 ports to one host of every other rack, each port
-    on the spine it hashes to, or on the other one when that path is gone."""
+def _round(
+    links: list, hosts: dict[str, list[int]], sec: float, down: set[str], every: bool = False
+) -> np.ndarray:
+    """One trace round of every host: 4 ports to one host of every other rack (``every``:
+    to each of its hosts), each port on the spine it hashes to, or on the other one when
+    that path is gone."""
     spine_of = {(lk.leaf, lk.spine): lk for lk in links}
     rows = []
     for rack, members in hosts.items():
@@ -336,8 +339,9 @@ def _round(links: list, hosts: dict[str, list[int]], sec: float, down: set[str])
                     if not ok:
                         continue
                     hop = spine_of[(rack, ok[0])].hop.encode()
-                    ts = int(sec * S) + len(rows)
-                    rows.append((ts, src, dsts[0], 40000 + port, 2, (0,) * 5, hop, 50_000))
+                    for dst in dsts if every else dsts[:1]:
+                        ts = int(sec * S) + len(rows)
+                        rows.append((ts, src, dst, 40000 + port, 2, (0,) * 5, hop, 50_000))
     return np.array(rows, records.PATH_HOP)
 
 

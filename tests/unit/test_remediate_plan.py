@@ -327,6 +327,21 @@ def test_a_drained_hosts_flaps_are_not_reported_while_it_is_drained(store: Path)
     assert runner.flaps.observations(4 * S) == []
 
 
+def test_contention_at_a_hosts_own_port_offers_no_spreading(store: Path) -> None:
+    """More queue pairs hash onto other spines, not onto another port of the host: the
+    plan is refused in words, and the TUI's column says there is no fix."""
+    from analytics.remediate.plan import recommended
+
+    _anomaly(store, "contention-9", "contention", "h2-1-leaf2")
+    with pytest.raises(Refused, match=r"contention on h2-1-leaf2\): a host's own port"):
+        plan(store, _topology(), anomaly_id="contention-9")
+    assert recommended(_topology(), "contention", "h2-1-leaf2") == ("", "")
+    assert recommended(_topology(), "contention", "leaf2-spine1") == (
+        "spread_flows",
+        "leaf2-spine1",
+    )
+
+
 def test_contention_by_jobs_spreads_them_on_their_hosts_and_undo_restores(store: Path) -> None:
     import pyarrow as pa
 
