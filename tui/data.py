@@ -92,6 +92,22 @@ def _rack_of(host: str, racks: dict[str, str]) -> str:
     return racks.get(host) or "(no rack)"
 
 
+UNSURE_NS = 5_000.0  # a clock more uncertain than this corrects nothing (as the detector)
+
+
+def sure_offsets(clock_hosts: list[dict[str, Any]]) -> dict[str, Any]:
+    """host -> its clock offset (ns), None where unsolved or more than :data:`UNSURE_NS`
+    uncertain: a full queue in front of one host's port looks like that host's clock
+    running ahead, and the solver says how unsure it is — its delays are not shown then
+    rather than shown wrong (the header gives the fleet's median σ)."""
+    out = {}
+    for h in clock_hosts:
+        sigma = h.get("uncertainty_ns")  # null: infinite (the daemon writes NaN/inf so)
+        sure = isinstance(sigma, int | float) and sigma <= UNSURE_NS
+        out[h["host"]] = h.get("offset_ns") if sure else None
+    return out
+
+
 def corrected(raw: float | None, src: str, dst: str, offsets: dict[str, Any]) -> float | None:
     """A pair's corrected one-way delay (µs) from its raw one and the two clocks' offsets
     (ns); None while either clock is unsolved."""
@@ -113,7 +129,7 @@ def fleet(live: dict[str, Any], racks: dict[str, str], th: Thresholds | None = N
     is the *culprit*."""
     th = th or Thresholds()
     clock = {h["host"]: h for h in (live.get("clock") or {}).get("hosts", [])}
-    offsets = {n: h.get("offset_ns") for n, h in clock.items()}
+    offsets = sure_offsets(list(clock.values()))
     anomalies = live.get("anomalies") or {}
     culprits = attribution.places(anomalies.get("open", []), {}).host
     where = {str(a.get("anomaly_id")): str(a.get("link") or a.get("job_id") or a.get("kind"))

@@ -21,7 +21,7 @@ from textual.widgets import DataTable, Footer, Header, Label, Static
 
 from analytics.store.catalog import connect_views
 from tui import history
-from tui.data import Tile, corrected
+from tui.data import Tile, corrected, sure_offsets
 from tui.history import Series
 from tui.widgets import GLYPH, STYLE, Chart, fill, us
 
@@ -176,7 +176,7 @@ class HostScreen(DrillScreen):
             "  ·  enter on a peer: that pair's paths and history"
         )
         self.head(text)
-        offs = {n: h.get("offset_ns") for n, h in clock.items()}
+        offs = sure_offsets(list(clock.values()))
         rows = []
         seen = set()
         for p in live.get("pairs", []):
@@ -241,7 +241,7 @@ class PairScreen(DrillScreen):
 
     def render_now(self) -> None:
         live = self.clockmesh.snapshot or {}
-        offs = {h["host"]: h.get("offset_ns") for h in (live.get("clock") or {}).get("hosts", [])}
+        offs = sure_offsets((live.get("clock") or {}).get("hosts", []))
         text = Text(f"{self.src} → {self.dst}", style="bold")
         text.append("  (x: the other direction)", style="dim")
         p = next((p for p in live.get("pairs", [])

@@ -683,3 +683,22 @@ def test_delay_an_open_contention_explains_is_affected_not_slow() -> None:
         "affected", "affected", "affected", "affected", "silent"]  # fmt: skip
     assert after["h1-2"].because == "leaf1-spine1" and after["h2-2"].worst_peer == "h1-2"
     assert {h: t.state for h, t in states("spine→leaf").items()} == before
+
+
+def test_a_clock_the_solver_is_unsure_of_colours_no_delay() -> None:
+    """The sample's slow pair (h1-2 → h2-2, 42 µs corrected) is amber. If the solver says
+    h2-2's clock is unsure by milliseconds (a full queue in front of its port looks like
+    its clock running ahead), that 42 µs is not known: the tile shows no delay rather
+    than a wrong one; the others keep theirs."""
+    from tui.data import fleet
+
+    live = sample_live(anomalies=0)
+    before = {t.host: t for t in fleet(live, sample_racks()).tiles}
+    assert before["h2-2"].state == "slow" and before["h2-2"].worst_owd_us is not None
+    for h in live["clock"]["hosts"]:
+        if h["host"] == "h2-2":
+            h["uncertainty_ns"] = 2_400_000.0
+    after = {t.host: t for t in fleet(live, sample_racks()).tiles}
+    assert after["h2-2"].worst_owd_us is None and after["h2-2"].state != "slow"
+    assert after["h1-2"].state != "slow"  # its only slow pair was to h2-2
+    assert after["h3-1"].worst_owd_us == before["h3-1"].worst_owd_us
