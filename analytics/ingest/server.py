@@ -128,10 +128,16 @@ class IngestServer:
         self._reserver: threading.Thread | None = None
         self._tasks: list[asyncio.Task] = []
         self._runner: web.AppRunner | None = None
-        # live view, rollups, compaction: after acknowledgements (thread_priority.py)
+        # live view and rollups: after acknowledgements (thread_priority.py)
         self._side_pool = concurrent.futures.ThreadPoolExecutor(
             1, "live", initializer=lower_thread_priority, initargs=(config.analysis_nice,)
         )
+        # compaction on its own thread: a merge can take minutes on a loaded box, and the
+        # live picture must not wait for it (it froze for 10 min in a loaded demo lab)
+        self._compact_pool = concurrent.futures.ThreadPoolExecutor(
+            1, "compact", initializer=lower_thread_priority, initargs=(config.analysis_nice,)
+        )
+        self._compacting: asyncio.Future | None = None
         self.commit = GroupCommit(
             config,
             self.writer,
@@ -255,6 +261,7 @@ class IngestServer:
             await self._runner.cleanup()
         self.commit.shutdown()
         self._side_pool.shutdown(wait=True)
+        self._compact_pool.shutdown(wait=True)
         self.clock.stop()
         self.detect.stop()
         if self._reserver is not None:
@@ -289,12 +296,10 @@ class IngestServer:
                     await loop.run_in_executor(self._side_pool, self.live.refresh)
                 except Exception:
                     log.exception("event=live_refresh_failed")
-            if now >= next_compact:
+            if now >= next_compact and (self._compacting is None or self._compacting.done()):
                 next_compact = now + self.config.compact_s
-                try:
-                    await loop.run_in_executor(self._side_pool, self._compact)
-                except Exception:
-                    log.exception("event=compaction_failed")
+                self._compacting = loop.run_in_executor(self._compact_pool, self._compact)
+                self._compacting.add_done_callback(_log_compaction)
 
     def _pace(self) -> None:
         before = self.pacer.roll_s
@@ -324,6 +329,12 @@ class IngestServer:
         before = self.compactor.stats.files_merged
         self.compactor.run()
         self.metrics.compactions.inc(self.compactor.stats.files_merged - before)
+
+
+def _log_compaction(done: asyncio.Future) -> None:
+    exc = None if done.cancelled() else done.exception()
+    if exc is not None:
+        log.error("event=compaction_failed", exc_info=exc)
 
 
 def store_path(config: IngestConfig) -> Path:
