@@ -95,7 +95,7 @@ def solve(
     data = np.concatenate((-uw, -uw, wsum))
     if pattern is not None:
         perm, indices, indptr = pattern
-        lap = sp.csr_matrix((np.take(data, perm), indices, indptr), shape=(n, n))
+        lap = sp.csr_matrix((np.take(data, perm, mode="wrap"), indices, indptr), shape=(n, n))
     else:  # repeated edges: let scipy sum them
         rows = np.concatenate((ua, ub, np.arange(n)))
         cols = np.concatenate((ub, ua, np.arange(n)))
