@@ -254,13 +254,17 @@ def _solve(
     )  # fmt: skip
     noise = fit.noise_ns
     drift_solve: list = []  # the re-anchoring's drift solve, for _network to reuse
-    stats["pairs_reanchored"] = _anchor_without_slope(fit, pa, pb, n, p_drift, p_dsig, drift_solve)
+    # the network solves' graphs: the previous window's are most often this one's
+    graphs: dict = prior.cache if prior is not None else {}
+    stats["pairs_reanchored"] = _anchor_without_slope(
+        fit, pa, pb, n, p_drift, p_dsig, drift_solve, graphs
+    )
     clock_t.lap("t_pair_fit_s")
     stats["pairs"] = n_pairs
 
     # ---- network effect ------------------------------------------------------------
     theta, drift, flags, _residual, comp, _o_wsum, d_wsum, scales, o_rvar, o_mvar = _network(
-        fit, pa, pb, n, cfg, noise, p_off, drift_solve
+        fit, pa, pb, n, cfg, noise, p_off, drift_solve, graphs
     )
     stats["chi2_scale_offset"], stats["chi2_scale_drift"] = scales
     clock_t.lap("t_network_s")
@@ -327,6 +331,7 @@ def _solve(
     if prior is not None and pred.any():
         seen[pred] = prior.last_seen_ns[prior_i[pred]]
     state = _next_state(prior, hosts, theta, drift, o_sig, d_sig, status, seen, ref, cfg)
+    state.cache = graphs
     stats["hosts"] = n
     stats["hosts_solved"] = int(solved.sum())
     stats["components"] = int(comp.max()) + 1 if (comp >= 0).any() else 0
@@ -354,6 +359,7 @@ def _anchor_without_slope(
     p_drift: np.ndarray,
     p_dsig: np.ndarray,
     drift_solve: list | None = None,
+    graphs: dict | None = None,
 ) -> int:
     """Re-anchor the pairs whose own drift is not determined (bins with both directions
     in one sub-window only), in place; returns how many. The drift solve it makes is
@@ -374,7 +380,7 @@ def _anchor_without_slope(
         return 0
     dok = est & np.isfinite(fit.sigma_slope)
     wd = np.where(dok, 1.0 / np.maximum(np.where(dok, fit.sigma_slope, 1.0), 1e-12) ** 2, 0.0)
-    gd = network.solve(pa, pb, fit.slope, wd, n)
+    gd = network.solve(pa, pb, fit.slope, wd, n, cache=graphs)
     if drift_solve is not None:
         drift_solve.append((wd, fit.slope[wd > 0], gd))  # before the slopes change below
     wsum = np.bincount(pa[dok], wd[dok], minlength=n) + np.bincount(pb[dok], wd[dok], minlength=n)
@@ -407,6 +413,7 @@ def _network(
     noise: float,
     p_off: np.ndarray,
     drift_solve: list | None = None,
+    graphs: dict | None = None,
 ) -> tuple[
     np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
     tuple[float, float], np.ndarray, np.ndarray,
@@ -424,11 +431,10 @@ def _network(
     w = np.where(est, 1.0 / sig**2, 0.0)
     # The pair's intercept is at a's clock reading ref, i.e. mesh time ref - theta_a:
     # first solve, then move each pair's estimate to mesh time ref, solve again.
-    cache: dict = {}  # the graph is the same in most of the solves below
-    g = network.solve(pa, pb, fit.alpha, w, n, cache=cache)
+    g = network.solve(pa, pb, fit.alpha, w, n, cache=graphs)
     theta_a = np.where(np.isfinite(g.value[pa]), g.value[pa], np.nan_to_num(p_off[pa]))
     m = fit.alpha + fit.slope * theta_a
-    g = network.solve(pa, pb, m, w, n, x0=g.value, cache=cache)
+    g = network.solve(pa, pb, m, w, n, x0=g.value, cache=graphs)
     floor = cfg.disagree_floor_ns if cfg.disagree_floor_ns is not None else 10.0 * noise
     # Exclude disagreeing pairs one "layer" at a time: in each round, a pair over
     # the threshold is excluded only if it is the worst pair at both its hosts
@@ -445,7 +451,7 @@ def _network(
         np.maximum.at(worst, pa[over], z[over])
         np.maximum.at(worst, pb[over], z[over])
         excluded |= over & (z >= np.maximum(worst[pa], worst[pb]))
-        g = network.solve(pa, pb, m, np.where(excluded, w * 1e-6, w), n, x0=g.value, cache=cache)
+        g = network.solve(pa, pb, m, np.where(excluded, w * 1e-6, w), n, x0=g.value, cache=graphs)
     flags[excluded] |= np.uint8(PairFlag.EXCLUDED)
     bad = est & (np.abs(g.residual) > thr)
     flags[bad] |= np.uint8(PairFlag.DISAGREE)
@@ -469,7 +475,7 @@ def _network(
     ):
         gd = drift_solve[0][2]
     else:
-        gd = network.solve(pa, pb, fit.slope, wd, n, cache=cache)
+        gd = network.solve(pa, pb, fit.slope, wd, n, cache=graphs)
     d_wsum = np.bincount(pa[dok], wd[dok], minlength=n) + np.bincount(pb[dok], wd[dok], minlength=n)
     return (
         g.value, gd.value, flags, g.residual, g.component, o_wsum, d_wsum,
