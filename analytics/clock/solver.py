@@ -380,7 +380,7 @@ def _anchor_without_slope(
         return 0
     dok = est & np.isfinite(fit.sigma_slope)
     wd = np.where(dok, 1.0 / np.maximum(np.where(dok, fit.sigma_slope, 1.0), 1e-12) ** 2, 0.0)
-    gd = network.solve(pa, pb, fit.slope, wd, n, cache=graphs)
+    gd = network.solve(pa, pb, fit.slope, wd, n, x0=p_drift, cache=graphs)
     if drift_solve is not None:
         drift_solve.append((wd, fit.slope[wd > 0], gd))  # before the slopes change below
     wsum = np.bincount(pa[dok], wd[dok], minlength=n) + np.bincount(pb[dok], wd[dok], minlength=n)
@@ -431,7 +431,8 @@ def _network(
     w = np.where(est, 1.0 / sig**2, 0.0)
     # The pair's intercept is at a's clock reading ref, i.e. mesh time ref - theta_a:
     # first solve, then move each pair's estimate to mesh time ref, solve again.
-    g = network.solve(pa, pb, fit.alpha, w, n, cache=graphs)
+    # warm start from the prior's offsets (10,000 hosts: 34-36 CG iterations -> 21-22)
+    g = network.solve(pa, pb, fit.alpha, w, n, x0=p_off, cache=graphs)
     theta_a = np.where(np.isfinite(g.value[pa]), g.value[pa], np.nan_to_num(p_off[pa]))
     m = fit.alpha + fit.slope * theta_a
     g = network.solve(pa, pb, m, w, n, x0=g.value, cache=graphs)
