@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -22,6 +22,8 @@ class ClockState:
     offset_sigma_ns: np.ndarray
     drift_sigma: np.ndarray
     last_seen_ns: np.ndarray  # int64
+    # the network solves' graphs (network.solve's cache), handed on from window to window
+    cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     def predict(self, ref_ns: int) -> tuple[np.ndarray, np.ndarray]:
         """Offsets and sigmas carried forward to ``ref_ns`` (drift assumed constant)."""

@@ -70,8 +70,10 @@ class KeyIndex:
             sub = q if pending is None else q[pending]
             if len(sub) == 0:
                 return out
-            cand = np.take(table, _slots(sub, mult, bits))
-            ok = np.take(self.keys, cand) == sub  # cand -1 reads the last key: checked next
+            cand = np.take(table, _slots(sub, mult, bits), mode="wrap")
+            ok = (
+                np.take(self.keys, cand, mode="wrap") == sub
+            )  # cand -1 reads the last key: checked next
             ok &= cand >= 0
             if pending is None:
                 out = np.where(ok, cand, -1)
@@ -107,7 +109,7 @@ def dense_ids(keys: np.ndarray, size_hint: int | None = None) -> tuple[np.ndarra
         used = np.zeros(1 << bits, dtype=bool)
         table[slot] = sub
         used[slot] = True
-        won = np.take(table, slot) == sub
+        won = np.take(table, slot, mode="wrap") == sub
         occupied = np.flatnonzero(used)
         # Occupied slots hold distinct keys (a slot holds exactly one key).
         rank = np.empty(1 << bits, dtype=np.intp)  # read only at occupied slots
@@ -116,7 +118,7 @@ def dense_ids(keys: np.ndarray, size_hint: int | None = None) -> tuple[np.ndarra
         next_id += len(occupied)
         if pending is None:
             # all rows at once; the few that lost their slot are overwritten below
-            ids = np.take(rank, slot)
+            ids = np.take(rank, slot, mode="wrap")
             pending = np.flatnonzero(~won)
         else:
             ids[pending[won]] = rank[slot[won]]

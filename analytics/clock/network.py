@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.csgraph import connected_components
-from scipy.sparse.linalg import cg
+from scipy.sparse.linalg import lsqr
 
 
 @dataclass
@@ -63,6 +63,62 @@ def _pattern(
     return order.data.astype(np.intp), order.indices, order.indptr
 
 
+# Graphs kept by a cache (a window's solves, and the next window's: the probe graph is
+# the same from window to window unless hosts or pairs come or go).
+_CACHED_GRAPHS = 4
+
+
+def _graph(
+    ua: np.ndarray, ub: np.ndarray, n: int, cache: dict | None
+) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray] | None]:
+    """Components and Laplacian pattern of the edges (ua, ub) over n hosts; from
+    ``cache["graphs"]`` (most recent first) when the same edges were seen there."""
+    graphs: list = cache.setdefault("graphs", []) if cache is not None else []
+    for i, (ga, gb, gn, comp, pattern) in enumerate(graphs):
+        if gn == n and np.array_equal(ga, ua) and np.array_equal(gb, ub):
+            graphs.insert(0, graphs.pop(i))
+            return comp, pattern
+    comp, pattern = components(ua, ub, n), _pattern(ua, ub, n)
+    graphs.insert(0, (ua, ub, n, comp, pattern))
+    del graphs[_CACHED_GRAPHS:]
+    return comp, pattern
+
+
+def _cg(
+    lap: sp.csr_matrix,
+    rhs: np.ndarray,
+    x0: np.ndarray,
+    inv_diag: np.ndarray,
+    atol: float,
+    maxiter: int,
+) -> tuple[np.ndarray, int]:
+    """Jacobi-preconditioned conjugate gradients: ``scipy.sparse.linalg.cg``'s iteration
+    step for step (the same floating-point operations in the same order, so the same
+    bits), without its per-iteration wrapping of the matrix and the preconditioner as
+    linear operators. Stops when ``|r| < atol``; returns ``(x, 0)``, or ``(x, maxiter)``
+    when it did not converge."""
+    x = x0.copy()
+    r = rhs - lap @ x if x.any() else rhs.copy()
+    rho_prev = 1.0
+    p = np.empty_like(r)
+    for it in range(maxiter):
+        if np.linalg.norm(r) < atol:
+            return x, 0
+        z = inv_diag * r
+        rho = np.dot(r, z)
+        if it > 0:
+            p *= rho / rho_prev
+            p += z
+        else:
+            p[:] = z
+        q = lap @ p
+        alpha = rho / np.dot(p, q)
+        x += alpha * p
+        r -= alpha * q
+        rho_prev = rho
+    return x, maxiter
+
+
 def solve(
     a: np.ndarray,
     b: np.ndarray,
@@ -80,12 +136,7 @@ def solve(
     components and the Laplacian's sparsity pattern are reused."""
     use = (w > 0) & np.isfinite(m) & np.isfinite(w) & (a != b)
     ua, ub, um, uw = a[use], b[use], m[use], w[use]
-    graph = cache.get("graph") if cache is not None else None
-    if graph is None or graph[0].shape != use.shape or not np.array_equal(graph[0], use):
-        graph = (use, components(ua, ub, n), _pattern(ua, ub, n))
-        if cache is not None:
-            cache["graph"] = graph
-    _, comp, pattern = graph
+    comp, pattern = _graph(ua, ub, n, cache)
     wsum = np.bincount(ua, uw, minlength=n) + np.bincount(ub, uw, minlength=n)
     value = np.full(n, np.nan)
     residual = np.full(len(a), np.nan)
@@ -95,13 +146,12 @@ def solve(
     data = np.concatenate((-uw, -uw, wsum))
     if pattern is not None:
         perm, indices, indptr = pattern
-        lap = sp.csr_matrix((np.take(data, perm), indices, indptr), shape=(n, n))
+        lap = sp.csr_matrix((np.take(data, perm, mode="wrap"), indices, indptr), shape=(n, n))
     else:  # repeated edges: let scipy sum them
         rows = np.concatenate((ua, ub, np.arange(n)))
         cols = np.concatenate((ub, ua, np.arange(n)))
         lap = sp.csr_matrix((data, (rows, cols)), shape=(n, n))
     diag = np.where(wsum > 0, wsum, 1.0)
-    precond = sp.diags(1.0 / diag)
     # Scale: solve for the value relative to a typical magnitude so the tolerance
     # is absolute in ns (or ns/ns) terms of the edges' own precision.
     start = np.zeros(n) if x0 is None else np.nan_to_num(x0)
@@ -110,9 +160,9 @@ def solve(
         v = np.zeros(n)
     else:
         atol = 1e-12 * bnorm
-        v, info = cg(lap, rhs, x0=start, rtol=1e-13, atol=atol, maxiter=5000, M=precond)
+        v, info = _cg(lap, rhs, start, 1.0 / diag, atol, 5000)
         if info != 0:  # pragma: no cover - not seen on probe graphs; fall back
-            v = sp.linalg.lsqr(lap, rhs, atol=1e-14, btol=1e-14)[0]
+            v = lsqr(lap, rhs, atol=1e-14, btol=1e-14)[0]
     # Gauge: mean zero per component (callers may shift components afterwards).
     ncomp = int(comp.max()) + 1
     inc = comp >= 0

@@ -103,7 +103,7 @@ def fit_pairs(
         np.clip(b, 0, n_bins - 1, out=b)
         zs = z[sl]
         cs = cell[sl]
-        np.take(slope_guess, pid[sl], out=zs)
+        np.take(slope_guess, pid[sl], out=zs, mode="wrap")
         zs *= x[sl]
         sign = rev[sl].astype(np.float64)  # -1.0 forward, 1.0 reverse (no branch per row)
         sign *= 2.0
@@ -123,10 +123,10 @@ def fit_pairs(
     zmin = parts[0] if len(parts) == 1 else np.minimum(parts[0], parts[1], out=parts[0])
 
     if band <= 0:
-        z_floor = np.take(zmin, cell)  # per sample: its bin's minimum
+        z_floor = np.take(zmin, cell, mode="wrap")  # per sample: its bin's minimum
         at_min = np.flatnonzero(z == z_floor)
         xsel = np.zeros(size)
-        xsel[np.take(cell, at_min)] = np.take(x, at_min)
+        xsel[np.take(cell, at_min, mode="wrap")] = np.take(x, at_min, mode="wrap")
         counts = np.bincount(cell, minlength=size)
     # Per-pair work below runs on row ranges of pairs (halves with a pool).
     shape = (2, n_pairs, n_bins)
@@ -159,14 +159,14 @@ def fit_pairs(
 
         def band_sums(sl: slice) -> tuple[np.ndarray, ...]:
             cs, zs = cell[sl], z[sl]
-            z_floor = np.take(zmin, cs)  # per sample: its bin's minimum
+            z_floor = np.take(zmin, cs, mode="wrap")  # per sample: its bin's minimum
             z_floor += thr
             inband = np.flatnonzero(zs <= z_floor)
-            c = np.take(cs, inband)
+            c = np.take(cs, inband, mode="wrap")
             return (
                 np.bincount(c, minlength=size),
-                np.bincount(c, np.take(zs, inband), size),
-                np.bincount(c, np.take(x[sl], inband), size),
+                np.bincount(c, np.take(zs, inband, mode="wrap"), size),
+                np.bincount(c, np.take(x[sl], inband, mode="wrap"), size),
                 np.bincount(cs, minlength=size),
             )
 

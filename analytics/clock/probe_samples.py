@@ -185,12 +185,12 @@ class SeqLayout:
                 ok = (rel >= 0) & (rel < np.repeat(self.span[h], np.diff(np.append(starts, n))))
                 return np.where(ok, seq + shift, -1)
         h = np.maximum(host_i, 0)
-        rel = seq - np.take(self.base, h)
+        rel = seq - np.take(self.base, h, mode="wrap")
         # one unsigned compare checks 0 <= rel < span; unknown hosts have span 0 at
         # index 0 only if host 0 has no rows, so they are masked explicitly
-        ok = rel.view(np.uint64) < np.take(self.span, h).view(np.uint64)
+        ok = rel.view(np.uint64) < np.take(self.span, h, mode="wrap").view(np.uint64)
         ok &= host_i >= 0
-        rel += np.take(self.offset, h)
+        rel += np.take(self.offset, h, mode="wrap")
         rel[~ok] = -1
         return rel
 
@@ -219,12 +219,16 @@ class SlotValues:
     def get(self, pos: np.ndarray) -> np.ndarray:
         if self.dense:
             # pos -1 reads the last slot, which no write reaches: _NONE
-            return np.take(self.table, pos)
+            return np.take(self.table, pos, mode="wrap")
         elif len(self.keys) == 0:
             return np.full(len(pos), _NONE, np.int64)
         else:
             i = np.searchsorted(self.keys, pos).clip(0, len(self.keys) - 1)
-            out = np.where(np.take(self.keys, i) == pos, np.take(self.table, i), _NONE)
+            out = np.where(
+                np.take(self.keys, i, mode="wrap") == pos,
+                np.take(self.table, i, mode="wrap"),
+                _NONE,
+            )
         out[pos < 0] = _NONE
         return out
 
@@ -246,7 +250,7 @@ def _pair_partners(
     # next row is the partner: same sender, seq + 1, usable (shifted compares, no gather)
     nxt_ok = np.zeros(n, bool)
     nxt_ok[:-1] = (src[1:] == src[:-1]) & (seq[1:] == seq[:-1] + 1) & usable[1:]
-    hit = np.take(nxt_ok, first)
+    hit = np.take(nxt_ok, first, mode="wrap")
     partner = np.where(hit, first + 1, -1)
     miss = np.flatnonzero(~hit)
     if len(miss):
@@ -276,7 +280,7 @@ def _tolerance(
         any_hw = int(kind.max(initial=0)) >= TsKind.HW
     if spacing_tol[0] == spacing_tol[1] or not any_hw:
         return spacing_tol[0]
-    hw = (np.take(kind, a) >= TsKind.HW) & (np.take(kind, b) >= TsKind.HW)
+    hw = (np.take(kind, a, mode="wrap") >= TsKind.HW) & (np.take(kind, b, mode="wrap") >= TsKind.HW)
     return np.where(hw, spacing_tol[1], spacing_tol[0])
 
 
@@ -457,7 +461,7 @@ def _probe_samples(
         src, seq = rx_src[start:end], rx_seq[start:end]
         nxt_ok = np.zeros(end - start, bool)
         nxt_ok[:-1] = (src[1:] == src[:-1]) & (seq[1:] == seq[:-1] + 1) & m[1:]
-        hit = np.take(nxt_ok, first)
+        hit = np.take(nxt_ok, first, mode="wrap")
         miss_parts.append(first[~hit] + start)
         f = first[hit]
         f += start
@@ -504,8 +508,8 @@ def _pure(
 ) -> np.ndarray:
     """The coded filter on pairs of RX rows (first ``f``, partner ``p``): the receive
     spacing equals the send spacing within the tolerance, and the send spacing is > 0."""
-    tx_gap = np.take(t_tx, p) - np.take(t_tx, f)
-    rx_gap = np.take(rx_ns, p) - np.take(rx_ns, f)
+    tx_gap = np.take(t_tx, p, mode="wrap") - np.take(t_tx, f, mode="wrap")
+    rx_gap = np.take(rx_ns, p, mode="wrap") - np.take(rx_ns, f, mode="wrap")
     tol = _tolerance(kind, f, p, spacing_tol, any_hw)
     rx_gap -= tx_gap
     ok = np.abs(rx_gap, out=rx_gap) <= tol
@@ -530,13 +534,13 @@ def _echo_samples(
     row_ok = cols.e_t4 >= cols.e_t1
     row_ok &= cols.e_t3 >= cols.e_t2
     row_ok &= cols.e_dst != e_src
-    sane = np.take(row_ok, a) & np.take(row_ok, b)
-    dst_a = np.take(cols.e_dst, a)
-    sane &= dst_a == np.take(cols.e_dst, b)
+    sane = np.take(row_ok, a, mode="wrap") & np.take(row_ok, b, mode="wrap")
+    dst_a = np.take(cols.e_dst, a, mode="wrap")
+    sane &= dst_a == np.take(cols.e_dst, b, mode="wrap")
     drops["echo_bad"] = int(np.count_nonzero(~sane))
-    t3a, t4a = np.take(cols.e_t3, a), np.take(cols.e_t4, a)
-    gap3 = np.take(cols.e_t3, b) - t3a
-    gap4 = np.take(cols.e_t4, b) - t4a
+    t3a, t4a = np.take(cols.e_t3, a, mode="wrap"), np.take(cols.e_t4, a, mode="wrap")
+    gap3 = np.take(cols.e_t3, b, mode="wrap") - t3a
+    gap4 = np.take(cols.e_t4, b, mode="wrap") - t4a
     tol = _tolerance(cols.e_kind, a, b, spacing_tol)
     gap4 -= gap3
     e_ok = np.abs(gap4, out=gap4) <= tol
