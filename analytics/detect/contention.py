@@ -162,19 +162,27 @@ class RouteWindow:
 def queues(routes: list[RouteWindow]) -> tuple[list[tuple[str, str]], np.ndarray, np.ndarray]:
     """(hops in name order, the routes × hops crossing matrix, each hop's estimated queue
     in ns): non-negative least squares of the routes' standing queues (their lower
-    quartile's excess, clipped at 0)."""
+    quartile's excess, clipped at 0).
+
+    Only hops some slow route crosses are estimated (the others hold no queue worth a
+    name: no slow route crosses them); the routes crossing them, slow or fast, are the
+    system's rows. With every host's port a hop, the whole fleet's matrix would be
+    routes × (fabric links + 2 × hosts), dense; this one is as small as the fault."""
     from scipy.optimize import nnls
 
-    hops = sorted({h for r in routes for h in r.hops})
+    hops = sorted({h for r in routes if r.slow for h in r.hops})
     col = {h: i for i, h in enumerate(hops)}
     a = np.zeros((len(routes), len(hops)))
     for i, r in enumerate(routes):
         for h in r.hops:
-            a[i, col[h]] = 1.0
-    b = np.array([r.queue for r in routes]) / 1e3  # µs: a well-scaled system
-    if not len(routes):
-        return hops, a, np.zeros(0)
-    q, _ = nnls(a, b, maxiter=50 * max(len(hops), 1))
+            c = col.get(h)
+            if c is not None:
+                a[i, c] = 1.0
+    rows = np.flatnonzero(a.any(axis=1))
+    if not len(rows):
+        return hops, a, np.zeros(len(hops))
+    b = np.array([routes[i].queue for i in rows]) / 1e3  # µs: a well-scaled system
+    q, _ = nnls(a[rows], b, maxiter=50 * max(len(hops), 1))
     return hops, a, q * 1e3
 
 
