@@ -234,18 +234,22 @@ class HotWindow:
 
     def _evict(self) -> None:
         """Over ``max_rows`` or ``max_bytes``: drop the oldest joined minute (its rollup is
-        then partial), then the oldest probe_rx and probe_tx not settled yet (their probes
-        are then missing from the live picture and the rollups; the store has them)."""
+        then partial), then the oldest probe_tx not settled yet, those waiting for their
+        probe_rx, and last the oldest probe_rx (the probes are then missing from the live
+        picture and the rollups; the store has them). probe_tx go before probe_rx: a
+        probe_tx whose probe_rx was dropped would count as lost."""
         while self._over() and self._joined:
             parts = self._joined.pop(min(self._joined))
             self._drop(sum(t.num_rows for t in parts), sum(t.nbytes for t in parts))
-        for queue in (self._rx, self._tx):
-            while self._over() and queue:
-                item = queue.popleft()
-                self._drop(_item_len(item), _item_bytes(item))
+        while self._over() and self._tx:
+            item = self._tx.popleft()
+            self._drop(_item_len(item), _item_bytes(item))
         if self._over() and self._unmatched is not None:
             self._drop(len(self._unmatched["src"]), _cols_bytes(self._unmatched))
             self._unmatched = None
+        while self._over() and self._rx:
+            item = self._rx.popleft()
+            self._drop(_item_len(item), _item_bytes(item))
 
     def _drop(self, rows: int, nbytes: int) -> None:
         self._rows -= rows

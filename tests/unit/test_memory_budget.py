@@ -137,9 +137,19 @@ def test_hot_window_beyond_its_budget_drops_the_oldest_rows_counted() -> None:
             snap = hot.live(now_ns=arrival)
             hot.rollup(now_ns=arrival)
             assert hot.nbytes <= budget + one
-            if second > 5:  # the newest probes are still judged
+            if second > 5:  # the newest probes are still judged, and none falsely lost
                 assert snap.pair_count == 12 * 10
+                assert all(p.loss == 0 and p.received > 0 for p in snap.pairs)
     assert hot.evicted_rows > 0
+    # room for about lag_s of probes: unsettled rows go too, probe_tx before their
+    # probe_rx (a probe_tx left without its probe_rx would count as lost)
+    tight = HotWindow(grace_s=20, lag_s=5, start_ns=start - 1, max_bytes=8 * one)
+    for second in range(20):
+        tight.add(start + second * 10**9, commit(second))
+        if second % 5 == 4:
+            snap = tight.live(now_ns=start + second * 10**9)
+            assert all(p.loss == 0 for p in snap.pairs)
+    assert tight.evicted_rows > 0 and snap.pair_count > 0
     big = HotWindow(grace_s=20, lag_s=5, start_ns=start - 1)  # the default budget: room
     peak = 0
     for second in range(70):
