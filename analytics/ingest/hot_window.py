@@ -248,8 +248,8 @@ class HotWindow:
             self._drop(len(self._unmatched["src"]), _cols_bytes(self._unmatched))
             self._unmatched = None
         while self._over() and self._rx:
-            item = self._rx.popleft()
-            self._drop(_item_len(item), _item_bytes(item))
+            rx = self._rx.popleft()
+            self._drop(_item_len(rx), _item_bytes(rx))
 
     def _drop(self, rows: int, nbytes: int) -> None:
         self._rows -= rows
