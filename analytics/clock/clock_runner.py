@@ -26,7 +26,8 @@ Bounded: one solve at a time; when more than ``max_backlog`` complete windows wa
 oldest are skipped (counted); rows for a window already solved or skipped are dropped as
 late (counted); the rows held (windows and queue) are capped at ``max_rows`` and
 ``max_bytes`` (the daemon's share of ``memory_budget_bytes``): past either, the oldest
-windows are skipped (counted), so the cap is exceeded by at most one commit. A window's
+windows are skipped (counted), so the cap is exceeded by at most one commit, plus up to a
+quarter of ``max_bytes`` of queue while the thread is in a solve or starved of CPU. A window's
 rows are copied into memory it owns as they arrive (the one copy its solve needs), so
 the cap counts what is really held.
 docs/clock.md ("In the daemon") and docs/store.md describe it.
