@@ -24,7 +24,12 @@ name, fsync, rename, directory fsync): ``r<window start ms>.parquet``.
 
 Bounded: one solve at a time; when more than ``max_backlog`` complete windows wait, the
 oldest are skipped (counted); rows for a window already solved or skipped are dropped as
-late (counted); the buffered rows are capped at ``max_rows`` (oldest window dropped).
+late (counted); the rows held (windows and queue) are capped at ``max_rows`` and
+``max_bytes`` (the daemon's share of ``memory_budget_bytes``): past either, the oldest
+windows are skipped (counted), so the cap is exceeded by at most one commit, plus up to a
+quarter of ``max_bytes`` of queue while the thread is in a solve or starved of CPU. A window's
+rows are copied into memory it owns as they arrive (the one copy its solve needs), so
+the cap counts what is really held.
 docs/clock.md ("In the daemon") and docs/store.md describe it.
 
 Over 500 lines: the clock loop, its pipeline health and the /metrics families over them.
@@ -72,6 +77,7 @@ SOURCES: dict[str, tuple[np.dtype, str]] = {
 DEFAULT_LATENESS_S = 3.0
 DEFAULT_MAX_BACKLOG = 4
 DEFAULT_MAX_ROWS = 30_000_000
+DEFAULT_MAX_BYTES = 4 << 30  # the daemon passes its share of memory_budget_bytes
 FUTURE_S = 60.0  # rows stamped further ahead of the ops-box clock are dropped
 _MIN_RUN = 32  # fewer rows per run on average: split by mask instead (_window_runs)
 
@@ -95,12 +101,41 @@ def _rows(data: pa.Table | np.ndarray) -> int:
     return len(data) if isinstance(data, np.ndarray) else data.num_rows
 
 
+class _Rows:
+    """One table's rows of one window, copied into memory the window owns as they arrive
+    (the one copy the solver's joined array needs anyway): the commit's records are then
+    free as soon as the hot window and the detector are done with them, and what the
+    window holds is exactly its ``nbytes`` (views would keep every commit array a window
+    took a run from alive until that window is solved: ~a segment interval of commits)."""
+
+    __slots__ = ("buf", "n")
+
+    def __init__(self, dtype: np.dtype, expect: int) -> None:
+        # sized for what this table's last window held: pages are faulted in only as
+        # rows are written, so the spare capacity costs address space, not memory
+        self.buf = np.empty(max(expect + expect // 8, 1024), dtype)
+        self.n = 0
+
+    def append(self, part: np.ndarray) -> None:
+        end = self.n + len(part)
+        if end > len(self.buf):
+            grown = np.empty(max(end, 2 * len(self.buf)), self.buf.dtype)
+            grown[: self.n] = self.buf[: self.n]
+            self.buf = grown
+        # as bytes: numpy copies a structured array field by field, ~7x slower
+        self.buf[self.n : end].view(np.uint8)[:] = np.ascontiguousarray(part).view(np.uint8)
+        self.n = end
+
+    @property
+    def rows(self) -> np.ndarray:
+        return self.buf[: self.n]
+
+
 @dataclass
 class _Window:
-    parts: dict[str, list[np.ndarray]] = field(
-        default_factory=lambda: {name: [] for name in SOURCES}
-    )
+    parts: dict[str, _Rows] = field(default_factory=dict)
     rows: int = 0
+    nbytes: int = 0  # of the rows held (the memory budget counts these)
 
 
 @dataclass(frozen=True)
@@ -210,7 +245,8 @@ class ClockCounters:
     windows_existing: int = 0  # already in the store (daemon restarted inside a window)
     late_rows: int = 0
     future_rows: int = 0
-    dropped_rows: int = 0  # over max_rows
+    dropped_rows: int = 0  # queued past max_rows/max_bytes: their windows are skipped
+    skipped_memory: int = 0  # windows skipped to stay within max_rows/max_bytes
     rows_written: dict[str, int] = field(default_factory=lambda: {"clock": 0, "owd": 0})
 
 
@@ -225,12 +261,15 @@ class ClockRunner:
         lateness_s: float = DEFAULT_LATENESS_S,
         max_backlog: int = DEFAULT_MAX_BACKLOG,
         max_rows: int = DEFAULT_MAX_ROWS,
+        max_bytes: int = DEFAULT_MAX_BYTES,
         config: SolverConfig | None = None,
         now_ns: Callable[[], int] = time.time_ns,
         nice: int = 0,
     ) -> None:
-        if window_s <= 0 or lateness_s < 0 or max_backlog < 1 or max_rows < 1:
-            raise ValueError("window_s > 0, lateness_s >= 0, max_backlog >= 1, max_rows >= 1")
+        if window_s <= 0 or lateness_s < 0 or max_backlog < 1 or max_rows < 1 or max_bytes < 1:
+            raise ValueError(
+                "window_s > 0, lateness_s >= 0, max_backlog >= 1, max_rows >= 1, max_bytes >= 1"
+            )
         self.writer = writer
         self.window_ns = round(window_s * 1e9)
         self.lateness_ns = round(lateness_s * 1e9)
@@ -238,6 +277,7 @@ class ClockRunner:
         self._lower_lateness: tuple[int, int] | None = None  # (lateness, from when)
         self.max_backlog = max_backlog
         self.max_rows = max_rows
+        self.max_bytes = max_bytes
         self.config = config or SolverConfig()
         self.now_ns = now_ns
         self.nice = nice  # added to the solver thread's nice value (thread_priority.py)
@@ -246,9 +286,14 @@ class ClockRunner:
         self.counters = ClockCounters()
         self._inbox: collections.deque[dict[str, pa.Table | np.ndarray]] = collections.deque()
         self._inbox_rows = 0
+        self._inbox_bytes = 0
         self._cond = threading.Condition()
         self._windows: dict[int, _Window] = {}
         self._buffered = 0
+        self._buffered_bytes = 0
+        self._expect: dict[str, int] = dict.fromkeys(SOURCES, 0)  # rows of the last window
+        # windows up to this one lost rows that were queued past the cap: skipped
+        self._incomplete_upto = -(1 << 62)
         self._watermark = -(1 << 62)  # windows <= this were solved or skipped
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -306,13 +351,29 @@ class ClockRunner:
             if isinstance(d, np.ndarray) and d.dtype != SOURCES[t][0]:
                 raise TypeError(f"{t}: expected records of dtype {SOURCES[t][0]}, got {d.dtype}")
         rows = sum(_rows(d) for d in mine.values())
+        nbytes = sum(d.nbytes for d in mine.values())
         with self._cond:
-            if self._inbox_rows + rows > self.max_rows:
+            # the clock thread keeps queue + windows within max_bytes between its solves
+            # (_within_budget); a quarter more is for the queue while it is in one
+            if (
+                self._inbox_rows + rows > self.max_rows
+                or self._buffered_bytes + self._inbox_bytes + nbytes
+                > self.max_bytes + self.max_bytes // 4
+            ):
+                # these rows are not kept, so no window they may belong to (any up to
+                # now) is solved: it would be short of them
                 self.counters.dropped_rows += rows
+                self._incomplete_upto = self.now_ns() // self.window_ns
                 return
             self._inbox.append(mine)
             self._inbox_rows += rows
+            self._inbox_bytes += nbytes
             self._cond.notify()
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes of rows held for windows not solved yet (the queue not counted)."""
+        return self._buffered_bytes
 
     # ---- worker ------------------------------------------------------------------------
     def _run(self) -> None:
@@ -350,9 +411,22 @@ class ClockRunner:
                     return
                 tables = self._inbox.popleft()
                 self._inbox_rows -= sum(_rows(d) for d in tables.values())
+                self._inbox_bytes -= sum(d.nbytes for d in tables.values())
             for name, data in tables.items():
                 rows = data if isinstance(data, np.ndarray) else layout.arrow_to_records(name, data)
                 self._bucket(name, rows)
+            self._within_budget()
+
+    def _within_budget(self) -> None:
+        """Past ``max_rows`` or ``max_bytes`` (windows and queue): skip the oldest windows
+        (counted) until the rows held fit again, so what is held exceeds the budget by at
+        most one commit."""
+        while self._windows and (
+            self._buffered > self.max_rows
+            or self._buffered_bytes + self._inbox_bytes > self.max_bytes
+        ):
+            self.counters.skipped_memory += 1
+            self._skip(min(self._windows), "memory")
 
     def _bucket(self, name: str, rows: np.ndarray) -> None:
         """Add ``rows`` to their windows; rows of a window already solved or skipped
@@ -372,21 +446,24 @@ class ClockRunner:
                 self.counters.future_rows += len(part)
                 continue
             self._add(name, w, part)
-        while self._buffered > self.max_rows and self._windows:
-            oldest = min(self._windows)
-            self._skip(oldest, "max_rows")
 
     def _add(self, name: str, w: int, part: np.ndarray) -> None:
         buf = self._windows.get(w)
         if buf is None:
             buf = self._windows[w] = _Window()
-        buf.parts[name].append(part)
+        held = buf.parts.get(name)
+        if held is None:
+            held = buf.parts[name] = _Rows(SOURCES[name][0], self._expect[name])
+        held.append(part)
         buf.rows += len(part)
+        buf.nbytes += part.nbytes
         self._buffered += len(part)
+        self._buffered_bytes += part.nbytes
 
     def _skip(self, w: int, reason: str) -> None:
         buf = self._windows.pop(w)
         self._buffered -= buf.rows
+        self._buffered_bytes -= buf.nbytes
         self._watermark = max(self._watermark, w)
         self.counters.windows_skipped += 1
         self._record(w, "skipped")
@@ -401,6 +478,9 @@ class ClockRunner:
         now = self.now_ns()
         lateness = self._lateness_now(now)
         done = sorted(w for w in self._windows if (w + 1) * self.window_ns + lateness <= now)
+        for w in [w for w in done if w <= self._incomplete_upto]:
+            self._skip(w, "rows_dropped")
+        done = [w for w in done if w > self._incomplete_upto]
         for w in done[: max(0, len(done) - self.max_backlog)]:
             self._skip(w, "behind")
         done = done[max(0, len(done) - self.max_backlog) :]
@@ -409,6 +489,9 @@ class ClockRunner:
     # ---- one window --------------------------------------------------------------------
     def _solve(self, w: int, buf: _Window) -> None:
         self._buffered -= buf.rows
+        self._buffered_bytes -= buf.nbytes
+        for name, held in buf.parts.items():
+            self._expect[name] = held.n
         self._watermark = max(self._watermark, w)
         start_ns = w * self.window_ns
         arrays = self._joined(buf)
@@ -466,14 +549,11 @@ class ClockRunner:
 
     @staticmethod
     def _joined(buf: _Window) -> dict[str, np.ndarray]:
-        """One new array per table of the window's parts, joined as bytes: numpy copies
-        a structured array field by field, ~7x slower (45 against 6 ns a 40-byte row)."""
-        out = {}
-        for name, parts in buf.parts.items():
-            dtype = SOURCES[name][0]
-            raw = [np.ascontiguousarray(p).view(np.uint8) for p in parts]
-            out[name] = np.concatenate(raw).view(dtype) if raw else np.zeros(0, dtype)
-        return out
+        """The window's rows per table (already joined as they arrived: no copy here)."""
+        return {
+            name: buf.parts[name].rows if name in buf.parts else np.zeros(0, dtype)
+            for name, (dtype, _) in SOURCES.items()
+        }
 
     def window_tables(self, sol: WindowSolution, echoes: np.ndarray) -> dict[str, pa.Table]:
         """Arrow tables of one solution in the store schema: ``clock`` (huygens rows,
@@ -569,7 +649,11 @@ class ClockRunner:
             "windows_solved": k.windows_solved,
             "windows_skipped": k.windows_skipped,
             "windows_failed": k.windows_failed,
+            "windows_skipped_memory": k.skipped_memory,
             "late_rows": k.late_rows,
+            "dropped_rows": k.dropped_rows,
+            "buffered_bytes": self._buffered_bytes + self._inbox_bytes,
+            "max_bytes": self.max_bytes,
             "pairs": s.pairs,
             "disagreeing_pairs": s.disagreeing_pairs,
             "solve_s": round(s.solve_s, 4),
@@ -696,6 +780,18 @@ class _ClockCollector(Collector):
                 "Now minus the end of the newest window the detector has judged.",
                 value=health["picture_age_s"],
             )
+        yield GaugeMetricFamily(
+            "clockmesh_clock_buffered_bytes",
+            "Bytes of the rows the clock solver holds for windows not solved yet (its share "
+            "of memory_budget_bytes caps them; past it the oldest windows are skipped).",
+            value=r._buffered_bytes + r._inbox_bytes,
+        )
+        yield CounterMetricFamily(
+            "clockmesh_clock_windows_skipped_memory",
+            "Windows skipped to keep the clock solver within its memory budget (included in "
+            'clockmesh_clock_windows_total{outcome="skipped"}).',
+            value=k.skipped_memory,
+        )
         yield CounterMetricFamily(
             "clockmesh_clock_late_rows",
             "Probe rows that arrived after their window was solved or skipped.",

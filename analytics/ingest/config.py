@@ -45,6 +45,8 @@ class IngestConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_advised_roll_s: float = 30.0  # longest segment interval the acks advise
     analysis_nice: int = 19  # nice added to the analysis threads (0: same priority)
     reserve_bytes: int = 0  # memory faulted in at start (at least; see docs/store.md)
+    # what the hot window and the clock solver may hold together (half each); 0: auto
+    memory_budget_bytes: int = 0
     detect_interval_s: float = 0.5  # detector pass period (analytics/detect/detect_runner.py)
     detect_clear_s: float = 60.0  # an anomaly closes once its condition cleared this long
     detect_flap_window_s: float = 600.0  # flaps of a link are counted over this window
@@ -104,6 +106,13 @@ def resolve(config: IngestConfig, path: str | Path) -> ResolvedIngest:
     ):
         if getattr(config, key) < 0:
             fail(key, "expected a number >= 0")
+    budget = config.memory_budget_bytes
+    if budget < 0 or 0 < budget < MIN_BUDGET_BYTES or budget > physical_memory():
+        fail(
+            "memory_budget_bytes",
+            f"expected bytes between {MIN_BUDGET_BYTES} (256 MiB) and the machine's memory "
+            f"({physical_memory()}), or 0 for {AUTO_BUDGET_PERCENT} % of it; got {budget}",
+        )
     for key in ("hot_max_rows", "clock_max_rows"):
         if getattr(config, key) < 0:
             fail(key, "expected a row count > 0, or 0 for the memory-based default")
@@ -155,6 +164,34 @@ def read_fleet_key(path: str | Path, config_path: str | Path) -> bytes:
 # window's joined rows 26).
 AUTO_MEMORY_PARTS = 4
 AUTO_ROW_BYTES = 48
+
+
+MIN_BUDGET_BYTES = 256 << 20
+AUTO_BUDGET_PERCENT = 40  # of the machine's memory (or of a cgroup v2 memory.max)
+
+
+def physical_memory() -> int:
+    """The machine's memory, or a cgroup (v2) ``memory.max`` of this process when lower."""
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+        group = next(line[3:] for line in lines if line.startswith("0::"))
+        limit = (Path("/sys/fs/cgroup") / group.lstrip("/") / "memory.max").read_text().strip()
+        if limit != "max":
+            memory = min(memory, int(limit))
+    except (OSError, ValueError, StopIteration):
+        pass
+    return memory
+
+
+def memory_budget(configured: int) -> dict[str, int]:
+    """Bytes the hot window (``hot``) and the clock solver's buffers (``clock``) may hold:
+    half each of ``memory_budget_bytes``, or for 0 of :data:`AUTO_BUDGET_PERCENT` % of
+    :func:`physical_memory`. The rest of the machine is for the commit path (request
+    bodies, records being converted), the rollups' DuckDB and the solver's temporaries.
+    Past its share each drops its oldest rows (docs/store.md, "Memory")."""
+    total = configured or physical_memory() * AUTO_BUDGET_PERCENT // 100
+    return {"hot": total // 2, "clock": total - total // 2}
 
 
 def auto_max_rows(configured: int) -> int:

@@ -400,5 +400,6 @@ class GroupCommit:
         self.clock.feed(clock_rows)  # solved per window in the clock thread
         self.detect.feed(tables, clock_rows)  # judged every detect_interval_s (detector thread)
         self.metrics.hot_rows.set(self.hot.rows)
+        self.metrics.hot_bytes.set(self.hot.nbytes)
         log.debug("commit %d took %.3fs", number, time.monotonic() - started)
         return nbytes

@@ -166,6 +166,7 @@ class HotWindow:
         *,
         window_s: float = 150.0,
         max_rows: int = 20_000_000,
+        max_bytes: int = 4 << 30,
         live_s: float = 60.0,
         lag_s: float = 5.0,
         grace_s: float = 20.0,
@@ -175,9 +176,14 @@ class HotWindow:
         """``listening``: the hosts whose collector is known to run, by host id, each with
         ``since_ns`` (the daemon's fleet view). With it, a probe that never arrived counts
         as sent (and lost) only if its destination was known to run when it was sent: a
-        collector starting, or not deployed yet, is no loss on the fabric."""
+        collector starting, or not deployed yet, is no loss on the fabric.
+
+        ``max_rows``/``max_bytes``: what the window may hold (the daemon passes its share
+        of ``memory_budget_bytes``); past either, the oldest rows go first (:meth:`_evict`,
+        counted in :attr:`evicted_rows`), so it is exceeded by at most one commit."""
         self.window_s = window_s
         self.max_rows = max_rows
+        self.max_bytes = max_bytes
         self.live_s = live_s
         self.lag_s = lag_s
         self.grace_s = grace_s
@@ -195,6 +201,7 @@ class HotWindow:
         self._joined: dict[int, list[pa.Table]] = {}  # minute -> (src, dst, sport, d)
         self._slices: deque[tuple[int, pa.Table]] = deque()  # (settled at, per-pair stats)
         self._rows = 0  # probe_tx + probe_rx rows held (pending, unmatched, joined)
+        self._bytes = 0  # their bytes
         self.evicted_rows = 0
         self._con = duckdb.connect()  # used only by the thread that calls live()/rollup()
         self._con.execute("SET threads = 1")  # leave the other core to ingest
@@ -219,23 +226,44 @@ class HotWindow:
                     continue
                 (self._tx if name == "probe_tx" else self._rx).append((arrival_ns, data))
                 self._rows += _len(data)
+                self._bytes += data.nbytes
             self._evict()
 
+    def _over(self) -> bool:
+        return self._rows > self.max_rows or self._bytes > self.max_bytes
+
     def _evict(self) -> None:
-        """Over ``max_rows``: drop the oldest joined minute (its rollup is then partial)."""
-        while self._rows > self.max_rows and self._joined:
-            minute = min(self._joined)
-            dropped = sum(t.num_rows for t in self._joined.pop(minute))
-            self._rows -= dropped
-            self.evicted_rows += dropped
-        while self._rows > self.max_rows and len(self._rx) > 1:
-            dropped = _item_len(self._rx.popleft())
-            self._rows -= dropped
-            self.evicted_rows += dropped
+        """Over ``max_rows`` or ``max_bytes``: drop the oldest joined minute (its rollup is
+        then partial), then the oldest probe_tx not settled yet, those waiting for their
+        probe_rx, and last the oldest probe_rx (the probes are then missing from the live
+        picture and the rollups; the store has them). probe_tx go before probe_rx: a
+        probe_tx whose probe_rx was dropped would count as lost."""
+        while self._over() and self._joined:
+            parts = self._joined.pop(min(self._joined))
+            self._drop(sum(t.num_rows for t in parts), sum(t.nbytes for t in parts))
+        while self._over() and self._tx:
+            item = self._tx.popleft()
+            self._drop(_item_len(item), _item_bytes(item))
+        if self._over() and self._unmatched is not None:
+            self._drop(len(self._unmatched["src"]), _cols_bytes(self._unmatched))
+            self._unmatched = None
+        while self._over() and self._rx:
+            rx = self._rx.popleft()
+            self._drop(_item_len(rx), _item_bytes(rx))
+
+    def _drop(self, rows: int, nbytes: int) -> None:
+        self._rows -= rows
+        self._bytes -= nbytes
+        self.evicted_rows += rows
 
     @property
     def rows(self) -> int:
         return self._rows
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the rows held (pending, unmatched, joined)."""
+        return self._bytes
 
     # ---- settling ----------------------------------------------------------------------
     def settle(self, now_ns: int) -> None:
@@ -258,9 +286,11 @@ class HotWindow:
             rx_items = list(self._rx)
             self._rx.clear()
             self._rows -= sum(_len(d) for _, d in new) + sum(_item_len(r) for r in rx_items)
+            self._bytes -= sum(d.nbytes for _, d in new) + sum(_item_bytes(r) for r in rx_items)
             old, self._unmatched = self._unmatched, None
             if old is not None:
                 self._rows -= len(old["src"])
+                self._bytes -= _cols_bytes(old)
         rx = _gather(rx_items, _RX_FIELDS) if rx_items else None
         if old is None and not new:
             if rx is not None:
@@ -305,6 +335,7 @@ class HotWindow:
             with self._lock:
                 self._joined.setdefault(m, []).append(part)
                 self._rows += part.num_rows
+                self._bytes += part.nbytes
         wait = _take(tx, ~has_rx & (tx["arrival"] >= final), drop=("new",))
         rx_left = None
         if rx is not None:
@@ -337,9 +368,11 @@ class HotWindow:
             if rx_left is not None and len(rx_left["src"]):
                 self._rx.appendleft(rx_left)
                 self._rows += len(rx_left["src"])
+                self._bytes += _cols_bytes(rx_left)
             if wait is not None:
                 self._unmatched = wait
                 self._rows += len(wait["src"])
+                self._bytes += _cols_bytes(wait)
             self._evict()
 
     # ---- queries -----------------------------------------------------------------------
@@ -382,6 +415,7 @@ class HotWindow:
                     rest = _take(wait, ~late)
                     self._unmatched = rest if len(rest["src"]) else None
                     self._rows -= int(np.count_nonzero(late))
+                    self._bytes -= _cols_bytes(wait) - _cols_bytes(rest)
                     lost = _take(wait, late & (wait["tx_ns"] >= lo))
                     lost_minute = lost["tx_ns"] // _MIN * _MIN
                     for m in np.unique(lost_minute).tolist():
@@ -397,6 +431,7 @@ class HotWindow:
             for m in [m for m in self._joined if m < final_end]:
                 parts = self._joined.pop(m)
                 self._rows -= sum(t.num_rows for t in parts)
+                self._bytes -= sum(t.nbytes for t in parts)
                 minutes.setdefault(m, []).extend(parts)
         pairs, paths = [], []
         for m in sorted(minutes):
@@ -479,6 +514,14 @@ def _len(data: Rows) -> int:
 def _item_len(item: tuple[int, Rows] | Cols) -> int:
     """Rows of a queued item: ``(arrival, rows)`` as added, or columns kept by a settle."""
     return len(item["src"]) if isinstance(item, dict) else _len(item[1])
+
+
+def _item_bytes(item: tuple[int, Rows] | Cols) -> int:
+    return _cols_bytes(item) if isinstance(item, dict) else item[1].nbytes
+
+
+def _cols_bytes(cols: Cols) -> int:
+    return sum(c.nbytes for c in cols.values())
 
 
 def _take(cols: Cols, mask: np.ndarray, drop: tuple[str, ...] = ()) -> Cols:

@@ -116,6 +116,9 @@ class LiveDocument:
                 "commits": self.writer.committed + 1,
                 "pending_rows": self.commit.pending_rows,
                 "hot_window_rows": self.hot.rows,
+                "hot_window_bytes": self.hot.nbytes,
+                "hot_window_max_bytes": self.hot.max_bytes,
+                "hot_window_evicted_rows": self.hot.evicted_rows,
             },
             "store": {
                 "dir": str(self.writer.root),

@@ -273,6 +273,12 @@ class IngestMetrics:
         self.hot_rows = Gauge(
             "clockmesh_hot_window_rows", "Probe rows held in the hot window.", registry=r
         )
+        self.hot_bytes = Gauge(
+            "clockmesh_hot_window_bytes",
+            "Bytes of the probe rows held in the hot window (its share of "
+            "memory_budget_bytes caps them).",
+            registry=r,
+        )
         self.rollup_minutes = Counter(
             "clockmesh_rollups",
             "One-minute rollups written to probe_minute/path_minute.",
@@ -288,8 +294,8 @@ class IngestMetrics:
         )
         self.hot_evicted_rows = Counter(
             "clockmesh_hot_window_evicted_rows",
-            "Probe rows dropped from the hot window over hot_max_rows (their minute's rollup "
-            "is partial; the rows are in the store).",
+            "Probe rows dropped from the hot window over hot_max_rows or its share of "
+            "memory_budget_bytes (their minute's rollup is partial; the rows are in the store).",
             registry=r,
         )
         self.compactions = Counter(

@@ -32,7 +32,7 @@ from prometheus_client import Gauge
 
 from analytics.clock.clock_runner import ClockRunner
 from analytics.detect.detect_runner import DetectConfig, DetectRunner
-from analytics.ingest.config import IngestConfig, ResolvedIngest, auto_max_rows
+from analytics.ingest.config import IngestConfig, ResolvedIngest, auto_max_rows, memory_budget
 from analytics.ingest.group_commit import GroupCommit
 from analytics.ingest.hot_window import HotWindow
 from analytics.ingest.live import LiveDocument
@@ -74,9 +74,11 @@ class IngestServer:
             retention_s=resolved.retention_s,
             min_age_s=config.compact_min_age_s,
         )
+        budget = memory_budget(config.memory_budget_bytes)
         self.hot = HotWindow(
             window_s=config.hot_window_s,
             max_rows=auto_max_rows(config.hot_max_rows),
+            max_bytes=budget["hot"],
             grace_s=config.rollup_grace_s,
             listening=lambda: self.view.hosts,
         )
@@ -88,6 +90,7 @@ class IngestServer:
             window_s=config.clock_window_s,
             lateness_s=config.clock_lateness_s,
             max_rows=auto_max_rows(config.clock_max_rows),
+            max_bytes=budget["clock"],
             nice=config.analysis_nice,
         )
         self.metrics.registry.register(self.clock.collector(self._host_names))
