@@ -14,6 +14,7 @@ receiver − offset of the sender), with the clock solver's offsets from the sam
 from __future__ import annotations
 
 import json
+import math
 import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
@@ -92,28 +93,35 @@ def _rack_of(host: str, racks: dict[str, str]) -> str:
     return racks.get(host) or "(no rack)"
 
 
-UNSURE_NS = 5_000.0  # a clock more uncertain than this corrects nothing (as the detector)
+UNSURE_NS = 5_000.0  # a correction this uncertain is shown only for a delay 3x larger
+UNSURE_K = 3.0  # (as the detector: contention.CLOCK_K)
 
 
-def sure_offsets(clock_hosts: list[dict[str, Any]]) -> dict[str, Any]:
-    """host -> its clock offset (ns), None where unsolved or more than :data:`UNSURE_NS`
-    uncertain: a full queue in front of one host's port looks like that host's clock
-    running ahead, and the solver says how unsure it is — its delays are not shown then
-    rather than shown wrong (the header gives the fleet's median σ)."""
+def clock_sigmas(clock_hosts: list[dict[str, Any]]) -> dict[str, float]:
+    """host -> its clock's uncertainty (ns); inf where not given (the daemon writes NaN
+    and inf as null)."""
     out = {}
     for h in clock_hosts:
-        sigma = h.get("uncertainty_ns")  # null: infinite (the daemon writes NaN/inf so)
-        sure = isinstance(sigma, int | float) and sigma <= UNSURE_NS
-        out[h["host"]] = h.get("offset_ns") if sure else None
+        sigma = h.get("uncertainty_ns")
+        out[h["host"]] = float(sigma) if isinstance(sigma, int | float) else float("inf")
     return out
 
 
-def corrected(raw: float | None, src: str, dst: str, offsets: dict[str, Any]) -> float | None:
+def corrected(raw: float | None, src: str, dst: str, offsets: dict[str, Any],
+              sigmas: dict[str, float] | None = None) -> float | None:  # fmt: skip
     """A pair's corrected one-way delay (µs) from its raw one and the two clocks' offsets
-    (ns); None while either clock is unsolved."""
+    (ns); None while either clock is unsolved — or, given ``sigmas``, while the two
+    clocks' uncertainty is over both :data:`UNSURE_NS` and a third of the delay: a full
+    queue in front of one host's port looks like that host's clock running ahead, and the
+    solver says how unsure it is; such a delay is not shown rather than shown wrong."""
     if raw is None or offsets.get(src) is None or offsets.get(dst) is None:
         return None
-    return float(raw - (offsets[dst] - offsets[src]) / 1e3)
+    d = float(raw - (offsets[dst] - offsets[src]) / 1e3)
+    if sigmas is not None:
+        sig = math.hypot(sigmas.get(src, math.inf), sigmas.get(dst, math.inf))
+        if sig > max(UNSURE_NS, UNSURE_K * abs(d) * 1e3):
+            return None
+    return d
 
 
 def _worse(table: dict[str, tuple[float, str, list[str]]], me: str, value: float, peer: str,
@@ -129,7 +137,8 @@ def fleet(live: dict[str, Any], racks: dict[str, str], th: Thresholds | None = N
     is the *culprit*."""
     th = th or Thresholds()
     clock = {h["host"]: h for h in (live.get("clock") or {}).get("hosts", [])}
-    offsets = sure_offsets(list(clock.values()))
+    offsets = {n: h.get("offset_ns") for n, h in clock.items()}
+    sigmas = clock_sigmas(list(clock.values()))
     anomalies = live.get("anomalies") or {}
     culprits = attribution.places(anomalies.get("open", []), {}).host
     where = {str(a.get("anomaly_id")): str(a.get("link") or a.get("job_id") or a.get("kind"))
@@ -143,7 +152,7 @@ def fleet(live: dict[str, Any], racks: dict[str, str], th: Thresholds | None = N
         src, dst = p["src"], p["dst"]
         ids = list(p.get("explained_by") or [])
         owd_t, loss_t = (owd_x, loss_x) if ids else (owd_u, loss_u)
-        owd = corrected(p.get("owd_raw_p50_us"), src, dst, offsets)
+        owd = corrected(p.get("owd_raw_p50_us"), src, dst, offsets, sigmas)
         lo = float(p.get("loss") or 0.0)
         for me, peer in ((src, dst), (dst, src)):
             if owd is not None:

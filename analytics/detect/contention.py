@@ -72,9 +72,9 @@ PERSIST_NS = 1_000_000_000  # a hop contended this long (probe time) is said
 LOST_AFTER_NS = 2_000_000_000  # no receive by the time the receiver shipped this much later
 # (longer than any queue: a probe held 0.6 s in a lab queue is late, not lost)
 PENDING_NS = 10_000_000_000  # a send or receive waits this long for its other half
-# a probe is judged only when its correction (both clocks' uncertainty, carried to its
-# send time) is this sure: well under the smallest excess judged
-CLOCK_SIGMA_MAX_NS = FLOOR_NS / 4
+# a hop is named only when its queue is this many times the clocks' uncertainty on the
+# routes that show it (a queue every probe to a host waits in looks like that host's clock)
+CLOCK_K = 3.0
 MAX_PROBES = 200_000  # rows per side and pass; beyond, a consistent sample by sequence
 COUNTER_SPAN_NS = 10_000_000_000  # counter rates over this long
 # The NIC's congestion counters (mlx5 sysfs: ports/<p>/hw_counters and counters/).
@@ -135,6 +135,7 @@ class RouteWindow:
     excess: np.ndarray  # ... over the route's healthy medians (nan: not judged yet)
     thresholds: np.ndarray  # ... and the excess each must pass
     ports: int
+    clock_sigma: float = 0.0  # both hosts' clock uncertainty (ns): what the excess may be off
 
     @property
     def judged(self) -> bool:
@@ -231,7 +232,8 @@ class PathDelays:
         self.routes: dict[tuple[int, int, str], _Route] = {}
         self.lost_total = 0
         self.joined_total = 0
-        self.unsure_total = 0  # received probes not judged: their clocks too uncertain
+        self.unsure_total = 0  # hops not named: their queue within CLOCK_K σ of the clocks
+        self._clocks: ClockState | None = None  # the latest solution the probes were joined by
         # host -> counter -> deque of (ts_ns, delta)
         self._counters: dict[int, dict[str, collections.deque[tuple[int, int]]]] = {}
         self._twins: dict[tuple[str, str], list[tuple[str, str]]] = {}
@@ -386,6 +388,7 @@ class PathDelays:
     def _joined(self, tx: np.ndarray, rx_ns: np.ndarray, clocks: ClockState | None) -> np.ndarray:
         if clocks is None or not len(tx) or not len(clocks.hosts):
             return np.zeros(0, _PROBE)
+        self._clocks = clocks
         order = np.argsort(clocks.hosts)
         hosts = clocks.hosts[order]
         i = np.searchsorted(hosts, tx["src"]).clip(0, len(hosts) - 1)
@@ -393,16 +396,6 @@ class PathDelays:
         ok = (hosts[i] == tx["src"]) & (hosts[j] == tx["dst"])
         tx, rx_ns, i, j = tx[ok], rx_ns[ok], order[i[ok]], order[j[ok]]
         dt = (tx["tx_ns"] - clocks.ref_ns).astype(np.float64)
-        # A correction the solver is unsure of judges nothing: a queue every probe to a
-        # host waits in (its own port, full) looks to any clock sync like that host's clock
-        # being ahead, and the solver says so with its uncertainty (docs/clock.md).
-        sig = np.hypot(
-            np.hypot(clocks.offset_sigma_ns[i], clocks.drift_sigma[i] * dt),
-            np.hypot(clocks.offset_sigma_ns[j], clocks.drift_sigma[j] * dt),
-        )
-        sure = sig <= CLOCK_SIGMA_MAX_NS  # nan / inf: not sure
-        self.unsure_total += int(len(sure) - sure.sum())
-        tx, rx_ns, i, j, dt = tx[sure], rx_ns[sure], i[sure], j[sure], dt[sure]
         skew = (clocks.offset_ns[j] - clocks.offset_ns[i]) + (
             clocks.drift[j] - clocks.drift[i]
         ) * dt
@@ -501,6 +494,9 @@ class PathDelays:
         # (congested since before it was fitted) against its peers': the median baseline
         # and noise of the fleet's fitted routes (every inter-rack route crosses as many
         # hops), when at least MIN_PEERS have one.
+        sigma = self._clock_sigma()
+        for w in out:
+            w.clock_sigma = float(np.hypot(sigma.get(w.src, np.inf), sigma.get(w.dst, np.inf)))
         fitted = [r for r in self.routes.values() if len(r.healthy) >= MIN_BASE]
         peer = _Route()
         if len(fitted) >= MIN_PEERS:
@@ -514,6 +510,14 @@ class PathDelays:
             elif base is route:
                 w.excess, w.thresholds = w.stats - route.med, route.thresholds()
         return out
+
+    def _clock_sigma(self) -> dict[int, float]:
+        """host -> its clock's uncertainty (ns) in the latest solution (inf: not given)."""
+        c = self._clocks
+        if c is None:
+            return {}
+        sig = np.where(np.isfinite(c.offset_sigma_ns), c.offset_sigma_ns, np.inf)
+        return dict(zip(c.hosts.tolist(), sig.tolist(), strict=True))
 
     def _port(self, host: int) -> str:
         """The name of ``host``'s access link (its own name where the topology has none)."""
@@ -537,6 +541,12 @@ class PathDelays:
             slow = [w for w in crossing if w.slow]
             thr = float(np.median([w.thresholds[0] for w in crossing]))
             if q[c] <= thr or len(slow) < MIN_SLOW_PATHS:
+                continue
+            # A queue the clocks could make up is not named: a full queue in front of one
+            # host's port delays every probe to it, which any clock sync reads as that
+            # host's clock running ahead (the solver says how unsure it is, docs/clock.md).
+            if q[c] <= CLOCK_K * float(np.median([w.clock_sigma for w in slow])):
+                self.unsure_total += 1
                 continue
             # A hop already implicated — masked, or on a slow route with a hop named —
             # explains its routes as well as this one (the queues that a named hop's
