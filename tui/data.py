@@ -93,7 +93,7 @@ def _rack_of(host: str, racks: dict[str, str]) -> str:
     return racks.get(host) or "(no rack)"
 
 
-UNSURE_NS = 5_000.0  # a correction this uncertain is shown only for a delay 3x larger
+UNSURE_NS = 5_000.0  # a correction more uncertain is shown only for a delay 3x its uncertainty
 UNSURE_K = 3.0  # (as the detector: contention.CLOCK_K)
 
 
@@ -119,7 +119,7 @@ def corrected(raw: float | None, src: str, dst: str, offsets: dict[str, Any],
     d = float(raw - (offsets[dst] - offsets[src]) / 1e3)
     if sigmas is not None:
         sig = math.hypot(sigmas.get(src, math.inf), sigmas.get(dst, math.inf))
-        if sig > max(UNSURE_NS, UNSURE_K * abs(d) * 1e3):
+        if sig > max(UNSURE_NS, abs(d) * 1e3 / UNSURE_K):
             return None
     return d
 

@@ -702,3 +702,16 @@ def test_a_clock_the_solver_is_unsure_of_colours_no_delay() -> None:
     assert after["h2-2"].worst_owd_us is None and after["h2-2"].state != "slow"
     assert after["h1-2"].state != "slow"  # its only slow pair was to h2-2
     assert after["h3-1"].worst_owd_us == before["h3-1"].worst_owd_us
+
+
+def test_a_delay_is_shown_only_when_it_is_three_times_its_clocks_uncertainty() -> None:
+    """The lab's full host port: 29 ms seen with clocks ±20 ms (the solver moved that
+    host's clock by about that much) is not shown; a congested link's 5 ms with ±50 µs
+    clocks is; a few µs with sub-µs clocks is."""
+    from tui.data import corrected
+
+    offs = {"a": 0.0, "b": 0.0}
+    assert corrected(29_000.0, "a", "b", offs, {"a": 20e6, "b": 1.9e6}) is None
+    assert corrected(5_000.0, "a", "b", offs, {"a": 50e3, "b": 10e3}) == 5_000.0
+    assert corrected(4.0, "a", "b", offs, {"a": 300.0, "b": 200.0}) == 4.0
+    assert corrected(4.0, "a", "b", offs, {"a": 6e3, "b": 0.0}) is None
