@@ -71,6 +71,11 @@ MIN_LOST = 5  # a lossy path lost its newest this many probes in a row ...
 # plane hiccup, a receiver's collector restarting) is not a silent drop
 MIN_SPREAD_NS = 1_500_000_000
 MIN_PATHS = 2  # lossy paths a place must explain to be named
+# ... from this many source hosts: a switch that drops traffic drops it from every sender
+# whose paths cross it; one sender's paths alone (a new buddy's first seconds in
+# `make demo`: 12 of 12 probes on its two paths through spine1, every other path clean)
+# are that pair's problem, not a switch's
+MIN_SOURCES = 2
 BACKGROUND = 1e-3  # chance that a path of a healthy fabric looks lossy
 # A place that is one link-direction and nothing narrower (every path through it losing
 # its newest probes) is named only once its paths have been lossy this long: the onset of a
@@ -192,6 +197,7 @@ class SilentDrops:
         # of its probes (on any path): a pair that never delivered has not started
         self._delivered: dict[tuple[int, int], int] = {}
         self.held_as_queue = 0  # passes whose loss came with a delay rise (contention)
+        self.one_source = 0  # places whose lossy paths all came from one source host
         self._queued: dict[Place, int] = {}  # link-direction -> queued (remembered) until
 
     # ---- input -----------------------------------------------------------------------
@@ -461,6 +467,9 @@ class SilentDrops:
             if not all(p.reported for p in places):
                 continue  # a host's own loss: its port counters speak for it
             if self._premature(places[0], pending, crossing):
+                continue
+            if len({src for src, _d, _p in covered}) < MIN_SOURCES:
+                self.one_source += 1
                 continue
             if all(p.what == "link" for p in places) and any(
                 now_ns - self._lossy.get(k, ("", now_ns))[1] < LINK_HOLD_NS for k in covered

@@ -99,6 +99,24 @@ def blackhole(switch: str, dst: int) -> Fault:
     return f
 
 
+def test_one_senders_paths_alone_are_that_pairs_problem_not_a_switchs() -> None:
+    """`make demo` on a fresh clone: a new buddy's two paths through spine1 lost all 12 of
+    their probes for its first seconds, every other path to that host delivered, and
+    "spine1 towards h4-1 silently drops traffic" was paged. A switch drops what every
+    sender sends through it: one sender's loss names no switch; a second sender's does."""
+
+    def one_pair(s: int, d: int, p: int, spine: str, t: float) -> tuple[bool, float]:
+        return (s == 11 and d == 31 and spine == "spine2"), 0.0
+
+    assert not any(_run(one_pair))
+
+    def two_senders(s: int, d: int, p: int, spine: str, t: float) -> tuple[bool, float]:
+        return (s in (11, 21) and d == 31 and spine == "spine2"), 0.0
+
+    (obs,) = _run(two_senders)[-1]
+    assert obs.evidence["switch"] == "spine2" and obs.evidence["destinations"] == ["h3-1"]
+
+
 @pytest.mark.parametrize("late", [0, 1])
 def test_a_spine_blackholing_one_host_is_named_with_the_host_and_the_link_it_leaves_by(
     late: int,
