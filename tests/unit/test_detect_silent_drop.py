@@ -117,6 +117,17 @@ def test_one_senders_paths_alone_are_that_pairs_problem_not_a_switchs() -> None:
     assert obs.evidence["switch"] == "spine2" and obs.evidence["destinations"] == ["h3-1"]
 
 
+def test_new_pairs_losing_some_paths_first_probes_are_not_a_silent_drop() -> None:
+    """`make demo` on a fresh clone: collectors just deployed, new buddies' paths through
+    one spine lost their first seconds of probes (their other paths delivered) and leaf4
+    and spine1 were paged. A pair is judged WARMUP_NS after its first delivered probe."""
+
+    def first_seconds(s: int, d: int, p: int, spine: str, t: float) -> tuple[bool, float]:
+        return (s in (11, 21) and d == 31 and spine == "spine2" and t < 6), 0.0
+
+    assert not any(_run(first_seconds, seconds=12, healthy_s=0))
+
+
 @pytest.mark.parametrize("late", [0, 1])
 def test_a_spine_blackholing_one_host_is_named_with_the_host_and_the_link_it_leaves_by(
     late: int,
