@@ -27,7 +27,9 @@ from collector import wire
 from collector.configfile import ConfigError
 
 IDS = ingest_load.host_ids(6)
-T0 = (time.time_ns() // 10**9 - 600) * 10**9
+# a minute into an hour that began 10-70 min ago: a test's seconds never straddle two hour
+# partitions (run at 01:10:0x, six commits split 3 + 3 over hour=00 and hour=01)
+T0 = ((time.time_ns() // 10**9 - 600) // 3600 * 3600 + 60) * 10**9
 
 
 def _batches(number: int, host_ids: list[int], segs: list[int]) -> pa.Table:
