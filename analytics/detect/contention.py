@@ -545,7 +545,11 @@ class PathDelays:
             # A queue the clocks could make up is not named: a full queue in front of one
             # host's port delays every probe to it, which any clock sync reads as that
             # host's clock running ahead (the solver says how unsure it is, docs/clock.md).
-            if q[c] <= CLOCK_K * float(np.median([w.clock_sigma for w in slow])):
+            # Only a host's own port can pass for its clock: every path of the host
+            # crosses it, while a fabric link's routes have peers through other spines.
+            if hop[1] in (HOST_UP, HOST_DOWN) and q[c] <= CLOCK_K * float(
+                np.median([w.clock_sigma for w in slow])
+            ):
                 self.unsure_total += 1
                 continue
             # A hop already implicated — masked, or on a slow route with a hop named —
