@@ -18,8 +18,11 @@ tail exceeds the baseline median by more than ``K_SIGMA`` robust σ, and never b
 than ``FLOOR_NS`` (20 µs): what this route's own jitter cannot explain. Lost probes on
 the route are evidence of the same queue (a full queue drops).
 
-**Where: tomography by magnitude.** A route X → Z through Y crosses leafX–spineY
-upwards and leafZ–spineY downwards; its excess is the sum of the queues it waits in.
+**Where: tomography by magnitude.** A route from host S in rack X to host D in rack Z
+through spine Y crosses S's access link (host→leaf), leafX–spineY upwards, leafZ–spineY
+downwards and D's access link (leaf→host); its excess is the sum of the queues it waits
+in. A receiver's own port (incast: many senders into one host, or a NIC that cannot keep
+up) is such a hop, so its queue is not blamed on the fabric links in front of it.
 Non-negative least squares over every judged route (slow and healthy) estimates each
 (link, direction)'s queue (:func:`queues`); a fast route pins both of its hops near zero,
 so a rack behind two congested uplinks is not blamed for them. A (link, direction) is
@@ -69,6 +72,9 @@ PERSIST_NS = 1_000_000_000  # a hop contended this long (probe time) is said
 LOST_AFTER_NS = 2_000_000_000  # no receive by the time the receiver shipped this much later
 # (longer than any queue: a probe held 0.6 s in a lab queue is late, not lost)
 PENDING_NS = 10_000_000_000  # a send or receive waits this long for its other half
+# a hop is named only when its queue is this many times the clocks' uncertainty on the
+# routes that show it (a queue every probe to a host waits in looks like that host's clock)
+CLOCK_K = 3.0
 MAX_PROBES = 200_000  # rows per side and pass; beyond, a consistent sample by sequence
 COUNTER_SPAN_NS = 10_000_000_000  # counter rates over this long
 # The NIC's congestion counters (mlx5 sysfs: ports/<p>/hw_counters and counters/).
@@ -78,6 +84,7 @@ CONGESTION_COUNTERS = (
     "rp_cnp_handled",  # ... it received and slowed down for (reaction point)
     "port_xmit_wait",  # ticks the port had data to send and could not (pause/credit)
 )  # mlx5 has its pause counters in ethtool statistics, not sysfs: not read here
+HOST_UP, HOST_DOWN = "host→leaf", "leaf→host"  # the directions of a host's access link
 # (evidence key, with what unit) of the rates cited
 _COUNTER_WORDS = {
     "np_ecn_marked_roce_packets": "ECN-marked",
@@ -120,7 +127,7 @@ class RouteWindow:
     src: int
     dst: int
     spine: str
-    hops: tuple[tuple[str, str], tuple[str, str]]  # (link, direction) up, down
+    hops: tuple[tuple[str, str], ...]  # (link, direction): source port, up, down, dest port
     newest_ns: int
     received: int
     lost: int
@@ -128,6 +135,7 @@ class RouteWindow:
     excess: np.ndarray  # ... over the route's healthy medians (nan: not judged yet)
     thresholds: np.ndarray  # ... and the excess each must pass
     ports: int
+    clock_sigma: float = 0.0  # both hosts' clock uncertainty (ns): what the excess may be off
 
     @property
     def judged(self) -> bool:
@@ -155,19 +163,27 @@ class RouteWindow:
 def queues(routes: list[RouteWindow]) -> tuple[list[tuple[str, str]], np.ndarray, np.ndarray]:
     """(hops in name order, the routes × hops crossing matrix, each hop's estimated queue
     in ns): non-negative least squares of the routes' standing queues (their lower
-    quartile's excess, clipped at 0)."""
+    quartile's excess, clipped at 0).
+
+    Only hops some slow route crosses are estimated (the others hold no queue worth a
+    name: no slow route crosses them); the routes crossing them, slow or fast, are the
+    system's rows. With every host's port a hop, the whole fleet's matrix would be
+    routes × (fabric links + 2 × hosts), dense; this one is as small as the fault."""
     from scipy.optimize import nnls
 
-    hops = sorted({h for r in routes for h in r.hops})
+    hops = sorted({h for r in routes if r.slow for h in r.hops})
     col = {h: i for i, h in enumerate(hops)}
     a = np.zeros((len(routes), len(hops)))
     for i, r in enumerate(routes):
         for h in r.hops:
-            a[i, col[h]] = 1.0
-    b = np.array([r.queue for r in routes]) / 1e3  # µs: a well-scaled system
-    if not len(routes):
-        return hops, a, np.zeros(0)
-    q, _ = nnls(a, b, maxiter=50 * max(len(hops), 1))
+            c = col.get(h)
+            if c is not None:
+                a[i, c] = 1.0
+    rows = np.flatnonzero(a.any(axis=1))
+    if not len(rows):
+        return hops, a, np.zeros(len(hops))
+    b = np.array([routes[i].queue for i in rows]) / 1e3  # µs: a well-scaled system
+    q, _ = nnls(a[rows], b, maxiter=50 * max(len(hops), 1))
     return hops, a, q * 1e3
 
 
@@ -187,8 +203,12 @@ class PathDelays:
         spine_of: dict[tuple[int, int, int], str],
         host_names: dict[int, str] | None = None,
         floor_ns: float = FLOOR_NS,
+        host_access: dict[int, str] | None = None,
     ) -> None:
         self.host_rack = host_rack
+        # host -> its access link's name (from the topology; a host without one is named
+        # by itself: "h1-1 (leaf→host)")
+        self.host_access = host_access if host_access is not None else {}
         self.by_ends = links_by_ends
         self.spine_of = spine_of  # (src, dst, sport) -> spine, kept by FabricPaths
         self.host_names = host_names if host_names is not None else {}
@@ -212,6 +232,8 @@ class PathDelays:
         self.routes: dict[tuple[int, int, str], _Route] = {}
         self.lost_total = 0
         self.joined_total = 0
+        self.unsure_total = 0  # hops not named: their queue within CLOCK_K σ of the clocks
+        self._clocks: ClockState | None = None  # the latest solution the probes were joined by
         # host -> counter -> deque of (ts_ns, delta)
         self._counters: dict[int, dict[str, collections.deque[tuple[int, int]]]] = {}
         self._twins: dict[tuple[str, str], list[tuple[str, str]]] = {}
@@ -366,6 +388,7 @@ class PathDelays:
     def _joined(self, tx: np.ndarray, rx_ns: np.ndarray, clocks: ClockState | None) -> np.ndarray:
         if clocks is None or not len(tx) or not len(clocks.hosts):
             return np.zeros(0, _PROBE)
+        self._clocks = clocks
         order = np.argsort(clocks.hosts)
         hosts = clocks.hosts[order]
         i = np.searchsorted(hosts, tx["src"]).clip(0, len(hosts) - 1)
@@ -458,9 +481,11 @@ class PathDelays:
                     continue
             stats = np.percentile(got, QUANTILES) if len(got) else np.full(len(QUANTILES), np.nan)
             route = self.routes.setdefault((s, d, y), _Route())
+            hops = ((self._port(s), HOST_UP), (up, "leaf→spine"), (down, "spine→leaf"),
+                    (self._port(d), HOST_DOWN))  # fmt: skip
             out.append(
                 RouteWindow(
-                    s, d, y, ((up, "leaf→spine"), (down, "spine→leaf")), newest,
+                    s, d, y, hops, newest,
                     len(span) - lost, lost, stats, np.full(2, np.nan), np.full(2, np.inf),
                     len(by_route[(s, d, y)]),
                 )
@@ -469,6 +494,9 @@ class PathDelays:
         # (congested since before it was fitted) against its peers': the median baseline
         # and noise of the fleet's fitted routes (every inter-rack route crosses as many
         # hops), when at least MIN_PEERS have one.
+        sigma = self._clock_sigma()
+        for w in out:
+            w.clock_sigma = float(np.hypot(sigma.get(w.src, np.inf), sigma.get(w.dst, np.inf)))
         fitted = [r for r in self.routes.values() if len(r.healthy) >= MIN_BASE]
         peer = _Route()
         if len(fitted) >= MIN_PEERS:
@@ -482,6 +510,18 @@ class PathDelays:
             elif base is route:
                 w.excess, w.thresholds = w.stats - route.med, route.thresholds()
         return out
+
+    def _clock_sigma(self) -> dict[int, float]:
+        """host -> its clock's uncertainty (ns) in the latest solution (inf: not given)."""
+        c = self._clocks
+        if c is None:
+            return {}
+        sig = np.where(np.isfinite(c.offset_sigma_ns), c.offset_sigma_ns, np.inf)
+        return dict(zip(c.hosts.tolist(), sig.tolist(), strict=True))
+
+    def _port(self, host: int) -> str:
+        """The name of ``host``'s access link (its own name where the topology has none)."""
+        return self.host_access.get(host) or self.host_names.get(host, str(host))
 
     def observations(self, now_ns: int) -> list[Observation]:
         wins = self._last_windows = self.windows()
@@ -501,6 +541,16 @@ class PathDelays:
             slow = [w for w in crossing if w.slow]
             thr = float(np.median([w.thresholds[0] for w in crossing]))
             if q[c] <= thr or len(slow) < MIN_SLOW_PATHS:
+                continue
+            # A queue the clocks could make up is not named: a full queue in front of one
+            # host's port delays every probe to it, which any clock sync reads as that
+            # host's clock running ahead (the solver says how unsure it is, docs/clock.md).
+            # Only a host's own port can pass for its clock: every path of the host
+            # crosses it, while a fabric link's routes have peers through other spines.
+            if hop[1] in (HOST_UP, HOST_DOWN) and q[c] <= CLOCK_K * float(
+                np.median([w.clock_sigma for w in slow])
+            ):
+                self.unsure_total += 1
                 continue
             # A hop already implicated — masked, or on a slow route with a hop named —
             # explains its routes as well as this one (the queues that a named hop's
@@ -579,8 +629,15 @@ class PathDelays:
         jobs = sorted(set().union(*on.values()))
         job_hosts = sorted({self.host_names.get(h, str(h)) for (s, d), j in on.items()
                             if j for h in (s, d)})  # fmt: skip
-        leaf = next((lf for (lf, _y), name in self.by_ends.items() if name == link), "")
-        behind = sorted(h for h, r in self.host_rack.items() if r == leaf)
+        port_of = None  # the host whose access link this is
+        if direction in (HOST_UP, HOST_DOWN):
+            w0 = slow[0]
+            port_of = w0.src if direction == HOST_UP else w0.dst
+            leaf = self.host_names.get(port_of, str(port_of))
+            behind = [port_of]
+        else:
+            leaf = next((lf for (lf, _y), name in self.by_ends.items() if name == link), "")
+            behind = sorted(h for h, r in self.host_rack.items() if r == leaf)
         rates = self.counter_rates(behind)
         cited = [f"{_COUNTER_WORDS[k]} {v:g}/s" for k, v in rates.items() if k in _COUNTER_WORDS]
         label = " or ".join(f"{lk} ({dr})" for lk, dr in twins)
@@ -590,8 +647,10 @@ class PathDelays:
             f"({len(pairs)} pair(s), threshold {thr / 1e3:.0f} µs)"
             + (f", {loss:.0%} of their probes lost" if lost else "")
             + (f"; jobs between these hosts: {', '.join(jobs[:6])}" if jobs else "")
-            + (f"; NICs behind {leaf}: {', '.join(cited)}" if cited else "")
+            + (f"; NICs behind {leaf}: {', '.join(cited)}" if cited and port_of is None else "")
+            + (f"; {leaf}'s NIC: {', '.join(cited)}" if cited and port_of is not None else "")
         )
+        place = {} if port_of is None else {"host": self.host_names.get(port_of, str(port_of))}
         return Observation(
             kind="contention",
             key=f"{link} {direction}",
@@ -599,6 +658,7 @@ class PathDelays:
             summary=summary,
             link=link,
             evidence={
+                **place,  # a host's own port: that host (the culprit, its peers affected)
                 "direction": direction,
                 "candidates": sorted({lk for lk, _dr in twins}) if len(twins) > 1 else [],
                 "candidate_hops": [f"{lk} {dr}" for lk, dr in twins] if len(twins) > 1 else [],

@@ -24,7 +24,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +119,8 @@ class TopologyMaps:
     port_links: dict[tuple[int, str], str]  # (host_id, interface) -> link name
     fabric: list[FabricLink]  # leaf-spine links with the spine's address on each
     host_rack: dict[int, str]  # host_id -> its leaf
+    # host_id -> its access link (hosts with exactly one: the port its probes cross)
+    host_access: dict[int, str] = field(default_factory=dict)
 
 
 def load_topology(topology_file: str | Path) -> TopologyMaps:
@@ -140,7 +142,11 @@ def load_topology(topology_file: str | Path) -> TopologyMaps:
                 fabric.append(FabricLink(lk["name"], lk["a"]["node"], lk["b"]["node"],
                                          lk["b"]["address"]))  # fmt: skip
         racks = {records.host_id(n): str(h.get("rack", "")) for n, h in hosts.items()}
-        return TopologyMaps(ports, fabric, racks)
+        access: dict[int, set[str]] = {}
+        for (hid, _ifname), name in ports.items():
+            access.setdefault(hid, set()).add(name)
+        one = {hid: next(iter(names)) for hid, names in access.items() if len(names) == 1}
+        return TopologyMaps(ports, fabric, racks, one)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"{path}: not a clockmesh topology file ({exc})") from exc
 
@@ -169,7 +175,8 @@ class DetectRunner:
         self.paths = FabricPaths(
             topo.fabric, topo.host_rack, self.config.flap_window_s, self.config.clear_s
         )
-        self.delays = PathDelays(topo.host_rack, self.paths.by_ends, self.paths.spine_of, names)
+        self.delays = PathDelays(topo.host_rack, self.paths.by_ends, self.paths.spine_of, names,
+                                 host_access=topo.host_access)  # fmt: skip
         self.roce = RoceJobs(names)
         self.survival = Survival(topo.host_rack, names, self.config.flap_window_s)
         self.drops = SilentDrops(topo.host_rack, self.paths.by_ends, self.paths.spine_of, names,
@@ -547,6 +554,11 @@ class _DetectCollector(Collector):
         for outcome, n in (("judged", d.joined_total), ("lost", d.lost_total)):
             c.add_metric([outcome], n)
         yield c
+        yield CounterMetricFamily(
+            "clockmesh_detect_contention_unsure",
+            "Contended hops not named: their queue within 3 sigma of the clocks' uncertainty",
+            value=d.unsure_total,
+        )
 
 
 def _nbytes(data: Any) -> int:

@@ -15,16 +15,21 @@ MS = 1_000_000
 
 
 class _Fleet:
-    """Every host probes 4 ports to one host of every other rack twice a second; each
-    host's clock is off by its own offset, which the clock state knows."""
+    """Every host probes 4 ports to one host of every other rack (``every``: to each of
+    its hosts) twice a second; each host's clock is off by its own offset, which the clock
+    state knows. Host hN-M's access link is hN-M-leafN."""
 
-    def __init__(self, racks: int = 3, seed: int = 1) -> None:
+    def __init__(self, racks: int = 3, seed: int = 1, every: bool = False) -> None:
         from analytics.detect.paths import FabricPaths
 
         self.links, self.host_rack, self.hosts = _fabric(racks)
+        self.names = {records.host_id(f"h{r}-{n}"): f"h{r}-{n}" for r in range(1, racks + 1)
+                      for n in (1, 2)}  # fmt: skip
+        self.port = {h: f"{name}-{self.host_rack[h]}" for h, name in self.names.items()}
         self.paths = FabricPaths(self.links, self.host_rack)
-        self.paths.feed(_round(self.links, self.hosts, 0, set()))
-        self.delays = PathDelays(self.host_rack, self.paths.by_ends, self.paths.spine_of)
+        self.paths.feed(_round(self.links, self.hosts, 0, set(), every))
+        self.delays = PathDelays(self.host_rack, self.paths.by_ends, self.paths.spine_of,
+                                 dict(self.names), host_access=self.port)  # fmt: skip
         self.rng = np.random.default_rng(seed)
         ids = sorted(self.host_rack)
         self.offset = {h: float(self.rng.uniform(-5e6, 5e6)) for h in ids}
@@ -42,7 +47,12 @@ class _Fleet:
         for _ in range(2):
             for (s, d, sport), spine in sorted(self.paths.spine_of.items()):
                 x, z = self.host_rack[s], self.host_rack[d]
-                hops = [(f"{x}-{spine}", "leaf→spine"), (f"{z}-{spine}", "spine→leaf")]
+                hops = [
+                    (self.port[s], "host→leaf"),
+                    (f"{x}-{spine}", "leaf→spine"),
+                    (f"{z}-{spine}", "spine→leaf"),
+                    (self.port[d], "leaf→host"),
+                ]
                 q = sum(queue_us.get(h, 0.0) for h in hops)
                 t = self.t + int(self.rng.uniform(0, S / 2))
                 owd = 8_000 + self.rng.exponential(1_500) + q * 1e3 * self.rng.uniform(0.8, 1)
@@ -92,6 +102,49 @@ def test_healthy_jitter_raises_nothing() -> None:
     for _ in range(60):
         f.second({})
         assert f.delays.observations(0) == []
+
+
+def test_a_queue_at_one_hosts_port_is_named_there_not_on_the_fabric_links_before_it() -> None:
+    """Incast: many senders into one host fill the leaf's port towards it. Every route
+    into that host waits, through both spines; the routes into its rack neighbour do not,
+    so the spines' downlinks into the rack are cleared and the host's port is named."""
+    for seed in range(3):
+        f = _Fleet(seed=seed, every=True)
+        f.warm()
+        (obs,) = f.judge({("h1-1-leaf1", "leaf→host"): 300.0}, 4, loss=0.2)
+        assert (obs.kind, obs.link, obs.evidence["direction"]) == (
+            "contention", "h1-1-leaf1", "leaf→host"
+        ), (seed, obs.summary)  # fmt: skip
+        assert obs.evidence["host"] == "h1-1"  # the place: its peers are shown affected
+        assert 200 <= obs.evidence["queue_us"] <= 320, obs.evidence
+        assert obs.summary.startswith("h1-1-leaf1 (leaf→host) is contended"), obs.summary
+
+
+def test_a_host_whose_clock_the_solver_is_unsure_of_is_not_judged() -> None:
+    """A full queue in front of one host's port delays every probe to it: to any clock
+    sync that looks like the host's clock running ahead, and the solver moves the host's
+    offset there with an uncertainty to match (seen in the lab: +27 ms, ±24 ms). Judged
+    with that clock, the probes *from* the host look late: no page may say so."""
+    f = _Fleet(every=True)
+    f.warm()
+    h11 = records.host_id("h1-1")
+    k = int(np.flatnonzero(f.clocks.hosts == h11)[0])
+    f.clocks.offset_ns[k] -= 300_000.0  # the solver's belief, 300 µs off ...
+    f.clocks.offset_sigma_ns[k] = 250_000.0  # ... and how unsure it says it is
+    unsure = f.delays.unsure_total
+    assert f.judge({}, 6) == []
+    assert f.delays.unsure_total > unsure
+    f.clocks.offset_sigma_ns[k] = 0.0  # the same wrong clock, claimed sure: judged wrong
+    assert any(o.link == "h1-1-leaf1" for o in f.judge({}, 6))
+
+
+def test_a_queue_on_a_fabric_link_is_not_blamed_on_the_hosts_behind_it() -> None:
+    for seed in range(3):
+        f = _Fleet(seed=seed, every=True)
+        f.warm()
+        (obs,) = f.judge({("leaf2-spine1", "spine→leaf"): 300.0}, 4, loss=0.2)
+        assert (obs.link, obs.evidence["direction"]) == ("leaf2-spine1", "spine→leaf")
+        assert "host" not in obs.evidence
 
 
 def test_two_congested_uplinks_are_named_not_the_third_racks_downlink() -> None:
