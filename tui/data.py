@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from analytics.detect import attribution
+from analytics.detect.contention import CLOCK_K
 from analytics.topology import racks as racks_of
 from analytics.topology import read_topology, search_words
 
@@ -93,8 +94,9 @@ def _rack_of(host: str, racks: dict[str, str]) -> str:
     return racks.get(host) or "(no rack)"
 
 
-UNSURE_NS = 5_000.0  # a correction more uncertain is shown only for a delay 3x its uncertainty
-UNSURE_K = 3.0  # (as the detector: contention.CLOCK_K)
+# a correction more uncertain is shown only for a delay UNSURE_K times its uncertainty
+UNSURE_NS = 5_000.0
+UNSURE_K = CLOCK_K  # the detector's ratio: a delay it would not name is not coloured
 
 
 def clock_sigmas(clock_hosts: list[dict[str, Any]]) -> dict[str, float]:

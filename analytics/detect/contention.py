@@ -650,7 +650,7 @@ class PathDelays:
             + (f"; NICs behind {leaf}: {', '.join(cited)}" if cited and port_of is None else "")
             + (f"; {leaf}'s NIC: {', '.join(cited)}" if cited and port_of is not None else "")
         )
-        place = {} if port_of is None else {"host": self.host_names.get(port_of, str(port_of))}
+        place = {} if port_of is None else {"host": leaf}  # leaf: that host's name here
         return Observation(
             kind="contention",
             key=f"{link} {direction}",
