@@ -92,11 +92,17 @@ def _open(live: dict[str, Any]) -> list[dict[str, Any]]:
     return [a for a in open_ if isinstance(a, dict)]
 
 
-def _because(r: HostHealth, where: dict[str, str]) -> str:
-    """Whose fault, naming the anomaly and its place: ``where`` is id -> link or job."""
+def _because(r: HostHealth, where: dict[str, str], closed: frozenset[str] = frozenset()) -> str:
+    """Whose fault, naming the anomaly and its place: ``where`` is id -> link or job;
+    ``closed``: ids of anomalies closed within the live window (their loss still counts
+    there, so they still explain it, and say they are closed)."""
 
     def named(ids: list[str]) -> str:
-        return ", ".join(f"{where[i]} ({i})" if where.get(i) else i for i in ids)
+        return ", ".join(
+            (f"{where[i]} ({i}" if where.get(i) else f"({i}")
+            + (", closed)" if i in closed else ")")
+            for i in ids
+        )
 
     if r.culprit_of:
         return "its own link " + named(r.culprit_of)
@@ -112,11 +118,12 @@ def render(rows: list[HostHealth], live: dict[str, Any], url: str) -> str:
     anomalies = live.get("anomalies") or {}
     where = {str(a.get("anomaly_id")): str(a.get("link") or a.get("job_id") or "")
              for a in [*_open(live), *(anomalies.get("recently_closed") or [])]}  # fmt: skip
+    closed = frozenset(where) - {str(a.get("anomaly_id")) for a in _open(live)}
     for r in rows:
         owd = f"{r.owd_raw_p50_us:.1f} µs" if r.owd_raw_p50_us is not None else "-"
         lines.append(
             f"{r.host:<12} {r.status:<8} {r.last_batch_age_s:>6.1f}s {r.buddies:>7} {r.sent:>8} "
-            f"{r.loss_sent:>8.2%} {r.loss_received:>8.2%} {owd:>12}  {_because(r, where)}".rstrip()
+            f"{r.loss_sent:>8.2%} {r.loss_received:>8.2%} {owd:>12}  {_because(r, where, closed)}".rstrip()
         )
     healthy = sum(r.healthy for r in rows)
     count = {s: sum(r.status == s for r in rows) for s in ("culprit", "affected")}
@@ -125,7 +132,7 @@ def render(rows: list[HostHealth], live: dict[str, Any], url: str) -> str:
     lines.append(
         f"{healthy}/{len(rows)} hosts healthy, {failing} failing"
         + (f" ({count['culprit']} culprit)" if count["culprit"] else "")
-        + f", {count['affected']} affected by an open anomaly; store "
+        + f", {count['affected']} affected by an anomaly (open or closed in the window); store "
         + ("accepting" if store.get("accepting", True) else f"NOT accepting: {store.get('reason')}")
     )
     lines.append("LOSS OUT = of the probes it sent, LOSS IN = of the probes sent to it; "

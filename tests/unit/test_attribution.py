@@ -95,7 +95,20 @@ def test_clockmesh_live_names_the_culprit_and_counts_the_affected_apart() -> Non
     line = next(x for x in text.splitlines() if x.startswith(CULPRIT + " "))
     assert " culprit " in line and f"its own link {CULPRIT}-leaf1 (flapping-00c0ffee00)" in line
     n_aff = sum(r.status == "affected" for r in rows.values())
-    assert f"1 failing (1 culprit), {n_aff} affected by an open anomaly" in text
+    assert f"1 failing (1 culprit), {n_aff} affected by an anomaly (open or closed" in text
+
+
+def test_clockmesh_live_says_an_anomaly_that_explains_loss_is_closed_when_it_is() -> None:
+    """Just after a flap closes, its loss is still in the live window: the peers stay
+    affected by it, and the page says it closed — never "affected by an open anomaly"
+    beside "no open anomalies"."""
+    doc = sample_host_flap()
+    flap = doc["anomalies"]["open"][0]
+    doc["anomalies"] = {"open": [], "recently_closed": [{**flap, "closed_ns": 1}]}
+    text = live_cli.render(live_cli.summarise(doc), doc, "http://ops:8470")
+    assert "no open anomalies" in text and "open anomaly" not in text
+    affected = [x for x in text.splitlines() if x.split()[1:2] == ["affected"]]
+    assert affected and all(f"({flap['anomaly_id']}, closed)" in x for x in affected)
 
 
 def test_an_anomaly_closed_within_the_window_still_explains_its_loss_but_names_no_culprit() -> None:
