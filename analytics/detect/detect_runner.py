@@ -559,6 +559,15 @@ class _DetectCollector(Collector):
             "Contended hops not named: their queue within 3 sigma of the clocks' uncertainty",
             value=d.unsure_total,
         )
+        c = CounterMetricFamily(
+            "clockmesh_detect_silent_drop_held",
+            "Places whose loss looked like a silent drop but were not named, by reason:"
+            " one_source (all lossy paths from one sender), queue (loss came with a delay rise)",
+            labels=["reason"],
+        )
+        for reason, n in (("one_source", r.drops.one_source), ("queue", r.drops.held_as_queue)):
+            c.add_metric([reason], n)
+        yield c
 
 
 def _nbytes(data: Any) -> int:

@@ -119,6 +119,12 @@ def test_flap_and_roce_v1_job_open_live_stored_and_close(tmp_path: Path) -> None
                                       "NCCL_IB_RETRY_CNT 7 (NCCL 2.18.3 default)"}]  # fmt: skip
         metrics = d.get("/metrics")
         assert b'clockmesh_anomalies_open{kind="roce_v1_job"} 1.0' in metrics
+        # what the detector held back is counted where an operator scrapes it
+        for reason in ("one_source", "queue"):
+            assert (
+                f'clockmesh_detect_silent_drop_held_total{{reason="{reason}"}} 0.0'.encode()
+                in metrics
+            )
         assert_promtool_clean(metrics)
         # The link comes back; the job ends: both close once clear for detect_clear_s.
         _send(d, "gpu1", 3, "counter", _counter_rows("gpu1", time.time_ns(), 6, 1, 0))
