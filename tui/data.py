@@ -126,6 +126,24 @@ def corrected(raw: float | None, src: str, dst: str, offsets: dict[str, Any],
     return d
 
 
+@dataclass(frozen=True)
+class Clocks:
+    """The clock solver's answer in one ``/v1/live`` document: each host's offset and
+    uncertainty (ns), for the delays shown beside it."""
+
+    offsets: dict[str, Any]
+    sigmas: dict[str, float]
+
+    @classmethod
+    def of(cls, live: dict[str, Any]) -> Clocks:
+        hosts = (live.get("clock") or {}).get("hosts", [])
+        return cls({h["host"]: h.get("offset_ns") for h in hosts}, clock_sigmas(hosts))
+
+    def corrected(self, raw: float | None, src: str, dst: str) -> float | None:
+        """:func:`corrected` with these clocks' offsets and uncertainties."""
+        return corrected(raw, src, dst, self.offsets, self.sigmas)
+
+
 def _worse(table: dict[str, tuple[float, str, list[str]]], me: str, value: float, peer: str,
            ids: list[str]) -> None:  # fmt: skip
     if value > table.get(me, (-1e18, "", []))[0]:
@@ -139,8 +157,7 @@ def fleet(live: dict[str, Any], racks: dict[str, str], th: Thresholds | None = N
     is the *culprit*."""
     th = th or Thresholds()
     clock = {h["host"]: h for h in (live.get("clock") or {}).get("hosts", [])}
-    offsets = {n: h.get("offset_ns") for n, h in clock.items()}
-    sigmas = clock_sigmas(list(clock.values()))
+    clocks = Clocks.of(live)
     anomalies = live.get("anomalies") or {}
     culprits = attribution.places(anomalies.get("open", []), {}).host
     where = {str(a.get("anomaly_id")): str(a.get("link") or a.get("job_id") or a.get("kind"))
@@ -154,7 +171,7 @@ def fleet(live: dict[str, Any], racks: dict[str, str], th: Thresholds | None = N
         src, dst = p["src"], p["dst"]
         ids = list(p.get("explained_by") or [])
         owd_t, loss_t = (owd_x, loss_x) if ids else (owd_u, loss_u)
-        owd = corrected(p.get("owd_raw_p50_us"), src, dst, offsets, sigmas)
+        owd = clocks.corrected(p.get("owd_raw_p50_us"), src, dst)
         lo = float(p.get("loss") or 0.0)
         for me, peer in ((src, dst), (dst, src)):
             if owd is not None:

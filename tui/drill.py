@@ -21,7 +21,7 @@ from textual.widgets import DataTable, Footer, Header, Label, Static
 
 from analytics.store.catalog import connect_views
 from tui import history
-from tui.data import Tile, clock_sigmas, corrected
+from tui.data import Clocks, Tile
 from tui.history import Series
 from tui.widgets import GLYPH, STYLE, Chart, fill, us
 
@@ -176,8 +176,7 @@ class HostScreen(DrillScreen):
             "  ·  enter on a peer: that pair's paths and history"
         )
         self.head(text)
-        offs = {n: h.get("offset_ns") for n, h in clock.items()}
-        sigs = clock_sigmas(list(clock.values()))
+        clocks = Clocks.of(live)
         rows = []
         seen = set()
         for p in live.get("pairs", []):
@@ -190,7 +189,7 @@ class HostScreen(DrillScreen):
             rows.append((key, (
                 "→ to" if out else "← from", p["dst"] if out else p["src"], str(p.get("sent", 0)),
                 f"{p.get('loss', 0):.2%}", us(raw), us(p.get("owd_raw_p99_us")),
-                us(corrected(raw, p["src"], p["dst"], offs, sigs)), ", ".join(p.get("explained_by") or []),
+                us(clocks.corrected(raw, p["src"], p["dst"])), ", ".join(p.get("explained_by") or []),
             )))  # fmt: skip
         fill(self.query_one("#peers", DataTable), rows)
 
@@ -242,9 +241,7 @@ class PairScreen(DrillScreen):
 
     def render_now(self) -> None:
         live = self.clockmesh.snapshot or {}
-        hosts = (live.get("clock") or {}).get("hosts", [])
-        offs = {h["host"]: h.get("offset_ns") for h in hosts}
-        sigs = clock_sigmas(hosts)
+        clocks = Clocks.of(live)
         text = Text(f"{self.src} → {self.dst}", style="bold")
         text.append("  (x: the other direction)", style="dim")
         p = next((p for p in live.get("pairs", [])
@@ -256,7 +253,7 @@ class PairScreen(DrillScreen):
             loss = float(p.get("loss") or 0.0)
             text.append(f"\nnow: {p.get('sent', 0)} sent, ")
             text.append(f"loss {loss:.2%}", style="bold red" if loss > 0.001 else "")
-            text.append(f", corrected p50 {us(corrected(raw, self.src, self.dst, offs, sigs))} µs, "
+            text.append(f", corrected p50 {us(clocks.corrected(raw, self.src, self.dst))} µs, "
                         f"raw p50 {us(raw)} µs, raw p99 {us(p.get('owd_raw_p99_us'))} µs")  # fmt: skip
         self.head(text)
 
