@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from analytics.detect import attribution
-from analytics.detect.contention import CLOCK_K
 from analytics.topology import racks as racks_of
 from analytics.topology import read_topology, search_words
 
@@ -96,7 +95,7 @@ def _rack_of(host: str, racks: dict[str, str]) -> str:
 
 # a correction more uncertain is shown only for a delay UNSURE_K times its uncertainty
 UNSURE_NS = 5_000.0
-UNSURE_K = CLOCK_K  # the detector's ratio: a delay it would not name is not coloured
+UNSURE_K = 3.0  # within 3 σ of its clocks, a delay may be the clocks' error
 
 
 def clock_sigmas(clock_hosts: list[dict[str, Any]]) -> dict[str, float]:

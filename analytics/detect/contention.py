@@ -22,7 +22,10 @@ the route are evidence of the same queue (a full queue drops).
 through spine Y crosses S's access link (host→leaf), leafX–spineY upwards, leafZ–spineY
 downwards and D's access link (leaf→host); its excess is the sum of the queues it waits
 in. A receiver's own port (incast: many senders into one host, or a NIC that cannot keep
-up) is such a hop, so its queue is not blamed on the fabric links in front of it.
+up) is such a hop, so its queue is not blamed on the fabric links in front of it. A host's
+port is judged on the host's round trips (:func:`_round_trip`: a queue every probe to one
+host waits in looks like that host's clock to any clock sync) and given the direction its
+probes are lost in, or none.
 Non-negative least squares over every judged route (slow and healthy) estimates each
 (link, direction)'s queue (:func:`queues`); a fast route pins both of its hops near zero,
 so a rack behind two congested uplinks is not blamed for them. A (link, direction) is
@@ -72,9 +75,7 @@ PERSIST_NS = 1_000_000_000  # a hop contended this long (probe time) is said
 LOST_AFTER_NS = 2_000_000_000  # no receive by the time the receiver shipped this much later
 # (longer than any queue: a probe held 0.6 s in a lab queue is late, not lost)
 PENDING_NS = 10_000_000_000  # a send or receive waits this long for its other half
-# a hop is named only when its queue is this many times the clocks' uncertainty on the
-# routes that show it (a queue every probe to a host waits in looks like that host's clock)
-CLOCK_K = 3.0
+PORT_LOSS = 0.01  # a host's port losing this share of its probes one way: that way is full
 MAX_PROBES = 200_000  # rows per side and pass; beyond, a consistent sample by sequence
 COUNTER_SPAN_NS = 10_000_000_000  # counter rates over this long
 # The NIC's congestion counters (mlx5 sysfs: ports/<p>/hw_counters and counters/).
@@ -135,7 +136,6 @@ class RouteWindow:
     excess: np.ndarray  # ... over the route's healthy medians (nan: not judged yet)
     thresholds: np.ndarray  # ... and the excess each must pass
     ports: int
-    clock_sigma: float = 0.0  # both hosts' clock uncertainty (ns): what the excess may be off
 
     @property
     def judged(self) -> bool:
@@ -187,6 +187,45 @@ def queues(routes: list[RouteWindow]) -> tuple[list[tuple[str, str]], np.ndarray
     return hops, a, q * 1e3
 
 
+def _round_trip(
+    host: int, judged: list[RouteWindow]
+) -> tuple[float, float, list[RouteWindow], list[RouteWindow]] | None:
+    """What ``host``'s round trips wait beyond healthy (ns), the threshold that sum must
+    pass, and the routes into and out of it — or None (fewer than ``MIN_SLOW_PATHS`` judged
+    routes each way).
+
+    Clock-free as far as the host's own clock goes: were its offset wrong by e, the routes
+    into it would show e less and those out of it e more, so the median standing queue
+    (lower quartile's excess) into it plus the median out of it is what a queue at its
+    port adds, whichever direction holds it. The peers' clocks are many and independent."""
+    into = [w for w in judged if w.dst == host]
+    away = [w for w in judged if w.src == host]
+    if len(into) < MIN_SLOW_PATHS or len(away) < MIN_SLOW_PATHS:
+        return None
+    q = float(np.median([w.excess[0] for w in into]) + np.median([w.excess[0] for w in away]))
+    thr = float(np.median([w.thresholds[0] for w in into])
+                + np.median([w.thresholds[0] for w in away]))  # fmt: skip
+    return q, thr, into, away
+
+
+def _loss(routes: list[RouteWindow]) -> float:
+    lost = sum(w.lost for w in routes)
+    sent = lost + sum(w.received for w in routes)
+    return lost / sent if sent else 0.0
+
+
+def _loss_side(into: list[RouteWindow], away: list[RouteWindow]) -> str | None:
+    """The direction of a host's port that drops (a full queue does): probes into the host
+    lost (``leaf→host``) or out of it (``host→leaf``) — at least ``PORT_LOSS`` of them, and
+    four times the other way's share; None when neither."""
+    li, lo = _loss(into), _loss(away)
+    if li >= PORT_LOSS and lo * 4 <= li:
+        return HOST_DOWN
+    if lo >= PORT_LOSS and li * 4 <= lo:
+        return HOST_UP
+    return None
+
+
 def _fields(rows: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """The columns of ``dtype`` out of ``rows`` (a copy)."""
     out = np.empty(len(rows), dtype)
@@ -232,8 +271,7 @@ class PathDelays:
         self.routes: dict[tuple[int, int, str], _Route] = {}
         self.lost_total = 0
         self.joined_total = 0
-        self.unsure_total = 0  # hops not named: their queue within CLOCK_K σ of the clocks
-        self._clocks: ClockState | None = None  # the latest solution the probes were joined by
+        self.unsure_total = 0  # host ports not named: their host's round trips do not show it
         # host -> counter -> deque of (ts_ns, delta)
         self._counters: dict[int, dict[str, collections.deque[tuple[int, int]]]] = {}
         self._twins: dict[tuple[str, str], list[tuple[str, str]]] = {}
@@ -242,6 +280,8 @@ class PathDelays:
         # least MIN_PROBES of them): no window to judge, but the fullest queue of all
         self._dark: set[tuple[int, int]] = set()
         self._since: dict[tuple[str, str], int] = {}  # hop -> contended since (probe time)
+        # a host's access link said -> (that host, the direction its probes are lost, or None)
+        self._ports: dict[str, tuple[int, str | None]] = {}
 
     # ---- clock-window medians (pair_excess) ----------------------------------------------
     def feed(self, src: np.ndarray, dst: np.ndarray, sport: np.ndarray, median: np.ndarray) -> None:
@@ -388,7 +428,6 @@ class PathDelays:
     def _joined(self, tx: np.ndarray, rx_ns: np.ndarray, clocks: ClockState | None) -> np.ndarray:
         if clocks is None or not len(tx) or not len(clocks.hosts):
             return np.zeros(0, _PROBE)
-        self._clocks = clocks
         order = np.argsort(clocks.hosts)
         hosts = clocks.hosts[order]
         i = np.searchsorted(hosts, tx["src"]).clip(0, len(hosts) - 1)
@@ -494,9 +533,6 @@ class PathDelays:
         # (congested since before it was fitted) against its peers': the median baseline
         # and noise of the fleet's fitted routes (every inter-rack route crosses as many
         # hops), when at least MIN_PEERS have one.
-        sigma = self._clock_sigma()
-        for w in out:
-            w.clock_sigma = float(np.hypot(sigma.get(w.src, np.inf), sigma.get(w.dst, np.inf)))
         fitted = [r for r in self.routes.values() if len(r.healthy) >= MIN_BASE]
         peer = _Route()
         if len(fitted) >= MIN_PEERS:
@@ -511,14 +547,6 @@ class PathDelays:
                 w.excess, w.thresholds = w.stats - route.med, route.thresholds()
         return out
 
-    def _clock_sigma(self) -> dict[int, float]:
-        """host -> its clock's uncertainty (ns) in the latest solution (inf: not given)."""
-        c = self._clocks
-        if c is None:
-            return {}
-        sig = np.where(np.isfinite(c.offset_sigma_ns), c.offset_sigma_ns, np.inf)
-        return dict(zip(c.hosts.tolist(), sig.tolist(), strict=True))
-
     def _port(self, host: int) -> str:
         """The name of ``host``'s access link (its own name where the topology has none)."""
         return self.host_access.get(host) or self.host_names.get(host, str(host))
@@ -530,6 +558,7 @@ class PathDelays:
         found: list[tuple[tuple[str, str], list[RouteWindow], float, float]] = []
         named: dict[tuple[str, str], float] = {}  # hop -> the queue it holds at least (ns)
         masked: dict[tuple[str, str], float] = {}  # hop -> its estimate, not named
+        ports: dict[str, int] = {}  # a host's access link named -> that host
         # Largest estimated queue first: a hop is named when every route across it waited
         # more than its threshold beyond what the hops already named explain, and more
         # than RESIDUAL of what they explain (their own queues vary that much).
@@ -542,16 +571,18 @@ class PathDelays:
             thr = float(np.median([w.thresholds[0] for w in crossing]))
             if q[c] <= thr or len(slow) < MIN_SLOW_PATHS:
                 continue
-            # A queue the clocks could make up is not named: a full queue in front of one
-            # host's port delays every probe to it, which any clock sync reads as that
-            # host's clock running ahead (the solver says how unsure it is, docs/clock.md).
-            # Only a host's own port can pass for its clock: every path of the host
-            # crosses it, while a fabric link's routes have peers through other spines.
-            if hop[1] in (HOST_UP, HOST_DOWN) and q[c] <= CLOCK_K * float(
-                np.median([w.clock_sigma for w in slow])
-            ):
-                self.unsure_total += 1
-                continue
+            # A host's own port is named only on its host's round trips: a full queue in
+            # front of one host delays every probe to it, which any clock sync reads as
+            # that host's clock running ahead (docs/clock.md) — only a host's own port can
+            # pass for its clock (a fabric link's routes have peers through other spines).
+            # Round trips are clock-free: a wrong clock makes the probes into the host
+            # early by what it makes those out of it late.
+            if hop[1] in (HOST_UP, HOST_DOWN):
+                host = slow[0].src if hop[1] == HOST_UP else slow[0].dst
+                rt = _round_trip(host, judged)
+                if not (rt and rt[0] > rt[1]):
+                    self.unsure_total += 1
+                    continue
             # A hop already implicated — masked, or on a slow route with a hop named —
             # explains its routes as well as this one (the queues that a named hop's
             # traffic builds downstream): this hop is named only for a slow route that no
@@ -573,19 +604,53 @@ class PathDelays:
                     break
                 left.append(w.queue - explained)
             else:
+                if hop[1] in (HOST_UP, HOST_DOWN):  # its direction: _ports below
+                    named.update({(hop[0], HOST_UP): 0.0, (hop[0], HOST_DOWN): 0.0})
+                    named[hop] = min(left)
+                    ports[hop[0]] = slow[0].src if hop[1] == HOST_UP else slow[0].dst
+                    continue
                 twins = [hops[t] for t in range(len(hops)) if np.array_equal(a[:, t], a[:, c])]
                 named.update(dict.fromkeys(twins, 0.0))
                 named[hop] = min(left)
                 slow.sort(key=lambda w: (w.src, w.dst, w.spine))
                 found.append((hop, slow, min(left), thr))
                 self._twins[hop] = twins
+        # A host's port once said stays said while its host's round trips still hold the
+        # queue, in a pass where the one-way delays name neither of its directions (the
+        # clock solver, which cannot tell a queue every probe to one host waits in from
+        # that host's clock running ahead, moves the clock and splits the queue).
+        for link, (host, _dir) in sorted(self._ports.items()):
+            rt = _round_trip(host, judged)
+            if link not in ports and rt is not None and rt[0] > rt[1]:
+                ports[link] = host
+                named.update({(link, HOST_UP): rt[0], (link, HOST_DOWN): rt[0]})
         contended = set(named)
         self._learn(wins, contended)
         # Said once it held PERSIST_NS of probe time: a queue still filling (or draining)
         # makes routes disagree for a moment, and tomography with them.
         now = self.newest_ns
-        self._since = {h: self._since.get(h, now) for h, *_ in found}
-        return [self._observation(*f) for f in found if now - self._since[f[0]] >= PERSIST_NS]
+        said = [h for h, *_ in found] + [(link, "port") for link in ports]
+        self._since = {h: self._since.get(h, now) for h in said}
+        out = [self._observation(*f) for f in found if now - self._since[f[0]] >= PERSIST_NS]
+        # A port's direction: where its probes are lost (a full queue drops), clock-free;
+        # decided when first said and kept while it stays said. Undecided, it waits for
+        # the losses of its first second to be known before it is said without one.
+        said_ports: dict[str, tuple[int, str | None]] = {}
+        for link, host in sorted(ports.items()):
+            rt = _round_trip(host, judged)
+            if rt is None:
+                continue
+            held = now - self._since[(link, "port")]
+            if link in self._ports:
+                direction = self._ports[link][1]
+            else:
+                direction = _loss_side(rt[2], rt[3])
+                if held < PERSIST_NS or (direction is None and held < PERSIST_NS + LOST_AFTER_NS):
+                    continue
+            said_ports[link] = (host, direction)
+            out.append(self._port_observation(link, host, direction, *rt))
+        self._ports = said_ports
+        return out
 
     def _learn(self, wins: list[RouteWindow], contended: set[tuple[str, str]]) -> None:
         """Healthy windows feed their route's baseline (one per window length). A window
@@ -629,15 +694,8 @@ class PathDelays:
         jobs = sorted(set().union(*on.values()))
         job_hosts = sorted({self.host_names.get(h, str(h)) for (s, d), j in on.items()
                             if j for h in (s, d)})  # fmt: skip
-        port_of = None  # the host whose access link this is
-        if direction in (HOST_UP, HOST_DOWN):
-            w0 = slow[0]
-            port_of = w0.src if direction == HOST_UP else w0.dst
-            leaf = self.host_names.get(port_of, str(port_of))
-            behind = [port_of]
-        else:
-            leaf = next((lf for (lf, _y), name in self.by_ends.items() if name == link), "")
-            behind = sorted(h for h, r in self.host_rack.items() if r == leaf)
+        leaf = next((lf for (lf, _y), name in self.by_ends.items() if name == link), "")
+        behind = sorted(h for h, r in self.host_rack.items() if r == leaf)
         rates = self.counter_rates(behind)
         cited = [f"{_COUNTER_WORDS[k]} {v:g}/s" for k, v in rates.items() if k in _COUNTER_WORDS]
         label = " or ".join(f"{lk} ({dr})" for lk, dr in twins)
@@ -647,10 +705,8 @@ class PathDelays:
             f"({len(pairs)} pair(s), threshold {thr / 1e3:.0f} µs)"
             + (f", {loss:.0%} of their probes lost" if lost else "")
             + (f"; jobs between these hosts: {', '.join(jobs[:6])}" if jobs else "")
-            + (f"; NICs behind {leaf}: {', '.join(cited)}" if cited and port_of is None else "")
-            + (f"; {leaf}'s NIC: {', '.join(cited)}" if cited and port_of is not None else "")
+            + (f"; NICs behind {leaf}: {', '.join(cited)}" if cited else "")
         )
-        place = {} if port_of is None else {"host": leaf}  # leaf: that host's name here
         return Observation(
             kind="contention",
             key=f"{link} {direction}",
@@ -658,7 +714,6 @@ class PathDelays:
             summary=summary,
             link=link,
             evidence={
-                **place,  # a host's own port: that host (the culprit, its peers affected)
                 "direction": direction,
                 "candidates": sorted({lk for lk, _dr in twins}) if len(twins) > 1 else [],
                 "candidate_hops": [f"{lk} {dr}" for lk, dr in twins] if len(twins) > 1 else [],
@@ -679,6 +734,80 @@ class PathDelays:
                 },
                 "source": "corrected one-way delays per route (p90 per second) against its "
                 "healthy baseline, paths from traces, tomography by queue size",
+            },
+        )
+
+    def _port_observation(
+        self, link: str, host: int, direction: str | None, queue: float, thr: float,
+        into: list[RouteWindow], away: list[RouteWindow],
+    ) -> Observation:  # fmt: skip
+        """A queue at ``host``'s own port (:func:`_round_trip`): its size from the host's
+        round trips, its direction from where the probes are lost (None: unknown), each
+        route's excess as its own one-way excess plus the other way's median (the host's
+        clock error cancels)."""
+        side, other = (away, into) if direction == HOST_UP else (into, away)
+        back = float(np.median([w.excess[1] for w in other]))
+        excesses = sorted(float(w.excess[1]) + back for w in side)
+        med_us = excesses[len(excesses) // 2] / 1e3
+        loss_in, loss_out = _loss(into), _loss(away)
+        lost = sum(w.lost for w in side)
+        loss = loss_out if direction == HOST_UP else loss_in
+        name = self.host_names.get(host, str(host))
+        pairs = sorted(
+            {f"{self.host_names.get(w.src, w.src)}→{self.host_names.get(w.dst, w.dst)}"
+             for w in side}
+        )  # fmt: skip
+        on = {(w.src, w.dst): self.jobs_between(w.src, w.dst) for w in side}
+        jobs = sorted(set().union(*on.values()))
+        job_hosts = sorted({self.host_names.get(h, str(h)) for (s, d), j in on.items()
+                            if j for h in (s, d)})  # fmt: skip
+        rates = self.counter_rates([host])
+        cited = [f"{_COUNTER_WORDS[k]} {v:g}/s" for k, v in rates.items() if k in _COUNTER_WORDS]
+        label = f"{link} ({direction})" if direction else f"{link} ({name}'s port, either way)"
+        how = (
+            f"{loss:.0%} of the probes {'to' if direction == HOST_DOWN else 'from'} {name} "
+            f"lost, {loss_out if direction == HOST_DOWN else loss_in:.0%} the other way"
+            if direction
+            else "no probes lost to tell which way: a queue every probe one way waits in "
+            f"looks like {name}'s clock to any clock sync"
+        )
+        summary = (
+            f"{label} is contended: a standing queue of ≥{queue / 1e3:.0f} µs in {name}'s "
+            f"round trips ({len(into)} route(s) in, {len(away)} out; threshold "
+            f"{thr / 1e3:.0f} µs); {how}"
+            + (f"; jobs between these hosts: {', '.join(jobs[:6])}" if jobs else "")
+            + (f"; {name}'s NIC: {', '.join(cited)}" if cited else "")
+        )
+        both = [f"{link} {HOST_DOWN}", f"{link} {HOST_UP}"]
+        return Observation(
+            kind="contention",
+            key=f"{link} {direction or 'port'}",
+            score=min(1.0, 0.5 + 0.1 * len(side) + (0.2 if lost else 0.0)),
+            summary=summary,
+            link=link,
+            evidence={
+                "host": name,  # the culprit in /v1/live, its peers affected
+                "direction": direction or "unknown",
+                "direction_from": "probe loss" if direction else "",
+                "candidates": [],
+                "candidate_hops": [] if direction else both,
+                "confidence": 1.0,
+                "slow_paths": len(side),
+                "pairs": pairs[:20],
+                "jobs": jobs[:20],
+                "job_hosts": job_hosts[:64],
+                "queue_us": round(queue / 1e3, 1),
+                "median_excess_ms": round(med_us / 1e3, 4),
+                "max_excess_ms": round(excesses[-1] / 1e6, 4),
+                "threshold_us": round(thr / 1e3, 1),
+                "lost_probes": lost,
+                "loss": round(loss, 3),
+                "loss_in": round(loss_in, 3),
+                "loss_out": round(loss_out, 3),
+                "counters_behind": {"hosts": [name], "per_s": rates},
+                "source": "the host's round trips (the median standing queue of its routes "
+                "in plus out, clock-free), tomography of one-way delays for the place, "
+                "probe loss for the direction",
             },
         )
 

@@ -556,7 +556,8 @@ class _DetectCollector(Collector):
         yield c
         yield CounterMetricFamily(
             "clockmesh_detect_contention_unsure",
-            "Contended hops not named: their queue within 3 sigma of the clocks' uncertainty",
+            "Host ports not named: their one-way delays showed a queue, their host's round"
+            " trips did not (a clock error looks like that)",
             value=d.unsure_total,
         )
         c = CounterMetricFamily(

@@ -116,9 +116,10 @@ def render(rows: list[HostHealth], live: dict[str, Any], url: str) -> str:
               f"{'LOSS OUT':>8} {'LOSS IN':>8} {'RAW OWD p50':>12}  WHY")  # fmt: skip
     lines = [f"fleet health from {url} (last {live.get('live_window_s', '?')} s)", header]
     anomalies = live.get("anomalies") or {}
+    open_ = _open(live)
     where = {str(a.get("anomaly_id")): str(a.get("link") or a.get("job_id") or "")
-             for a in [*_open(live), *(anomalies.get("recently_closed") or [])]}  # fmt: skip
-    closed = frozenset(where) - {str(a.get("anomaly_id")) for a in _open(live)}
+             for a in [*open_, *(anomalies.get("recently_closed") or [])]}  # fmt: skip
+    closed = frozenset(where) - {str(a.get("anomaly_id")) for a in open_}
     for r in rows:
         owd = f"{r.owd_raw_p50_us:.1f} µs" if r.owd_raw_p50_us is not None else "-"
         lines.append(
@@ -137,7 +138,6 @@ def render(rows: list[HostHealth], live: dict[str, Any], url: str) -> str:
     )
     lines.append("LOSS OUT = of the probes it sent, LOSS IN = of the probes sent to it; "
                  "raw OWD = receiver clock minus sender clock, before clock solving")  # fmt: skip
-    open_ = _open(live)
     if not open_:
         lines.append("no open anomalies")
     else:

@@ -569,6 +569,47 @@ def test_sub_millisecond_contention_is_named_with_link_and_direction(
     _wait(lambda: on_link() is None, 60, f"seed {seed}: contention closed after heal")
 
 
+def test_a_full_queue_at_one_hosts_port_stays_named_until_it_drains(
+    opsbox: dict[str, Any],
+) -> None:
+    """Incast, as found by hand in the demo lab: the leaf's port towards one host holds a
+    standing queue of tens of ms. It is named there, in that direction — and stays named
+    while the queue stands, although within a minute the clock solver takes the queue for
+    the host's clock running ahead (its round trips still show it); once drained, it
+    closes and the clock's way back names nothing."""
+    lab, live = opsbox["lab"], opsbox["live"]
+    host = random.Random(time.time_ns()).choice(lab.topology.hosts).name
+    port = next(lk.name for lk in lab.topology.links if lk.kind == "access" and lk.a.node == host)
+
+    def at_port() -> list[dict[str, Any]]:
+        return [a for a in _open(live, "contention") if a["link"] == port]
+
+    _wait(lambda: not _open(live, "contention"), 60, "no contention open before")
+    faults.congest(lab, port, "20mbit", direction="b2a")
+    try:
+        t0 = time.monotonic()
+        (a,) = _wait(at_port, 45, f"contention naming {port} (leaf→host)")
+        print(f"{port} leaf→host: named in {time.monotonic() - t0:.1f} s: {a['summary']}")
+        assert a["evidence"]["direction"] == "leaf→host", a
+        assert a["evidence"]["host"] == host, a
+        first = a["anomaly_id"]
+        # The lab saw the solver absorb it within a minute; held for 100 s in all.
+        while time.monotonic() - t0 < 100:
+            now = at_port()
+            assert [x["anomaly_id"] for x in now] == [first], (
+                f"{time.monotonic() - t0:.0f} s into the incast: {now}"
+            )
+            time.sleep(2.0)
+        print(f"still open after 100 s: {now[0]['summary']}")
+    finally:
+        faults.heal(lab)
+    _wait(lambda: not at_port(), 60, f"{port} closed after the queue drained")
+    deadline = time.monotonic() + 30  # the clock's way back: no page in either direction
+    while time.monotonic() < deadline:
+        assert not _open(live, "contention"), _open(live, "contention")
+        time.sleep(2.0)
+
+
 def test_healthy_roce_v2_jobs_on_shallow_buffers_raise_no_contention(
     opsbox: dict[str, Any],
 ) -> None:

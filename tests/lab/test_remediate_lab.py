@@ -305,7 +305,10 @@ def test_the_tui_runs_a_real_remediation_and_its_undo(site: dict[str, Any]) -> N
                                     for i in range(stored.row_count)), "the stored anomaly", 40)  # fmt: skip
             (img / "tui-link.svg").write_text(app.export_screenshot(title="clockmesh tui: link"))
             await pilot.press("escape")
-            await pilot.pause(0.2)
+            # Back where the user was: the anomaly list, its row under the cursor (a loaded
+            # machine restores the focus a few frames after the pop).
+            await until(lambda: app.focused is table, "focus back on the anomaly list", 30)
+            assert str(table.get_row_at(table.cursor_row)[1]) == LINK
             await pilot.press("enter")
             screen = app.screen
             assert isinstance(screen, RemediationScreen)
