@@ -492,6 +492,10 @@ class PathDelays:
         for r, key in enumerate(names):
             route_of[by_route[key]] = r
         rid = route_of[inv]
+        # one sort, then each route's probes are a slice (not a mask over all per route)
+        order = np.argsort(rid, kind="stable")
+        bounds = np.searchsorted(rid[order], np.arange(len(names) + 1))
+        t_all, d_all = p["t_ns"][order], p["delay"][order]
         self._dark = set()
         for r, (s, d, y) in enumerate(names):
             x, z = self.host_rack.get(s), self.host_rack.get(d)
@@ -500,20 +504,20 @@ class PathDelays:
             up, down = self.by_ends.get((x, y)), self.by_ends.get((z, y))
             if up is None or down is None:
                 continue
-            mine = p[rid == r]
-            newest = int(mine["t_ns"].max())
+            t, delay = t_all[bounds[r] : bounds[r + 1]], d_all[bounds[r] : bounds[r + 1]]
+            newest = int(t.max())
             if newest < self.newest_ns - STALE_NS:
                 continue
-            span = mine["delay"][mine["t_ns"] > newest - LOSS_SPAN_NS]
+            in_span = t > newest - LOSS_SPAN_NS
+            span = delay[in_span]
             lost = int(np.isnan(span).sum())
-            w = mine[mine["t_ns"] > newest - WINDOW_NS]
-            got = w["delay"][np.isfinite(w["delay"])]
+            w = delay[t > newest - WINDOW_NS]
+            got = w[np.isfinite(w)]
             if len(got) < MIN_PROBES:
                 # A lossy route (a full queue drops most of what crosses it): its newest
                 # few received probes, however old, rather than none judged at all.
-                recent = mine[mine["t_ns"] > newest - LOSS_SPAN_NS]
-                recent = recent[np.isfinite(recent["delay"])]
-                got = recent["delay"][np.argsort(recent["t_ns"])][-MIN_PROBES:]
+                ok = in_span & np.isfinite(delay)
+                got = delay[ok][np.argsort(t[ok], kind="stable")][-MIN_PROBES:]
                 if not len(got) and lost >= MIN_PROBES:
                     self._dark.add((s, d))  # every probe lost: for pair_excess only
                 if len(got) < MIN_PROBES and not (len(got) and lost >= MIN_PROBES):
