@@ -680,6 +680,19 @@ class PathDelays:
             route.last_base_ns = w.newest_ns
             route.fit()
 
+    def _between(self, routes: list[RouteWindow]) -> tuple[list[str], list[str], list[str]]:
+        """The pairs of ``routes`` ("h1-1→h2-1"), the jobs between those hosts now, and the
+        hosts those jobs run between."""
+        pairs = sorted(
+            {f"{self.host_names.get(w.src, w.src)}→{self.host_names.get(w.dst, w.dst)}"
+             for w in routes}
+        )  # fmt: skip
+        on = {(w.src, w.dst): self.jobs_between(w.src, w.dst) for w in routes}
+        jobs = sorted(set().union(*on.values()))
+        job_hosts = sorted({self.host_names.get(h, str(h)) for (s, d), j in on.items()
+                            if j for h in (s, d)})  # fmt: skip
+        return pairs, jobs, job_hosts
+
     def _observation(
         self, hop: tuple[str, str], slow: list[RouteWindow], queue: float, thr: float
     ) -> Observation:
@@ -690,14 +703,7 @@ class PathDelays:
         received = sum(w.received for w in slow)
         lost = sum(w.lost for w in slow)
         loss = lost / (lost + received) if lost + received else 0.0
-        pairs = sorted(
-            {f"{self.host_names.get(w.src, w.src)}→{self.host_names.get(w.dst, w.dst)}"
-             for w in slow}
-        )  # fmt: skip
-        on = {(w.src, w.dst): self.jobs_between(w.src, w.dst) for w in slow}
-        jobs = sorted(set().union(*on.values()))
-        job_hosts = sorted({self.host_names.get(h, str(h)) for (s, d), j in on.items()
-                            if j for h in (s, d)})  # fmt: skip
+        pairs, jobs, job_hosts = self._between(slow)
         leaf = next((lf for (lf, _y), name in self.by_ends.items() if name == link), "")
         behind = sorted(h for h, r in self.host_rack.items() if r == leaf)
         rates = self.counter_rates(behind)
@@ -757,14 +763,7 @@ class PathDelays:
         lost = sum(w.lost for w in side)
         loss = loss_out if direction == HOST_UP else loss_in
         name = self.host_names.get(host, str(host))
-        pairs = sorted(
-            {f"{self.host_names.get(w.src, w.src)}→{self.host_names.get(w.dst, w.dst)}"
-             for w in side}
-        )  # fmt: skip
-        on = {(w.src, w.dst): self.jobs_between(w.src, w.dst) for w in side}
-        jobs = sorted(set().union(*on.values()))
-        job_hosts = sorted({self.host_names.get(h, str(h)) for (s, d), j in on.items()
-                            if j for h in (s, d)})  # fmt: skip
+        pairs, jobs, job_hosts = self._between(side)
         rates = self.counter_rates([host])
         cited = [f"{_COUNTER_WORDS[k]} {v:g}/s" for k, v in rates.items() if k in _COUNTER_WORDS]
         label = f"{link} ({direction})" if direction else f"{link} ({name}'s port, either way)"
