@@ -511,8 +511,8 @@ class PathDelays:
             in_span = t > newest - LOSS_SPAN_NS
             span = delay[in_span]
             lost = int(np.isnan(span).sum())
-            w = delay[t > newest - WINDOW_NS]
-            got = w[np.isfinite(w)]
+            window = delay[t > newest - WINDOW_NS]
+            got = window[np.isfinite(window)]
             if len(got) < MIN_PROBES:
                 # A lossy route (a full queue drops most of what crosses it): its newest
                 # few received probes, however old, rather than none judged at all.
