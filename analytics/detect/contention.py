@@ -195,14 +195,18 @@ def _round_trip(
     routes each way).
 
     Clock-free as far as the host's own clock goes: were its offset wrong by e, the routes
-    into it would show e less and those out of it e more, so the median standing queue
-    (lower quartile's excess) into it plus the median out of it is what a queue at its
-    port adds, whichever direction holds it. The peers' clocks are many and independent."""
+    into it would show e less and those out of it e more, so the least standing queue
+    (lower quartile's excess) into it plus the least out of it is what a queue at its port
+    adds, whichever direction holds it — every route of that direction waits in it. The
+    least, not a middle value: a fabric link holds up only the routes through its spine,
+    and the routes through the others leave it out of the sum (a median of four routes out,
+    two through a full uplink, is half that uplink's queue). The peers' clocks are many
+    and independent."""
     into = [w for w in judged if w.dst == host]
     away = [w for w in judged if w.src == host]
     if len(into) < MIN_SLOW_PATHS or len(away) < MIN_SLOW_PATHS:
         return None
-    q = float(np.median([w.excess[0] for w in into]) + np.median([w.excess[0] for w in away]))
+    q = float(min(w.excess[0] for w in into) + min(w.excess[0] for w in away))
     thr = float(np.median([w.thresholds[0] for w in into])
                 + np.median([w.thresholds[0] for w in away]))  # fmt: skip
     return q, thr, into, away

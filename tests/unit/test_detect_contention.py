@@ -187,6 +187,28 @@ def test_a_hosts_port_that_loses_nothing_is_named_without_a_direction() -> None:
         assert 240 <= obs.evidence["queue_us"] <= 320, (absorbed, obs.evidence)
 
 
+def test_a_hosts_round_trips_do_not_count_a_full_uplink_through_one_spine() -> None:
+    """Half of a host's routes out cross a full uplink (300 µs), the others do not: that
+    is not a queue at the host's port, whatever its clock (seen under load in the lab: a
+    median of those routes made the port look full and hid the uplink)."""
+    from analytics.detect.contention import RouteWindow, _round_trip
+
+    def route(src: int, dst: int, spine: str, excess_us: float, clock_us: float) -> RouteWindow:
+        shift = clock_us if src == 1 else -clock_us  # host 1's clock wrong by clock_us
+        ex = np.full(2, (excess_us + shift) * 1e3)
+        return RouteWindow(src, dst, spine, (), 0, 10, 0, ex, ex, np.full(2, 20e3), 1)
+
+    for clock_us in (0.0, 150.0, -150.0):
+        away = [route(1, d, y, 300.0 if y == "spine2" else 0.0, clock_us)
+                for d in (2, 3) for y in ("spine1", "spine2")]  # fmt: skip
+        into = [route(d, 1, y, 0.0, clock_us) for d in (2, 3) for y in ("spine1", "spine2")]
+        q, thr, *_ = _round_trip(1, away + into)
+        assert q < thr, (clock_us, q, thr)
+        port = [route(1, d, y, 300.0, clock_us) for d in (2, 3) for y in ("spine1", "spine2")]
+        q, thr, *_ = _round_trip(1, port + into)  # every route out: the port's queue
+        assert 290e3 <= q <= 310e3 and q > thr, (clock_us, q)
+
+
 def test_a_queue_on_a_fabric_link_is_not_blamed_on_the_hosts_behind_it() -> None:
     for seed in range(3):
         f = _Fleet(seed=seed, every=True)
