@@ -187,9 +187,11 @@ def queues(routes: list[RouteWindow]) -> tuple[list[tuple[str, str]], np.ndarray
     return hops, a, q * 1e3
 
 
-def _round_trip(
-    host: int, judged: list[RouteWindow]
-) -> tuple[float, float, list[RouteWindow], list[RouteWindow]] | None:
+# a host's round trip: its queue (ns), the threshold it must pass, its routes in and out
+RoundTrip = tuple[float, float, list[RouteWindow], list[RouteWindow]]
+
+
+def _round_trip(host: int, judged: list[RouteWindow]) -> RoundTrip | None:
     """What ``host``'s round trips wait beyond healthy (ns), the threshold that sum must
     pass, and the routes into and out of it — or None (fewer than ``MIN_SLOW_PATHS`` judged
     routes each way).
@@ -567,6 +569,13 @@ class PathDelays:
         named: dict[tuple[str, str], float] = {}  # hop -> the queue it holds at least (ns)
         masked: dict[tuple[str, str], float] = {}  # hop -> its estimate, not named
         ports: dict[str, int] = {}  # a host's access link named -> that host
+        trips: dict[int, RoundTrip | None] = {}
+
+        def round_trip(host: int) -> RoundTrip | None:
+            if host not in trips:  # once per host and pass: the naming, holding and saying
+                trips[host] = _round_trip(host, judged)
+            return trips[host]
+
         # Largest estimated queue first: a hop is named when every route across it waited
         # more than its threshold beyond what the hops already named explain, and more
         # than RESIDUAL of what they explain (their own queues vary that much).
@@ -587,7 +596,7 @@ class PathDelays:
             # early by what it makes those out of it late.
             if hop[1] in (HOST_UP, HOST_DOWN):
                 host = slow[0].src if hop[1] == HOST_UP else slow[0].dst
-                rt = _round_trip(host, judged)
+                rt = round_trip(host)
                 if not (rt and rt[0] > rt[1]):
                     self.unsure_total += 1
                     continue
@@ -628,7 +637,7 @@ class PathDelays:
         # clock solver, which cannot tell a queue every probe to one host waits in from
         # that host's clock running ahead, moves the clock and splits the queue).
         for link, (host, _dir) in sorted(self._ports.items()):
-            rt = _round_trip(host, judged)
+            rt = round_trip(host)
             if link not in ports and rt is not None and rt[0] > rt[1]:
                 ports[link] = host
                 named.update({(link, HOST_UP): rt[0], (link, HOST_DOWN): rt[0]})
@@ -645,7 +654,7 @@ class PathDelays:
         # the losses of its first second to be known before it is said without one.
         said_ports: dict[str, tuple[int, str | None]] = {}
         for link, host in sorted(ports.items()):
-            rt = _round_trip(host, judged)
+            rt = round_trip(host)
             if rt is None:
                 continue
             held = now - self._since[(link, "port")]
@@ -704,9 +713,8 @@ class PathDelays:
         twins = self._twins.get(hop, [hop])
         excesses = sorted(float(w.excess[1]) for w in slow)
         med_us = excesses[len(excesses) // 2] / 1e3
-        received = sum(w.received for w in slow)
         lost = sum(w.lost for w in slow)
-        loss = lost / (lost + received) if lost + received else 0.0
+        loss = _loss(slow)
         pairs, jobs, job_hosts = self._between(slow)
         leaf = next((lf for (lf, _y), name in self.by_ends.items() if name == link), "")
         behind = sorted(h for h, r in self.host_rack.items() if r == leaf)
