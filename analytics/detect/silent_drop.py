@@ -174,6 +174,50 @@ class _Cols:
         return len(next(iter(self.data.values()))) if self.data else 0
 
 
+class _Floors:
+    """Each pair's lowest received delay per second of send time, kept as probes are
+    judged: the pair's floor over HISTORY_S is the least of its seconds kept (the oldest
+    of them may reach up to a second further back), without sorting the whole history
+    every pass."""
+
+    def __init__(self) -> None:
+        # second of send time -> (pair keys sorted, src, dst, least delay)
+        self.by_sec: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
+
+    def add(self, src: np.ndarray, dst: np.ndarray, tx_ns: np.ndarray, delay: np.ndarray) -> None:
+        """Received probes (finite delays)."""
+        if not len(src):
+            return
+        sec = tx_ns // 1_000_000_000
+        for s in np.unique(sec).tolist():
+            on = sec == s
+            parts = [(_key(src[on], dst[on]), src[on], dst[on], delay[on])]
+            if s in self.by_sec:
+                parts.append(self.by_sec[s])
+            k, a, b, x = (np.concatenate(c) for c in zip(*parts, strict=True))
+            self.by_sec[s] = _least(k, a, b, x)
+
+    def floors(self, since_ns: int) -> dict[tuple[int, int], float]:
+        """(src, dst) -> its least delay sent since ``since_ns`` (older seconds dropped)."""
+        first = since_ns // 1_000_000_000
+        self.by_sec = {s: v for s, v in self.by_sec.items() if s >= first}
+        if not self.by_sec:
+            return {}
+        k, a, b, x = (np.concatenate(c) for c in zip(*self.by_sec.values(), strict=True))
+        _k, a, b, x = _least(k, a, b, x)
+        return dict(zip(zip(a.tolist(), b.tolist(), strict=True), x.tolist(), strict=True))
+
+
+def _least(
+    k: np.ndarray, a: np.ndarray, b: np.ndarray, x: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per key (sorted), its row with the least ``x``."""
+    order = np.lexsort((x, k))
+    k, a, b, x = k[order], a[order], b[order], x[order]
+    first = np.append(True, k[1:] != k[:-1])
+    return k[first], a[first], b[first], x[first]
+
+
 class SilentDrops:
     def __init__(
         self,
@@ -204,6 +248,13 @@ class SilentDrops:
         self.held_as_queue = 0  # passes whose loss came with a delay rise (contention)
         self.one_source = 0  # places whose lossy paths all came from one source host
         self._queued: dict[Place, int] = {}  # link-direction -> queued (remembered) until
+        self._floors = _Floors()  # each pair's least delay received, per second
+        # (path, spine) -> the places it crosses, and the link-directions among them
+        self._places_of: dict[
+            tuple[tuple[int, int, int], str | None], tuple[list[Place], list[Place]]
+        ] = {}
+        self._paths_seen = np.zeros(0, np.uint64)  # paths judged (for _bound), sorted
+        self._paths_since = 0  # ... since this send time (recounted every HISTORY_S)
 
     # ---- input -----------------------------------------------------------------------
     def _sampled(self, cols: dict[str, np.ndarray]) -> np.ndarray | None:
@@ -252,9 +303,13 @@ class SilentDrops:
         wm = np.array([self.watermark.get(int(d), 0) for d in uniq.tolist()], np.int64)[inv]
         judged = matched | (wm >= tx["tx_ns"] + int(MARGIN_S * 1e9))
         self._started(tx["src"][matched], tx["dst"][matched], tx["tx_ns"][matched])
+        new = np.zeros(0, np.uint64)
         if judged.any():
+            new = np.unique(_key(tx["src"][judged], tx["dst"][judged], tx["sport"][judged]))
             delay = np.where(matched, rx_ns - tx["tx_ns"], 0).astype(np.float64)
             delay[~matched] = np.nan
+            self._floors.add(tx["src"][matched], tx["dst"][matched], tx["tx_ns"][matched],
+                             delay[matched])  # fmt: skip
             self._hist.add({
                 "src": tx["src"][judged], "dst": tx["dst"][judged],
                 "sport": tx["sport"][judged], "tx_ns": tx["tx_ns"][judged],
@@ -266,7 +321,7 @@ class SilentDrops:
         h = self._hist.data
         if len(self._hist):
             self._hist.keep(h["tx_ns"] >= int(h["tx_ns"].max()) - int(HISTORY_S * 1e9))
-        self._bound()
+        self._bound(new)
 
     def _late(self) -> None:
         """probe_rx of probes already judged lost: a queue held them longer than MARGIN_S
@@ -291,6 +346,7 @@ class SilentDrops:
         h["delay"][rows] = (self._rx.data["rx_ns"][order][pos[hit]] - h["tx_ns"][rows]).astype(
             np.float64
         )
+        self._floors.add(h["src"][rows], h["dst"][rows], h["tx_ns"][rows], h["delay"][rows])
         used = np.zeros(len(rk), bool)
         used[order[pos[hit]]] = True
         self._rx.keep(~used)
@@ -313,15 +369,24 @@ class SilentDrops:
             self._delivered = {k: t for k, t in self._delivered.items() if t >= horizon}
             self._first = {k: t for k, t in self._first.items() if k in self._delivered}
 
-    def _bound(self) -> None:
-        """More than MAX_PATHS paths: keep a stable hash-sample (half, then a quarter...),
+    def _bound(self, new: np.ndarray) -> None:
+        """``new``: the paths of the probes just judged. More than MAX_PATHS paths: keep a stable hash-sample (half, then a quarter...),
         applied to what is held too, so a probe and its partner are always both kept."""
         h = self._hist.data
         if not len(self._hist):
             return
-        paths = len(np.unique(_key(h["src"], h["dst"], h["sport"])))
+        # The paths judged over the last HISTORY_S to 2 × HISTORY_S: those of the newest
+        # judged probes added to the set, recounted from the history every HISTORY_S.
+        newest = int(h["tx_ns"].max())
+        if newest - self._paths_since > int(HISTORY_S * 1e9):
+            self._paths_seen = np.unique(_key(h["src"], h["dst"], h["sport"]))
+            self._paths_since = newest
+        elif len(new):
+            self._paths_seen = np.union1d(self._paths_seen, new)
+        paths = len(self._paths_seen)
         if paths <= MAX_PATHS:
             return
+        self._paths_since = 0  # recounted among the paths kept
         self.sample_bits += max(1, math.ceil(math.log2(paths / MAX_PATHS)))
         log.info("event=silent_drop_sampling paths=%d keep=1/%d", paths, 1 << self.sample_bits)
         for part in (self._hist, self._tx, self._rx):
@@ -339,15 +404,7 @@ class SilentDrops:
         h = self._hist.data
         if not len(self._hist):
             return {}
-        floor: dict[tuple[int, int], float] = {}
-        got = ~h["lost"]
-        if got.any():
-            src, dst, delay = h["src"][got], h["dst"][got], h["delay"][got]
-            order = np.lexsort((delay, dst, src))
-            s_, d_, x_ = src[order], dst[order], delay[order]
-            first = np.flatnonzero(np.append(True, (s_[1:] != s_[:-1]) | (d_[1:] != d_[:-1])))
-            floor = dict(zip(zip(s_[first].tolist(), d_[first].tolist(), strict=True),
-                             x_[first].tolist(), strict=True))  # fmt: skip
+        floor = self._floors.floors(int(h["tx_ns"].max()) - int(HISTORY_S * 1e9))
         recent = h["tx_ns"] >= int(h["tx_ns"].max()) - int(WINDOW_S * 1e9)
         w = {k: v[recent] for k, v in h.items()}
         order = np.lexsort((w["tx_ns"], w["sport"], w["dst"], w["src"]))
@@ -414,10 +471,18 @@ class SilentDrops:
         pending: set[tuple[int, int, int]] = set()
         streaking: set[tuple[int, int, int]] = set()
         crossing: dict[tuple[int, int, int], list[Place]] = {}
+        links: dict[tuple[int, int, int], list[Place]] = {}  # ... the link-directions of those
         for key, st in stats.items():
             spine = self.spine_of.get(key)
-            places = self._places(key, spine)
-            if not places or any(p.what == "link" and p.name in excluded for p in places):
+            cached = self._places_of.get((key, spine))
+            if cached is None:
+                if len(self._places_of) > 4 * MAX_PATHS:  # buddies and paths changed
+                    self._places_of.clear()
+                places = self._places(key, spine)
+                cached = (places, [p for p in places if p.what == "link"])
+                self._places_of[(key, spine)] = cached
+            places, on_links = cached
+            if not places or any(p.name in excluded for p in on_links):
                 continue
             first = self._first.get(key[:2])
             if first is None or st["newest_ns"] - first < WARMUP_NS:
@@ -428,6 +493,7 @@ class SilentDrops:
                 # WARMUP_NS: new pairs lost some paths' first probes in `make demo`.
                 continue
             crossing[key] = places
+            links[key] = on_links
             is_lossy = st["streak"] >= MIN_LOST and st["spread_ns"] >= MIN_SPREAD_NS
             if is_lossy:
                 streaking.add(key)
@@ -441,7 +507,7 @@ class SilentDrops:
                 pending.add(key)  # losing now, not judged lossy yet (or a stray loss)
         for key in [k for k in self._lossy if k not in streaking]:
             del self._lossy[key]
-        queues = self._queues(crossing, stats, now_ns)  # every pass: it remembers
+        queues = self._queues(links, stats, now_ns)  # every pass: it remembers
         if len(lossy) < MIN_PATHS:
             return []
         claims: dict[Place, set[tuple[int, int, int]]] = collections.defaultdict(set)
@@ -515,7 +581,7 @@ class SilentDrops:
 
     def _queues(
         self,
-        crossing: dict[tuple[int, int, int], list[Place]],
+        links: dict[tuple[int, int, int], list[Place]],
         stats: dict[tuple[int, int, int], dict[str, float]],
         now_ns: int,
     ) -> dict[Place, float]:
@@ -525,12 +591,12 @@ class SilentDrops:
         QUEUE_MEMORY_S: the streaks of probes a queue dropped outlive the queue by a few
         seconds, and must not then pass for a silent drop."""
         by_hop: dict[Place, list[float]] = collections.defaultdict(list)
-        for k, st in stats.items():
+        for k, hops in links.items():
+            st = stats[k]
             ex = st["delay"] - st["floor"]
-            if k in crossing and np.isfinite(ex):
-                for p in crossing[k]:
-                    if p.what == "link":
-                        by_hop[p].append(ex)
+            if math.isfinite(ex):
+                for p in hops:
+                    by_hop[p].append(ex)
         rise = {p: float(np.median(v)) for p, v in by_hop.items()}
         for p, r in rise.items():
             if r > RISE_NS:

@@ -429,3 +429,38 @@ def test_pairs_that_never_delivered_a_probe_have_not_started_and_are_no_silent_d
 
     every = _run(not_started, seconds=12, healthy_s=0)
     assert not any(every), [o.summary for obs in every for o in obs]
+
+
+def test_each_pairs_floor_is_its_least_delay_of_the_last_30_s_as_the_queue_check_needs() -> None:
+    """The floor a queue's rise is measured from: a pair's least received delay over the
+    last HISTORY_S of its judged probes (to the second), kept as probes are judged — a
+    pair whose fastest probes are older than that has its floor risen, not stuck low."""
+    from analytics.detect.silent_drop import HISTORY_S
+
+    rng = np.random.default_rng(7)
+    paths = {(s, d, p): spine_of(s, d, p) for s in HOSTS for d in HOSTS for p in SPORTS
+             if s != d and HOSTS[s] != HOSTS[d]}  # fmt: skip
+    drops = SilentDrops(HOSTS, BY_ENDS, paths, NAMES)
+    got: list[dict[str, np.ndarray]] = []  # every probe received, with its delay
+    for i in range(70):
+        # h1-1 → h2-1 is fast (5 µs) in its first 10 s only; the rest wander
+        def wander(s: int, d: int, p: int, spine: str, t: float, i: int = i) -> tuple[bool, float]:
+            fast = (s, d) == (11, 21) and i < 10
+            return bool(rng.random() < 0.05), -9_000.0 if fast else float(rng.integers(0, 50_000))
+
+        tx, rx = _probes(float(i), wander)
+        drops.feed("probe_tx", tx)
+        drops.feed("probe_rx", rx)
+        sent = dict(zip(tx["seq"].tolist(), tx["tx_ns"].tolist(), strict=True))
+        t = np.array([sent[q] for q in rx["seq"].tolist()])
+        got.append({"src": rx["src"], "dst": rx["dst"], "t": t, "delay": rx["rx_ns"] - t})
+        a = {k: np.concatenate([g[k] for g in got]) for k in got[0]}
+        stats = drops.path_stats()
+        newest = int(tx["tx_ns"].max())
+        for key, st in stats.items():
+            pair = (a["src"] == key[0]) & (a["dst"] == key[1])
+            exact = a["delay"][pair & (a["t"] >= newest - int(HISTORY_S * NS))]
+            wider = a["delay"][pair & (a["t"] >= newest - int((HISTORY_S + 1) * NS))]
+            assert wider.min() <= st["floor"] <= exact.min(), (i, key, st["floor"])
+    fast = [st["floor"] for k, st in stats.items() if k[:2] == (11, 21)]
+    assert fast and min(fast) > 5_000, fast  # the first 10 s (5 µs) long gone
