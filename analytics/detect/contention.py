@@ -64,6 +64,7 @@ QUANTILES = (25.0, 90.0)  # a window's lower quartile (standing queue) and tail
 K_SIGMA = 6.0  # robust σ of the healthy baseline
 FLOOR_NS = 20_000.0  # never a smaller excess: below the lab's and a fabric's jitter
 BASE_KEEP = 120  # healthy windows kept per route (two minutes)
+REFIT_EVERY = 4  # a baseline of 20 windows or more is refitted every this many
 MIN_BASE = 5  # healthy windows (seconds) before a route is judged
 LOSSY_SHARE = 0.2  # a route losing this share of its probes has a full queue (pair_excess)
 MIN_PEERS = 4  # fitted routes whose baselines judge a route that never had a healthy one
@@ -111,6 +112,7 @@ class _Route:
         default_factory=lambda: collections.deque(maxlen=BASE_KEEP)
     )
     last_base_ns: int = 0
+    learnt: int = 0  # healthy windows appended
     med: np.ndarray = field(default_factory=lambda: np.full(2, np.nan))
     sigma: np.ndarray = field(default_factory=lambda: np.full(2, np.nan))
 
@@ -136,27 +138,49 @@ class RouteWindow:
     excess: np.ndarray  # ... over the route's healthy medians (nan: not judged yet)
     thresholds: np.ndarray  # ... and the excess each must pass
     ports: int
+    # Losing LOSSY_SHARE of its probes over LOSS_SPAN_NS: the p90 of those received over
+    # that span, and its excess over the route's healthy tail (nan: not lossy, or not
+    # judged yet)
+    span_tail: float = math.nan
+    span_excess: float = math.nan
 
     @property
     def judged(self) -> bool:
         return bool(np.isfinite(self.excess).all())
 
     @property
+    def dropping(self) -> bool:
+        """A full queue that drops: at least ``LOSSY_SHARE`` of its probes lost over
+        ``LOSS_SPAN_NS`` while those that got through in that span waited (their tail
+        above its healthy range). A drop-tail queue drops only when full, so the probes it
+        dropped are the ones that met it fullest; the lower quartile of those received —
+        which a queue that empties for moments between bursts pulls down to its unqueued
+        probes — does not decide, nor does one second whose few probes all passed
+        unqueued. A silent drop loses probes without the wait; a flap moves them."""
+        return self.judged and bool(self.span_excess > self.thresholds[1])
+
+    @property
     def slow(self) -> bool:
         """A standing queue: its lower quartile and its tail both above their healthy
-        range (a busy link that leaves a quarter of the probes unqueued is not one)."""
-        return self.judged and bool((self.excess > self.thresholds).all())
+        range (a busy link that leaves a quarter of the probes unqueued is not one), or a
+        full queue that drops (:attr:`dropping`)."""
+        return self.judged and (bool((self.excess > self.thresholds).all()) or self.dropping)
 
     @property
     def settled(self) -> bool:
         """Not a window caught while its queue fills or drains (a tail far above its
-        lower quartile): such a route measures no queue yet, for or against a hop."""
+        lower quartile): such a route measures no queue yet, for or against a hop. A
+        queue that drops is full, whatever its lower quartile."""
         tail_up = self.excess[1] > self.thresholds[1]
-        return not (tail_up and self.excess[0] < UNSETTLED * self.excess[1])
+        return self.dropping or not (tail_up and self.excess[0] < UNSETTLED * self.excess[1])
 
     @property
     def queue(self) -> float:
-        """What this window's probes waited at least, most of them (ns)."""
+        """What this window's probes waited at least, most of them (ns); for a full queue
+        that drops, what the tail of its span waited (the probes it dropped would have
+        waited more)."""
+        if self.dropping:
+            return max(float(self.excess[0]), float(self.span_excess))
         return max(float(self.excess[0]), 0.0)
 
 
@@ -230,6 +254,26 @@ def _loss_side(into: list[RouteWindow], away: list[RouteWindow]) -> str | None:
     if lo >= PORT_LOSS and li * 4 <= lo:
         return HOST_UP
     return None
+
+
+def _group_quantiles(
+    groups: np.ndarray, values: np.ndarray, n: int, qs: tuple[float, ...]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per group 0..n-1: the ``qs`` percentiles of its ``values`` (linear interpolation,
+    as ``np.percentile``; nan for a group without values), and how many it has."""
+    order = np.lexsort((values, groups))
+    v = values[order]
+    count = np.bincount(groups, minlength=n)
+    start = np.concatenate(([0], np.cumsum(count)[:-1]))
+    out = np.full((n, len(qs)), np.nan)
+    ok = count > 0
+    for j, q in enumerate(qs):
+        pos = (count[ok] - 1) * (q / 100.0)
+        lo = np.floor(pos).astype(np.int64)
+        hi = np.minimum(lo + 1, count[ok] - 1)
+        a, b = v[start[ok] + lo], v[start[ok] + hi]
+        out[ok, j] = a + (b - a) * (pos - lo)
+    return out, count
 
 
 def _fields(rows: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -485,9 +529,15 @@ class PathDelays:
         if not len(p):
             return []
         out = []
+        # the paths (src, dst, sport) held, and each probe's (a lexsort: np.unique by rows
+        # is several times slower)
         keys = np.stack([p["src"], p["dst"], p["sport"].astype(np.int64)], axis=1)
-        uniq, inv = np.unique(keys, axis=0, return_inverse=True)
-        inv = inv.reshape(-1)
+        by_path = np.lexsort((keys[:, 2], keys[:, 1], keys[:, 0]))
+        ks = keys[by_path]
+        new_path = np.append(True, (ks[1:] != ks[:-1]).any(axis=1))
+        uniq = ks[new_path]
+        inv = np.empty(len(keys), np.int64)
+        inv[by_path] = np.cumsum(new_path) - 1
         spine = [self.spine_of.get((int(s), int(d), int(sp))) for s, d, sp in uniq.tolist()]
         by_route: dict[tuple[int, int, str], list[int]] = collections.defaultdict(list)
         for u, y in enumerate(spine):
@@ -498,10 +548,23 @@ class PathDelays:
         for r, key in enumerate(names):
             route_of[by_route[key]] = r
         rid = route_of[inv]
-        # one sort, then each route's probes are a slice (not a mask over all per route)
+        # one sort, then each route's probes are a slice; their counts and quantiles are
+        # taken for all routes at once (not a numpy call per route)
         order = np.argsort(rid, kind="stable")
         bounds = np.searchsorted(rid[order], np.arange(len(names) + 1))
-        t_all, d_all = p["t_ns"][order], p["delay"][order]
+        sel = order[bounds[0] :]
+        rr, t_all, d_all = rid[sel], p["t_ns"][sel], p["delay"][sel]
+        bounds = bounds - bounds[0]
+        newest_r = np.maximum.reduceat(t_all, bounds[:-1]) if len(names) else np.zeros(0, np.int64)
+        fin = np.isfinite(d_all)
+        in_span = t_all > newest_r[rr] - LOSS_SPAN_NS
+        in_win = in_span & fin & (t_all > newest_r[rr] - WINDOW_NS)
+        n_span = np.bincount(rr[in_span], minlength=len(names))
+        n_lost = np.bincount(rr[in_span & ~fin], minlength=len(names))
+        win_stats, n_win = _group_quantiles(rr[in_win], d_all[in_win], len(names), QUANTILES)
+        span_tails, _ = _group_quantiles(
+            rr[in_span & fin], d_all[in_span & fin], len(names), QUANTILES[1:]
+        )
         self._dark = set()
         for r, (s, d, y) in enumerate(names):
             x, z = self.host_rack.get(s), self.host_rack.get(d)
@@ -510,33 +573,35 @@ class PathDelays:
             up, down = self.by_ends.get((x, y)), self.by_ends.get((z, y))
             if up is None or down is None:
                 continue
-            t, delay = t_all[bounds[r] : bounds[r + 1]], d_all[bounds[r] : bounds[r + 1]]
-            newest = int(t.max())
+            newest = int(newest_r[r])
             if newest < self.newest_ns - STALE_NS:
                 continue
-            in_span = t > newest - LOSS_SPAN_NS
-            span = delay[in_span]
-            lost = int(np.isnan(span).sum())
-            window = delay[t > newest - WINDOW_NS]
-            got = window[np.isfinite(window)]
-            if len(got) < MIN_PROBES:
+            lost, sent = int(n_lost[r]), int(n_span[r])
+            stats = win_stats[r]
+            if n_win[r] < MIN_PROBES:
                 # A lossy route (a full queue drops most of what crosses it): its newest
                 # few received probes, however old, rather than none judged at all.
-                ok = in_span & np.isfinite(delay)
+                t, delay = t_all[bounds[r] : bounds[r + 1]], d_all[bounds[r] : bounds[r + 1]]
+                ok = (t > newest - LOSS_SPAN_NS) & np.isfinite(delay)
                 got = delay[ok][np.argsort(t[ok], kind="stable")][-MIN_PROBES:]
                 if not len(got) and lost >= MIN_PROBES:
                     self._dark.add((s, d))  # every probe lost: for pair_excess only
                 if len(got) < MIN_PROBES and not (len(got) and lost >= MIN_PROBES):
                     continue
-            stats = np.percentile(got, QUANTILES) if len(got) else np.full(len(QUANTILES), np.nan)
+                stats = (
+                    np.percentile(got, QUANTILES) if len(got) else np.full(len(QUANTILES), np.nan)
+                )
+            span_tail = math.nan
+            if lost and lost >= LOSSY_SHARE * sent and sent - lost >= MIN_PROBES:
+                span_tail = float(span_tails[r, 0])
             route = self.routes.setdefault((s, d, y), _Route())
             hops = ((self._port(s), HOST_UP), (up, "leaf→spine"), (down, "spine→leaf"),
                     (self._port(d), HOST_DOWN))  # fmt: skip
             out.append(
                 RouteWindow(
                     s, d, y, hops, newest,
-                    len(span) - lost, lost, stats, np.full(2, np.nan), np.full(2, np.inf),
-                    len(by_route[(s, d, y)]),
+                    sent - lost, lost, stats, np.full(2, np.nan), np.full(2, np.inf),
+                    len(by_route[(s, d, y)]), span_tail,
                 )
             )  # fmt: skip
         # Each route against its own healthy baseline; one that never had a healthy window
@@ -555,6 +620,9 @@ class PathDelays:
                 w.excess, w.thresholds = w.stats - base.med, base.thresholds()
             elif base is route:
                 w.excess, w.thresholds = w.stats - route.med, route.thresholds()
+            else:
+                continue
+            w.span_excess = w.span_tail - float(base.med[1])
         return out
 
     def _port(self, host: int) -> str:
@@ -691,7 +759,11 @@ class PathDelays:
                 continue
             route.healthy.append((float(w.stats[0]), float(w.stats[1])))
             route.last_base_ns = w.newest_ns
-            route.fit()
+            route.learnt += 1
+            # Refit at every window while the baseline is young, then every REFIT_EVERY:
+            # one value more moves the median and MAD of dozens by little.
+            if len(route.healthy) < 4 * MIN_BASE or route.learnt % REFIT_EVERY == 0:
+                route.fit()
 
     def _between(self, routes: list[RouteWindow]) -> tuple[list[str], list[str], list[str]]:
         """The pairs of ``routes`` ("h1-1→h2-1"), the jobs between those hosts now, and the

@@ -41,8 +41,13 @@ class _Fleet:
         self.seq = dict.fromkeys(ids, 0)
         self.t = 10 * S
 
-    def second(self, queue_us: dict[tuple[str, str], float], loss: float = 0.0) -> None:
-        """One second of probes; ``queue_us``: (link, direction) -> queue it holds."""
+    def second(
+        self, queue_us: dict[tuple[str, str], float], loss: float = 0.0, empty: float = 0.0
+    ) -> None:
+        """One second of probes; ``queue_us``: (link, direction) -> queue it holds, lost
+        with probability ``loss``; ``empty``: the share of probes that meet the queues
+        empty (bursty senders: a shallow queue drains between bursts), neither waiting
+        nor lost."""
         tx, rx = [], []
         for _ in range(2):
             for (s, d, sport), spine in sorted(self.paths.spine_of.items()):
@@ -54,6 +59,8 @@ class _Fleet:
                     (self.port[d], "leaf→host"),
                 ]
                 q = sum(queue_us.get(h, 0.0) for h in hops)
+                if empty and self.rng.random() < empty:
+                    q = 0.0
                 t = self.t + int(self.rng.uniform(0, S / 2))
                 owd = 8_000 + self.rng.exponential(1_500) + q * 1e3 * self.rng.uniform(0.8, 1)
                 self.seq[s] += 1
@@ -69,10 +76,16 @@ class _Fleet:
         self.delays.feed_probes(np.array(tx, records.PROBE_TX), np.zeros(0, records.PROBE_RX),
                                 self.clocks)  # fmt: skip
 
-    def judge(self, queue_us: dict[tuple[str, str], float], seconds: int = 4, loss: float = 0.0):
+    def judge(
+        self,
+        queue_us: dict[tuple[str, str], float],
+        seconds: int = 4,
+        loss: float = 0.0,
+        empty: float = 0.0,
+    ):
         """``seconds`` of this queue, judged after each (a hop is said once it held 1 s)."""
         for _ in range(seconds):
-            self.second(queue_us, loss)
+            self.second(queue_us, loss, empty)
             got = self.delays.observations(0)
         return got
 
@@ -95,6 +108,47 @@ def test_a_sub_millisecond_queue_on_one_direction_is_named_with_link_and_directi
     for _ in range(2):
         f.second({})
     assert f.delays.observations(0) == []
+
+
+def test_a_full_queue_that_empties_between_bursts_is_named_from_what_it_drops() -> None:
+    """A shallow buffer filled by bursty senders (the lab's leaf2 uplink, 2026-11-27): it
+    is full when a burst arrives and drops most of what meets it, and empty for moments
+    between bursts, so a fifth of the probes pass unqueued — half of those received. The
+    lower quartile of the probes received is then healthy; the losses and the tail say
+    the queue is full. It was missed for 40 s in the lab (the old rule names it in none
+    of these seeds' first 10 s but one)."""
+    up = {("leaf2-spine1", "leaf→spine"): 400.0}
+    for seed in range(3):
+        f = _Fleet(seed=seed)
+        f.warm()
+        said = []
+        for _ in range(10):
+            f.second(up, loss=0.8, empty=0.2)
+            said += f.delays.observations(0)
+        assert said, seed
+        assert {(o.link, o.evidence["direction"]) for o in said} == {
+            ("leaf2-spine1", "leaf→spine")
+        }, (seed, [o.summary for o in said])  # fmt: skip
+        # "a standing queue of ≥ …": never more than the queue holds
+        assert all(50 <= o.evidence["queue_us"] <= 420 for o in said), (  # 320-400 µs
+            [o.evidence["queue_us"] for o in said]
+        )  # fmt: skip
+        assert all("lost" in o.summary for o in said)
+        # drained: its losses leave the span (4 s) and it is said no more
+        for _ in range(5):
+            f.second({})
+            f.delays.observations(0)
+        for _ in range(3):
+            f.second({})
+            assert f.delays.observations(0) == [], seed
+
+
+def test_probes_lost_without_waiting_are_no_queue() -> None:
+    """Half the probes crossing one uplink lost, and those that get through do not wait
+    (a silent drop, not a queue): no contention, however many are lost."""
+    f = _Fleet(seed=4)
+    f.warm()
+    assert f.judge({("leaf2-spine1", "leaf→spine"): 3.0}, 8, loss=0.5) == []
 
 
 def test_healthy_jitter_raises_nothing() -> None:
