@@ -892,8 +892,8 @@ class PathDelays:
                 "loss_in": round(loss_in, 3),
                 "loss_out": round(loss_out, 3),
                 "counters_behind": {"hosts": [name], "per_s": rates},
-                "source": "the host's round trips (the median standing queue of its routes "
-                "in plus out, clock-free), tomography of one-way delays for the place, "
+                "source": "the host's round trips (the least standing queue of its routes "
+                "in plus the least out, clock-free), tomography of one-way delays for the place, "
                 "probe loss for the direction",
             },
         )
