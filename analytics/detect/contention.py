@@ -716,7 +716,10 @@ class PathDelays:
         now = self.newest_ns
         said = [h for h, *_ in found] + [(link, "port") for link in ports]
         self._since = {h: self._since.get(h, now) for h in said}
-        out = [self._observation(*f) for f in found if now - self._since[f[0]] >= PERSIST_NS]
+        # A hop whose every slow route is a full queue that drops (:attr:`RouteWindow.
+        # dropping`) is not filling: its losses, known LOST_AFTER_NS late, held already.
+        out = [self._observation(*f) for f in found
+               if now - self._since[f[0]] >= PERSIST_NS or all(w.dropping for w in f[1])]  # fmt: skip
         # A port's direction: where its probes are lost (a full queue drops), clock-free;
         # decided when first said and kept while it stays said. Undecided, it waits for
         # the losses of its first second to be known before it is said without one.
