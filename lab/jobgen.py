@@ -59,6 +59,10 @@ SO_TIMESTAMPNS = 35
 UVERBS = "/var/lib/clockmesh/lab/sysfs/dev/infiniband/uverbs0"
 INBAND = "/run/clockmesh/inband.sock"
 REPORT_EVERY_S = 0.05
+# Reports held while the collector's hook queue is full (seconds of a job's messages; the
+# job never waits for the collector), and how long the last flush may retry.
+MAX_PENDING = 8192
+FINAL_FLUSH_S = 1.0
 RDMA_DSCP = 26
 NCCL_CONF = "/etc/clockmesh/nccl.conf"  # the lab hosts' private nccl.conf (lab/fleet.py)
 LIB_DIR = "usr/lib"  # under a host's fake RDMA tree: the lab jobs' libnccl.so.X.Y.Z
@@ -187,15 +191,27 @@ def run(
     buf = bytearray(65536)
 
     def flush() -> None:
+        """Send what is pending, 64 reports per datagram at most (the hook's limit). The
+        hook's queue full (the collector busy for a moment: a unix datagram queue holds
+        net.unix.max_dgram_qlen datagrams, 10 by default): the rest waits for the next
+        flush, up to MAX_PENDING reports; beyond, the oldest are dropped and counted. No
+        hook listening: dropped and counted."""
         nonlocal pending
-        # 64 reports per datagram at most (the hook's limit).
+        done = 0
         for i in range(0, len(pending), 64):
+            chunk = pending[i : i + 64]
             try:
-                hook.sendto(b"".join(pending[i : i + 64]), inband)
-                counts["reports"] += len(pending[i : i + 64])
+                hook.sendto(b"".join(chunk), inband)
+                counts["reports"] += len(chunk)
+            except (BlockingIOError, InterruptedError):
+                break
             except OSError:
-                counts["report_errors"] += len(pending[i : i + 64])
-        pending = []
+                counts["report_errors"] += len(chunk)
+            done = i + len(chunk)
+        pending = pending[done:]
+        if len(pending) > MAX_PENDING:
+            counts["report_errors"] += len(pending) - MAX_PENDING
+            pending = pending[-MAX_PENDING:]
 
     try:
         while time.monotonic() < end:
@@ -237,7 +253,12 @@ def run(
     except _Stop:
         pass
     finally:
+        deadline = time.monotonic() + FINAL_FLUSH_S
         flush()
+        while pending and time.monotonic() < deadline:
+            time.sleep(0.01)
+            flush()
+        counts["report_errors"] += len(pending)
         for s in senders:
             s.close()
         hook.close()
