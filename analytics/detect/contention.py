@@ -10,13 +10,16 @@ solved a probe is not counted. Each (src, dst, source port) maps to the spine it
 from the path traces (:mod:`analytics.detect.paths`); the probes of a host pair through
 one spine cross the same links and are one *route*.
 
-**Each route against its own healthy noise.** Per route, the judged statistic is the
-``TAIL_Q`` (p90) of the corrected delay over its newest ``WINDOW_NS`` (1 s) of probes.
-Its healthy baseline is the last ``BASE_KEEP`` such values from windows judged healthy
-(one per second): their median and robust σ (1.4826 × MAD). A route is *slow* when its
-tail exceeds the baseline median by more than ``K_SIGMA`` robust σ, and never by less
-than ``FLOOR_NS`` (20 µs): what this route's own jitter cannot explain. Lost probes on
-the route are evidence of the same queue (a full queue drops).
+**Each route against its own healthy noise.** Per route, the judged statistics are the
+lower quartile and the p90 (``QUANTILES``) of the corrected delay over its newest
+``WINDOW_NS`` (1 s) of probes. Its healthy baseline is the last ``BASE_KEEP`` such values
+from windows judged healthy (one per second): their median and robust σ (1.4826 × MAD).
+A route is *slow* when both exceed the baseline median by more than ``K_SIGMA`` robust σ,
+and never by less than ``FLOOR_NS`` (20 µs): what this route's own jitter cannot explain. A route that
+lost ``LOSSY_SHARE`` of its probes over ``LOSS_SPAN_NS`` while the tail of those received
+in that span waited is a full queue that drops (:attr:`RouteWindow.dropping`), slow
+whatever its lower quartile: a shallow queue that empties between bursts lets some probes
+through unqueued.
 
 **Where: tomography by magnitude.** A route from host S in rack X to host D in rack Z
 through spine Y crosses S's access link (host→leaf), leafX–spineY upwards, leafZ–spineY
@@ -173,6 +176,14 @@ class RouteWindow:
         queue that drops is full, whatever its lower quartile."""
         tail_up = self.excess[1] > self.thresholds[1]
         return self.dropping or not (tail_up and self.excess[0] < UNSETTLED * self.excess[1])
+
+    @property
+    def tail_excess(self) -> float:
+        """The tail's excess (ns): this window's, or for a queue that drops its span's when
+        larger (a second whose few probes passed unqueued does not say the queue is gone)."""
+        if self.dropping:
+            return max(float(self.excess[1]), float(self.span_excess))
+        return float(self.excess[1])
 
     @property
     def queue(self) -> float:
@@ -786,7 +797,7 @@ class PathDelays:
     ) -> Observation:
         link, direction = hop
         twins = self._twins.get(hop, [hop])
-        excesses = sorted(float(w.excess[1]) for w in slow)
+        excesses = sorted(w.tail_excess for w in slow)
         med_us = excesses[len(excesses) // 2] / 1e3
         lost = sum(w.lost for w in slow)
         loss = _loss(slow)
