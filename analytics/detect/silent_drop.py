@@ -370,8 +370,9 @@ class SilentDrops:
             self._first = {k: t for k, t in self._first.items() if k in self._delivered}
 
     def _bound(self, new: np.ndarray) -> None:
-        """``new``: the paths of the probes just judged. More than MAX_PATHS paths: keep a stable hash-sample (half, then a quarter...),
-        applied to what is held too, so a probe and its partner are always both kept."""
+        """More than MAX_PATHS paths: keep a stable hash-sample (half, then a quarter...),
+        applied to what is held too, so a probe and its partner are always both kept.
+        ``new``: the paths of the probes just judged."""
         h = self._hist.data
         if not len(self._hist):
             return
