@@ -378,7 +378,7 @@ def bulk(name: str, state_dir: Path | None, src: str, dst: str, rate: str, dscp:
 @click.option("--direction", type=click.Choice(["a2b", "b2a"]), default="a2b",
               show_default=True, help="a2b = leaf->spine, b2a = spine->leaf.")  # fmt: skip
 @click.option("--rate", default="50mbit", show_default=True,
-              help="The links' capacity (lab capacity): the load is 1.5x this.")  # fmt: skip
+              help="The links' capacity (lab capacity): the load is 1.3x this.")  # fmt: skip
 @click.option("--dscp", type=click.IntRange(0, 63), default=26, show_default=True,
               help="26: the RDMA class, as another job's RoCE v2 traffic.")  # fmt: skip
 @_user_errors
