@@ -21,7 +21,8 @@ load, as in production.
 A switch port holds tens to hundreds of microseconds of queue, not the tens of
 milliseconds a Linux queue of 100 packets holds at lab rates: ``--buffer 400us`` sizes
 each class's queue in time at the capacity (:func:`buffer_packets`: whole full-size
-frames, at least one), so a saturated port queues at most that long and drops beyond.
+frames, at least two: with one, the probes' own rounds drop behind any frame in service),
+so a saturated port queues at most that long and drops beyond.
 The scenario generator (:mod:`lab.scenario`) uses 50 Mbit/s with 500 µs buffers.
 
 Shape per link end (``tc``): ``htb`` root, one class at the capacity, three children —
@@ -30,7 +31,7 @@ ceiling of 100 % and a ``pfifo`` of ``queue_packets`` (a switch's shallow buffer
 ``u32`` filters on the DSCP. The
 capacity is recorded in the lab's state: ``lab status`` shows it, ``lab heal`` puts it back
 after removing a fault's qdisc, ``lab congest`` on a link replaces it with its ``tbf`` until
-healed.
+healed, and ``lab capacity`` again changes it in place.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from lab.topology import Link, LinkEnd
 
 RDMA_DSCP = 26
 QUEUE_PACKETS = 100
+MIN_QUEUE = 2  # packets: a probe round sent back to back needs room behind a frame in service
 MTU_BITS = 1514 * 8  # a full frame on a lab veth
 
 
@@ -80,11 +82,44 @@ def parse_rate(rate: str) -> float:
     raise LabError(f"--rate: expected a rate like 50mbit, 800kbit or 1gbit, got {rate!r}")
 
 
+def queue_for(rate: str, queue: int = QUEUE_PACKETS, buffer_us: float | None = None) -> int:
+    """Packets of each class's queue: ``queue``, or ``buffer_us`` of full frames at ``rate``.
+    Refuses (:class:`CapacityError`) a queue under :data:`MIN_QUEUE` packets: with one, the
+    probes' own rounds are dropped behind any frame in service on every link (loss with no
+    wait everywhere, which no switch buffer of a real fabric does)."""
+    bps = parse_rate(rate)
+    if buffer_us is not None:
+        if buffer_us <= 0:
+            raise CapacityError(f"--buffer: expected a time above 0, got {buffer_us:g} µs")
+        queue = buffer_packets(rate, buffer_us)
+        if queue < MIN_QUEUE:
+            frame_us = MTU_BITS / bps * 1e6
+            raise CapacityError(
+                f"--buffer: {buffer_us:g} µs holds {queue} full frame at {rate} ({frame_us:.0f} µs "
+                f"each); expected at least {MIN_QUEUE}: {MIN_QUEUE * frame_us:.0f}us or more, "
+                f"or a higher --rate"
+            )
+    elif queue < MIN_QUEUE:
+        raise CapacityError(f"--queue: expected at least {MIN_QUEUE} packets, got {queue}")
+    return queue
+
+
+def _root_is_ours(end: LinkEnd) -> bool:
+    """The link end's root qdisc is already ``shape_end``'s htb (``tc qdisc replace`` cannot
+    change an htb in place: 'Change operation not supported')."""
+    res = subprocess.run(["ip", "netns", "exec", end.namespace, "tc", "qdisc", "show", "dev",
+                          end.interface, "root"], capture_output=True, text=True, timeout=30)  # fmt: skip
+    return res.returncode == 0 and res.stdout.startswith("qdisc htb 1: root")
+
+
 def shape_end(end: LinkEnd, rate: str, dscp: int = RDMA_DSCP, queue: int = QUEUE_PACKETS) -> None:
+    """Shape one link end (a capacity already there is changed in place: classes and
+    queues replaced, the root kept)."""
     bps = parse_rate(rate)
     dev = ["dev", end.interface]
     quantum = ["quantum", "1514"]
-    _tc(end, ["qdisc", "replace", *dev, "root", "handle", "1:", "htb", "default", "20"])
+    if not _root_is_ours(end):
+        _tc(end, ["qdisc", "replace", *dev, "root", "handle", "1:", "htb", "default", "20"])
     _tc(end, ["class", "replace", *dev, "parent", "1:", "classid", "1:1", "htb",
               "rate", f"{bps:.0f}bit", "ceil", f"{bps:.0f}bit", *quantum])  # fmt: skip
     # Children: network control (CS6/CS7: BGP, BFD, ICMP errors) first, then the RDMA
@@ -112,12 +147,8 @@ def apply(
 ) -> int:
     """Shape every fabric link (both ends) and record it; returns the link ends shaped.
     ``buffer_us`` sizes each queue in time instead of ``queue`` packets
-    (:func:`buffer_packets`)."""
-    parse_rate(rate)  # a bad rate fails before anything is touched
-    if buffer_us is not None:
-        if buffer_us <= 0:
-            raise CapacityError(f"--buffer: expected a time above 0, got {buffer_us} µs")
-        queue = buffer_packets(rate, buffer_us)
+    (:func:`buffer_packets`); a capacity already applied is changed."""
+    queue = queue_for(rate, queue, buffer_us)  # bad input fails before anything is touched
     links = [lk for lk in lab.topology.links if lk.kind == "fabric"]
     with lab.state.update() as st:
         st["capacity"] = {"rate": rate, "dscp": dscp, "queue": queue}

@@ -420,11 +420,12 @@ def drop_cmd(name: str, state_dir: Path | None, switch: str, to: tuple[str, ...]
               help="Capacity of every leaf–spine link, each direction (tc syntax).")  # fmt: skip
 @click.option("--dscp", type=click.IntRange(0, 63), default=26, show_default=True,
               help="DSCP of the RDMA traffic class (RoCE v2), served first.")  # fmt: skip
-@click.option("--queue", type=click.IntRange(1, 100_000), default=100, show_default=True,
+@click.option("--queue", type=click.IntRange(2, 100_000), default=100, show_default=True,
               help="Packets each class may queue (a switch's buffer).")  # fmt: skip
 @click.option("--buffer", "buffer_", default=None,
               help="Size each queue in time instead (e.g. 400us, 1ms): a switch's shallow "
-              "buffer; a saturated port queues at most this long and drops beyond.")  # fmt: skip
+              "buffer; a saturated port queues at most this long and drops beyond. At least "
+              "2 full frames at the rate.")  # fmt: skip
 @click.option("--off", is_flag=True, help="Remove the capacity: unlimited links again.")
 @_user_errors
 def capacity_cmd(

@@ -125,3 +125,37 @@ def test_every_host_has_its_own_fake_rdma_tree(small_lab: Lab) -> None:
         assert (v1, v2) == ("IB/RoCE v1", "RoCE v2")
         octets = [int(x) for x in host.backend_address.split(".")]
         assert gid.endswith(f"ffff:{octets[0]:02x}{octets[1]:02x}:{octets[2]:02x}{octets[3]:02x}")
+
+
+def test_a_capacity_is_changed_in_place_and_a_one_frame_buffer_refused(small_lab: Lab) -> None:
+    """`lab capacity` twice changes the queues (tc cannot change an htb root in place:
+    the second call failed with tc's own words); a buffer of one frame is refused before
+    anything is touched."""
+    import sys
+
+    from lab import capacity
+
+    base = [sys.executable, "-m", "clockmesh.cli", "lab", "capacity",
+            "--name", small_lab.name, "--state-dir", str(small_lab.dir)]  # fmt: skip
+    end = next(lk for lk in small_lab.topology.links if lk.kind == "fabric").a
+
+    def queues() -> list[str]:
+        out = subprocess.run(["ip", "netns", "exec", end.namespace, "tc", "qdisc", "show",
+                              "dev", end.interface], capture_output=True, text=True).stdout  # fmt: skip
+        return [ln.split(" limit ")[1].split()[0] for ln in out.splitlines() if "pfifo" in ln]
+
+    try:
+        first = subprocess.run([*base, "--buffer", "500us"], capture_output=True, text=True)
+        assert first.returncode == 0, first.stderr
+        assert queues() == ["2p", "2p", "2p"]
+        again = subprocess.run([*base, "--buffer", "1ms"], capture_output=True, text=True)
+        assert again.returncode == 0, again.stderr
+        assert "queues of 4 packets" in again.stdout and queues() == ["4p", "4p", "4p"]
+        tiny = subprocess.run([*base, "--buffer", "200us"], capture_output=True, text=True)
+        assert tiny.returncode != 0 and "Traceback" not in tiny.stderr
+        assert "--buffer: 200 µs holds 1 full frame at 50mbit" in tiny.stderr
+        assert len(tiny.stderr.strip().splitlines()) == 1
+        assert queues() == ["4p", "4p", "4p"]  # left as it was
+        assert capacity.current(small_lab)["queue"] == 4
+    finally:
+        capacity.remove(small_lab)
