@@ -364,6 +364,8 @@ class PathDelays:
         self._counters: dict[int, dict[str, collections.deque[tuple[int, int]]]] = {}
         # per feed: (its newest send, receivers, the longest corrected delay to each)
         self._waits: list[tuple[int, np.ndarray, np.ndarray]] = []
+        self._wait_hosts = np.zeros(0, np.int64)  # ... each receiver's longest over them
+        self._wait_most = np.zeros(0)
         self._clocks: ClockState | None = None  # the latest fed
         self._twins: dict[tuple[str, str], list[tuple[str, str]]] = {}
         self._last_windows: list[RouteWindow] = []
@@ -508,14 +510,23 @@ class PathDelays:
         """Keep each receiver's longest corrected delay of these probes (for
         :meth:`lost_after`), the newest HOLD_NS of them."""
         cut = self.newest_ns - HOLD_NS
-        self._waits = [w for w in self._waits if w[0] >= cut]
+        kept = [w for w in self._waits if w[0] >= cut]
         fin = joined[np.isfinite(joined["delay"])]
-        if not len(fin):
-            return
-        order = np.argsort(fin["dst"], kind="stable")
-        dst, delay = fin["dst"][order], fin["delay"][order]
-        heads = np.flatnonzero(np.append(True, dst[1:] != dst[:-1]))
-        self._waits.append((int(fin["t_ns"].max()), dst[heads], np.maximum.reduceat(delay, heads)))
+        if len(fin):
+            order = np.argsort(fin["dst"], kind="stable")
+            dst, delay = fin["dst"][order], fin["delay"][order]
+            heads = np.flatnonzero(np.append(True, dst[1:] != dst[:-1]))
+            kept.append((int(fin["t_ns"].max()), dst[heads], np.maximum.reduceat(delay, heads)))
+        if len(kept) == len(self._waits) and not len(fin):
+            return  # nothing new, nothing aged out
+        self._waits = kept
+        # each receiver's longest over them, receivers sorted (what lost_after looks up)
+        hosts = np.concatenate([w[1] for w in kept]) if kept else np.zeros(0, np.int64)
+        most = np.concatenate([w[2] for w in kept]) if kept else np.zeros(0)
+        order = np.lexsort((most, hosts))
+        hosts, most = hosts[order], most[order]
+        last = np.append(hosts[1:] != hosts[:-1], True) if len(hosts) else np.zeros(0, bool)
+        self._wait_hosts, self._wait_most = hosts[last], most[last]
 
     def lost_after(self, dst: np.ndarray) -> np.ndarray:
         """How long after its send (ns) a probe to each of ``dst`` is lost once its receiver
@@ -524,14 +535,9 @@ class PathDelays:
         receiver none has reached yet. A queue filling fast enough to hold a probe longer
         is counted losing it — a full queue, named as one all the same."""
         out = np.full(len(dst), LOST_AFTER_NS, np.int64)
-        if not self._waits or not len(dst):
+        hosts, most = self._wait_hosts, self._wait_most
+        if not len(hosts) or not len(dst):
             return out
-        hosts = np.concatenate([w[1] for w in self._waits])
-        most = np.concatenate([w[2] for w in self._waits])
-        order = np.lexsort((most, hosts))
-        hosts, most = hosts[order], most[order]
-        last = np.append(hosts[1:] != hosts[:-1], True)  # each host's longest, sorted last
-        hosts, most = hosts[last], most[last]
         i = np.searchsorted(hosts, dst).clip(0, len(hosts) - 1)
         known = hosts[i] == dst
         bound = np.clip(LATE_FACTOR * most[i], LOST_MIN_NS, LOST_AFTER_NS).astype(np.int64)
