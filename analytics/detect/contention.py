@@ -56,6 +56,7 @@ import collections
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -314,6 +315,22 @@ def _skews(clocks: ClockState | None, tx: np.ndarray) -> tuple[np.ndarray, np.nd
     return ok, skew
 
 
+def _most_per_host(hosts: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each host's largest value: the hosts sorted, once each, and their values."""
+    order = np.lexsort((values, hosts))
+    hosts, values = hosts[order], values[order]
+    last = np.append(hosts[1:] != hosts[:-1], True)[: len(hosts)]  # a host's largest sorts last
+    return hosts[last], values[last]
+
+
+def _per_host(hosts: np.ndarray, values: np.ndarray, keys: np.ndarray, default: Any) -> np.ndarray:
+    """The value of each of ``keys`` in ``hosts`` (sorted, once each), ``default`` where absent."""
+    if not len(hosts):
+        return np.full(len(keys), default, values.dtype)
+    i = np.searchsorted(hosts, keys).clip(0, len(hosts) - 1)
+    return np.where(hosts[i] == keys, values[i], default)
+
+
 def _fields(rows: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """The columns of ``dtype`` out of ``rows`` (a copy)."""
     out = np.empty(len(rows), dtype)
@@ -499,12 +516,10 @@ class PathDelays:
         """Each receiver's newest shipped receive, updated with these."""
         if not len(dst):
             return
-        hosts = np.concatenate([self._mark_hosts, dst.astype(np.int64)])
-        ns = np.concatenate([self._mark_ns, rx_ns.astype(np.int64)])
-        order = np.lexsort((ns, hosts))
-        hosts, ns = hosts[order], ns[order]
-        last = np.append(hosts[1:] != hosts[:-1], True)  # each host's newest, sorted last
-        self._mark_hosts, self._mark_ns = hosts[last], ns[last]
+        self._mark_hosts, self._mark_ns = _most_per_host(
+            np.concatenate([self._mark_hosts, dst.astype(np.int64)]),
+            np.concatenate([self._mark_ns, rx_ns.astype(np.int64)]),
+        )
 
     def _note_waits(self, joined: np.ndarray) -> None:
         """Keep each receiver's longest corrected delay of these probes (for
@@ -513,20 +528,15 @@ class PathDelays:
         kept = [w for w in self._waits if w[0] >= cut]
         fin = joined[np.isfinite(joined["delay"])]
         if len(fin):
-            order = np.argsort(fin["dst"], kind="stable")
-            dst, delay = fin["dst"][order], fin["delay"][order]
-            heads = np.flatnonzero(np.append(True, dst[1:] != dst[:-1]))
-            kept.append((int(fin["t_ns"].max()), dst[heads], np.maximum.reduceat(delay, heads)))
+            kept.append((int(fin["t_ns"].max()), *_most_per_host(fin["dst"], fin["delay"])))
         if len(kept) == len(self._waits) and not len(fin):
             return  # nothing new, nothing aged out
         self._waits = kept
-        # each receiver's longest over them, receivers sorted (what lost_after looks up)
-        hosts = np.concatenate([w[1] for w in kept]) if kept else np.zeros(0, np.int64)
-        most = np.concatenate([w[2] for w in kept]) if kept else np.zeros(0)
-        order = np.lexsort((most, hosts))
-        hosts, most = hosts[order], most[order]
-        last = np.append(hosts[1:] != hosts[:-1], True) if len(hosts) else np.zeros(0, bool)
-        self._wait_hosts, self._wait_most = hosts[last], most[last]
+        # each receiver's longest over them (what lost_after looks up)
+        self._wait_hosts, self._wait_most = _most_per_host(
+            np.concatenate([np.zeros(0, np.int64), *(w[1] for w in kept)]),
+            np.concatenate([np.zeros(0), *(w[2] for w in kept)]),
+        )
 
     def lost_after(self, dst: np.ndarray) -> np.ndarray:
         """How long after its send (ns) a probe to each of ``dst`` is lost once its receiver
@@ -534,21 +544,13 @@ class PathDelays:
         waited over HOLD_NS, within [LOST_MIN_NS, LOST_AFTER_NS]; LOST_AFTER_NS for a
         receiver none has reached yet. A queue filling fast enough to hold a probe longer
         is counted losing it — a full queue, named as one all the same."""
-        out = np.full(len(dst), LOST_AFTER_NS, np.int64)
-        hosts, most = self._wait_hosts, self._wait_most
-        if not len(hosts) or not len(dst):
-            return out
-        i = np.searchsorted(hosts, dst).clip(0, len(hosts) - 1)
-        known = hosts[i] == dst
-        bound = np.clip(LATE_FACTOR * most[i], LOST_MIN_NS, LOST_AFTER_NS).astype(np.int64)
-        return np.where(known, bound, out)
+        most = _per_host(self._wait_hosts, self._wait_most, dst, np.nan)
+        bound = np.clip(LATE_FACTOR * most, LOST_MIN_NS, LOST_AFTER_NS)
+        return np.where(np.isnan(most), LOST_AFTER_NS, bound).astype(np.int64)
 
     def _marks_of(self, dst: np.ndarray) -> np.ndarray:
         """The newest shipped receive of each of ``dst`` (0: none yet)."""
-        if not len(self._mark_hosts):
-            return np.zeros(len(dst), np.int64)
-        i = np.searchsorted(self._mark_hosts, dst).clip(0, len(self._mark_hosts) - 1)
-        return np.where(self._mark_hosts[i] == dst, self._mark_ns[i], 0)
+        return _per_host(self._mark_hosts, self._mark_ns, dst, 0)
 
     def _held(self) -> np.ndarray:
         """The probes held (joined or lost), newest HOLD_NS, as one array (kept as the
