@@ -5,10 +5,7 @@ detector as it arrives (:meth:`PathDelays.feed_probes`), not after the clock sol
 window: a probe's send and receive (same sender, same sequence number) make one one-way
 delay, corrected with the clock solver's latest solution (each host's offset and drift,
 carried forward to the send time) as the stored ``owd`` rows are. A probe sent and not
-received once its receiver has shipped receives ``LATE_FACTOR`` (4) × the longest any
-probe to it waited later (by the corrected clocks; at least 0.3 s, at most 2 s:
-:meth:`PathDelays.lost_after`) is *lost*: a sub-ms queue's losses are known ~0.3 s after
-the send, a 100-ms queue's probes are late, not lost. Until both hosts are
+received once its receiver has shipped later receives is *lost*. Until both hosts are
 solved a probe is not counted. Each (src, dst, source port) maps to the spine it crosses
 from the path traces (:mod:`analytics.detect.paths`); the probes of a host pair through
 one spine cross the same links and are one *route*.
@@ -18,11 +15,11 @@ lower quartile and the p90 (``QUANTILES``) of the corrected delay over its newes
 ``WINDOW_NS`` (1 s) of probes. Its healthy baseline is the last ``BASE_KEEP`` such values
 from windows judged healthy (one per second): their median and robust σ (1.4826 × MAD).
 A route is *slow* when both exceed the baseline median by more than ``K_SIGMA`` robust σ,
-and never by less than ``FLOOR_NS`` (20 µs): what this route's own jitter cannot explain.
-A route that lost ``LOSSY_SHARE`` of its newest ``LOSS_SPAN_NS`` (2 s) of probes whose
-fate is known while the tail of those received over ``TAIL_SPAN_NS`` (4 s) waited is a
-full queue that drops (:attr:`RouteWindow.dropping`), slow whatever its lower quartile: a
-shallow queue that empties between bursts lets some probes through unqueued.
+and never by less than ``FLOOR_NS`` (20 µs): what this route's own jitter cannot explain. A route that
+lost ``LOSSY_SHARE`` of its probes over ``LOSS_SPAN_NS`` while the tail of those received
+in that span waited is a full queue that drops (:attr:`RouteWindow.dropping`), slow
+whatever its lower quartile: a shallow queue that empties between bursts lets some probes
+through unqueued.
 
 **Where: tomography by magnitude.** A route from host S in rack X to host D in rack Z
 through spine Y crosses S's access link (host→leaf), leafX–spineY upwards, leafZ–spineY
@@ -56,7 +53,6 @@ import collections
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -65,9 +61,8 @@ from analytics.detect.anomalies import Observation
 
 WINDOW_NS = 1_000_000_000  # a route's newest second of probes is judged
 STALE_NS = 4_000_000_000  # a route whose newest probe is this much older is not judged
-LOSS_SPAN_NS = 2_000_000_000  # a route's loss share: over its newest this long of decided probes
-TAIL_SPAN_NS = 4_000_000_000  # ... and the tail of those received over their newest this long
-HOLD_NS = TAIL_SPAN_NS  # probes kept (a loss span, and the sends still pending after it)
+LOSS_SPAN_NS = 4_000_000_000  # losses are known LOST_AFTER_NS late: counted over this long
+HOLD_NS = LOSS_SPAN_NS  # probes kept
 QUANTILES = (25.0, 90.0)  # a window's lower quartile (standing queue) and tail
 K_SIGMA = 6.0  # robust σ of the healthy baseline
 FLOOR_NS = 20_000.0  # never a smaller excess: below the lab's and a fabric's jitter
@@ -82,9 +77,7 @@ RESIDUAL = 0.25  # a queue varies this much of itself within a window
 UNSETTLED = 0.2  # lower quartile below this share of the tail's excess: not settled
 PERSIST_NS = 1_000_000_000  # a hop contended this long (probe time) is said
 LOST_AFTER_NS = 2_000_000_000  # no receive by the time the receiver shipped this much later
-# (longer than any queue: a probe held 0.6 s in a lab queue is late, not lost) ...
-LOST_MIN_NS = 300_000_000  # ... or LATE_FACTOR × the most any probe to that receiver waited
-LATE_FACTOR = 4.0  # over HOLD_NS, when more than this: a sub-ms queue's losses known ~2 s sooner
+# (longer than any queue: a probe held 0.6 s in a lab queue is late, not lost)
 PENDING_NS = 10_000_000_000  # a send or receive waits this long for its other half
 PORT_LOSS = 0.01  # a host's port losing this share of its probes one way: that way is full
 MAX_PROBES = 200_000  # rows per side and pass; beyond, a consistent sample by sequence
@@ -149,7 +142,7 @@ class RouteWindow:
     thresholds: np.ndarray  # ... and the excess each must pass
     ports: int
     # Losing LOSSY_SHARE of its probes over LOSS_SPAN_NS: the p90 of those received over
-    # TAIL_SPAN_NS, and its excess over the route's healthy tail (nan: not lossy, or not
+    # that span, and its excess over the route's healthy tail (nan: not lossy, or not
     # judged yet)
     span_tail: float = math.nan
     span_excess: float = math.nan
@@ -161,7 +154,7 @@ class RouteWindow:
     @property
     def dropping(self) -> bool:
         """A full queue that drops: at least ``LOSSY_SHARE`` of its probes lost over
-        ``LOSS_SPAN_NS`` while those that got through over ``TAIL_SPAN_NS`` waited (their tail
+        ``LOSS_SPAN_NS`` while those that got through in that span waited (their tail
         above its healthy range). A drop-tail queue drops only when full, so the probes it
         dropped are the ones that met it fullest; the lower quartile of those received —
         which a queue that empties for moments between bursts pulls down to its unqueued
@@ -294,43 +287,6 @@ def _group_quantiles(
     return out, count
 
 
-def _skews(clocks: ClockState | None, tx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """For each send (``src``, ``dst``, ``tx_ns``): whether both hosts are solved, and the
-    receiver's clock less the sender's at the send (ns; 0 where not solved): a receive
-    time less the send time less this is the one-way delay."""
-    ok = np.zeros(len(tx), bool)
-    skew = np.zeros(len(tx), np.float64)
-    if clocks is None or not len(tx) or not len(clocks.hosts):
-        return ok, skew
-    order = np.argsort(clocks.hosts)
-    hosts = clocks.hosts[order]
-    i = np.searchsorted(hosts, tx["src"]).clip(0, len(hosts) - 1)
-    j = np.searchsorted(hosts, tx["dst"]).clip(0, len(hosts) - 1)
-    ok = (hosts[i] == tx["src"]) & (hosts[j] == tx["dst"])
-    i, j = order[i[ok]], order[j[ok]]
-    dt = (tx["tx_ns"][ok] - clocks.ref_ns).astype(np.float64)
-    skew[ok] = (clocks.offset_ns[j] - clocks.offset_ns[i]) + (
-        clocks.drift[j] - clocks.drift[i]
-    ) * dt
-    return ok, skew
-
-
-def _most_per_host(hosts: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each host's largest value: the hosts sorted, once each, and their values."""
-    order = np.lexsort((values, hosts))
-    hosts, values = hosts[order], values[order]
-    last = np.append(hosts[1:] != hosts[:-1], True)[: len(hosts)]  # a host's largest sorts last
-    return hosts[last], values[last]
-
-
-def _per_host(hosts: np.ndarray, values: np.ndarray, keys: np.ndarray, default: Any) -> np.ndarray:
-    """The value of each of ``keys`` in ``hosts`` (sorted, once each), ``default`` where absent."""
-    if not len(hosts):
-        return np.full(len(keys), default, values.dtype)
-    i = np.searchsorted(hosts, keys).clip(0, len(hosts) - 1)
-    return np.where(hosts[i] == keys, values[i], default)
-
-
 def _fields(rows: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """The columns of ``dtype`` out of ``rows`` (a copy)."""
     out = np.empty(len(rows), dtype)
@@ -379,11 +335,6 @@ class PathDelays:
         self.unsure_total = 0  # host ports not named: their host's round trips do not show it
         # host -> counter -> deque of (ts_ns, delta)
         self._counters: dict[int, dict[str, collections.deque[tuple[int, int]]]] = {}
-        # per feed: (its newest send, receivers, the longest corrected delay to each)
-        self._waits: list[tuple[int, np.ndarray, np.ndarray]] = []
-        self._wait_hosts = np.zeros(0, np.int64)  # ... each receiver's longest over them
-        self._wait_most = np.zeros(0)
-        self._clocks: ClockState | None = None  # the latest fed
         self._twins: dict[tuple[str, str], list[tuple[str, str]]] = {}
         self._last_windows: list[RouteWindow] = []
         # (src, dst) with a route whose probes of the last LOSS_SPAN_NS were all lost (at
@@ -455,7 +406,6 @@ class PathDelays:
         new_tx = np.concatenate([_fields(self.sampled(tx), _TX) for tx, _ in batches])
         new_rx = np.concatenate([_fields(self.sampled(rx), _RX) for _, rx in batches])
         self._mark(new_rx["dst"], new_rx["rx_ns"])
-        self._clocks = clocks
         txs = np.concatenate([self._tx, new_tx])
         rxs = np.concatenate([self._rx, new_rx])
         if len(txs):
@@ -476,13 +426,9 @@ class PathDelays:
         matched_rx = np.zeros(len(rxs), bool)
         matched_rx[ri] = True
         out = [self._joined(txs[ti], rxs["rx_ns"][ri], clocks)]
-        self._note_waits(out[0])
-        # Sends never received: lost once their receiver shipped receives well after them
-        # (by its clock, corrected to the sender's where both are solved).
+        # Sends never received: lost once their receiver shipped receives well after them.
         left = txs[~matched_tx]
-        ok, skew = _skews(clocks, left)
-        after = np.where(ok, self.lost_after(left["dst"]), LOST_AFTER_NS)
-        lost = left["tx_ns"] + skew + after < self._marks_of(left["dst"])
+        lost = left["tx_ns"] + LOST_AFTER_NS < self._marks_of(left["dst"])
         horizon = self.newest_ns - PENDING_NS
         if lost.any() and clocks is not None:
             gone = left[lost]
@@ -516,41 +462,19 @@ class PathDelays:
         """Each receiver's newest shipped receive, updated with these."""
         if not len(dst):
             return
-        self._mark_hosts, self._mark_ns = _most_per_host(
-            np.concatenate([self._mark_hosts, dst.astype(np.int64)]),
-            np.concatenate([self._mark_ns, rx_ns.astype(np.int64)]),
-        )
-
-    def _note_waits(self, joined: np.ndarray) -> None:
-        """Keep each receiver's longest corrected delay of these probes (for
-        :meth:`lost_after`), the newest HOLD_NS of them."""
-        cut = self.newest_ns - HOLD_NS
-        kept = [w for w in self._waits if w[0] >= cut]
-        fin = joined[np.isfinite(joined["delay"])]
-        if len(fin):
-            kept.append((int(fin["t_ns"].max()), *_most_per_host(fin["dst"], fin["delay"])))
-        if len(kept) == len(self._waits) and not len(fin):
-            return  # nothing new, nothing aged out
-        self._waits = kept
-        # each receiver's longest over them (what lost_after looks up)
-        self._wait_hosts, self._wait_most = _most_per_host(
-            np.concatenate([np.zeros(0, np.int64), *(w[1] for w in kept)]),
-            np.concatenate([np.zeros(0), *(w[2] for w in kept)]),
-        )
-
-    def lost_after(self, dst: np.ndarray) -> np.ndarray:
-        """How long after its send (ns) a probe to each of ``dst`` is lost once its receiver
-        shipped later receives: ``LATE_FACTOR`` × the longest any probe to that receiver
-        waited over HOLD_NS, within [LOST_MIN_NS, LOST_AFTER_NS]; LOST_AFTER_NS for a
-        receiver none has reached yet. A queue filling fast enough to hold a probe longer
-        is counted losing it — a full queue, named as one all the same."""
-        most = _per_host(self._wait_hosts, self._wait_most, dst, np.nan)
-        bound = np.clip(LATE_FACTOR * most, LOST_MIN_NS, LOST_AFTER_NS)
-        return np.where(np.isnan(most), LOST_AFTER_NS, bound).astype(np.int64)
+        hosts = np.concatenate([self._mark_hosts, dst.astype(np.int64)])
+        ns = np.concatenate([self._mark_ns, rx_ns.astype(np.int64)])
+        order = np.lexsort((ns, hosts))
+        hosts, ns = hosts[order], ns[order]
+        last = np.append(hosts[1:] != hosts[:-1], True)  # each host's newest, sorted last
+        self._mark_hosts, self._mark_ns = hosts[last], ns[last]
 
     def _marks_of(self, dst: np.ndarray) -> np.ndarray:
         """The newest shipped receive of each of ``dst`` (0: none yet)."""
-        return _per_host(self._mark_hosts, self._mark_ns, dst, 0)
+        if not len(self._mark_hosts):
+            return np.zeros(len(dst), np.int64)
+        i = np.searchsorted(self._mark_hosts, dst).clip(0, len(self._mark_hosts) - 1)
+        return np.where(self._mark_hosts[i] == dst, self._mark_ns[i], 0)
 
     def _held(self) -> np.ndarray:
         """The probes held (joined or lost), newest HOLD_NS, as one array (kept as the
@@ -563,10 +487,18 @@ class PathDelays:
         return probes
 
     def _joined(self, tx: np.ndarray, rx_ns: np.ndarray, clocks: ClockState | None) -> np.ndarray:
-        ok, skew = _skews(clocks, tx)
-        if not ok.any():
+        if clocks is None or not len(tx) or not len(clocks.hosts):
             return np.zeros(0, _PROBE)
-        tx, rx_ns, skew = tx[ok], rx_ns[ok], skew[ok]
+        order = np.argsort(clocks.hosts)
+        hosts = clocks.hosts[order]
+        i = np.searchsorted(hosts, tx["src"]).clip(0, len(hosts) - 1)
+        j = np.searchsorted(hosts, tx["dst"]).clip(0, len(hosts) - 1)
+        ok = (hosts[i] == tx["src"]) & (hosts[j] == tx["dst"])
+        tx, rx_ns, i, j = tx[ok], rx_ns[ok], order[i[ok]], order[j[ok]]
+        dt = (tx["tx_ns"] - clocks.ref_ns).astype(np.float64)
+        skew = (clocks.offset_ns[j] - clocks.offset_ns[i]) + (
+            clocks.drift[j] - clocks.drift[i]
+        ) * dt
         rec = np.empty(len(tx), _PROBE)
         for name in ("src", "dst", "sport"):
             rec[name] = tx[name]
@@ -638,22 +570,11 @@ class PathDelays:
         fin = np.isfinite(d_all)
         in_span = t_all > newest_r[rr] - LOSS_SPAN_NS
         in_win = in_span & fin & (t_all > newest_r[rr] - WINDOW_NS)
-        # The loss share over the newest LOSS_SPAN_NS of probes whose fate is known: sends
-        # since then that are not received are still pending, not lost, and the received
-        # ones among them would water the share down.
-        ends = np.zeros(len(names), _TX)
-        ends["src"] = [k[0] for k in names]
-        ends["dst"] = [k[1] for k in names]
-        ends["tx_ns"] = newest_r
-        _ok, skew = _skews(self._clocks, ends)
-        decided = self._marks_of(ends["dst"]) - skew - self.lost_after(ends["dst"])
-        in_known = (t_all <= decided[rr]) & (t_all > decided[rr] - LOSS_SPAN_NS)
-        n_span = np.bincount(rr[in_known], minlength=len(names))
-        n_lost = np.bincount(rr[in_known & ~fin], minlength=len(names))
+        n_span = np.bincount(rr[in_span], minlength=len(names))
+        n_lost = np.bincount(rr[in_span & ~fin], minlength=len(names))
         win_stats, n_win = _group_quantiles(rr[in_win], d_all[in_win], len(names), QUANTILES)
-        in_tail = fin & (t_all > newest_r[rr] - TAIL_SPAN_NS)
-        span_tails, n_tail = _group_quantiles(
-            rr[in_tail], d_all[in_tail], len(names), QUANTILES[1:]
+        span_tails, _ = _group_quantiles(
+            rr[in_span & fin], d_all[in_span & fin], len(names), QUANTILES[1:]
         )
         self._dark = set()
         for r, (s, d, y) in enumerate(names):
@@ -672,7 +593,7 @@ class PathDelays:
                 # A lossy route (a full queue drops most of what crosses it): its newest
                 # few received probes, however old, rather than none judged at all.
                 t, delay = t_all[bounds[r] : bounds[r + 1]], d_all[bounds[r] : bounds[r + 1]]
-                ok = (t > newest - TAIL_SPAN_NS) & np.isfinite(delay)
+                ok = (t > newest - LOSS_SPAN_NS) & np.isfinite(delay)
                 got = delay[ok][np.argsort(t[ok], kind="stable")][-MIN_PROBES:]
                 if not len(got) and lost >= MIN_PROBES:
                     self._dark.add((s, d))  # every probe lost: for pair_excess only
@@ -682,7 +603,7 @@ class PathDelays:
                     np.percentile(got, QUANTILES) if len(got) else np.full(len(QUANTILES), np.nan)
                 )
             span_tail = math.nan
-            if lost and lost >= LOSSY_SHARE * sent and n_tail[r] >= MIN_PROBES:
+            if lost and lost >= LOSSY_SHARE * sent and sent - lost >= MIN_PROBES:
                 span_tail = float(span_tails[r, 0])
             route = self.routes.setdefault((s, d, y), _Route())
             hops = ((self._port(s), HOST_UP), (up, "leaf→spine"), (down, "spine→leaf"),
@@ -807,8 +728,7 @@ class PathDelays:
         said = [h for h, *_ in found] + [(link, "port") for link in ports]
         self._since = {h: self._since.get(h, now) for h in said}
         # A hop whose every slow route is a full queue that drops (:attr:`RouteWindow.
-        # dropping`) is not filling: a fifth of its decided probes lost (known at least
-        # LOST_MIN_NS after their sends) says it was full a while already.
+        # dropping`) is not filling: its losses, known LOST_AFTER_NS late, held already.
         out = [self._observation(*f) for f in found
                if now - self._since[f[0]] >= PERSIST_NS or all(w.dropping for w in f[1])]  # fmt: skip
         # A port's direction: where its probes are lost (a full queue drops), clock-free;

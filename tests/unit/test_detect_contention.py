@@ -143,49 +143,6 @@ def test_a_full_queue_that_empties_between_bursts_is_named_from_what_it_drops() 
             assert f.delays.observations(0) == [], seed
 
 
-def test_a_shallow_queue_dropping_half_its_probes_is_named_within_two_seconds() -> None:
-    """A sub-ms queue's losses are known once its receiver shipped receives a few times
-    the longest any probe to it waited (at least 0.3 s) after the send, not 2 s after
-    (a 0.6-s lab queue's bound): in this fleet's one-second rounds the queue is named at
-    its first or second (the old bound: after 2–4 of these seeds' rounds)."""
-    up = {("leaf3-spine2", "spine→leaf"): 300.0}
-    firsts = []
-    for seed in range(6):
-        f = _Fleet(seed=seed)
-        f.warm()
-        for second in range(1, 6):
-            f.second(up, loss=0.5)
-            said = f.delays.observations(0)
-            if said:
-                assert {(o.link, o.evidence["direction"]) for o in said} == {
-                    ("leaf3-spine2", "spine→leaf")
-                }, (seed, [o.summary for o in said])  # fmt: skip
-                firsts.append(second)
-                break
-    assert len(firsts) == 6 and max(firsts) <= 2, firsts
-
-
-def test_a_probe_is_lost_a_few_times_the_longest_wait_to_its_receiver_after_its_send() -> None:
-    """The bound after which an unreceived probe is lost follows what probes to that
-    receiver wait: 4× the longest, never under 0.3 s nor over 2 s; 2 s for a receiver no
-    probe reached yet. A queue of 100 ms delays its probes; it does not lose them."""
-    f = _Fleet(seed=5)
-    f.warm()
-    ids = {name: h for h, name in f.names.items()}
-    quiet, far = ids["h1-1"], ids["h2-1"]
-    got = f.delays.lost_after(np.array([quiet, far, 12345], np.int64))
-    assert got.tolist() == [300_000_000, 300_000_000, 2_000_000_000]
-    port = {(f"{f.port[far]}", "leaf→host"): 100_000.0}  # 100 ms in front of h2-1
-    before = f.delays.lost_total
-    for _ in range(3):
-        f.second(port)
-    bound = int(f.delays.lost_after(np.array([far], np.int64))[0])
-    assert 4 * 80e6 <= bound <= 4 * 100e6 + 1e7, bound  # 4× its longest (80-100 ms)
-    assert f.delays.lost_total == before  # late, not lost
-    f.second({})
-    assert f.delays.lost_after(np.array([quiet], np.int64))[0] == 300_000_000
-
-
 def test_probes_lost_without_waiting_are_no_queue() -> None:
     """Half the probes crossing one uplink lost, and those that get through do not wait
     (a silent drop, not a queue): no contention, however many are lost."""
