@@ -606,7 +606,11 @@ def test_a_full_queue_at_one_hosts_port_stays_named_until_it_drains(
     _wait(lambda: not at_port(), 60, f"{port} closed after the queue drained")
     deadline = time.monotonic() + 30  # the clock's way back: no page in either direction
     while time.monotonic() < deadline:
-        assert not _open(live, "contention"), _open(live, "contention")
+        opened = _open(live, "contention")
+        assert not opened, [
+            f"{time.monotonic() - deadline + 30:.0f} s after it closed: {x['summary']}"
+            for x in opened
+        ]
         time.sleep(2.0)
 
 

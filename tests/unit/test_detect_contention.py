@@ -475,3 +475,49 @@ def test_the_detectors_backlog_is_on_metrics_and_a_pass_empties_it() -> None:
     runner.step()
     assert gauge("clockmesh_detect_queue_bytes") == 0
     assert gauge("clockmesh_detect_pass_input_bytes") == tx.nbytes + rx.nbytes
+
+
+def test_routes_out_of_a_host_late_by_what_its_routes_in_are_early_name_no_link() -> None:
+    """Seen in the lab (three racks of one host, 2026-11-27): an incast at h3-1's port had
+    just drained, the live probes were still corrected with the solver's offset that had
+    absorbed it, and h3-1's routes out through spine2 were 32 ms late while its routes in
+    were 29 ms early: leaf3-spine2 (leaf→spine) was paged, "a standing queue of ≥32490
+    µs". A queue only delays; routes in that early say h3-1's clock is off by as much."""
+    from analytics.detect.contention import HOST_DOWN, HOST_UP, RouteWindow, _Route
+
+    racks = {1: "leaf1", 2: "leaf2", 3: "leaf3"}
+    names = {h: f"h{h}-1" for h in racks}
+    d = PathDelays(racks, {}, {}, names, host_access={h: f"h{h}-1-leaf{h}" for h in racks})
+
+    def route(s: int, t: int, y: str, excess_us: float) -> RouteWindow:
+        hops = ((f"h{s}-1-leaf{s}", HOST_UP), (f"leaf{s}-{y}", "leaf→spine"),
+                (f"leaf{t}-{y}", "spine→leaf"), (f"h{t}-1-leaf{t}", HOST_DOWN))  # fmt: skip
+        d.routes.setdefault((s, t, y), _Route())
+        ex = np.full(2, excess_us * 1e3)
+        return RouteWindow(s, t, y, hops, d.newest_ns, 20, 0, ex + 8e3, ex, np.full(2, 20e3), 4)
+
+    def windows(late_us: float, early_us: float) -> list[RouteWindow]:
+        out = []
+        for s in racks:
+            for t in racks:
+                for y in ("spine1", "spine2"):
+                    if s == t:
+                        continue
+                    ex = 0.0
+                    if s == 3 and y == "spine2":
+                        ex = late_us
+                    elif t == 3:
+                        ex = -early_us
+                    out.append(route(s, t, y, ex))
+        return out
+
+    for late_us, early_us, said in ((32_490.0, 29_000.0, False), (300.0, 0.0, True)):
+        d._since.clear()
+        got = []
+        for step in range(3):
+            d.newest_ns = (step + 1) * S
+            d.windows = lambda late_us=late_us, early_us=early_us: windows(late_us, early_us)
+            got = d.observations(0)
+        links = [(o.link, o.evidence["direction"]) for o in got]
+        # the same routes late with the routes in on time: leaf3's uplink queue, named
+        assert links == ([("leaf3-spine2", "leaf→spine")] if said else []), (late_us, links)
