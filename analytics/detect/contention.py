@@ -71,9 +71,9 @@ K_SIGMA = 6.0  # robust σ of the healthy baseline
 FLOOR_NS = 20_000.0  # never a smaller excess: below the lab's and a fabric's jitter
 BASE_KEEP = 120  # healthy windows kept per route (two minutes)
 REFIT_EVERY = 4  # a baseline of 20 windows or more is refitted every this many
-MIN_BASE = 5  # healthy windows (seconds) before a route is judged
+MIN_BASE = 5  # healthy windows (seconds) before a route is judged on its own baseline
 LOSSY_SHARE = 0.2  # a route losing this share of its probes has a full queue (pair_excess)
-MIN_PEERS = 4  # fitted routes whose baselines judge a route that never had a healthy one
+MIN_PEERS = 4  # fitted routes whose baselines judge a route not fitted yet
 MIN_PROBES = 3  # probes (received or lost) in a window to judge it
 MIN_SLOW_PATHS = 2
 RESIDUAL = 0.25  # a queue varies this much of itself within a window
@@ -641,10 +641,11 @@ class PathDelays:
                     len(by_route[(s, d, y)]), span_tail,
                 )
             )  # fmt: skip
-        # Each route against its own healthy baseline; one that never had a healthy window
-        # (congested since before it was fitted) against its peers': the median baseline
-        # and noise of the fleet's fitted routes (every inter-rack route crosses as many
-        # hops), when at least MIN_PEERS have one.
+        # Each route against its own healthy baseline; one with fewer than MIN_BASE healthy
+        # windows (new, or congested since its first seconds: a fault already there when
+        # the detector started) against its peers': the median baseline and noise of the
+        # fleet's fitted routes (every inter-rack route crosses as many hops), when at
+        # least MIN_PEERS have one.
         fitted = [r for r in self.routes.values() if len(r.healthy) >= MIN_BASE]
         peer = _Route()
         if len(fitted) >= MIN_PEERS:
@@ -653,12 +654,9 @@ class PathDelays:
         for w in out:
             route = self.routes[(w.src, w.dst, w.spine)]
             base = route if len(route.healthy) >= MIN_BASE else peer
-            if not len(route.healthy) and np.isfinite(base.med).all():
-                w.excess, w.thresholds = w.stats - base.med, base.thresholds()
-            elif base is route:
-                w.excess, w.thresholds = w.stats - route.med, route.thresholds()
-            else:
+            if not np.isfinite(base.med).all():
                 continue
+            w.excess, w.thresholds = w.stats - base.med, base.thresholds()
             w.span_excess = w.span_tail - float(base.med[1])
         return out
 

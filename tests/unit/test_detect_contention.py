@@ -224,6 +224,25 @@ def test_a_hosts_port_stays_named_while_its_round_trips_hold_the_queue() -> None
             assert f.delays.observations(0) == [], seed
 
 
+def test_an_incast_begun_in_the_detectors_first_seconds_is_named() -> None:
+    """Seen in the lab (2026-11-27, the incast test run alone on a fresh lab): the queue at
+    h2-1's port began 2 s after the first probes. Its routes in had learnt 1 to 4 healthy
+    windows — not the 5 that fit a baseline, and not none (which the fleet's fitted
+    routes judge) — and were never judged: nothing was said for 45 s. A route not fitted
+    yet is judged against its peers once enough of them are fitted."""
+    for seed in range(3):
+        f = _Fleet(seed=seed, every=True)
+        f.warm(2)
+        said = []
+        for _ in range(12):
+            f.second({("h1-1-leaf1", "leaf→host"): 300.0}, loss=0.2)
+            said += f.delays.observations(0)
+        assert said, seed
+        assert {(o.link, o.evidence["direction"]) for o in said} == {
+            ("h1-1-leaf1", "leaf→host")
+        }, (seed, [o.summary for o in said])  # fmt: skip
+
+
 def test_a_hosts_port_that_loses_nothing_is_named_without_a_direction() -> None:
     """A lossless queue at one host's port (ECN holds it, nothing drops): which way it
     stands cannot be told once the solver has moved the host's clock, so the port is
