@@ -527,9 +527,12 @@ class Lab:
         recorded = list(data.get("processes", []))
         recorded += [f for f in data.get("faults", []) if "pid" in f]
         killed = processes.terminate_records(recorded)
-        # 2. anything else running inside the lab's namespaces (collectors, loads).
+        # 2. anything else running inside the lab's namespaces (collectors, loads), and
+        # the lab's netd (root namespace) by its command line, its record lost with
+        # state.json (it exits by itself once the namespaces are gone, up to 2 s later).
         in_ns = processes.pids_in_namespaces(namespaces)
-        killed += processes.terminate([pid for pids in in_ns.values() for pid in pids])
+        netd = processes.pids_running(["-m", "lab.netd", str(self.topology_path)])
+        killed += processes.terminate([pid for pids in in_ns.values() for pid in pids] + netd)
         # 3. namespaces (their veth ends go with them).
         removed_ns = []
         for ns in namespaces:

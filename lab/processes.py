@@ -65,6 +65,23 @@ def pids_in_namespaces(names: Iterable[str]) -> dict[str, list[int]]:
     return found
 
 
+def pids_running(argv_tail: list[str]) -> list[int]:
+    """PIDs whose command line ends with exactly ``argv_tail`` (a lab's own file among its
+    arguments: a process of that lab, found when its record was lost with state.json)."""
+    want = [a.encode() for a in argv_tail]
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            args = Path(f"/proc/{entry.name}/cmdline").read_bytes().split(b"\0")[:-1]
+        except OSError:
+            continue
+        if args[-len(want) :] == want:
+            found.append(int(entry.name))
+    return found
+
+
 def terminate(pids: Iterable[int], timeout: float = 3.0) -> list[int]:
     """SIGTERM the PIDs, wait up to ``timeout``, SIGKILL survivors. Returns signalled PIDs."""
     targets = {pid: start_time(pid) for pid in set(pids) if pid > 1 and pid != os.getpid()}
