@@ -139,6 +139,12 @@ class Lab:
         return self.dir / "topology.json"
 
     @property
+    def netd_args(self) -> list[str]:
+        """The lab's netd's arguments after the interpreter (how ``down`` finds it without
+        its record)."""
+        return ["-m", "lab.netd", str(self.topology_path)]
+
+    @property
     def inventory_path(self) -> Path:
         return self.dir / "inventory.yml"
 
@@ -457,7 +463,7 @@ class Lab:
 
     def _start_netd(self) -> None:
         """The hosts' network manager (:mod:`lab.netd`): re-adds routes after ifdown/ifup."""
-        argv = [sys.executable, "-m", "lab.netd", str(self.topology_path)]
+        argv = [sys.executable, *self.netd_args]
         rec = _spawn(argv, self.dir / "netd.log", cwd=Path(__file__).resolve().parent.parent,
                      node="lab", what="netd")  # fmt: skip
         self.state.add("processes", rec)
@@ -531,7 +537,7 @@ class Lab:
         # the lab's netd (root namespace) by its command line, its record lost with
         # state.json (it exits by itself once the namespaces are gone, up to 2 s later).
         in_ns = processes.pids_in_namespaces(namespaces)
-        netd = processes.pids_running(["-m", "lab.netd", str(self.topology_path)])
+        netd = processes.pids_running(self.netd_args)
         killed += processes.terminate([pid for pids in in_ns.values() for pid in pids] + netd)
         # 3. namespaces (their veth ends go with them).
         removed_ns = []
