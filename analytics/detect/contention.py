@@ -717,7 +717,7 @@ class PathDelays:
             left = []
             for w in crossing:
                 explained = sum(named.get(h, masked.get(h, 0.0)) for h in w.hops)
-                if hop[1] not in (HOST_UP, HOST_DOWN):  # a port: its round trips decided
+                if hop[1] not in (HOST_UP, HOST_DOWN):  # (a port's round trips decided)
                     # what its ends' clocks explain: the source's routes in early by e
                     # put its routes out e late (the destination's routes out, its in)
                     explained += leads.get((w.src, "in"), 0.0) + leads.get((w.dst, "out"), 0.0)
