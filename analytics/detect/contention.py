@@ -32,8 +32,9 @@ probes are lost in, or none.
 Non-negative least squares over every judged route (slow and healthy) estimates each
 (link, direction)'s queue (:func:`queues`); a fast route pins both of its hops near zero,
 so a rack behind two congested uplinks is not blamed for them. A (link, direction) is
-contended when its estimated queue exceeds the thresholds of the routes crossing it and
-``MIN_SLOW_PATHS`` slow routes cross it. A host whose routes in arrive earlier than
+contended when its estimated queue exceeds the thresholds of the routes crossing it,
+``MIN_SLOW_PATHS`` slow routes cross it and ``NAME_SHARE`` of the routes crossing it (every
+one, below five) waited beyond their thresholds and what the hops already named explain. A host whose routes in arrive earlier than
 healthy beyond their noise has a clock the solver holds wrong (a queue only delays): its
 routes out are late by as much, which no fabric link they cross is blamed for
 (:func:`_clock_leads`). Columns that are equal over the judged routes
@@ -76,6 +77,10 @@ LOSSY_SHARE = 0.2  # a route losing this share of its probes has a full queue (p
 MIN_PEERS = 4  # fitted routes whose baselines judge a route not fitted yet
 MIN_PROBES = 3  # probes (received or lost) in a window to judge it
 MIN_SLOW_PATHS = 2
+# A hop is named when this share of the judged routes across it waited beyond what named
+# hops explain (not every one: with 16 routes or more across a link, one whose few probes
+# in a second all met a bursty queue empty held the naming back 4-9 s)
+NAME_SHARE = 0.8
 RESIDUAL = 0.25  # a queue varies this much of itself within a window
 UNSETTLED = 0.2  # lower quartile below this share of the tail's excess: not settled
 PERSIST_NS = 1_000_000_000  # a hop contended this long (probe time) is said
@@ -681,9 +686,10 @@ class PathDelays:
                 trips[host] = _round_trip(host, judged)
             return trips[host]
 
-        # Largest estimated queue first: a hop is named when every route across it waited
-        # more than its threshold beyond what the hops already named explain, and more
-        # than RESIDUAL of what they explain (their own queues vary that much).
+        # Largest estimated queue first: a hop is named when NAME_SHARE of the routes
+        # across it (every one, below five) waited more than its threshold beyond what
+        # the hops already named explain, and more than RESIDUAL of what they explain
+        # (their own queues vary that much).
         for c in sorted(range(len(hops)), key=lambda c: (-q[c], hops[c])):
             hop = hops[c]
             if hop in named:
@@ -715,6 +721,7 @@ class PathDelays:
             if all(any(h in implicated for h in w.hops if h != hop) for w in slow):
                 continue
             left = []
+            first_short: RouteWindow | None = None  # the first route that did not wait
             for w in crossing:
                 explained = sum(named.get(h, masked.get(h, 0.0)) for h in w.hops)
                 if hop[1] not in (HOST_UP, HOST_DOWN):  # (a port's round trips decided)
@@ -722,25 +729,27 @@ class PathDelays:
                     # put its routes out e late (the destination's routes out, its in)
                     explained += leads.get((w.src, "in"), 0.0) + leads.get((w.dst, "out"), 0.0)
                 if w.queue - explained <= thr + RESIDUAL * explained:
-                    if w.queue > thr:
-                        # Within the noise of the queues already named (not cleared by a
-                        # fast route): not named, but it still explains its share (a
-                        # smaller hop must not take it instead).
-                        masked[hop] = float(q[c])
-                    break
-                left.append(w.queue - explained)
-            else:
-                if hop[1] in (HOST_UP, HOST_DOWN):  # its direction: _ports below
-                    named.update({(hop[0], HOST_UP): 0.0, (hop[0], HOST_DOWN): 0.0})
-                    named[hop] = min(left)
-                    ports[hop[0]] = slow[0].src if hop[1] == HOST_UP else slow[0].dst
-                    continue
-                twins = [hops[t] for t in range(len(hops)) if np.array_equal(a[:, t], a[:, c])]
-                named.update(dict.fromkeys(twins, 0.0))
+                    first_short = first_short or w
+                else:
+                    left.append(w.queue - explained)
+            if len(left) < max(MIN_SLOW_PATHS, math.ceil(NAME_SHARE * len(crossing))):
+                if first_short is not None and first_short.queue > thr:
+                    # Within the noise of the queues already named (not cleared by a fast
+                    # route): not named, but it still explains its share (a smaller hop
+                    # must not take it instead).
+                    masked[hop] = float(q[c])
+                continue
+            if hop[1] in (HOST_UP, HOST_DOWN):  # its direction: _ports below
+                named.update({(hop[0], HOST_UP): 0.0, (hop[0], HOST_DOWN): 0.0})
                 named[hop] = min(left)
-                slow.sort(key=lambda w: (w.src, w.dst, w.spine))
-                found.append((hop, slow, min(left), thr))
-                self._twins[hop] = twins
+                ports[hop[0]] = slow[0].src if hop[1] == HOST_UP else slow[0].dst
+                continue
+            twins = [hops[t] for t in range(len(hops)) if np.array_equal(a[:, t], a[:, c])]
+            named.update(dict.fromkeys(twins, 0.0))
+            named[hop] = min(left)
+            slow.sort(key=lambda w: (w.src, w.dst, w.spine))
+            found.append((hop, slow, min(left), thr))
+            self._twins[hop] = twins
         # A host's port once said stays said while its host's round trips still hold the
         # queue, in a pass where the one-way delays name neither of its directions (the
         # clock solver, which cannot tell a queue every probe to one host waits in from
