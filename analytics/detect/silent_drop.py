@@ -70,6 +70,12 @@ MIN_LOST = 5  # a lossy path lost its newest this many probes in a row ...
 # ... sent over three send rounds at least: a blackout of a second or two (a control
 # plane hiccup, a receiver's collector restarting) is not a silent drop
 MIN_SPREAD_NS = 1_500_000_000
+# A probe lost to a host that neither sent nor received any probe (judged) in the
+# DEAF_NS before it is not judged: that host's collector was not running (restarted by a
+# deploy, crashed) or its link was down, not a switch dropping. Shorter than
+# MIN_SPREAD_NS, so a host's silence of any length makes no lossy path. A host behind a
+# switch that drops everything still sends (its sends are recorded, lost or not).
+DEAF_NS = 1_000_000_000
 MIN_PATHS = 2  # lossy paths a place must explain to be named
 # ... from this many source hosts: a switch that drops traffic drops it from every sender
 # whose paths cross it; one sender's paths alone (a new buddy's first seconds in
@@ -206,6 +212,31 @@ class _Floors:
         k, a, b, x = (np.concatenate(c) for c in zip(*self.by_sec.values(), strict=True))
         _k, a, b, x = _least(k, a, b, x)
         return dict(zip(zip(a.tolist(), b.tolist(), strict=True), x.tolist(), strict=True))
+
+
+def _unheard(h: dict[str, np.ndarray], since_ns: int) -> np.ndarray:
+    """Rows of the history ``h`` that are probes sent since ``since_ns`` and lost to a
+    destination that neither sent nor received a probe in the DEAF_NS before (by send
+    time, the only clock every row has): its collector was not running."""
+    out = np.zeros(len(h["tx_ns"]), bool)
+    lost = np.flatnonzero(h["lost"] & (h["tx_ns"] >= since_ns))
+    if not len(lost):
+        return out
+    span = h["tx_ns"] >= since_ns - DEAF_NS
+    got = span & ~h["lost"]
+    # a host is heard at each of its sends (lost or not) and each probe it received
+    hosts = np.concatenate((h["src"][span], h["dst"][got]))
+    times = np.concatenate((h["tx_ns"][span], h["tx_ns"][got]))
+    _ids, inv = np.unique(np.concatenate((hosts, h["dst"][lost])), return_inverse=True)
+    base = int(since_ns) - DEAF_NS
+    heard = np.sort((inv[: len(hosts)].astype(np.int64) << 34) | (times - base))
+    t = h["tx_ns"][lost] - base
+    q = (inv[len(hosts) :].astype(np.int64) << 34) | t
+    pos = np.searchsorted(heard, q, "right") - 1  # the newest heard at or before the send
+    prev = heard[np.maximum(pos, 0)]
+    ok = (pos >= 0) & ((prev >> 34) == (q >> 34)) & (t - (prev & ((1 << 34) - 1)) <= DEAF_NS)
+    out[lost[~ok]] = True
+    return out
 
 
 def _least(
@@ -407,6 +438,7 @@ class SilentDrops:
             return {}
         floor = self._floors.floors(int(h["tx_ns"].max()) - int(HISTORY_S * 1e9))
         recent = h["tx_ns"] >= int(h["tx_ns"].max()) - int(WINDOW_S * 1e9)
+        recent &= ~_unheard(h, int(h["tx_ns"].max()) - int(WINDOW_S * 1e9))
         w = {k: v[recent] for k, v in h.items()}
         order = np.lexsort((w["tx_ns"], w["sport"], w["dst"], w["src"]))
         w = {k: v[order] for k, v in w.items()}

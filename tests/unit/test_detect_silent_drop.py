@@ -464,3 +464,45 @@ def test_each_pairs_floor_is_its_least_delay_of_the_last_30_s_as_the_queue_check
             assert wider.min() <= st["floor"] <= exact.min(), (i, key, st["floor"])
     fast = [st["floor"] for k, st in stats.items() if k[:2] == (11, 21)]
     assert fast and min(fast) > 5_000, fast  # the first 10 s (5 µs) long gone
+
+
+def test_a_rack_whose_collectors_restart_together_is_not_its_leaf_dropping() -> None:
+    """A deploy restarts the collectors five at a time, often a whole rack at once (the
+    demo's re-run of deploy.yml paged "spine2 silently drops traffic", and a replay of it
+    leaf1, leaf3 and leaf4): for two seconds those hosts send nothing and every probe to
+    them is lost, while their own paths out, silent, lost nothing — so their leaf seemed
+    to drop what went in. A host silent both ways is not judged; a spine that starts
+    black-holing a host at the same moment still is."""
+    restarts = {21: (11.0, 13.0), 22: (11.0, 13.0), 31: (12.0, 14.0)}
+
+    def down(h: int, t: float) -> bool:
+        a, b = restarts.get(h, (0.0, -1.0))
+        return a <= t <= b
+
+    def run(fault: Fault) -> list:
+        paths = {(s, d, p): spine_of(s, d, p) for s in HOSTS for d in HOSTS for p in SPORTS
+                 if s != d and HOSTS[s] != HOSTS[d]}  # fmt: skip
+        drops = SilentDrops(HOSTS, BY_ENDS, paths, NAMES)
+        said, held = [], {}
+        for i in range(24):
+            tx, rx = _probes(float(i), fault)
+            sent = np.array([not down(s, i) for s in tx["src"].tolist()], bool)
+            # the senders ship a round later than the receivers: a path's lost probes
+            # are judged before its next ones are known
+            if held:
+                drops.feed("probe_tx", held)
+            held = {k: v[sent] for k, v in tx.items()}
+            # a restarting host receives nothing
+            got = np.array([not down(d, i) for d in rx["dst"].tolist()], bool)
+            drops.feed("probe_rx", {k: v[got] for k, v in rx.items()})
+            said += drops.observations(T0 + i * NS)
+        return said
+
+    said = [o.summary for o in run(healthy)]
+    assert said == [], said
+    hole = blackhole("spine2", 32)
+    named = run(lambda s, d, p, y, t: hole(s, d, p, y, t) if t >= 12 else (False, 0.0))
+    assert named, "the blackhole begun during the restarts was not named"
+    assert {(o.evidence["switch"], tuple(o.evidence["destinations"])) for o in named} == {
+        ("spine2", ("h3-2",))
+    }, [o.summary for o in named]  # fmt: skip
