@@ -34,7 +34,8 @@ Non-negative least squares over every judged route (slow and healthy) estimates 
 so a rack behind two congested uplinks is not blamed for them. A (link, direction) is
 contended when its estimated queue exceeds the thresholds of the routes crossing it,
 ``MIN_SLOW_PATHS`` slow routes cross it and ``NAME_SHARE`` of the routes crossing it (every
-one, below five) waited beyond their thresholds and what the hops already named explain. A host whose routes in arrive earlier than
+one, below five) waited beyond their thresholds and what the hops already named explain.
+A host whose routes in arrive earlier than
 healthy beyond their noise has a clock the solver holds wrong (a queue only delays): its
 routes out are late by as much, which no fabric link they cross is blamed for
 (:func:`_clock_leads`). Columns that are equal over the judged routes
