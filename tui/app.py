@@ -425,6 +425,10 @@ class ClockmeshApp(App[None]):
     def tab_shown(self, event: TabbedContent.TabActivated) -> None:
         with contextlib.suppress(NoMatches):
             self.render_all()
+            if event.pane.id != self.query_one(TabbedContent).active:
+                # Superseded (a key pressed before the start's own activation was handled):
+                # focusing its list would switch back to it.
+                return
             # The keys of a tab (enter, d, s) act on its list: give it the focus, so `a`
             # then enter remediates without a click first.
             main = {"fleet": "#hosts", "anomalies": "#anomaly-table", "jobs": "#jobs-table",

@@ -512,6 +512,23 @@ async def test_preview_then_cancel_runs_nothing_for_real(tmp_path: Path, monkeyp
     assert records.read_remediations(store) == []
 
 
+async def test_a_tab_chosen_before_the_start_s_own_activation_was_handled_stays_chosen() -> None:
+    """On a loaded machine the start's "fleet" activation can be handled after the user
+    already pressed `u`: focusing the fleet's list then switched the screen back to the
+    fleet (a CI run of 2026-11-27 failed on it). A superseded activation moves nothing."""
+    app = _app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        await _until_tab(pilot, "fleet")
+        await pilot.pause(0.1)
+        tabs = app.query_one(TabbedContent)
+        stale = TabbedContent.TabActivated(tabbed_content=tabs, tab=tabs.get_tab("fleet"))
+        await pilot.press("u")
+        app.post_message(stale)  # the start's own activation, handled late
+        await pilot.pause(0.3)
+        assert tabs.active == "audit", (app.focused, tabs.active)
+        assert app.focused is app.query_one("#audit-tree")
+
+
 async def test_audit_tree_and_help_and_theme(tmp_path: Path) -> None:
     from click.testing import CliRunner
 
