@@ -471,6 +471,11 @@ class ClockmeshApp(App[None]):
                             self.action_focus_filter)  # fmt: skip
 
     def action_show_tab(self, tab: str) -> None:
+        # Nothing focused while the panes swap: hiding the focused list made Textual move
+        # the focus to the next widget of the pane being hidden (the filter), which
+        # switched back to that pane on a loaded machine. tab_shown focuses the new list.
+        if tab != self.query_one(TabbedContent).active:
+            self.screen.set_focus(None)
         self.query_one(TabbedContent).active = tab
 
     def action_focus_filter(self) -> None:
