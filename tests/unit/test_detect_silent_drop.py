@@ -39,6 +39,13 @@ def spine_of(s: int, d: int, p: int) -> str:
     return SPINES[zlib.crc32(f"{s}-{d}-{p}".encode()) % 2]
 
 
+def _paths() -> dict[tuple[int, int, int], str]:
+    """Every inter-rack path (src, dst, source port) and the spine it crosses (a new dict:
+    tests move paths in it)."""
+    return {(s, d, p): spine_of(s, d, p) for s in HOSTS for d in HOSTS for p in SPORTS
+            if HOSTS[s] != HOSTS[d]}  # fmt: skip
+
+
 def _flow_hash(s: int, d: int, p: int) -> float:
     return (zlib.crc32(f"flow{s}.{d}.{p}".encode()) % 10_000) / 10_000
 
@@ -72,8 +79,7 @@ def _run(fault: Fault, seconds: int = 12, healthy_s: int = 10, late: int = 0) ->
     last pass's last). ``late``: the receivers ship their probe_rx
     that many rounds later (each destination is judged at its own pace): all but h1-1, so
     its loss shows first."""
-    paths = {(s, d, p): spine_of(s, d, p) for s in HOSTS for d in HOSTS for p in SPORTS
-             if s != d and HOSTS[s] != HOSTS[d]}  # fmt: skip
+    paths = _paths()
     drops = SilentDrops(HOSTS, BY_ENDS, paths, NAMES)
     every = []
     held: list[dict[str, np.ndarray]] = []
@@ -197,8 +203,7 @@ def test_a_host_whose_link_is_down_is_its_own_fault_not_a_switch_s() -> None:
 
 
 def test_paths_that_moved_off_a_failed_link_and_links_under_suspicion_are_not_judged() -> None:
-    paths = {(s, d, p): spine_of(s, d, p) for s in HOSTS for d in HOSTS for p in SPORTS
-             if s != d and HOSTS[s] != HOSTS[d]}  # fmt: skip
+    paths = _paths()
     suspected: set[str] = set()
     drops = SilentDrops(HOSTS, BY_ENDS, paths, NAMES, lambda: suspected)
 
@@ -260,9 +265,7 @@ def _runner_run(
     config = DetectConfig(topology_file=str(_topology(tmp_path / "t.json")))
     runner = DetectRunner(None, config, host_names=lambda: NAMES)
     assert runner.model is not None  # the shipped model judges the other candidates
-    for (s, d, p), spine in {(s, d, p): spine_of(s, d, p) for s in HOSTS for d in HOSTS
-                             for p in SPORTS if HOSTS[s] != HOSTS[d]}.items():  # fmt: skip
-        runner.paths.spine_of[(s, d, p)] = spine
+    runner.paths.spine_of.update(_paths())
     if flapping:  # an open outage of that link, as the path traces leave it
         from analytics.detect.flaps import Outage
 
@@ -363,8 +366,7 @@ def test_the_streaks_a_queue_dropped_do_not_pass_for_a_silent_drop_once_it_drain
 def test_probes_a_queue_held_past_the_margin_are_late_not_lost() -> None:
     """Behind a saturated slow link, probes wait 0.6 s: other paths tell the receiver's
     watermark past them first, so they are judged lost — then they arrive."""
-    paths = {(s, d, p): spine_of(s, d, p) for s in HOSTS for d in HOSTS for p in SPORTS
-             if s != d and HOSTS[s] != HOSTS[d]}  # fmt: skip
+    paths = _paths()
     drops = SilentDrops(HOSTS, BY_ENDS, paths, NAMES)
 
     def held(s: int, d: int, p: int, spine: str, t: float) -> tuple[bool, float]:
@@ -438,8 +440,7 @@ def test_each_pairs_floor_is_its_least_delay_of_the_last_30_s_as_the_queue_check
     from analytics.detect.silent_drop import HISTORY_S
 
     rng = np.random.default_rng(7)
-    paths = {(s, d, p): spine_of(s, d, p) for s in HOSTS for d in HOSTS for p in SPORTS
-             if s != d and HOSTS[s] != HOSTS[d]}  # fmt: skip
+    paths = _paths()
     drops = SilentDrops(HOSTS, BY_ENDS, paths, NAMES)
     got: list[dict[str, np.ndarray]] = []  # every probe received, with its delay
     for i in range(70):
@@ -480,8 +481,7 @@ def test_a_rack_whose_collectors_restart_together_is_not_its_leaf_dropping() -> 
         return a <= t <= b
 
     def run(fault: Fault) -> list:
-        paths = {(s, d, p): spine_of(s, d, p) for s in HOSTS for d in HOSTS for p in SPORTS
-                 if s != d and HOSTS[s] != HOSTS[d]}  # fmt: skip
+        paths = _paths()
         drops = SilentDrops(HOSTS, BY_ENDS, paths, NAMES)
         said, held = [], {}
         for i in range(24):
