@@ -436,9 +436,10 @@ class SilentDrops:
         h = self._hist.data
         if not len(self._hist):
             return {}
-        floor = self._floors.floors(int(h["tx_ns"].max()) - int(HISTORY_S * 1e9))
-        recent = h["tx_ns"] >= int(h["tx_ns"].max()) - int(WINDOW_S * 1e9)
-        recent &= ~_unheard(h, int(h["tx_ns"].max()) - int(WINDOW_S * 1e9))
+        newest = int(h["tx_ns"].max())
+        floor = self._floors.floors(newest - int(HISTORY_S * 1e9))
+        since = newest - int(WINDOW_S * 1e9)
+        recent = (h["tx_ns"] >= since) & ~_unheard(h, since)
         w = {k: v[recent] for k, v in h.items()}
         order = np.lexsort((w["tx_ns"], w["sport"], w["dst"], w["src"]))
         w = {k: v[order] for k, v in w.items()}
