@@ -423,12 +423,12 @@ class ClockmeshApp(App[None]):
 
     @on(TabbedContent.TabActivated)
     def tab_shown(self, event: TabbedContent.TabActivated) -> None:
+        if event.pane.id != self.tabs.active:
+            # Superseded (a key pressed before the start's own activation was handled): the
+            # newer one renders; focusing this one's list would switch back to it.
+            return
         with contextlib.suppress(NoMatches):
             self.render_all()
-            if event.pane.id != self.query_one(TabbedContent).active:
-                # Superseded (a key pressed before the start's own activation was handled):
-                # focusing its list would switch back to it.
-                return
             # The keys of a tab (enter, d, s) act on its list: give it the focus, so `a`
             # then enter remediates without a click first.
             main = {"fleet": "#hosts", "anomalies": "#anomaly-table", "jobs": "#jobs-table",
@@ -474,9 +474,9 @@ class ClockmeshApp(App[None]):
         # Nothing focused while the panes swap: hiding the focused list made Textual move
         # the focus to the next widget of the pane being hidden (the filter), which
         # switched back to that pane on a loaded machine. tab_shown focuses the new list.
-        if tab != self.query_one(TabbedContent).active:
+        if tab != self.tabs.active:
             self.screen.set_focus(None)
-        self.query_one(TabbedContent).active = tab
+        self.tabs.active = tab
 
     def action_focus_filter(self) -> None:
         self.action_show_tab("fleet")
