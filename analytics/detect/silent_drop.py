@@ -18,7 +18,7 @@ three send rounds (``MIN_SPREAD_NS``); a *clean* one lost none in the last ``WIN
 
 **Tomography.** Each lossy path is explained by a place it crosses: a switch (all its
 flows), a switch towards one destination (a spine towards host D: every path X → D
-through it), a leaf–spine link in one direction — or a host (all that a host sends: a
+through it; or a sender's leaf towards D: every path from its rack to D), a leaf–spine link in one direction — or a host (all that a host sends: a
 host problem, not a switch's; never reported here), or its destination host (all that
 a host receives). A place that drops a share q of the
 flows through it makes each of its paths lossy with probability q; greedily, the place
@@ -114,6 +114,10 @@ FORGET_S = 3600.0  # a pair that delivered nothing this long may be forgotten (_
 # lost every probe on some of their paths for their first seconds (cause unknown), and
 # were paged as silent drops at the leaves and spines they crossed
 WARMUP_NS = 10_000_000_000
+# ... and a pair that never delivered is judged once it has lost everything this long:
+# new buddies lost their first ~3 s, a leaf black-holing a host before the ops box
+# (re)started loses the pair for good
+UNSTARTED_NS = 30_000_000_000
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 TABLES = ("probe_tx", "probe_rx")
 _TX = ("src", "dst", "sport", "seq", "tx_ns")
@@ -150,7 +154,8 @@ def _key(a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None) -> np.ndarra
 
 @dataclass(frozen=True)
 class Place:
-    """Where a loss can be: ``("switch", sw)``, ``("to", spine, host_id)``, ``("link",
+    """Where a loss can be: ``("switch", sw)``, ``("to", switch, host_id)`` (a spine, or
+    the sender's leaf, towards one destination), ``("link",
     name, direction)``, or a host (``("out", host_id)`` all it sends, ``("in", host_id)``
     all it receives: its NIC, its socket, its collector — not a switch's fault)."""
 
@@ -276,6 +281,7 @@ class SilentDrops:
         # of its probes (on any path): a pair that never delivered has not started
         self._delivered: dict[tuple[int, int], int] = {}
         self._first: dict[tuple[int, int], int] = {}  # pair -> its first delivered send
+        self._unstarted: dict[tuple[int, int], int] = {}  # pair -> first lost, none delivered
         self.held_as_queue = 0  # passes whose loss came with a delay rise (contention)
         self.one_source = 0  # places whose lossy paths all came from one source host
         self._queued: dict[Place, int] = {}  # link-direction -> queued (remembered) until
@@ -334,6 +340,7 @@ class SilentDrops:
         wm = np.array([self.watermark.get(int(d), 0) for d in uniq.tolist()], np.int64)[inv]
         judged = matched | (wm >= tx["tx_ns"] + int(MARGIN_S * 1e9))
         self._started(tx["src"][matched], tx["dst"][matched], tx["tx_ns"][matched])
+        self._unstarted_since(tx["src"], tx["dst"], tx["tx_ns"], judged & ~matched)
         new = np.zeros(0, np.uint64)
         if judged.any():
             new = np.unique(_key(tx["src"][judged], tx["dst"][judged], tx["sport"][judged]))
@@ -382,6 +389,21 @@ class SilentDrops:
         used[order[pos[hit]]] = True
         self._rx.keep(~used)
 
+    def _unstarted_since(
+        self, src: np.ndarray, dst: np.ndarray, tx_ns: np.ndarray, lost: np.ndarray
+    ) -> None:
+        """The first lost probe of each pair that has delivered nothing yet."""
+        if not lost.any():
+            return
+        src, dst, tx_ns = src[lost], dst[lost], tx_ns[lost]
+        pair = _key(src, dst)
+        order = np.lexsort((tx_ns, pair))
+        first = order[np.append(True, pair[order][1:] != pair[order][:-1])]
+        for s_, d_, t in zip(src[first].tolist(), dst[first].tolist(), tx_ns[first].tolist(),
+                             strict=True):  # fmt: skip
+            if (s_, d_) not in self._first:
+                self._unstarted.setdefault((s_, d_), t)
+
     def _started(self, src: np.ndarray, dst: np.ndarray, tx_ns: np.ndarray) -> None:
         """Pairs with a probe received: started (the destination's collector takes the
         sender's probes). Once more than 4 × MAX_PATHS pairs are known, those that
@@ -395,10 +417,14 @@ class SilentDrops:
                 if t > self._delivered.get((s_, d_), 0):
                     self._delivered[(s_, d_)] = t
                     self._first.setdefault((s_, d_), t)
+                    self._unstarted.pop((s_, d_), None)
         if len(self._delivered) > 4 * MAX_PATHS and len(self._hist):
             horizon = int(self._hist.data["tx_ns"].max()) - int(FORGET_S * 1e9)
             self._delivered = {k: t for k, t in self._delivered.items() if t >= horizon}
             self._first = {k: t for k, t in self._first.items() if k in self._delivered}
+        if len(self._unstarted) > 4 * MAX_PATHS and len(self._hist):
+            horizon = int(self._hist.data["tx_ns"].max()) - int(FORGET_S * 1e9)
+            self._unstarted = {k: t for k, t in self._unstarted.items() if t >= horizon}
 
     def _bound(self, new: np.ndarray) -> None:
         """More than MAX_PATHS paths: keep a stable hash-sample (half, then a quarter...),
@@ -480,9 +506,14 @@ class SilentDrops:
         if x is None or z is None:
             return []
         if x == z:
-            return [Place("out", str(s)), Place("in", str(d)), Place("switch", x)]
+            return [Place("out", str(s)), Place("in", str(d)), Place("switch", x),
+                    Place("to", x, str(d))]  # fmt: skip
         if spine is None:
-            return []
+            # untraced: its hop-2 trace never came back. A switch's blackhole silences the
+            # traces of what it drops (the route lookup fails before the TTL check), so a
+            # drop standing since before the detector started leaves its paths untraced:
+            # only what every path of the pair crosses can be judged without the spine.
+            return [Place("out", str(s)), Place("in", str(d)), Place("to", x, str(d))]
         up, down = self.by_ends.get((x, spine)), self.by_ends.get((z, spine))
         if up is None or down is None:
             return []
@@ -493,6 +524,7 @@ class SilentDrops:
             Place("switch", x),
             Place("switch", z),
             Place("to", spine, str(d)),
+            Place("to", x, str(d)),  # the source leaf towards d (its FIB entry for d)
             Place("link", up, "leaf→spine"),
             Place("link", down, "spine→leaf"),
         ]
@@ -519,13 +551,16 @@ class SilentDrops:
             if not places or any(p.name in excluded for p in on_links):
                 continue
             first = self._first.get(key[:2])
-            if first is None or st["newest_ns"] - first < WARMUP_NS:
+            if first is None:
                 # every probe of the pair lost since it began: a pair that has not started
                 # (its destination's collector does not take the sender's probes yet, as
-                # when a new buddy joins), not a switch's drop — a drop shows on pairs
-                # that delivered before, or on this pair's other paths. Nor in its first
-                # WARMUP_NS: new pairs lost some paths' first probes in `make demo`.
-                continue
+                # when a new buddy joins) — for UNSTARTED_NS; past that, a drop that was
+                # there before the detector started (every path of a pair: its leaf).
+                since = self._unstarted.get(key[:2])
+                if since is None or st["newest_ns"] - since < UNSTARTED_NS:
+                    continue
+            elif st["newest_ns"] - first < WARMUP_NS:
+                continue  # new pairs lost some paths' first probes in `make demo`
             crossing[key] = places
             links[key] = on_links
             is_lossy = st["streak"] >= MIN_LOST and st["spread_ns"] >= MIN_SPREAD_NS
@@ -654,15 +689,13 @@ class SilentDrops:
         switches = [p for p in places if p.what == "switch"]
         dests = sorted({name(int(p.detail), f"host {p.detail}") for p in to})
         sw = to[0].name if to else switches[0].name if switches else ""
-        # the links the lossy paths leave the switch by (towards their destinations) or
-        # the link named
+        # the links the lossy paths leave a spine by (towards their destinations): taking
+        # the one link out routes round it. A leaf drops before it picks an uplink (its
+        # FIB entry), so no link of a leaf's is offered.
         links = sorted({
             p.name for k in covered for p in crossing[k]
-            if p.what == "link" and (
-                (sw and p.detail == "spine→leaf" and p.name.endswith(f"-{sw}"))
-                or (sw and p.detail == "leaf→spine" and p.name.startswith(f"{sw}-"))
-                or (not sw and p in places))
-        })  # fmt: skip
+            if p.what == "link" and p.detail == "spine→leaf" and p.name.endswith(f"-{sw}")
+        }) if sw in self._link_spine.values() else []  # fmt: skip
         link_places = [p for p in places if p.what == "link"]
         if not sw and link_places:
             links = sorted({p.name for p in link_places})
@@ -700,6 +733,8 @@ class SilentDrops:
                 "switch": sw,
                 "links": links,
                 "destinations": dests,
+                # the racks whose pairs to those destinations it drops (who is a victim)
+                "from_racks": sorted({self.host_rack[s] for s, _d, _p in covered}) if dests else [],
                 "candidates": alternatives,
                 "confidence": round(
                     len(covered)
@@ -731,7 +766,7 @@ def _words(p: Place, name: object) -> str:
 def _merge(a: Observation, b: Observation) -> None:
     """Two places of one switch (two destinations): one anomaly."""
     e, f = a.evidence, b.evidence
-    for k in ("links", "destinations", "candidates", "pairs"):
+    for k in ("links", "destinations", "from_racks", "candidates", "pairs"):
         e[k] = sorted(set(e[k]) | set(f[k]))
     for k in ("lossy_paths", "clean_paths_through", "lost_probes", "sent_probes"):
         e[k] += f[k]

@@ -278,11 +278,18 @@ def _plan(
         if action == "spread_flows":
             return _spread_flows(topology, a, caps, in_force)
         if not action and a.kind == "silent_drop":
-            links = a.detail.get("evidence", {}).get("links") or []
+            ev = a.detail.get("evidence", {})
+            links, sw = ev.get("links") or [], ev.get("switch") or "the switch"
+            if not links:  # a leaf drops before it picks an uplink: no link to take out
+                to = ", ".join(ev.get("destinations") or []) or "what it drops"
+                raise Refused(
+                    f"anomaly {anomaly_id} (silent_drop): the drop is inside {sw}, before "
+                    f"it picks a link: check its route to {to}, or take {sw} out of "
+                    "service by hand"
+                )
             raise Refused(
                 f"anomaly {anomaly_id} (silent_drop): no single link explains it (the loss "
-                f"crosses {', '.join(links) or 'no fabric link'}): take the switch out of "
-                "service by hand"
+                f"crosses {', '.join(links)}): take the switch out of service by hand"
             )
         if not action and a.kind == "contention":
             raise Refused(

@@ -74,12 +74,18 @@ def _probes(t_s: float, fault: Fault) -> tuple[dict[str, np.ndarray], dict[str, 
             {k: np.asarray(v, np.int64) for k, v in rx.items()})  # fmt: skip
 
 
-def _run(fault: Fault, seconds: int = 12, healthy_s: int = 10, late: int = 0) -> list:
+def _run(
+    fault: Fault,
+    seconds: int = 12,
+    healthy_s: int = 10,
+    late: int = 0,
+    paths: dict[tuple[int, int, int], str] | None = None,
+) -> list:
     """Healthy for healthy_s, then `fault` for `seconds`: every pass's observations (the
     last pass's last). ``late``: the receivers ship their probe_rx
     that many rounds later (each destination is judged at its own pace): all but h1-1, so
-    its loss shows first."""
-    paths = _paths()
+    its loss shows first. ``paths``: the traced paths (default every inter-rack one)."""
+    paths = _paths() if paths is None else paths
     drops = SilentDrops(HOSTS, BY_ENDS, paths, NAMES)
     every = []
     held: list[dict[str, np.ndarray]] = []
@@ -147,6 +153,7 @@ def test_a_spine_blackholing_one_host_is_named_with_the_host_and_the_link_it_lea
     assert obs.kind == "silent_drop"
     assert e["switch"] == "spine2" and e["destinations"] == ["h3-1"], e
     assert obs.link == "leaf3-spine2" and e["links"] == ["leaf3-spine2"]
+    assert e["from_racks"] == ["leaf1", "leaf2"], e  # its victims: those racks' pairs to h3-1
     assert e["confidence"] == 1.0 and e["flow_share"] == 1.0
     # every inter-rack path to h3-1 through spine2 (4 other-rack hosts × its ports there)
     expected = {(s, 31, p) for s in HOSTS for p in SPORTS
@@ -160,6 +167,31 @@ def test_a_spine_blackholing_one_host_is_named_with_the_host_and_the_link_it_lea
     # found once three rounds were lost and judged (the third judged at the fourth round)
     first = next(i for i, o in enumerate(every) if o)
     assert first - 10 <= 3 + late, first  # (+ its own receiver's lateness)
+
+
+def test_a_senders_leaf_blackholing_one_host_is_named_with_the_host_and_no_link() -> None:
+    """On the demo lab, ``ip route add blackhole <h1-2>/32`` in leaf3: every path from rack
+    3 to h1-2 lost, the other racks' paths to it delivered, and nothing was named (the
+    loss was put on h1-2's own receiving, which is never reported). The leaf drops before
+    it picks an uplink, so no link is offered to take out of service."""
+
+    def leaf_hole(s: int, d: int, p: int, spine: str, t: float) -> tuple[bool, float]:
+        return (HOSTS[s] == "leaf1" and d == 31), 0.0
+
+    every = _run(leaf_hole)
+    assert not any(every[:10]), "nothing while healthy"
+    (obs,) = every[-1]
+    e = obs.evidence
+    assert e["switch"] == "leaf1" and e["destinations"] == ["h3-1"], e
+    assert obs.link == "" and e["links"] == [] and e["from_racks"] == ["leaf1"], e
+    assert e["lossy_paths"] == 2 * len(SPORTS) and e["flow_share"] == 1.0, e
+    assert obs.summary.startswith(
+        f"leaf1 towards h3-1 silently drops traffic: every path through it ({2 * len(SPORTS)}) "
+        "loses every probe (2 source host(s))"
+    ), obs.summary
+    assert "out of service" not in obs.summary
+    first = next(i for i, o in enumerate(every) if o)
+    assert first - 10 <= 3, first
 
 
 @pytest.mark.parametrize("late", [0, 1])
@@ -307,10 +339,10 @@ def test_no_silent_drop_is_judged_while_the_fabric_converges(
     assert not [a for a in runner.live()["open"] if a["kind"] == "silent_drop"]
 
 
-def _stored(store: Path, aid: str, link: str, links: list[str]) -> None:
+def _stored(store: Path, aid: str, link: str, links: list[str], **evidence: object) -> None:
     from analytics.store.store_writer import StoreWriter
 
-    detail = {"summary": "spine2 silently drops traffic", "evidence": {"links": links}}
+    detail = {"summary": "spine2 silently drops traffic", "evidence": {"links": links, **evidence}}
     row = {"opened_ns": T0, "closed_ns": 0, "anomaly_id": aid, "kind": "silent_drop",
            "score": 0.9, "src": 0, "dst": 0, "link": link, "job_id": "",
            "detail": json.dumps(detail), "updated_ns": T0 + 1}  # fmt: skip
@@ -337,6 +369,10 @@ def test_remediation_takes_the_one_link_out_of_service_with_the_cap_and_an_undo(
     _stored(store, "silent-2", "", ["leaf1-spine2", "leaf2-spine2", "leaf3-spine2"])
     with pytest.raises(Refused, match=r"no single link explains it .*take the switch out"):
         plan(store, topo, anomaly_id="silent-2")
+    # A leaf black-holing one host drops before it picks an uplink: no link to take out.
+    _stored(store, "silent-3", "", [], switch="leaf1", destinations=["h3-1"])
+    with pytest.raises(Refused, match=r"the drop is inside leaf1, .*check its route to h3-1"):
+        plan(store, topo, anomaly_id="silent-3")
 
 
 def test_a_blackout_of_three_rounds_and_a_receiver_losing_everything_are_not_silent_drops() -> None:
@@ -431,6 +467,31 @@ def test_pairs_that_never_delivered_a_probe_have_not_started_and_are_no_silent_d
 
     every = _run(not_started, seconds=12, healthy_s=0)
     assert not any(every), [o.summary for obs in every for o in obs]
+
+
+def test_a_drop_older_than_the_detector_is_named_once_it_outlasts_a_new_buddy() -> None:
+    """The demo, its ops box redeployed while leaf3 black-holed h1-2: those pairs never
+    delivered a probe to the new detector, so they had "not started" — and nothing was
+    named, for good. A pair that has lost everything for UNSTARTED_NS is judged."""
+    from analytics.detect.silent_drop import UNSTARTED_NS
+
+    def leaf_hole(s: int, d: int, p: int, spine: str, t: float) -> tuple[bool, float]:
+        return (HOSTS[s] == "leaf1" and d == 31), 0.0
+
+    # its traces were silenced too (the leaf's route lookup fails before the TTL check)
+    untraced = {k: v for k, v in _paths().items() if not leaf_hole(*k, v, 0.0)[0]}
+    every = _run(leaf_hole, seconds=40, healthy_s=0, paths=untraced)
+    first = next(i for i, o in enumerate(every) if o)
+    assert UNSTARTED_NS / 1e9 <= first <= UNSTARTED_NS / 1e9 + 3, first
+    (obs,) = every[-1]
+    assert obs.evidence["switch"] == "leaf1" and obs.evidence["destinations"] == ["h3-1"]
+    # A spine's standing blackhole silences its paths' traces as well: half of each pair's
+    # paths lost, spine unknown. Not a leaf's drop (its paths through the other spine
+    # deliver), whatever else it is.
+    hole = blackhole("spine2", 31)
+    untraced = {k: v for k, v in _paths().items() if not hole(*k, v, 0.0)[0]}
+    said = [o for obs in _run(hole, seconds=40, healthy_s=0, paths=untraced) for o in obs]
+    assert all(o.evidence["switch"] == "spine2" for o in said), [o.summary for o in said]
 
 
 def test_each_pairs_floor_is_its_least_delay_of_the_last_30_s_as_the_queue_check_needs() -> None:
