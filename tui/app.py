@@ -39,6 +39,7 @@ from textual.widgets import (
     Tree,
 )
 
+from analytics.detect import attribution
 from tui.data import (
     AFFECTED,
     AMBER,
@@ -146,7 +147,7 @@ class AnomaliesPane(Vertical):
             since = max(0.0, now_s - a.get("opened_ns", 0) / 1e9)
             prob = (ev.get("model") or {}).get("probability")
             rows.append((str(a.get("anomaly_id")), (
-                a.get("kind", ""), a.get("link") or a.get("job_id") or "", f"{since:.0f} s",
+                a.get("kind", ""), attribution.place_name(a), f"{since:.0f} s",
                 ", ".join(f"{o:.1f}" if o is not None else "?" for o in outages[-5:]) or "—",
                 f"{a.get('score', 0):.2f}", "—" if prob is None else f"{prob:.2f}",
                 app.recommended(a), a.get("summary", ""),

@@ -159,7 +159,7 @@ def fleet(live: dict[str, Any], racks: dict[str, str], th: Thresholds | None = N
     clocks = Clocks.of(live)
     anomalies = live.get("anomalies") or {}
     culprits = attribution.places(anomalies.get("open", []), {}).host
-    where = {str(a.get("anomaly_id")): str(a.get("link") or a.get("job_id") or a.get("kind"))
+    where = {str(a.get("anomaly_id")): attribution.place_name(a) or str(a.get("kind"))
              for a in anomalies.get("open", [])}  # fmt: skip
     # worst corrected delay and worst loss per host, unexplained (u) and explained (x)
     owd_u: dict[str, tuple[float, str, list[str]]] = {}

@@ -11,7 +11,9 @@ was lost), and every pair is matched against the *places* the open anomalies nam
 * a leaf–spine link (``evidence.racks_exposed`` / ``evidence.leaf``, or the link's leaf
   from the topology): the pairs between its rack and another rack cross it;
 * a contended link and direction (``evidence.direction``): leaf→spine carries the pairs
-  leaving the link's rack, spine→leaf those entering it.
+  leaving the link's rack, spine→leaf those entering it;
+* a switch dropping what it forwards to some hosts (``evidence.destinations`` with
+  ``evidence.from_racks``): the pairs from those racks to those hosts.
 
 Anomalies that name no place a probe crosses (a RoCE v1 job) explain nothing here. The
 place comes from the evidence, not the class, so a model that re-judged a class
@@ -44,6 +46,8 @@ class Places:
     host: dict[str, list[str]] = field(default_factory=dict)  # host -> anomaly ids
     leave: dict[str, list[str]] = field(default_factory=dict)  # pairs leaving this leaf
     enter: dict[str, list[str]] = field(default_factory=dict)  # pairs entering this leaf
+    # destination host -> (the source racks whose pairs to it are dropped, anomaly id)
+    to: dict[str, list[tuple[frozenset[str], str]]] = field(default_factory=dict)
 
     def explained_by(self, src: str, dst: str, src_rack: str, dst_rack: str) -> list[str]:
         """The anomalies whose place the probes from ``src`` to ``dst`` cross."""
@@ -51,6 +55,7 @@ class Places:
         for ids in (self.host.get(src), self.host.get(dst)):
             if ids:
                 out += ids
+        out += [aid for racks, aid in self.to.get(dst, ()) if src_rack in racks]
         if src_rack and dst_rack and src_rack != dst_rack:
             for ids in (self.leave.get(src_rack), self.enter.get(dst_rack)):
                 if ids:
@@ -72,6 +77,11 @@ def places(anomalies: Iterable[Mapping[str, Any]], link_leaf: Mapping[str, str])
             continue
         if ev.get("host"):  # a host's own access link
             p.host.setdefault(str(ev["host"]), []).append(aid)
+            continue
+        dests, froms = ev.get("destinations"), ev.get("from_racks")
+        if dests and froms:  # a switch dropping what it forwards to these hosts
+            for d in dests:
+                p.to.setdefault(str(d), []).append((frozenset(str(r) for r in froms), aid))
             continue
         link = str(a.get("link") or "")
         direction = str(ev.get("direction") or "")
@@ -170,7 +180,7 @@ def attribute(
     explained = []
     # The daemon runs this for every /v1/live request (~130,000 pairs at 13,000 hosts):
     # the common pair crosses no anomaly's place and is judged with a few dict lookups.
-    by_host, leave, enter, rack = pl.host, pl.leave, pl.enter, racks.get
+    by_host, leave, enter, to, rack = pl.host, pl.leave, pl.enter, pl.to, racks.get
     racked = bool(leave or enter)
     for n, p in enumerate(pairs):
         src, dst = p["src"], p["dst"]
@@ -182,7 +192,7 @@ def attribute(
                 rs, rd = rack(src), rack(dst)
                 if rs != rd and (rs in leave or rd in enter):
                     ids = pl.explained_by("", "", rs or "", rd or "")
-            if src in by_host or dst in by_host:
+            if src in by_host or dst in by_host or dst in to:
                 ids = pl.explained_by(src, dst, rack(src) or "", rack(dst) or "")
         explained.append(ids)
         sent = p["sent"] or 0
@@ -220,6 +230,18 @@ def verdict(loss: HostLoss, age_s: float, stale_s: float = STALE_S, lossy: float
     if loss.worst > lossy:
         return AFFECTED
     return OK
+
+
+def place_name(a: Mapping[str, Any]) -> str:
+    """What an anomaly names, in a few words: its link, its job, or the switch (towards the
+    hosts) it drops at — "" when it names none."""
+    if a.get("link") or a.get("job_id"):
+        return str(a.get("link") or a.get("job_id"))
+    ev = a.get("evidence") or {}
+    if not isinstance(ev, Mapping) or not ev.get("switch"):
+        return ""
+    dests = [str(d) for d in ev.get("destinations") or []]
+    return f"{ev['switch']} towards {', '.join(dests)}" if dests else str(ev["switch"])
 
 
 def link_leaves(topology: Mapping[str, Any]) -> dict[str, str]:

@@ -117,7 +117,7 @@ def render(rows: list[HostHealth], live: dict[str, Any], url: str) -> str:
     lines = [f"fleet health from {url} (last {live.get('live_window_s', '?')} s)", header]
     anomalies = live.get("anomalies") or {}
     open_ = _open(live)
-    where = {str(a.get("anomaly_id")): str(a.get("link") or a.get("job_id") or "")
+    where = {str(a.get("anomaly_id")): attribution.place_name(a)
              for a in [*open_, *(anomalies.get("recently_closed") or [])]}  # fmt: skip
     closed = frozenset(where) - {str(a.get("anomaly_id")) for a in open_}
     for r in rows:
@@ -143,8 +143,7 @@ def render(rows: list[HostHealth], live: dict[str, Any], url: str) -> str:
     else:
         lines.append(f"open anomalies: {len(open_)}")
         for a in open_:
-            # a silent drop of a whole switch names no single link: the switch
-            place = a.get("link") or a.get("job_id") or (a.get("evidence") or {}).get("switch")
+            place = attribution.place_name(a)  # a silent drop with no link: its switch
             lines.append(
                 f"  {a.get('kind', '?'):<14} {place or '-':<14} score {a.get('score', 0):.2f}  "
                 f"{a.get('anomaly_id', '')}  {a.get('summary', '')}"

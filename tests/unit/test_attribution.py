@@ -83,6 +83,27 @@ def test_a_black_holed_host_is_lossy_from_what_was_sent_to_it() -> None:
     assert set(verdicts.values()) == {"lossy"}
 
 
+def test_a_leaf_dropping_one_host_explains_its_racks_pairs_to_that_host_only() -> None:
+    """The demo with leaf3 black-holing h1-2: the TUI said "4 failing" beside the open
+    silent_drop that explained every one of their lost probes."""
+    drop = {"anomaly_id": "silent-1", "kind": "silent_drop", "link": "",
+            "evidence": {"switch": "leaf1", "destinations": ["h3-1"], "from_racks": ["leaf1"],
+                         "links": []}}  # fmt: skip
+    lost = {("h1-1", "h3-1"): 100, ("h1-2", "h3-1"): 100}
+    assert {_verdicts(_mesh(lost), [])[h] for h in ("h1-1", "h1-2", "h3-1")} == {"lossy"}
+    verdicts = _verdicts(_mesh(lost), [drop])
+    assert [verdicts[h] for h in ("h1-1", "h1-2", "h3-1")] == ["affected"] * 3
+    assert {verdicts[h] for h in ("h2-1", "h2-2", "h3-2")} == {"ok"}
+    # another rack's loss to the same host is not that leaf's: still unexplained
+    verdicts = _verdicts(_mesh({**lost, ("h2-1", "h3-1"): 100}), [drop])
+    assert verdicts["h2-1"] == verdicts["h3-1"] == "lossy"
+    pl = attribution.places([drop], LEAVES)
+    assert pl.explained_by("h1-2", "h3-1", "leaf1", "leaf3") == ["silent-1"]
+    assert pl.explained_by("h3-1", "h1-2", "leaf3", "leaf1") == []
+    # what `clockmesh live` and the TUI say a victim is affected by (it has no link)
+    assert attribution.place_name(drop) == "leaf1 towards h3-1"
+
+
 def test_clockmesh_live_names_the_culprit_and_counts_the_affected_apart() -> None:
     doc = sample_host_flap()
     rows = {r.host: r for r in live_cli.summarise(doc)}
