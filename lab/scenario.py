@@ -21,6 +21,8 @@ box (``clockmesh ingest run``, store in ``DIR/store``) and a collector in every 
   everything it forwards to one random host (a blackhole /32: the detector should name the
   spine and the host, and the link to the host's leaf — the truth's ``where``), or 30 % of
   all the flows it forwards (nftables hashing the 5-tuple: ``where`` is the spine);
+- ``leaf_drop``: a leaf silently drops everything it forwards to one host of another rack
+  (a blackhole /32: a stale FIB entry) for 15–25 s: ``where`` is ``LEAF towards HOST``;
 - ``clean``: nothing, 20–40 s.
 
 Realistic buffers by default: every leaf–spine link gets ``CAPACITY`` (50 Mbit/s) and
@@ -57,8 +59,9 @@ KINDS = (
     "clean",
     "job_contention",
     "silent_drop",
+    "leaf_drop",
 )
-WEIGHTS = (3, 2, 2, 1, 2, 1, 1, 1)
+WEIGHTS = (3, 2, 2, 1, 2, 1, 1, 1, 1)
 CAPACITY = "50mbit"
 BUFFER_US = 500.0
 CLASS_OF = {
@@ -68,6 +71,7 @@ CLASS_OF = {
     "contention": "contention",
     "job_contention": "contention",
     "silent_drop": "silent_drop",
+    "leaf_drop": "silent_drop",
     "healthy_job": "none",
     "clean": "none",
 }
@@ -235,6 +239,17 @@ class Scenario:
             "seconds": round(seconds, 1)})  # fmt: skip
         return self._hold(f, seconds)
 
+    def _leaf_drop(self) -> Fault:
+        topo = self.lab.topology
+        host = self.rng.choice(topo.hosts)
+        leaf = self.rng.choice([lf.name for lf in topo.leaves if lf.name != host.rack])
+        seconds = self.rng.uniform(15, 25)
+        start = time.time_ns()
+        rec = faults.drop(self.lab, leaf, [host.name])
+        f = Fault("leaf_drop", "silent_drop", f"{leaf} towards {host.name}", start, detail={
+            "switch": leaf, "to": rec["to"], "how": rec["how"], "seconds": round(seconds, 1)})  # fmt: skip
+        return self._hold(f, seconds)
+
     def _clean(self) -> Fault:
         f = Fault("clean", "none", "", time.time_ns())
         time.sleep(self.rng.uniform(20, 40))
@@ -257,6 +272,8 @@ class Scenario:
             return self._job_contention()
         if kind == "silent_drop":
             return self._silent_drop()
+        if kind == "leaf_drop":
+            return self._leaf_drop()
         return self._clean()
 
     # ---- the run ------------------------------------------------------------------------
