@@ -18,11 +18,11 @@ three send rounds (``MIN_SPREAD_NS``); a *clean* one lost none in the last ``WIN
 
 **Tomography.** Each lossy path is explained by a place it crosses: a switch (all its
 flows), a switch towards one destination (a spine towards host D: every path X → D
-through it; or a sender's leaf towards D: every path from its rack to D), a leaf–spine link in one direction — or a host (all that a host sends: a
-host problem, not a switch's; never reported here), or its destination host (all that
-a host receives). A place that drops a share q of the
-flows through it makes each of its paths lossy with probability q; greedily, the place
-whose lossy and clean paths that explains best against the background (:func:`evidence`,
+through it; or a sender's leaf towards D: every path from its rack to D), a leaf–spine
+link in one direction — or a host (all that a host sends: a host problem, not a
+switch's; never reported here), or its destination host (all that a host receives). A
+place that drops a share q of the flows through it makes each of its paths lossy with
+probability q; greedily, the place whose lossy and clean paths that explains best against the background (:func:`evidence`,
 a log-likelihood ratio less the cost of naming one more place) is taken, its lossy paths
 explained, until no place earns its cost or explains ``MIN_PATHS`` more. So a spine
 dropping every flow to one host is named with the host (all its paths there lost, none
