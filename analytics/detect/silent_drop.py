@@ -22,13 +22,13 @@ through it; or a sender's leaf towards D: every path from its rack to D), a leaf
 link in one direction — or a host (all that a host sends: a host problem, not a
 switch's; never reported here), or its destination host (all that a host receives). A
 place that drops a share q of the flows through it makes each of its paths lossy with
-probability q; greedily, the place whose lossy and clean paths that explains best against the background (:func:`evidence`,
-a log-likelihood ratio less the cost of naming one more place) is taken, its lossy paths
-explained, until no place earns its cost or explains ``MIN_PATHS`` more. So a spine
-dropping every flow to one host is named with the host (all its paths there lost, none
-clean), and one dropping 30 % of all its flows as the spine (a few lossy paths towards
-one host among its clean ones earn less). Places that explain exactly the same paths
-cannot be told apart and are named together.
+probability q; greedily, the place whose lossy and clean paths that explains best
+against the background (:func:`evidence`, a log-likelihood ratio less the cost of naming
+one more place) is taken, its lossy paths explained, until no place earns its cost or
+explains ``MIN_PATHS`` more. So a spine dropping every flow to one host is named with
+the host (all its paths there lost, none clean), and one dropping 30 % of all its flows
+as the spine (a few lossy paths towards one host among its clean ones earn less). Places
+that explain exactly the same paths cannot be told apart and are named together.
 
 **Not a flap, not contention.** A path whose traced spine changed after its loss began
 moved (a link went and routing took it out: :mod:`analytics.detect.paths` names that
@@ -396,11 +396,8 @@ class SilentDrops:
         if not lost.any():
             return
         src, dst, tx_ns = src[lost], dst[lost], tx_ns[lost]
-        pair = _key(src, dst)
-        order = np.lexsort((tx_ns, pair))
-        first = order[np.append(True, pair[order][1:] != pair[order][:-1])]
-        for s_, d_, t in zip(src[first].tolist(), dst[first].tolist(), tx_ns[first].tolist(),
-                             strict=True):  # fmt: skip
+        _pair, src, dst, tx_ns = _least(_key(src, dst), src, dst, tx_ns)
+        for s_, d_, t in zip(src.tolist(), dst.tolist(), tx_ns.tolist(), strict=True):
             if (s_, d_) not in self._first:
                 self._unstarted.setdefault((s_, d_), t)
 
