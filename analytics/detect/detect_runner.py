@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -68,6 +69,7 @@ REMEDIATION_SETTLE_S = 20.0
 INBAND_ROWS = 50_000  # in-band messages kept per commit for the delay signal
 RULE_ONLY = ("silent_drop",)  # classes the model does not re-judge (docs/detect.md)
 FABRIC_SETTLE_S = 10.0  # no silent drop is judged this long after a fabric link flapped
+RECALL_S = 600.0  # at start, each 5-tuple's newest trace this recent is recalled from the store
 
 
 def dealt_with(a: Anomaly, r: remediations.Remediation) -> bool:
@@ -180,7 +182,7 @@ class DetectRunner:
         self.roce = RoceJobs(names)
         self.survival = Survival(topo.host_rack, names, self.config.flap_window_s)
         self.drops = SilentDrops(topo.host_rack, self.paths.by_ends, self.paths.spine_of, names,
-                                 self._links_not_judged)  # fmt: skip
+                                 self._links_not_judged, self.paths.recalled)  # fmt: skip
         self.job_delays = JobDelays(names)
         self.delays.jobs_between = self.job_delays.jobs_between
         self._names = names  # shared with the rules, refreshed every pass
@@ -297,8 +299,49 @@ class DetectRunner:
             self._thread.join(timeout)
         self.step()  # write what the last pass changed
 
+    def recall_paths(self, now_ns: int | None = None) -> int:
+        """Where each traced 5-tuple went when the store last saw it (its newest
+        ``path_hop`` row of the last ``RECALL_S``), into :attr:`FabricPaths.recalled`: the
+        process before this one knew it, and a switch dropping a destination's traffic
+        silences those paths' traces, so a drop standing when the ops box restarts could
+        not be placed on its spine without it. Only the last hours' partitions are read.
+        A store that cannot be read logs one line: the detector starts without."""
+        if self.writer is None or not self.paths.links:
+            return 0
+        now_ns = time.time_ns() if now_ns is None else now_ns
+        since = now_ns - int(RECALL_S * 1e9)
+        table = self.writer.root / "path_hop"
+        files = [
+            str(f)
+            for hour in range(since // layout.NS_PER_HOUR, now_ns // layout.NS_PER_HOUR + 1)
+            for f in sorted((table / layout.partition_of(hour)).glob("*.parquet"))
+        ]
+        if not files:
+            return 0
+        try:
+            rows = (
+                duckdb.connect()
+                .execute(
+                    "SELECT src, dst, sport, arg_max(hop, ts_ns) AS hop FROM read_parquet(?) "
+                    "WHERE ts_ns >= ? GROUP BY src, dst, sport",
+                    [files, since],
+                )
+                .fetchnumpy()
+            )
+        except (duckdb.Error, OSError) as exc:  # a file compacted away meanwhile, a bad one
+            log.warning("event=detect_paths_not_recalled reason=%r", str(exc).splitlines()[0])
+            return 0
+        n = self.paths.recall(rows)
+        log.info("event=detect_paths_recalled paths=%d since_s=%d", n, int(RECALL_S))
+        return n
+
     def _run(self) -> None:
         lower_thread_priority(self.nice)
+        try:
+            self.recall_paths()
+        except Exception:  # a bug here must not stop detection: it starts without
+            self.errors += 1
+            log.exception("event=detect_paths_not_recalled")
         while True:
             self._wake.wait(self.config.interval_s)
             if self._stop.wait(self.config.min_interval_s):  # spacing; batches the commits

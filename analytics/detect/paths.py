@@ -52,6 +52,7 @@ from __future__ import annotations
 import collections
 import logging
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -155,6 +156,9 @@ class FabricPaths:
         self.unknown_hops: collections.Counter[str] = collections.Counter()
         self.spine_of: dict[tuple[int, int, int], str] = {}  # (src, dst, sport) -> spine now
         self.traced_ns: dict[tuple[int, int, int], int] = {}  # ... and when it was traced
+        # (src, dst, sport) -> spine, as the store's traces left it when this process
+        # started (:meth:`recall`): read by the silent-drop rule for a path not traced since
+        self.recalled: dict[tuple[int, int, int], str] = {}
         self.returned: dict[tuple[str, str, str], int] = {}  # path back after it had gone
         self.moved_at: dict[tuple[str, str, str], int] = {}  # path gone: its first move off
         self._said_down: dict[str, int] = {}  # anomaly key -> when it last said "down now"
@@ -180,6 +184,27 @@ class FabricPaths:
                 self._mismatch(address if lk is None else "", src if not x else dst if not z else 0)
                 continue
             self._trace(ts, x, z, (src, dst, sport), lk.spine)
+
+    def recall(self, rows: Mapping[str, np.ndarray]) -> int:
+        """The newest trace of each 5-tuple that the store held when this process started
+        (``path_hop`` records). They go into :attr:`recalled`, not into the paths' history:
+        an old trace is no evidence that a path moved or came back (no flap is judged on
+        it), only where a path went when it was last seen — what the process before this
+        one knew. A switch that black-holes a destination silences the traces of what it
+        drops, so without it a drop standing across an ops-box restart could not be placed.
+        Returns the number of 5-tuples recalled."""
+        for src, dst, sport, hop in zip(
+            rows["src"].tolist(),
+            rows["dst"].tolist(),
+            rows["sport"].tolist(),
+            rows["hop"].tolist(),
+            strict=True,
+        ):
+            address = hop.decode(errors="replace") if isinstance(hop, bytes) else str(hop)
+            lk = self.by_hop.get(address)
+            if lk is not None and src in self.host_rack and dst in self.host_rack:
+                self.recalled[(src, dst, sport)] = lk.spine
+        return len(self.recalled)
 
     def _mismatch(self, hop: str, host: int) -> None:
         """A trace the topology cannot place: counted, and said once per address or host

@@ -262,10 +262,15 @@ class SilentDrops:
         spine_of: dict[tuple[int, int, int], str],
         host_names: dict[int, str] | None = None,
         excluded_links: Callable[[], set[str]] | None = None,
+        recalled: dict[tuple[int, int, int], str] | None = None,
     ) -> None:
         self.host_rack = host_rack
         self.by_ends = links_by_ends
         self.spine_of = spine_of  # (src, dst, sport) -> spine, kept by FabricPaths
+        # ... as the store's traces left it before this detector started (FabricPaths.
+        # recalled): a path the switch's drop silences is traced no more, and a detector
+        # started after the drop would not know where it goes
+        self.recalled = recalled if recalled is not None else {}
         self._link_spine = {name: spine for (_leaf, spine), name in links_by_ends.items()}
         self.host_names = host_names if host_names is not None else {}
         # () -> links whose paths are not judged now (suspected flaps, maintenance)
@@ -536,7 +541,7 @@ class SilentDrops:
         crossing: dict[tuple[int, int, int], list[Place]] = {}
         links: dict[tuple[int, int, int], list[Place]] = {}  # ... the link-directions of those
         for key, st in stats.items():
-            spine = self.spine_of.get(key)
+            spine = self.spine_of.get(key) or self.recalled.get(key)
             cached = self._places_of.get((key, spine))
             if cached is None:
                 if len(self._places_of) > 4 * MAX_PATHS:  # buddies and paths changed

@@ -288,6 +288,22 @@ def _topology(path: Path) -> Path:
     return path
 
 
+def _drive(runner: DetectRunner, fault: Fault, seconds: int, healthy_s: int = 0) -> None:
+    """The daemon's detector fed ``healthy_s`` healthy rounds, then ``fault`` for
+    ``seconds``, as committed tables, a pass after each."""
+    for i in range(healthy_s + seconds):
+        tx, rx = _probes(float(i), healthy if i < healthy_s else fault)
+        tables = {}
+        for name, cols in (("probe_tx", tx), ("probe_rx", rx)):
+            schema = layout.TABLES[name].schema
+            n = len(cols["src"])
+            full = {f.name: cols.get(f.name, np.zeros(n, np.int64)) for f in schema}
+            tables[name] = pa.table({k: pa.array(v).cast(schema.field(k).type)
+                                     for k, v in full.items()}, schema=schema)  # fmt: skip
+        runner.feed(tables)
+        runner.step(T0 + i * NS)
+
+
 def _runner_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flapping: str = ""
 ) -> DetectRunner:
@@ -304,18 +320,7 @@ def _runner_run(
         st = runner.paths.state[flapping]
         st.outages.append(Outage(T0))
         st.down_since = st.evidence_ns = T0
-    fault = blackhole("spine1", 12)
-    for i in range(16):
-        tx, rx = _probes(float(i), healthy if i < 10 else fault)
-        tables = {}
-        for name, cols in (("probe_tx", tx), ("probe_rx", rx)):
-            schema = layout.TABLES[name].schema
-            n = len(cols["src"])
-            full = {f.name: cols.get(f.name, np.zeros(n, np.int64)) for f in schema}
-            tables[name] = pa.table({k: pa.array(v).cast(schema.field(k).type)
-                                     for k, v in full.items()}, schema=schema)  # fmt: skip
-        runner.feed(tables)
-        runner.step(T0 + i * NS)
+    _drive(runner, blackhole("spine1", 12), seconds=6, healthy_s=10)
     return runner
 
 
@@ -492,6 +497,50 @@ def test_a_drop_older_than_the_detector_is_named_once_it_outlasts_a_new_buddy() 
     untraced = {k: v for k, v in _paths().items() if not hole(*k, v, 0.0)[0]}
     said = [o for obs in _run(hole, seconds=40, healthy_s=0, paths=untraced) for o in obs]
     assert all(o.evidence["switch"] == "spine2" for o in said), [o.summary for o in said]
+
+
+def test_a_spine_drop_standing_when_the_ops_box_restarts_is_placed_by_the_stored_traces(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """spine2 black-holes h3-1 and the ops box restarts: the drop silences those paths'
+    traces, so the new detector never learnt their spine, and half of each pair's paths
+    deliver — nothing was named, for good. The store holds the traces from before the
+    drop: the new detector reads them at start and names the spine, the host and the link."""
+    from analytics.store.store_writer import StoreWriter
+
+    monkeypatch.setattr(records, "host_id", lambda name: {v: k for k, v in NAMES.items()}[name])
+    config = DetectConfig(topology_file=str(_topology(tmp_path / "t.json")))
+    answers = {ends: f"198.18.128.{2 * i + 1}" for i, ends in enumerate(BY_ENDS)}  # spine side
+    paths = _paths()
+    hole = blackhole("spine2", 31)
+    traced_now = {k: v for k, v in paths.items() if not hole(*k, v, 0.0)[0]}
+
+    def restarted(store: Path) -> tuple[int, list[dict]]:
+        runner = DetectRunner(StoreWriter(store), config, host_names=lambda: NAMES)
+        recalled = runner.recall_paths(T0)
+        runner.paths.spine_of.update(traced_now)
+        _drive(runner, hole, seconds=30)
+        return recalled, [a for a in runner.live()["open"] if a["kind"] == "silent_drop"]
+
+    assert restarted(tmp_path / "empty") == (0, [])  # nothing stored: the drop stays unplaced
+    before = [(T0 - 120 * NS + i, s, d, p, 2, answers[(HOSTS[s], spine)])
+              for i, ((s, d, p), spine) in enumerate(paths.items())]  # fmt: skip
+    old = [(T0 - 900 * NS, 11, 31, 39999, 2, answers[("leaf1", "spine1")])]  # past RECALL_S
+    schema = layout.TABLES["path_hop"].schema
+    rows = before + old
+    cols = {
+        k: [r[i] for r in rows]
+        for i, k in enumerate(("ts_ns", "src", "dst", "sport", "ttl", "hop"))
+    }
+    cols["rtt_ns"] = [50_000] * len(rows)
+    store = tmp_path / "store"
+    StoreWriter(store).write_partitioned(
+        "path_hop", pa.table({f.name: cols[f.name] for f in schema}, schema=schema), "t.parquet"
+    )
+    recalled, (a,) = restarted(store)
+    assert recalled == len(paths)
+    assert (a["link"], a["evidence"]["switch"]) == ("leaf3-spine2", "spine2"), a["summary"]
+    assert a["evidence"]["destinations"] == ["h3-1"], a["summary"]
 
 
 def test_each_pairs_floor_is_its_least_delay_of_the_last_30_s_as_the_queue_check_needs() -> None:
