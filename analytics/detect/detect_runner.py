@@ -46,8 +46,8 @@ from analytics.detect.model import Detector, ModelError
 from analytics.detect.model import load as load_model
 from analytics.detect.paths import FabricLink, FabricPaths
 from analytics.detect.roce import RoceJobs
+from analytics.detect.silent_drop import PORT_COUNTERS, SilentDrops
 from analytics.detect.silent_drop import TABLES as PROBE_TABLES
-from analytics.detect.silent_drop import SilentDrops
 from analytics.detect.silent_drop import columns as probe_columns
 from analytics.remediate import records as remediations
 from analytics.store import layout
@@ -60,6 +60,7 @@ log = logging.getLogger("clockmesh.ingest.detect")
 
 _COUNTER_NAMES = pa.array(sorted(n.decode() for n in FLAP_COUNTERS))
 _CONGESTION_NAMES = pa.array(sorted(CONGESTION_COUNTERS))
+_PORT_NAMES = pa.array(sorted(PORT_COUNTERS))
 
 
 # After a remediation closed an anomaly, the rule that found it is not listened to for
@@ -181,8 +182,10 @@ class DetectRunner:
                                  host_access=topo.host_access)  # fmt: skip
         self.roce = RoceJobs(names)
         self.survival = Survival(topo.host_rack, names, self.config.flap_window_s)
+        access = [(h, dev) for (h, dev), name in topo.port_links.items()
+                  if topo.host_access.get(h) == name]  # fmt: skip
         self.drops = SilentDrops(topo.host_rack, self.paths.by_ends, self.paths.spine_of, names,
-                                 self._links_not_judged, self.paths.recalled)  # fmt: skip
+                                 self._links_not_judged, self.paths.recalled, access)  # fmt: skip
         self.job_delays = JobDelays(names)
         self.delays.jobs_between = self.job_delays.jobs_between
         self._names = names  # shared with the rules, refreshed every pass
@@ -236,6 +239,10 @@ class DetectRunner:
             kept = data.filter(pc.is_in(data.column("name"), value_set=_CONGESTION_NAMES))
             if kept.num_rows:
                 got.append(("congestion", kept))
+            if self.drops.ports.access:
+                kept = data.filter(pc.is_in(data.column("name"), value_set=_PORT_NAMES))
+                if kept.num_rows:
+                    got.append(("port", kept))
         pair = []
         for name in ("probe_tx", "probe_rx"):
             rows = (probes or {}).get(name)
@@ -376,6 +383,9 @@ class DetectRunner:
                     continue
                 if name == "congestion":
                     self.delays.feed_counters(layout.arrow_to_records("counter", data))
+                    continue
+                if name == "port":
+                    self.drops.ports.feed(layout.arrow_to_records("counter", data))
                     continue
                 if name == "owd":
                     self.delays.feed(

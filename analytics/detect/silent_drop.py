@@ -9,7 +9,8 @@ so one ECMP path — and localises the loss on the paths the traces say each 5-t
 
 **Lost, within seconds.** A probe is *lost* once its destination's collector has shipped
 probe_rx rows received ``MARGIN_S`` after the probe was sent (the destination's watermark)
-and none of them is that probe: a receiver that ships nothing judges nothing (a host that
+and none of them is that probe — or has shipped its own sends of ``SEND_LAG_NS`` later (a
+host that receives nothing but sends on) — : a receiver that ships nothing judges nothing (a host that
 is down is a flap, not a drop; its own port counters say so). With 1-s segments that is
 1–2 s after the probe. A pair none of whose probes was ever received has not started
 (a new buddy its destination's collector does not take yet) and is not judged. A *lossy*
@@ -50,7 +51,7 @@ from __future__ import annotations
 import collections
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -62,6 +63,11 @@ log = logging.getLogger("clockmesh.detect.silent_drop")
 
 KIND = "silent_drop"
 MARGIN_S = 0.3  # the destination's clock may be this far ahead of the sender's
+# A host's collector records what it receives and what it sends in one loop and ships
+# both in the same segments: once it has shipped a send of time t, it has shipped what it
+# received before t less this (its receive path behind its sends, at most) — a host that
+# receives nothing at all but sends on still judges the probes sent to it
+SEND_LAG_NS = 1_000_000_000
 WINDOW_S = 4.0  # probes judged over the last this many seconds (send time)
 RECENT_S = 2.0  # ... and their delay over the last this many
 HISTORY_S = 30.0  # received delays kept for each pair's floor
@@ -118,6 +124,15 @@ WARMUP_NS = 10_000_000_000
 # new buddies lost their first ~3 s, a leaf black-holing a host before the ops box
 # (re)started loses the pair for good
 UNSTARTED_NS = 30_000_000_000
+# A destination's own port that counted (nearly) nothing in over RX_SPAN_NS while its link
+# stayed up and it kept sending: what every path into it lost was dropped before its
+# NIC counted it — its leaf towards it (a black-holed /32 for its own host), not its
+# socket or collector (those count the packets in, then lose them)
+RX_SPAN_NS = 3_000_000_000
+RX_SHARE = 0.1  # "nearly nothing": fewer than this share of the probes sent to it ...
+RX_FLOOR = 3  # ... or than this many packets (the leaf's own ARP)
+UP = 6  # operstate "up" (RFC 2863, collector.sysfs_counters.OPERSTATE)
+PORT_COUNTERS = ("rx_packets", "operstate", "carrier_down_count")
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 TABLES = ("probe_tx", "probe_rx")
 _TX = ("src", "dst", "sport", "seq", "tx_ns")
@@ -157,7 +172,8 @@ class Place:
     """Where a loss can be: ``("switch", sw)``, ``("to", switch, host_id)`` (a spine, or
     the sender's leaf, towards one destination), ``("link",
     name, direction)``, or a host (``("out", host_id)`` all it sends, ``("in", host_id)``
-    all it receives: its NIC, its socket, its collector — not a switch's fault)."""
+    all it receives, ``("host", host_id)`` both: its link, its NIC, its socket, its
+    collector — not a switch's fault)."""
 
     what: str
     name: str
@@ -165,7 +181,7 @@ class Place:
 
     @property
     def reported(self) -> bool:
-        return self.what not in ("out", "in")
+        return self.what not in ("out", "in", "host")
 
 
 @dataclass
@@ -254,6 +270,48 @@ def _least(
     return k[first], a[first], b[first], x[first]
 
 
+class _Ports:
+    """Each host's access port, as its collector samples it once a second: the packets it
+    counted in over the last ``RX_SPAN_NS`` and whether its link stayed up meanwhile."""
+
+    def __init__(self, access: Iterable[tuple[int, str]]) -> None:
+        self.access = {(h, dev.encode()) for h, dev in access}  # (host, netdev) to a leaf
+        # host -> (ts_ns, rx_packets delta, operstate, carrier losses), newest RX_SPAN_NS
+        self.samples: dict[int, collections.deque[tuple[int, int, int, int]]] = {}
+        self._partial: dict[tuple[int, int], dict[bytes, int]] = {}
+
+    def feed(self, rows: np.ndarray) -> None:
+        """``counter`` records of :data:`PORT_COUNTERS` (numpy); others are ignored."""
+        for ts, host, dev, name, value, delta in zip(
+            rows["ts_ns"].tolist(), rows["host"].tolist(), rows["device"].tolist(),
+            rows["name"].tolist(), rows["value"].tolist(), rows["delta"].tolist(), strict=True,
+        ):  # fmt: skip
+            if (host, dev) not in self.access:
+                continue
+            part = self._partial.setdefault((host, ts), {})
+            part[name] = value if name == b"operstate" else max(delta, 0)
+            if len(part) < len(PORT_COUNTERS):
+                continue
+            del self._partial[(host, ts)]
+            d = self.samples.setdefault(host, collections.deque())
+            d.append((ts, part[b"rx_packets"], part[b"operstate"], part[b"carrier_down_count"]))
+            while d and d[0][0] < ts - RX_SPAN_NS:
+                d.popleft()
+        if len(self._partial) > 4 * max(len(self.access), 1):  # a counter never came
+            self._partial.clear()
+
+    def received(self, host: int, now_ns: int) -> int | None:
+        """Packets ``host``'s port counted in over the last ``RX_SPAN_NS`` — or None when
+        that cannot be told: no port known, samples older than a span or spanning less
+        than two thirds of it, its link not up throughout (operstate, carrier losses)."""
+        d = self.samples.get(host)
+        if not d or d[-1][0] < now_ns - RX_SPAN_NS or d[-1][0] - d[0][0] < RX_SPAN_NS * 2 // 3:
+            return None
+        if any(op != UP or lost for _t, _rx, op, lost in d):
+            return None
+        return sum(rx for _t, rx, _op, _lost in list(d)[1:])
+
+
 class SilentDrops:
     def __init__(
         self,
@@ -263,6 +321,7 @@ class SilentDrops:
         host_names: dict[int, str] | None = None,
         excluded_links: Callable[[], set[str]] | None = None,
         recalled: dict[tuple[int, int, int], str] | None = None,
+        access_ports: Iterable[tuple[int, str]] = (),
     ) -> None:
         self.host_rack = host_rack
         self.by_ends = links_by_ends
@@ -271,6 +330,8 @@ class SilentDrops:
         # recalled): a path the switch's drop silences is traced no more, and a detector
         # started after the drop would not know where it goes
         self.recalled = recalled if recalled is not None else {}
+        self.ports = _Ports(access_ports)  # (host, netdev) of each host's leaf link
+        self.port_rx: dict[int, int] = {}  # this pass: host -> packets in (_unreached)
         self._link_spine = {name: spine for (_leaf, spine), name in links_by_ends.items()}
         self.host_names = host_names if host_names is not None else {}
         # () -> links whose paths are not judged now (suspected flaps, maintenance)
@@ -279,6 +340,7 @@ class SilentDrops:
         self._rx = _Cols()  # received, not matched yet
         self._hist = _Cols()  # judged: src, dst, sport, tx_ns, lost, delay
         self.watermark: dict[int, int] = {}  # receiver -> newest rx_ns it shipped
+        self.sent_mark: dict[int, int] = {}  # host -> its newest send shipped, less SEND_LAG_NS
         self.sample_bits = 0  # paths kept: hash % 2**bits == 0 (grows, never shrinks)
         # path -> (its spine when it went lossy, the pass that first saw it lossy)
         self._lossy: dict[tuple[int, int, int], tuple[str, int]] = {}
@@ -311,6 +373,12 @@ class SilentDrops:
             cols = {k: v[keep] for k, v in cols.items()}
         if name == "probe_tx":
             self._tx.add(cols)
+            src, tx = cols["src"], cols["tx_ns"]
+            order = np.lexsort((tx, src))
+            last = np.flatnonzero(np.append(src[order][1:] != src[order][:-1], True))
+            for h, t in zip(src[order][last].tolist(), tx[order][last].tolist(), strict=True):
+                if t - SEND_LAG_NS > self.sent_mark.get(h, 0):
+                    self.sent_mark[h] = t - SEND_LAG_NS
             return
         dst, rx = cols["dst"], cols["rx_ns"]
         order = np.lexsort((rx, dst))
@@ -342,7 +410,8 @@ class SilentDrops:
             newest_rx = int(self._rx.data["rx_ns"].max())
             self._rx.keep(~used & (self._rx.data["rx_ns"] >= newest_rx - int(PENDING_S * 1e9)))
         uniq, inv = np.unique(tx["dst"], return_inverse=True)
-        wm = np.array([self.watermark.get(int(d), 0) for d in uniq.tolist()], np.int64)[inv]
+        wm = np.array([max(self.watermark.get(d, 0), self.sent_mark.get(d, 0))
+                       for d in uniq.tolist()], np.int64)[inv]  # fmt: skip
         judged = matched | (wm >= tx["tx_ns"] + int(MARGIN_S * 1e9))
         self._started(tx["src"][matched], tx["dst"][matched], tx["tx_ns"][matched])
         self._unstarted_since(tx["src"], tx["dst"], tx["tx_ns"], judged & ~matched)
@@ -507,21 +576,21 @@ class SilentDrops:
         x, z = self.host_rack.get(s), self.host_rack.get(d)
         if x is None or z is None:
             return []
+        hosts = [Place("out", str(s)), Place("in", str(d)), Place("host", str(s)),
+                 Place("host", str(d))]  # fmt: skip
         if x == z:
-            return [Place("out", str(s)), Place("in", str(d)), Place("switch", x),
-                    Place("to", x, str(d))]  # fmt: skip
+            return [*hosts, Place("switch", x), Place("to", x, str(d))]
         if spine is None:
             # untraced: its hop-2 trace never came back. A switch's blackhole silences the
             # traces of what it drops (the route lookup fails before the TTL check), so a
             # drop standing since before the detector started leaves its paths untraced:
             # only what every path of the pair crosses can be judged without the spine.
-            return [Place("out", str(s)), Place("in", str(d)), Place("to", x, str(d))]
+            return [*hosts, Place("to", x, str(d))]
         up, down = self.by_ends.get((x, spine)), self.by_ends.get((z, spine))
         if up is None or down is None:
             return []
         return [
-            Place("out", str(s)),
-            Place("in", str(d)),
+            *hosts,
             Place("switch", spine),
             Place("switch", x),
             Place("switch", z),
@@ -533,6 +602,7 @@ class SilentDrops:
 
     def observations(self, now_ns: int) -> list[Observation]:
         stats = self.path_stats()
+        self.port_rx = {}
         excluded = set(self.excluded_links())
         lossy: set[tuple[int, int, int]] = set()
         clean: set[tuple[int, int, int]] = set()
@@ -611,7 +681,10 @@ class SilentDrops:
         out: dict[str, Observation] = {}
         for places, covered in chosen:
             if not all(p.reported for p in places):
-                continue  # a host's own loss: its port counters speak for it
+                # a host's own loss, unless its port counted nothing in: its leaf's
+                places = self._unreached(places, covered, lossy, clean, stats, now_ns)
+                if not places:
+                    continue
             if self._premature(places[0], pending, crossing):
                 continue
             if len({src for src, _d, _p in covered}) < MIN_SOURCES:
@@ -633,6 +706,40 @@ class SilentDrops:
             else:
                 _merge(seen, obs)
         return list(out.values())
+
+    def _unreached(
+        self,
+        places: list[Place],
+        covered: set[tuple[int, int, int]],
+        lossy: set[tuple[int, int, int]],
+        clean: set[tuple[int, int, int]],
+        stats: dict[tuple[int, int, int], dict[str, float]],
+        now_ns: int,
+    ) -> list[Place]:
+        """Every path into one host lossy (``places``: that host's receiving): its leaf
+        towards it, ``[("to", leaf, host)]``, when the host's port counted (nearly) no
+        packet in over ``RX_SPAN_NS`` while its link stayed up and its own paths out
+        delivered — the packets never reached its NIC. [] otherwise: a host whose port
+        counts them in and then loses them (its socket, its collector) is its own
+        problem; a host whose link is down or that sends nothing is a flap's or its own.
+        (A NIC that discards what it receives before counting it looks the same: the
+        evidence says so.)"""
+        if len(places) != 1 or places[0].what != "in":
+            return []
+        d = int(places[0].name)
+        leaf = self.host_rack.get(d)
+        out = [k for k in lossy | clean if k[0] == d]
+        if not leaf or len(out) < MIN_PATHS or any(k in lossy for k in out):
+            return []
+        got = self.ports.received(d, now_ns)
+        if got is None:
+            return []
+        sent = sum(stats[k]["sent"] for k in covered) * (1 << self.sample_bits)
+        per_span = sent * RX_SPAN_NS / (WINDOW_S * 1e9)
+        if got > max(RX_FLOOR, RX_SHARE * per_span):
+            return []
+        self.port_rx[d] = got
+        return [Place("to", leaf, str(d))]
 
     def _premature(
         self,
@@ -725,7 +832,15 @@ class SilentDrops:
         if len(links) == 1:
             summary += f"; out of service: {links[0]}"
         alternatives = [_words(p, name) for p in places]
-        return Observation(
+        unreached = [int(p.detail) for p in to if int(p.detail) in self.port_rx]
+        for d in unreached:  # its own host: the probes never reached the host's NIC
+            summary += (
+                f"; {name(d, f'host {d}')}'s port counted {self.port_rx[d]} packet(s) in over "
+                f"{RX_SPAN_NS / 1e9:.0f} s, its link up and its own probes out delivered"
+                " (or its NIC discards what it receives before counting it)"
+            )
+            alternatives.append(f"{name(d, f'host {d}')}'s NIC (receiving)")
+        obs = Observation(
             kind=KIND,
             key=key,
             score=min(1.0, 0.5 + 0.05 * len(covered)),
@@ -754,6 +869,11 @@ class SilentDrops:
                 "source": "probe loss per (pair, source port), paths from traces, tomography",
             },
         )
+        if unreached:
+            obs.evidence["port_rx_packets"] = {
+                name(d, f"host {d}"): self.port_rx[d] for d in unreached
+            }
+        return obs
 
 
 def _words(p: Place, name: object) -> str:

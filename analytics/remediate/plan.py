@@ -280,8 +280,14 @@ def _plan(
         if not action and a.kind == "silent_drop":
             ev = a.detail.get("evidence", {})
             links, sw = ev.get("links") or [], ev.get("switch") or "the switch"
+            to = ", ".join(ev.get("destinations") or []) or "what it drops"
+            if ev.get("port_rx_packets"):  # a leaf towards its own host (or that host's NIC)
+                raise Refused(
+                    f"anomaly {anomaly_id} (silent_drop): nothing reaches {to}'s port: check "
+                    f"{sw}'s route to {to}, then {to}'s NIC; no other link leads there to "
+                    "move its traffic to"
+                )
             if not links:  # a leaf drops before it picks an uplink: no link to take out
-                to = ", ".join(ev.get("destinations") or []) or "what it drops"
                 raise Refused(
                     f"anomaly {anomaly_id} (silent_drop): the drop is inside {sw}, before "
                     f"it picks a link: check its route to {to}, or take {sw} out of "

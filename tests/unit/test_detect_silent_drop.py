@@ -74,23 +74,43 @@ def _probes(t_s: float, fault: Fault) -> tuple[dict[str, np.ndarray], dict[str, 
             {k: np.asarray(v, np.int64) for k, v in rx.items()})  # fmt: skip
 
 
+# (host, t_s) -> (packets its port counted in over the second before, operstate)
+Port = Callable[[int, float], tuple[int, int]]
+
+
+def _port_rows(t_s: float, port: Port) -> np.ndarray:
+    """One sample of every host's access port (``bk0``), as its collector reads sysfs."""
+    names = ("rx_packets", "operstate", "carrier_down_count")
+    rows = np.zeros(len(HOSTS) * len(names), records.COUNTER)
+    for i, (h, name) in enumerate((h, n) for h in HOSTS for n in names):
+        rx, state = port(h, t_s)
+        rows[i] = (T0 + int(t_s * NS), h, b"bk0", 0, 0, 0, name.encode(),
+                   state if name == "operstate" else 0, rx if name == "rx_packets" else 0)  # fmt: skip
+    return rows
+
+
 def _run(
     fault: Fault,
     seconds: int = 12,
     healthy_s: int = 10,
     late: int = 0,
     paths: dict[tuple[int, int, int], str] | None = None,
+    port: Port | None = None,
 ) -> list:
     """Healthy for healthy_s, then `fault` for `seconds`: every pass's observations (the
     last pass's last). ``late``: the receivers ship their probe_rx
     that many rounds later (each destination is judged at its own pace): all but h1-1, so
-    its loss shows first. ``paths``: the traced paths (default every inter-rack one)."""
+    its loss shows first. ``paths``: the traced paths (default every inter-rack one).
+    ``port``: the hosts' access-port counters, fed once a second (default none)."""
     paths = _paths() if paths is None else paths
-    drops = SilentDrops(HOSTS, BY_ENDS, paths, NAMES)
+    access = [(h, "bk0") for h in HOSTS] if port else []
+    drops = SilentDrops(HOSTS, BY_ENDS, paths, NAMES, access_ports=access)
     every = []
     held: list[dict[str, np.ndarray]] = []
     for i in range(healthy_s + seconds):
         tx, rx = _probes(float(i), healthy if i < healthy_s else fault)
+        if port:
+            drops.ports.feed(_port_rows(float(i), port))
         drops.feed("probe_tx", tx)
         odd = rx["dst"] != 11 if late else np.zeros(len(rx["dst"]), bool)
         drops.feed("probe_rx", {k: v[~odd] for k, v in rx.items()})
@@ -231,7 +251,38 @@ def test_a_host_whose_link_is_down_is_its_own_fault_not_a_switch_s() -> None:
     def down(s: int, d: int, p: int, spine: str, t: float) -> tuple[bool, float]:
         return (s == 21 or d == 21), 0.0
 
+    def port(h: int, t: float) -> tuple[int, int]:
+        return (0, 2) if h == 21 and t >= 10 else (100, 6)  # operstate down, nothing in
+
     assert not any(_run(down, seconds=20))
+    assert not any(_run(down, seconds=20, port=port))
+
+
+def test_a_leaf_dropping_its_own_host_is_named_when_the_hosts_port_counts_nothing_in() -> None:
+    """leaf1 black-holes h1-1 (its own host): every path into h1-1, from every rack and
+    from h1-2 beside it, loses every probe, while h1-1 sends on. To the probes alone that
+    is h1-1 losing all it receives (its socket, its collector: its own problem, never a
+    switch's). Its port's counters tell them apart: nothing reached its NIC."""
+
+    def own_host(s: int, d: int, p: int, spine: str, t: float) -> tuple[bool, float]:
+        return d == 11, 0.0
+
+    def port(h: int, t: float) -> tuple[int, int]:
+        return (0 if h == 11 and t >= 10 else 120), 6  # link up all along
+
+    every = _run(own_host, seconds=12, port=port)
+    (obs,) = every[-1]
+    e = obs.evidence
+    assert (e["switch"], e["destinations"], e["links"]) == ("leaf1", ["h1-1"], []), obs.summary
+    assert e["from_racks"] == ["leaf1", "leaf2", "leaf3"] and e["port_rx_packets"] == {"h1-1": 0}
+    assert "leaf1 towards h1-1 silently drops traffic" in obs.summary
+    assert "h1-1's NIC (receiving)" in e["candidates"]
+    first = next(i for i, o in enumerate(every) if o)
+    assert first <= 10 + 6, first  # within a few seconds of the drop
+    # The same loss with the packets counted in (h1-1's socket drops them): not its leaf.
+    assert not any(_run(own_host, seconds=12, port=lambda h, t: (120, 6)))
+    # ... nor with the port's counters unknown, or its link down meanwhile.
+    assert not any(_run(own_host, seconds=12))
 
 
 def test_paths_that_moved_off_a_failed_link_and_links_under_suspicion_are_not_judged() -> None:
@@ -284,16 +335,25 @@ def _topology(path: Path) -> Path:
                       "a": {"node": leaf, "interface": s, "address": f"198.18.128.{2 * i}"},
                       "b": {"node": s, "interface": leaf,
                             "address": f"198.18.128.{2 * i + 1}"}})  # fmt: skip
+    for h in HOSTS:  # each host's one access link, its end named bk0 as in the lab
+        links.append({"name": f"{NAMES[h]}-{HOSTS[h]}", "kind": "access",
+                      "a": {"node": NAMES[h], "interface": "bk0"},
+                      "b": {"node": HOSTS[h], "interface": NAMES[h]}})  # fmt: skip
     path.write_text(json.dumps({"hosts": hosts, "links": links}))
     return path
 
 
-def _drive(runner: DetectRunner, fault: Fault, seconds: int, healthy_s: int = 0) -> None:
+def _drive(
+    runner: DetectRunner, fault: Fault, seconds: int, healthy_s: int = 0, port: Port | None = None
+) -> None:
     """The daemon's detector fed ``healthy_s`` healthy rounds, then ``fault`` for
-    ``seconds``, as committed tables, a pass after each."""
+    ``seconds``, as committed tables (with the hosts' port counters, when ``port``
+    says them), a pass after each."""
     for i in range(healthy_s + seconds):
         tx, rx = _probes(float(i), healthy if i < healthy_s else fault)
         tables = {}
+        if port:
+            tables["counter"] = layout.records_to_arrow("counter", _port_rows(float(i), port))
         for name, cols in (("probe_tx", tx), ("probe_rx", rx)):
             schema = layout.TABLES[name].schema
             n = len(cols["src"])
@@ -333,6 +393,26 @@ def test_the_daemon_s_detector_reports_it_and_the_model_does_not_re_judge_it(
     assert a["evidence"]["destinations"] == ["h1-2"]
     assert "model" not in a["evidence"]
     assert runner.live()["open_by_kind"]["silent_drop"] == 1
+
+
+def test_the_daemon_s_detector_names_a_leaf_dropping_its_own_host_from_its_port_counters(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(records, "host_id", lambda name: {v: k for k, v in NAMES.items()}[name])
+    config = DetectConfig(topology_file=str(_topology(tmp_path / "t.json")))
+    runner = DetectRunner(None, config, host_names=lambda: NAMES)
+    runner.paths.spine_of.update(_paths())
+
+    def own_host(s: int, d: int, p: int, spine: str, t: float) -> tuple[bool, float]:
+        return d == 11 and t >= 10, 0.0
+
+    def port(h: int, t: float) -> tuple[int, int]:
+        return (0 if h == 11 and t >= 10 else 120), 6
+
+    _drive(runner, own_host, seconds=18, port=port)
+    (a,) = [a for a in runner.live()["open"] if a["kind"] == "silent_drop"]
+    assert (a["evidence"]["switch"], a["evidence"]["destinations"]) == ("leaf1", ["h1-1"])
+    assert not [a for a in runner.live()["open"] if a["kind"] != "silent_drop"]
 
 
 def test_no_silent_drop_is_judged_while_the_fabric_converges(
@@ -378,6 +458,13 @@ def test_remediation_takes_the_one_link_out_of_service_with_the_cap_and_an_undo(
     _stored(store, "silent-3", "", [], switch="leaf1", destinations=["h3-1"])
     with pytest.raises(Refused, match=r"the drop is inside leaf1, .*check its route to h3-1"):
         plan(store, topo, anomaly_id="silent-3")
+    # ... or towards its own host, whose port counted nothing in: its route, then the NIC.
+    _stored(store, "silent-4", "", [], switch="leaf1", destinations=["h1-1"],
+            port_rx_packets={"h1-1": 0})  # fmt: skip
+    with pytest.raises(
+        Refused, match=r"nothing reaches h1-1's port: check leaf1's route to h1-1, then h1-1's NIC"
+    ):
+        plan(store, topo, anomaly_id="silent-4")
 
 
 def test_a_blackout_of_three_rounds_and_a_receiver_losing_everything_are_not_silent_drops() -> None:
