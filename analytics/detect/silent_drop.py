@@ -8,10 +8,10 @@ so one ECMP path — and localises the loss on the paths the traces say each 5-t
 (:mod:`analytics.detect.paths`, ``spine_of``).
 
 **Lost, within seconds.** A probe is *lost* once its destination's collector has shipped
-probe_rx rows received ``MARGIN_S`` after the probe was sent (the destination's watermark)
-and none of them is that probe — or has shipped its own sends of ``SEND_LAG_NS`` later (a
-host that receives nothing but sends on) — : a receiver that ships nothing judges nothing (a host that
-is down is a flap, not a drop; its own port counters say so). With 1-s segments that is
+probe_rx rows received ``MARGIN_S`` after the probe was sent (the destination's watermark),
+or its own sends of ``SEND_LAG_NS`` later (a host that receives nothing but sends on),
+and none of them is that probe: a host that ships nothing judges nothing (a host that is
+down is a flap, not a drop; its own port counters say so). With 1-s segments that is
 1–2 s after the probe. A pair none of whose probes was ever received has not started
 (a new buddy its destination's collector does not take yet) and is not judged. A *lossy*
 path lost its newest probes in a row, at least ``MIN_LOST`` of them sent over at least
@@ -20,9 +20,10 @@ three send rounds (``MIN_SPREAD_NS``); a *clean* one lost none in the last ``WIN
 **Tomography.** Each lossy path is explained by a place it crosses: a switch (all its
 flows), a switch towards one destination (a spine towards host D: every path X → D
 through it; or a sender's leaf towards D: every path from its rack to D), a leaf–spine
-link in one direction — or a host (all that a host sends: a host problem, not a
-switch's; never reported here), or its destination host (all that a host receives). A
-place that drops a share q of the flows through it makes each of its paths lossy with
+link in one direction — or a host (all that a host sends, all it receives, or both: a
+host problem, not a switch's; never reported here — unless the host's own port counted
+nothing in while its link stayed up: then its leaf towards it,
+:meth:`SilentDrops._unreached`). A place that drops a share q of the flows through it makes each of its paths lossy with
 probability q; greedily, the place whose lossy and clean paths that explains best
 against the background (:func:`evidence`, a log-likelihood ratio less the cost of naming
 one more place) is taken, its lossy paths explained, until no place earns its cost or
