@@ -21,8 +21,9 @@ box (``clockmesh ingest run``, store in ``DIR/store``) and a collector in every 
   everything it forwards to one random host (a blackhole /32: the detector should name the
   spine and the host, and the link to the host's leaf — the truth's ``where``), or 30 % of
   all the flows it forwards (nftables hashing the 5-tuple: ``where`` is the spine);
-- ``leaf_drop``: a leaf silently drops everything it forwards to one host of another rack
-  (a blackhole /32: a stale FIB entry) for 15–25 s: ``where`` is ``LEAF towards HOST``;
+- ``leaf_drop``: a leaf silently drops everything it forwards to one host, of its own rack
+  or another (a blackhole /32: a stale FIB entry) for 15–25 s: ``where`` is ``LEAF
+  towards HOST``;
 - ``clean``: nothing, 20–40 s.
 
 Realistic buffers by default: every leaf–spine link gets ``CAPACITY`` (50 Mbit/s) and
@@ -242,7 +243,7 @@ class Scenario:
     def _leaf_drop(self) -> Fault:
         topo = self.lab.topology
         host = self.rng.choice(topo.hosts)
-        leaf = self.rng.choice([lf.name for lf in topo.leaves if lf.name != host.rack])
+        leaf = self.rng.choice([lf.name for lf in topo.leaves])  # its own, or another rack's
         seconds = self.rng.uniform(15, 25)
         start = time.time_ns()
         rec = faults.drop(self.lab, leaf, [host.name])
