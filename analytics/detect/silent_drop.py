@@ -23,11 +23,11 @@ through it; or a sender's leaf towards D: every path from its rack to D), a leaf
 link in one direction — or a host (all that a host sends, all it receives, or both: a
 host problem, not a switch's; never reported here — unless the host's own port counted
 nothing in while its link stayed up: then its leaf towards it,
-:meth:`SilentDrops._unreached`). A place that drops a share q of the flows through it makes each of its paths lossy with
-probability q; greedily, the place whose lossy and clean paths that explains best
-against the background (:func:`evidence`, a log-likelihood ratio less the cost of naming
-one more place) is taken, its lossy paths explained, until no place earns its cost or
-explains ``MIN_PATHS`` more. So a spine dropping every flow to one host is named with
+:meth:`SilentDrops._unreached`). A place that drops a share q of the flows through it
+makes each of its paths lossy with probability q; greedily, the place whose lossy and
+clean paths that explains best against the background (:func:`evidence`, a
+log-likelihood ratio less the cost of naming one more place) is taken, its lossy paths
+explained, until no place earns its cost or explains ``MIN_PATHS`` more. So a spine dropping every flow to one host is named with
 the host (all its paths there lost, none clean), and one dropping 30 % of all its flows
 as the spine (a few lossy paths towards one host among its clean ones earn less). Places
 that explain exactly the same paths cannot be told apart and are named together.

@@ -84,8 +84,9 @@ def _port_rows(t_s: float, port: Port) -> np.ndarray:
     rows = np.zeros(len(HOSTS) * len(names), records.COUNTER)
     for i, (h, name) in enumerate((h, n) for h in HOSTS for n in names):
         rx, state = port(h, t_s)
-        rows[i] = (T0 + int(t_s * NS), h, b"bk0", 0, 0, 0, name.encode(),
-                   state if name == "operstate" else 0, rx if name == "rx_packets" else 0)  # fmt: skip
+        value = state if name == "operstate" else 0
+        rows[i] = (T0 + int(t_s * NS), h, b"bk0", 0, 0, 0, name.encode(), value,
+                   rx if name == "rx_packets" else 0)  # fmt: skip
     return rows
 
 
