@@ -27,10 +27,10 @@ nothing in while its link stayed up: then its leaf towards it,
 makes each of its paths lossy with probability q; greedily, the place whose lossy and
 clean paths that explains best against the background (:func:`evidence`, a
 log-likelihood ratio less the cost of naming one more place) is taken, its lossy paths
-explained, until no place earns its cost or explains ``MIN_PATHS`` more. So a spine dropping every flow to one host is named with
-the host (all its paths there lost, none clean), and one dropping 30 % of all its flows
-as the spine (a few lossy paths towards one host among its clean ones earn less). Places
-that explain exactly the same paths cannot be told apart and are named together.
+explained, until no place earns its cost or explains ``MIN_PATHS`` more. So a spine
+dropping every flow to one host is named with the host (all its paths there lost, none
+clean), and one dropping 30 % of all its flows as the spine (a few lossy paths towards
+one host among its clean ones earn less). Places that explain exactly the same paths cannot be told apart and are named together.
 
 **Not a flap, not contention.** A path whose traced spine changed after its loss began
 moved (a link went and routing took it out: :mod:`analytics.detect.paths` names that
