@@ -30,7 +30,8 @@ log-likelihood ratio less the cost of naming one more place) is taken, its lossy
 explained, until no place earns its cost or explains ``MIN_PATHS`` more. So a spine
 dropping every flow to one host is named with the host (all its paths there lost, none
 clean), and one dropping 30 % of all its flows as the spine (a few lossy paths towards
-one host among its clean ones earn less). Places that explain exactly the same paths cannot be told apart and are named together.
+one host among its clean ones earn less). Places that explain exactly the same paths
+cannot be told apart and are named together.
 
 **Not a flap, not contention.** A path whose traced spine changed after its loss began
 moved (a link went and routing took it out: :mod:`analytics.detect.paths` names that
