@@ -757,6 +757,53 @@ def test_a_spine_silently_dropping_one_host_is_named_with_the_host_within_5_s(
     assert any(c["anomaly_id"] == closed for c in live()["anomalies"]["recently_closed"])
 
 
+def test_a_leaf_black_holing_its_own_host_is_named_from_that_hosts_port(
+    opsbox: dict[str, Any],
+) -> None:
+    """A blackhole /32 in a leaf's kernel table for one of its own hosts: every path into
+    that host is lost, from every rack, while it sends on and its link stays up. The
+    probes alone cannot tell it from the host losing all it receives; the host's port,
+    which counts nothing in, can."""
+    from analytics.detect.silent_drop import WARMUP_NS
+
+    lab, live = opsbox["lab"], opsbox["live"]
+    topo = lab.topology
+    seed = int(time.time_ns() % 100_000)
+    host = random.Random(seed).choice(topo.hosts)
+    leaf = next(r for r in topo.leaves if r.name == host.rack)
+    route = ["ip", "-n", leaf.namespace, "route"]
+    blackhole = ["blackhole", f"{host.backend_address}/32"]
+
+    def named() -> dict[str, Any] | None:
+        got = [a for a in _open(live, "silent_drop") if a["evidence"]["switch"] == leaf.name]
+        return got[0] if got else None
+
+    _wait(lambda: not _open(live, "flapping_link") and not _open(live, "contention")
+          and not _open(live, "silent_drop"), 90, "earlier anomalies closed")  # fmt: skip
+    young = WARMUP_NS / 1e9 - (time.monotonic() - opsbox["traced_at"])
+    time.sleep(max(3.0, young + 1.0))
+    try:
+        t0 = time.monotonic()
+        subprocess.run([*route, "add", *blackhole], check=True)
+        a = _wait(named, 30, f"seed {seed}: silent_drop at {leaf.name} towards {host.name}")
+        latency = time.monotonic() - t0
+        print(f"blackhole {host.name} on its leaf {leaf.name} -> anomaly in {latency:.2f} s: "
+              f"{a['summary']}")  # fmt: skip
+        ev = a["evidence"]
+        assert ev["destinations"] == [host.name], (seed, ev)
+        assert a["link"] == "" and ev["links"] == [], (seed, a)  # no other link leads there
+        assert ev["port_rx_packets"][host.name] * 10 < ev["lost_probes"], (seed, ev)
+        assert f"{host.name}'s NIC (receiving)" in ev["candidates"], (seed, ev)
+        assert latency <= 10.0, f"seed {seed}: named after {latency:.1f} s"
+        assert not _open(live, "flapping_link") and not _open(live, "contention")
+        assert len(_open(live, "silent_drop")) == 1, _open(live, "silent_drop")
+    finally:
+        subprocess.run([*route, "del", *blackhole], check=False)
+    closed = a["anomaly_id"]
+    _wait(lambda: named() is None, 40, f"seed {seed}: closed once the route is gone")
+    assert any(c["anomaly_id"] == closed for c in live()["anomalies"]["recently_closed"])
+
+
 def _judged_for_jobs(
     ev: dict[str, Any], s: str, n: int, reroute: float, limits: dict[str, float], what: str
 ) -> None:
