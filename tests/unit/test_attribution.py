@@ -104,6 +104,17 @@ def test_a_leaf_dropping_one_host_explains_its_racks_pairs_to_that_host_only() -
     assert attribution.place_name(drop) == "leaf1 towards h3-1"
 
 
+def test_a_leaf_dropping_its_own_host_explains_every_pair_to_it_its_racks_too() -> None:
+    own = {"anomaly_id": "silent-2", "kind": "silent_drop", "link": "",
+           "evidence": {"switch": "leaf3", "destinations": ["h3-1"],
+                        "from_racks": ["leaf1", "leaf2", "leaf3"], "links": [],
+                        "port_rx_packets": {"h3-1": 0}}}  # fmt: skip
+    lost = {(s, "h3-1"): 100 for s in ("h1-1", "h1-2", "h2-1", "h2-2", "h3-2")}
+    verdicts = _verdicts(_mesh(lost), [own])
+    assert set(verdicts.values()) == {"affected"}, verdicts
+    assert attribution.place_name(own) == "leaf3 towards h3-1"
+
+
 def test_clockmesh_live_names_the_culprit_and_counts_the_affected_apart() -> None:
     doc = sample_host_flap()
     rows = {r.host: r for r in live_cli.summarise(doc)}
