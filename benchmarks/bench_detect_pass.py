@@ -9,7 +9,8 @@ healthy probes — ``--hosts`` hosts in racks of 4, each probing ``--buddies`` o
 source ports, one round every 0.5 s, clocks known — first 30 s (the silent-drop history
 fills), then ``--passes`` passes timed one by one. The demo lab is 16 hosts with ~12
 buddies (~3,300 probes/s). Prints the machine, the paths, the probes per pass, and each
-module's CPU time per pass (median, p90) and the share of one core at 2 passes a second.
+module's CPU time per pass (median, p90) and the share of one core at 2 passes a second,
+and the routes the contention pass judged (its cost grows with them).
 """
 
 from __future__ import annotations
@@ -88,11 +89,16 @@ def main() -> None:
             timed["contention"].append(c2 - c1)
     print(f"{n} hosts, {len(paths)} paths, {len(paths)} probes a pass (a round every 0.5 s), "
           f"{args.passes} passes after 30 s of history")  # fmt: skip
+    routes = len(delays._last_windows)  # (src, dst, spine) judged in the last pass
     for name, cpu in timed.items():
         a = np.array(cpu) * 1e3
         print(f"{name:12s} CPU per pass: median {np.median(a):.1f} ms, p90 "
               f"{np.percentile(a, 90):.1f} ms; at 2 passes/s {2 * np.median(a) / 10:.1f} % "
               f"of a core")  # fmt: skip
+    # The contention pass walks every route in Python (PathDelays.windows and its
+    # verdicts): it grows with routes, which sampling probes does not bound.
+    per_route = np.median(timed["contention"]) / max(routes, 1) * 1e6
+    print(f"contention   {routes} routes judged: {per_route:.1f} µs of CPU per route and pass")
 
 
 if __name__ == "__main__":
