@@ -305,9 +305,10 @@ class _Ports:
     def received(self, host: int, now_ns: int) -> int | None:
         """Packets ``host``'s port counted in over the last ``RX_SPAN_NS`` — or None when
         that cannot be told: no port known, samples older than a span or spanning less
-        than two thirds of it, its link not up throughout (operstate, carrier losses)."""
+        than half of it (samples a second apart drift), its link not up throughout
+        (operstate, carrier losses)."""
         d = self.samples.get(host)
-        if not d or d[-1][0] < now_ns - RX_SPAN_NS or d[-1][0] - d[0][0] < RX_SPAN_NS * 2 // 3:
+        if not d or d[-1][0] < now_ns - RX_SPAN_NS or d[-1][0] - d[0][0] < RX_SPAN_NS // 2:
             return None
         if any(op != UP or lost for _t, _rx, op, lost in d):
             return None
@@ -683,11 +684,12 @@ class SilentDrops:
         out: dict[str, Observation] = {}
         for places, covered in chosen:
             if not all(p.reported for p in places):
-                # a host's own loss, unless its port counted nothing in: its leaf's
+                # a host's own loss, unless its port counted nothing in: its leaf's — all
+                # that goes into the host, judged at its pace (nothing to wait for)
                 places = self._unreached(places, covered, lossy, clean, stats, now_ns)
                 if not places:
                     continue
-            if self._premature(places[0], pending, crossing):
+            elif self._premature(places[0], pending, crossing):
                 continue
             if len({src for src, _d, _p in covered}) < MIN_SOURCES:
                 self.one_source += 1

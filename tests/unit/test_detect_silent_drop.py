@@ -266,12 +266,18 @@ def test_a_leaf_dropping_its_own_host_is_named_when_the_hosts_port_counts_nothin
     switch's). Its port's counters tell them apart: nothing reached its NIC."""
 
     def own_host(s: int, d: int, p: int, spine: str, t: float) -> tuple[bool, float]:
-        return d == 11, 0.0
+        # Meanwhile three of h1-2's paths out lose two rounds in three (never five probes
+        # in a row), so in every pass one of them has just lost its newest: pending,
+        # through leaf1. Those must not hold the naming back (a scenario's leaf2
+        # black-holing h2-2 was never named: paths into h2-2 not yet judged lossy were
+        # pending in every pass).
+        stray = s == 12 and d == 31 and p - 40000 in (0, 1, 2) and int(t) % 3 != p - 40000
+        return (d == 11 and t >= 10) or stray, 0.0
 
     def port(h: int, t: float) -> tuple[int, int]:
         return (0 if h == 11 and t >= 10 else 120), 6  # link up all along
 
-    every = _run(own_host, seconds=12, port=port)
+    every = _run(own_host, seconds=14, port=port)
     (obs,) = every[-1]
     e = obs.evidence
     assert (e["switch"], e["destinations"], e["links"]) == ("leaf1", ["h1-1"], []), obs.summary
@@ -281,9 +287,9 @@ def test_a_leaf_dropping_its_own_host_is_named_when_the_hosts_port_counts_nothin
     first = next(i for i, o in enumerate(every) if o)
     assert first <= 10 + 6, first  # within a few seconds of the drop
     # The same loss with the packets counted in (h1-1's socket drops them): not its leaf.
-    assert not any(_run(own_host, seconds=12, port=lambda h, t: (120, 6)))
+    assert not any(_run(own_host, seconds=14, port=lambda h, t: (120, 6)))
     # ... nor with the port's counters unknown, or its link down meanwhile.
-    assert not any(_run(own_host, seconds=12))
+    assert not any(_run(own_host, seconds=14))
 
 
 def test_paths_that_moved_off_a_failed_link_and_links_under_suspicion_are_not_judged() -> None:
