@@ -680,16 +680,21 @@ class SilentDrops:
                      and clean_of[p] == clean_of[best]]  # fmt: skip
             chosen.append((sorted(twins, key=repr), covered))
             left -= covered
+        # A host's own loss is not a switch's, unless its port counted nothing in: then
+        # its leaf's (all that goes into the host, judged at its pace: nothing to wait for)
+        own: set[int] = set()
+        for i, (places, covered) in enumerate(chosen):
+            if not all(p.reported for p in places):
+                leaf = self._unreached(places, covered, lossy, clean, stats, now_ns)
+                if leaf:
+                    chosen[i] = (leaf, covered)
+                    own.add(i)
         reportable = sum(len(c) for places, c in chosen if all(p.reported for p in places))
         out: dict[str, Observation] = {}
-        for places, covered in chosen:
+        for i, (places, covered) in enumerate(chosen):
             if not all(p.reported for p in places):
-                # a host's own loss, unless its port counted nothing in: its leaf's — all
-                # that goes into the host, judged at its pace (nothing to wait for)
-                places = self._unreached(places, covered, lossy, clean, stats, now_ns)
-                if not places:
-                    continue
-            elif self._premature(places[0], pending, crossing):
+                continue  # a host's own loss: its port counters speak for it
+            if i not in own and self._premature(places[0], pending, crossing):
                 continue
             if len({src for src, _d, _p in covered}) < MIN_SOURCES:
                 self.one_source += 1

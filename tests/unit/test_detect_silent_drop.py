@@ -282,6 +282,7 @@ def test_a_leaf_dropping_its_own_host_is_named_when_the_hosts_port_counts_nothin
     e = obs.evidence
     assert (e["switch"], e["destinations"], e["links"]) == ("leaf1", ["h1-1"], []), obs.summary
     assert e["from_racks"] == ["leaf1", "leaf2", "leaf3"] and e["port_rx_packets"] == {"h1-1": 0}
+    assert e["confidence"] == 1.0  # every lossy path a switch could have lost: this one
     assert "leaf1 towards h1-1 silently drops traffic" in obs.summary
     assert "h1-1's NIC (receiving)" in e["candidates"]
     first = next(i for i, o in enumerate(every) if o)
