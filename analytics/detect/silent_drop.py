@@ -334,7 +334,6 @@ class SilentDrops:
         # started after the drop would not know where it goes
         self.recalled = recalled if recalled is not None else {}
         self.ports = _Ports(access_ports)  # (host, netdev) of each host's leaf link
-        self.port_rx: dict[int, int] = {}  # this pass: host -> packets in (_unreached)
         self._link_spine = {name: spine for (_leaf, spine), name in links_by_ends.items()}
         self.host_names = host_names if host_names is not None else {}
         # () -> links whose paths are not judged now (suspected flaps, maintenance)
@@ -342,8 +341,9 @@ class SilentDrops:
         self._tx = _Cols()  # sent, not judged yet
         self._rx = _Cols()  # received, not matched yet
         self._hist = _Cols()  # judged: src, dst, sport, tx_ns, lost, delay
-        self.watermark: dict[int, int] = {}  # receiver -> newest rx_ns it shipped
-        self.sent_mark: dict[int, int] = {}  # host -> its newest send shipped, less SEND_LAG_NS
+        # host -> every receive up to this shipped: its newest rx_ns shipped, or its newest
+        # send shipped less SEND_LAG_NS
+        self.watermark: dict[int, int] = {}
         self.sample_bits = 0  # paths kept: hash % 2**bits == 0 (grows, never shrinks)
         # path -> (its spine when it went lossy, the pass that first saw it lossy)
         self._lossy: dict[tuple[int, int, int], tuple[str, int]] = {}
@@ -376,21 +376,20 @@ class SilentDrops:
             cols = {k: v[keep] for k, v in cols.items()}
         if name == "probe_tx":
             self._tx.add(cols)
-            src, tx = cols["src"], cols["tx_ns"]
-            order = np.lexsort((tx, src))
-            last = np.flatnonzero(np.append(src[order][1:] != src[order][:-1], True))
-            for h, t in zip(src[order][last].tolist(), tx[order][last].tolist(), strict=True):
-                if t - SEND_LAG_NS > self.sent_mark.get(h, 0):
-                    self.sent_mark[h] = t - SEND_LAG_NS
+            self._raise_watermarks(cols["src"], cols["tx_ns"] - SEND_LAG_NS)
             return
         dst, rx = cols["dst"], cols["rx_ns"]
-        order = np.lexsort((rx, dst))
-        last = np.flatnonzero(np.append(dst[order][1:] != dst[order][:-1], True))
-        for d, t in zip(dst[order][last].tolist(), rx[order][last].tolist(), strict=True):
-            if t > self.watermark.get(d, 0):
-                self.watermark[d] = t
+        self._raise_watermarks(dst, rx)
         self._rx.add({"key": _key(cols["src"], cols["seq"]), "rx_ns": rx,
                       "path": _key(cols["src"], dst, cols["sport"])})  # fmt: skip
+
+    def _raise_watermarks(self, hosts: np.ndarray, ns: np.ndarray) -> None:
+        """Each of ``hosts`` has shipped every receive up to its newest of ``ns``."""
+        order = np.lexsort((ns, hosts))
+        last = np.flatnonzero(np.append(hosts[order][1:] != hosts[order][:-1], True))
+        for h, t in zip(hosts[order][last].tolist(), ns[order][last].tolist(), strict=True):
+            if t > self.watermark.get(h, 0):
+                self.watermark[h] = t
 
     def _judge(self) -> None:
         """Match the pending probe_tx with the probe_rx; judged ones go to the history."""
@@ -413,8 +412,7 @@ class SilentDrops:
             newest_rx = int(self._rx.data["rx_ns"].max())
             self._rx.keep(~used & (self._rx.data["rx_ns"] >= newest_rx - int(PENDING_S * 1e9)))
         uniq, inv = np.unique(tx["dst"], return_inverse=True)
-        wm = np.array([max(self.watermark.get(d, 0), self.sent_mark.get(d, 0))
-                       for d in uniq.tolist()], np.int64)[inv]  # fmt: skip
+        wm = np.array([self.watermark.get(d, 0) for d in uniq.tolist()], np.int64)[inv]
         judged = matched | (wm >= tx["tx_ns"] + int(MARGIN_S * 1e9))
         self._started(tx["src"][matched], tx["dst"][matched], tx["tx_ns"][matched])
         self._unstarted_since(tx["src"], tx["dst"], tx["tx_ns"], judged & ~matched)
@@ -605,7 +603,6 @@ class SilentDrops:
 
     def observations(self, now_ns: int) -> list[Observation]:
         stats = self.path_stats()
-        self.port_rx = {}
         excluded = set(self.excluded_links())
         lossy: set[tuple[int, int, int]] = set()
         clean: set[tuple[int, int, int]] = set()
@@ -682,13 +679,14 @@ class SilentDrops:
             left -= covered
         # A host's own loss is not a switch's, unless its port counted nothing in: then
         # its leaf's (all that goes into the host, judged at its pace: nothing to wait for)
-        own: set[int] = set()
+        own: dict[int, int] = {}  # chosen index -> packets its host's port counted in
         for i, (places, covered) in enumerate(chosen):
             if not all(p.reported for p in places):
-                leaf = self._unreached(places, covered, lossy, clean, stats, now_ns)
-                if leaf:
-                    chosen[i] = (leaf, covered)
-                    own.add(i)
+                got = self._unreached(places, covered, lossy, clean, stats, now_ns)
+                if got is not None:
+                    d = places[0].name
+                    chosen[i] = ([Place("to", self.host_rack[int(d)], d)], covered)
+                    own[i] = got
         reportable = sum(len(c) for places, c in chosen if all(p.reported for p in places))
         out: dict[str, Observation] = {}
         for i, (places, covered) in enumerate(chosen):
@@ -708,7 +706,8 @@ class SilentDrops:
             if rise > RISE_NS or hops & self._queued.keys():
                 self.held_as_queue += 1
                 continue
-            obs = self._observation(places, covered, clean_of, crossing, stats, rise, reportable)
+            obs = self._observation(places, covered, clean_of, crossing, stats, rise, reportable,
+                                    own.get(i))  # fmt: skip
             seen = out.get(obs.key)
             if seen is None:
                 out[obs.key] = obs
@@ -724,31 +723,26 @@ class SilentDrops:
         clean: set[tuple[int, int, int]],
         stats: dict[tuple[int, int, int], dict[str, float]],
         now_ns: int,
-    ) -> list[Place]:
-        """Every path into one host lossy (``places``: that host's receiving): its leaf
-        towards it, ``[("to", leaf, host)]``, when the host's port counted (nearly) no
-        packet in over ``RX_SPAN_NS`` while its link stayed up and its own paths out
-        delivered — the packets never reached its NIC. [] otherwise: a host whose port
-        counts them in and then loses them (its socket, its collector) is its own
-        problem; a host whose link is down or that sends nothing is a flap's or its own.
-        (A NIC that discards what it receives before counting it looks the same: the
-        evidence says so.)"""
+    ) -> int | None:
+        """Every path into one host lossy (``places``: that host's receiving): the packets
+        its port counted in over ``RX_SPAN_NS``, when that is (nearly) none while its link
+        stayed up and its own paths out delivered — the packets never reached its NIC, its
+        leaf towards it dropped them. None otherwise: a host whose port counts them in and
+        then loses them (its socket, its collector) is its own problem; a host whose link
+        is down or that sends nothing is a flap's or its own. (A NIC that discards what it
+        receives before counting it looks the same: the evidence says so.)"""
         if len(places) != 1 or places[0].what != "in":
-            return []
+            return None
         d = int(places[0].name)
-        leaf = self.host_rack.get(d)
         out = [k for k in lossy | clean if k[0] == d]
-        if not leaf or len(out) < MIN_PATHS or any(k in lossy for k in out):
-            return []
+        if not self.host_rack.get(d) or len(out) < MIN_PATHS or any(k in lossy for k in out):
+            return None
         got = self.ports.received(d, now_ns)
         if got is None:
-            return []
+            return None
         sent = sum(stats[k]["sent"] for k in covered) * (1 << self.sample_bits)
         per_span = sent * RX_SPAN_NS / (WINDOW_S * 1e9)
-        if got > max(RX_FLOOR, RX_SHARE * per_span):
-            return []
-        self.port_rx[d] = got
-        return [Place("to", leaf, str(d))]
+        return got if got <= max(RX_FLOOR, RX_SHARE * per_span) else None
 
     def _premature(
         self,
@@ -800,7 +794,10 @@ class SilentDrops:
         stats: dict[tuple[int, int, int], dict[str, float]],
         rise: float,
         reportable: int,
+        port_rx: int | None = None,
     ) -> Observation:
+        """``port_rx``: for a leaf towards its own host, the packets that host's port counted
+        in (:meth:`_unreached`)."""
         name = self.host_names.get
         best = places[0]
         to = [p for p in places if p.what == "to"]
@@ -841,14 +838,14 @@ class SilentDrops:
         if len(links) == 1:
             summary += f"; out of service: {links[0]}"
         alternatives = [_words(p, name) for p in places]
-        unreached = [int(p.detail) for p in to if int(p.detail) in self.port_rx]
-        for d in unreached:  # its own host: the probes never reached the host's NIC
+        if port_rx is not None:  # its own host: the probes never reached the host's NIC
+            host = dests[0]
             summary += (
-                f"; {name(d, f'host {d}')}'s port counted {self.port_rx[d]} packet(s) in over "
+                f"; {host}'s port counted {port_rx} packet(s) in over "
                 f"{RX_SPAN_NS / 1e9:.0f} s, its link up and its own probes out delivered"
                 " (or its NIC discards what it receives before counting it)"
             )
-            alternatives.append(f"{name(d, f'host {d}')}'s NIC (receiving)")
+            alternatives.append(f"{host}'s NIC (receiving)")
         obs = Observation(
             kind=KIND,
             key=key,
@@ -878,10 +875,8 @@ class SilentDrops:
                 "source": "probe loss per (pair, source port), paths from traces, tomography",
             },
         )
-        if unreached:
-            obs.evidence["port_rx_packets"] = {
-                name(d, f"host {d}"): self.port_rx[d] for d in unreached
-            }
+        if port_rx is not None:
+            obs.evidence["port_rx_packets"] = {dests[0]: port_rx}
         return obs
 
 
