@@ -8,6 +8,7 @@ topology file.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import re
 import subprocess
@@ -703,6 +704,41 @@ def test_no_silent_drop_is_claimed_when_healthy_nor_during_a_flap_or_contention(
     assert _silent_drops_in_store(opsbox["store"]) == []
 
 
+@contextlib.contextmanager
+def _blackholed(router: Any, host: Any) -> Iterator[float]:
+    """A plain blackhole /32 for ``host`` in ``router``'s kernel table (not through FRR,
+    not through `lab drop`): BGP keeps advertising, every link stays up, no ICMP is sent.
+    Yields when it went in (monotonic); removed on the way out, even on failure."""
+    route = ["ip", "-n", router.namespace, "route"]
+    hole = ["blackhole", f"{host.backend_address}/32"]
+    t0 = time.monotonic()
+    subprocess.run([*route, "add", *hole], check=True)
+    try:
+        yield t0
+    finally:
+        subprocess.run([*route, "del", *hole], check=False)
+
+
+def _silent_drop_at(
+    live: Callable[[], dict[str, Any]], switch: str
+) -> Callable[[], dict[str, Any] | None]:
+    """The open silent_drop naming ``switch``, or None."""
+
+    def named() -> dict[str, Any] | None:
+        got = [a for a in _open(live, "silent_drop") if a["evidence"]["switch"] == switch]
+        return got[0] if got else None
+
+    return named
+
+
+def _closed_with_the_route(
+    live: Callable[[], dict[str, Any]], named: Callable[[], Any], a: dict[str, Any], what: str
+) -> None:
+    _wait(lambda: named() is None, 40, f"{what}: closed once the route is gone")
+    recent = live()["anomalies"]["recently_closed"]
+    assert any(c["anomaly_id"] == a["anomaly_id"] for c in recent)
+
+
 def test_a_spine_silently_dropping_one_host_is_named_with_the_host_within_5_s(
     opsbox: dict[str, Any],
 ) -> None:
@@ -718,13 +754,7 @@ def test_a_spine_silently_dropping_one_host_is_named_with_the_host_within_5_s(
     rng = random.Random(seed)
     spine = rng.choice(topo.spines)
     host = rng.choice(topo.hosts)
-    route = ["ip", "-n", spine.namespace, "route"]
-    blackhole = ["blackhole", f"{host.backend_address}/32"]
-
-    def named() -> dict[str, Any] | None:
-        got = [a for a in _open(live, "silent_drop") if a["evidence"]["switch"] == spine.name]
-        return got[0] if got else None
-
+    named = _silent_drop_at(live, spine.name)
     _wait(lambda: not _open(live, "flapping_link") and not _open(live, "contention"), 90,
           "earlier anomalies closed")  # fmt: skip
     # a pair is judged WARMUP_NS after its first delivered probe (a new pair's first
@@ -732,9 +762,7 @@ def test_a_spine_silently_dropping_one_host_is_named_with_the_host_within_5_s(
     young = WARMUP_NS / 1e9 - (time.monotonic() - opsbox["traced_at"])
     time.sleep(max(3.0, young + 1.0))
     assert named() is None, f"seed {seed}"
-    try:
-        t0 = time.monotonic()
-        subprocess.run([*route, "add", *blackhole], check=True)
+    with _blackholed(spine, host) as t0:
         a = _wait(named, 20, f"seed {seed}: silent_drop at {spine.name} towards {host.name}")
         latency = time.monotonic() - t0
         print(f"blackhole {host.name} on {spine.name} -> anomaly in {latency:.2f} s: "
@@ -750,11 +778,7 @@ def test_a_spine_silently_dropping_one_host_is_named_with_the_host_within_5_s(
         assert not _open(live, "flapping_link") and not _open(live, "contention")
         assert len(_open(live, "silent_drop")) == 1, _open(live, "silent_drop")
         _wait(lambda: (named() or {}).get("age_s", 0) >= 3.0, 10, "still named 3 s on")
-    finally:
-        subprocess.run([*route, "del", *blackhole], check=False)
-    closed = a["anomaly_id"]
-    _wait(lambda: named() is None, 40, f"seed {seed}: closed once the route is gone")
-    assert any(c["anomaly_id"] == closed for c in live()["anomalies"]["recently_closed"])
+    _closed_with_the_route(live, named, a, f"seed {seed}")
 
 
 def test_a_leaf_black_holing_its_own_host_is_named_from_that_hosts_port(
@@ -771,20 +795,12 @@ def test_a_leaf_black_holing_its_own_host_is_named_from_that_hosts_port(
     seed = int(time.time_ns() % 100_000)
     host = random.Random(seed).choice(topo.hosts)
     leaf = next(r for r in topo.leaves if r.name == host.rack)
-    route = ["ip", "-n", leaf.namespace, "route"]
-    blackhole = ["blackhole", f"{host.backend_address}/32"]
-
-    def named() -> dict[str, Any] | None:
-        got = [a for a in _open(live, "silent_drop") if a["evidence"]["switch"] == leaf.name]
-        return got[0] if got else None
-
+    named = _silent_drop_at(live, leaf.name)
     _wait(lambda: not _open(live, "flapping_link") and not _open(live, "contention")
           and not _open(live, "silent_drop"), 90, "earlier anomalies closed")  # fmt: skip
     young = WARMUP_NS / 1e9 - (time.monotonic() - opsbox["traced_at"])
     time.sleep(max(3.0, young + 1.0))
-    try:
-        t0 = time.monotonic()
-        subprocess.run([*route, "add", *blackhole], check=True)
+    with _blackholed(leaf, host) as t0:
         a = _wait(named, 30, f"seed {seed}: silent_drop at {leaf.name} towards {host.name}")
         latency = time.monotonic() - t0
         print(f"blackhole {host.name} on its leaf {leaf.name} -> anomaly in {latency:.2f} s: "
@@ -797,11 +813,7 @@ def test_a_leaf_black_holing_its_own_host_is_named_from_that_hosts_port(
         assert latency <= 10.0, f"seed {seed}: named after {latency:.1f} s"
         assert not _open(live, "flapping_link") and not _open(live, "contention")
         assert len(_open(live, "silent_drop")) == 1, _open(live, "silent_drop")
-    finally:
-        subprocess.run([*route, "del", *blackhole], check=False)
-    closed = a["anomaly_id"]
-    _wait(lambda: named() is None, 40, f"seed {seed}: closed once the route is gone")
-    assert any(c["anomaly_id"] == closed for c in live()["anomalies"]["recently_closed"])
+    _closed_with_the_route(live, named, a, f"seed {seed}")
 
 
 def _judged_for_jobs(
