@@ -89,6 +89,8 @@ LOST_AFTER_NS = 2_000_000_000  # no receive by the time the receiver shipped thi
 # (longer than any queue: a probe held 0.6 s in a lab queue is late, not lost)
 PENDING_NS = 10_000_000_000  # a send or receive waits this long for its other half
 PORT_LOSS = 0.01  # a host's port losing this share of its probes one way: that way is full
+ONE_WAY = 4.0  # a port's one way holding this many times the other's queue: that way is full
+CLOCKS_KEEP_NS = 60_000_000_000  # the solver's clocks kept (one copy per change) this long
 MAX_PROBES = 200_000  # rows per side and pass; beyond, a consistent sample by sequence
 COUNTER_SPAN_NS = 10_000_000_000  # counter rates over this long
 # The NIC's congestion counters (mlx5 sysfs: ports/<p>/hw_counters and counters/).
@@ -248,8 +250,13 @@ def _round_trip(host: int, judged: list[RouteWindow]) -> RoundTrip | None:
     and the routes through the others leave it out of the sum (a median of four routes out,
     two through a full uplink, is half that uplink's queue). The peers' clocks are many
     and independent."""
-    into = [w for w in judged if w.dst == host]
-    away = [w for w in judged if w.src == host]
+    return _round_trip_of(
+        [w for w in judged if w.dst == host], [w for w in judged if w.src == host]
+    )
+
+
+def _round_trip_of(into: list[RouteWindow], away: list[RouteWindow]) -> RoundTrip | None:
+    """:func:`_round_trip` of a host's judged routes ``into`` it and ``away`` from it."""
     if len(into) < MIN_SLOW_PATHS or len(away) < MIN_SLOW_PATHS:
         return None
     q = float(min(w.excess[0] for w in into) + min(w.excess[0] for w in away))
@@ -373,8 +380,17 @@ class PathDelays:
         # least MIN_PROBES of them): no window to judge, but the fullest queue of all
         self._dark: set[tuple[int, int]] = set()
         self._since: dict[tuple[str, str], int] = {}  # hop -> contended since (probe time)
-        # a host's access link said -> (that host, the direction its probes are lost, or None)
-        self._ports: dict[str, tuple[int, str | None]] = {}
+        # a host's access link said -> (that host, the way that is full or None, what told it)
+        self._ports: dict[str, tuple[int, str | None, str]] = {}
+        # The clock solver's solutions as they changed, newest CLOCKS_KEEP_NS of passes:
+        # (pass time, ref_ns, hosts sorted, offset_ns, drift), copies; and host -> the last
+        # pass its routes were healthy (its round trips hold no queue, no clock lead): what
+        # the solver has moved a host's clock by since then (:meth:`_clock_moved`).
+        self._clocks: ClockState | None = None
+        self._clock_copies: collections.deque[
+            tuple[int, int, np.ndarray, np.ndarray, np.ndarray]
+        ] = collections.deque()
+        self._healthy_at: dict[int, int] = {}
 
     # ---- clock-window medians (pair_excess) ----------------------------------------------
     def feed(self, src: np.ndarray, dst: np.ndarray, sport: np.ndarray, median: np.ndarray) -> None:
@@ -435,6 +451,8 @@ class PathDelays:
                 self._tx, self._rx = self._tx[:0], self._rx[:0]
         # rates only grow: seq % 2k == 0 keeps a subset of seq % k == 0 (rows sampled
         # when queued, at a lower rate, are sampled again here)
+        if clocks is not None:
+            self._clocks = clocks
         new_tx = np.concatenate([_fields(self.sampled(tx), _TX) for tx, _ in batches])
         new_rx = np.concatenate([_fields(self.sampled(rx), _RX) for _, rx in batches])
         self._mark(new_rx["dst"], new_rx["rx_ns"])
@@ -681,10 +699,15 @@ class PathDelays:
         trips: dict[int, RoundTrip | None] = {}
 
         leads = _clock_leads(judged)
+        into_of: dict[int, list[RouteWindow]] = collections.defaultdict(list)
+        away_of: dict[int, list[RouteWindow]] = collections.defaultdict(list)
+        for w in judged:
+            into_of[w.dst].append(w)
+            away_of[w.src].append(w)
 
         def round_trip(host: int) -> RoundTrip | None:
             if host not in trips:  # once per host and pass: the naming, holding and saying
-                trips[host] = _round_trip(host, judged)
+                trips[host] = _round_trip_of(into_of.get(host, []), away_of.get(host, []))
             return trips[host]
 
         # Largest estimated queue first: a hop is named when NAME_SHARE of the routes
@@ -755,7 +778,7 @@ class PathDelays:
         # queue, in a pass where the one-way delays name neither of its directions (the
         # clock solver, which cannot tell a queue every probe to one host waits in from
         # that host's clock running ahead, moves the clock and splits the queue).
-        for link, (host, _dir) in sorted(self._ports.items()):
+        for link, (host, *_) in sorted(self._ports.items()):
             rt = round_trip(host)
             if link not in ports and rt is not None and rt[0] > rt[1]:
                 ports[link] = host
@@ -772,24 +795,121 @@ class PathDelays:
         out = [self._observation(*f) for f in found
                if now - self._since[f[0]] >= PERSIST_NS or all(w.dropping for w in f[1])]  # fmt: skip
         # A port's direction: where its probes are lost (a full queue drops), clock-free;
-        # decided when first said and kept while it stays said. Undecided, it waits for
-        # the losses of its first second to be known before it is said without one.
-        said_ports: dict[str, tuple[int, str | None]] = {}
+        # else where they wait, against the host's clock as it stood while its routes were
+        # healthy (a byte-limited queue full of 1400-byte datagrams still takes most small
+        # probes: the lab's 20 Mbit/s incast lost under 1 % of them), once the losses of
+        # its first second are known and show neither way. Decided when first said and
+        # kept while it stays said.
+        said_ports: dict[str, tuple[int, str | None, str]] = {}
         for link, host in sorted(ports.items()):
             rt = round_trip(host)
             if rt is None:
                 continue
             held = now - self._since[(link, "port")]
             if link in self._ports:
-                direction = self._ports[link][1]
+                _, direction, told = self._ports[link]
             else:
-                direction = _loss_side(rt[2], rt[3])
+                direction, told = _loss_side(rt[2], rt[3]), "probe loss"
                 if held < PERSIST_NS or (direction is None and held < PERSIST_NS + LOST_AFTER_NS):
                     continue
-            said_ports[link] = (host, direction)
-            out.append(self._port_observation(link, host, direction, *rt))
+                if direction is None:
+                    direction, told = self._one_way_side(host, rt[2], rt[3])
+            said_ports[link] = (host, direction, told)
+            out.append(self._port_observation(link, host, direction, told, *rt))
         self._ports = said_ports
+        busy = set(ports.values()) | {h for h, *_ in said_ports.values()}
+        self._note_healthy(
+            [h for h in into_of if h in away_of and h not in busy], round_trip, leads
+        )
         return out
+
+    def _note_healthy(
+        self,
+        hosts: list[int],
+        round_trip: Callable[[int], RoundTrip | None],
+        leads: dict[tuple[int, str], float],
+    ) -> None:
+        """Keep a copy of the solver's clocks when they changed, and note the hosts whose
+        routes are healthy this pass: round trips without a queue, routes neither way
+        early (the clock the routes' baselines were learnt with still holds)."""
+        now, c = self.newest_ns, self._clocks
+        if c is None or not len(c.hosts):
+            return
+        copies = self._clock_copies
+        while copies and copies[0][0] < now - CLOCKS_KEEP_NS:
+            copies.popleft()
+        last = copies[-1] if copies else None
+        if (
+            last is None
+            or last[1] != c.ref_ns
+            or not np.array_equal(last[2], c.hosts)
+            or not np.array_equal(last[3], c.offset_ns)
+            or not np.array_equal(last[4], c.drift)
+        ):
+            copies.append((now, c.ref_ns, c.hosts.copy(), c.offset_ns.copy(), c.drift.copy()))
+        for h in hosts:
+            rt = round_trip(h)
+            if (
+                rt is not None
+                and rt[0] <= rt[1]
+                and (h, "in") not in leads
+                and (h, "out") not in leads
+            ):
+                self._healthy_at[h] = now
+
+    def _clock_moved(self, host: int) -> float | None:
+        """How far (ns) the clock solver has moved ``host``'s clock against its peers'
+        since the host's routes were last healthy — what its routes in now show less, and
+        its routes out more, than they wait (a clock sync takes a queue every probe into
+        one host waits in for that host's clock running ahead). None: never seen healthy,
+        or longer ago than the clocks kept, or not solved now."""
+        c, seen = self._clocks, self._healthy_at.get(host)
+        if c is None or seen is None:
+            return None
+        then = None
+        for copy in self._clock_copies:  # the solution in force at that pass
+            if copy[0] <= seen:
+                then = copy
+        if then is None:
+            return None
+        _, ref_then, hosts_then, off_then, drift_then = then
+        common, i_now, i_then = np.intersect1d(c.hosts, hosts_then, return_indices=True)
+        k = np.flatnonzero(common == host)
+        if not len(k) or len(common) < 2:
+            return None
+        now = float(self.newest_ns)
+        moved = (c.offset_ns[i_now] + c.drift[i_now] * (now - c.ref_ns)) - (
+            off_then[i_then] + drift_then[i_then] * (now - ref_then)
+        )
+        # against the peers': the solver's gauge (mean zero) moves them all a little
+        return float(moved[k[0]] - np.median(np.delete(moved, k[0])))
+
+    def _one_way_side(
+        self, host: int, into: list[RouteWindow], away: list[RouteWindow]
+    ) -> tuple[str | None, str]:
+        """The direction of a host's port that holds the queue, from the one-way delays:
+        each way's median standing queue, put back on the host's clock as it stood while
+        its routes were healthy — one way beyond its threshold and ``ONE_WAY`` times the
+        other, which is not early either; and the words saying so. (None, "") when the
+        clock then is not known or the two ways do not differ so."""
+        moved = self._clock_moved(host)
+        if moved is None:
+            return None, ""
+        q_in = float(np.median([w.excess[0] for w in into])) + moved
+        q_out = float(np.median([w.excess[0] for w in away])) - moved
+        t_in = float(np.median([w.thresholds[0] for w in into]))
+        t_out = float(np.median([w.thresholds[0] for w in away]))
+        name = self.host_names.get(host, str(host))
+        words = (
+            f"the probes to {name} waited {q_in / 1e3:.0f} µs, those from it "
+            f"{q_out / 1e3:.0f} µs, on {name}'s clock as it stood while its routes were "
+            f"healthy (the clock solver had moved it {moved / 1e3:+.0f} µs since)"
+        )
+        if q_in > t_in and abs(q_out) <= max(t_out, q_in / ONE_WAY):
+            return HOST_DOWN, words
+        if q_out > t_out and abs(q_in) <= max(t_in, q_out / ONE_WAY):
+            return HOST_UP, words
+        return None, ""
 
     def _learn(self, wins: list[RouteWindow], contended: set[tuple[str, str]]) -> None:
         """Healthy windows feed their route's baseline (one per window length). A window
@@ -886,11 +1006,12 @@ class PathDelays:
         )
 
     def _port_observation(
-        self, link: str, host: int, direction: str | None, queue: float, thr: float,
+        self, link: str, host: int, direction: str | None, told: str, queue: float, thr: float,
         into: list[RouteWindow], away: list[RouteWindow],
     ) -> Observation:  # fmt: skip
         """A queue at ``host``'s own port (:func:`_round_trip`): its size from the host's
-        round trips, its direction from where the probes are lost (None: unknown), each
+        round trips, its direction from where the probes are lost or, ``told`` in words,
+        where they waited (None: unknown), each
         route's excess as its own one-way excess plus the other way's median (the host's
         clock error cancels)."""
         side, other = (away, into) if direction == HOST_UP else (into, away)
@@ -908,9 +1029,12 @@ class PathDelays:
         how = (
             f"{loss:.0%} of the probes {'to' if direction == HOST_DOWN else 'from'} {name} "
             f"lost, {loss_out if direction == HOST_DOWN else loss_in:.0%} the other way"
+            if direction and told == "probe loss"
+            else f"when first named, {told}"
             if direction
-            else "no probes lost to tell which way: a queue every probe one way waits in "
-            f"looks like {name}'s clock to any clock sync"
+            else "no probes lost to tell which way, and no clock of "
+            f"{name}'s from while its routes were healthy to tell it by their delays: a queue "
+            f"every probe one way waits in looks like {name}'s clock to any clock sync"
         )
         summary = (
             f"{label} is contended: a standing queue of ≥{queue / 1e3:.0f} µs in {name}'s "
@@ -929,7 +1053,9 @@ class PathDelays:
             evidence={
                 "host": name,  # the culprit in /v1/live, its peers affected
                 "direction": direction or "unknown",
-                "direction_from": "probe loss" if direction else "",
+                "direction_from": ("probe loss" if told == "probe loss" else "one-way delays")
+                if direction
+                else "",
                 "candidates": [],
                 "candidate_hops": [] if direction else both,
                 "confidence": 1.0,
@@ -948,7 +1074,8 @@ class PathDelays:
                 "counters_behind": {"hosts": [name], "per_s": rates},
                 "source": "the host's round trips (the least standing queue of its routes "
                 "in plus the least out, clock-free), tomography of one-way delays for the place, "
-                "probe loss for the direction",
+                "probe loss (else the one-way delays on the host's healthy clock) for the "
+                "direction",
             },
         )
 
