@@ -1010,10 +1010,9 @@ class PathDelays:
         into: list[RouteWindow], away: list[RouteWindow],
     ) -> Observation:  # fmt: skip
         """A queue at ``host``'s own port (:func:`_round_trip`): its size from the host's
-        round trips, its direction from where the probes are lost or, ``told`` in words,
-        where they waited (None: unknown), each
-        route's excess as its own one-way excess plus the other way's median (the host's
-        clock error cancels)."""
+        round trips, its direction from where the probes are lost or where they waited
+        (``told``, in words; None: unknown), each route's excess as its own one-way excess
+        plus the other way's median (the host's clock error cancels)."""
         side, other = (away, into) if direction == HOST_UP else (into, away)
         back = float(np.median([w.excess[1] for w in other]))
         excesses = sorted(float(w.excess[1]) + back for w in side)
