@@ -818,20 +818,16 @@ class PathDelays:
             out.append(self._port_observation(link, host, direction, told, *rt))
         self._ports = said_ports
         busy = set(ports.values()) | {h for h, *_ in said_ports.values()}
-        self._note_healthy(
-            [h for h in into_of if h in away_of and h not in busy], round_trip, leads
-        )
+        self._note_healthy(judged, busy, leads)
         return out
 
     def _note_healthy(
-        self,
-        hosts: list[int],
-        round_trip: Callable[[int], RoundTrip | None],
-        leads: dict[tuple[int, str], float],
+        self, judged: list[RouteWindow], busy: set[int], leads: dict[tuple[int, str], float]
     ) -> None:
         """Keep a copy of the solver's clocks when they changed, and note the hosts whose
-        routes are healthy this pass: round trips without a queue, routes neither way
-        early (the clock the routes' baselines were learnt with still holds)."""
+        routes are healthy this pass: round trips without a queue (:func:`_round_trip`, for
+        every host at once), routes neither way early (the clock the routes' baselines were
+        learnt with still holds); ``busy``: hosts whose port is named."""
         now, c = self.newest_ns, self._clocks
         if c is None or not len(c.hosts):
             return
@@ -847,14 +843,23 @@ class PathDelays:
             or not np.array_equal(last[4], c.drift)
         ):
             copies.append((now, c.ref_ns, c.hosts.copy(), c.offset_ns.copy(), c.drift.copy()))
-        for h in hosts:
-            rt = round_trip(h)
-            if (
-                rt is not None
-                and rt[0] <= rt[1]
-                and (h, "in") not in leads
-                and (h, "out") not in leads
-            ):
+        if not judged:
+            return
+        pairs = np.array([(w.src, w.dst) for w in judged], np.int64)  # ids: not floats
+        cols = np.array([(w.excess[0], w.thresholds[0]) for w in judged], np.float64)
+        hosts, ends = np.unique(pairs, return_inverse=True)
+        ends = ends.reshape(-1, 2)
+        n = len(hosts)
+        rt = np.zeros(n)
+        enough = np.ones(n, bool)
+        for side in (1, 0):  # into each host (by dst), away from it (by src)
+            least = np.full(n, np.inf)
+            np.minimum.at(least, ends[:, side], cols[:, 0])
+            thr, count = _group_quantiles(ends[:, side], cols[:, 1], n, (50.0,))
+            rt += least - thr[:, 0]
+            enough &= count >= MIN_SLOW_PATHS
+        for h in hosts[enough & (rt <= 0)].tolist():
+            if h not in busy and (h, "in") not in leads and (h, "out") not in leads:
                 self._healthy_at[h] = now
 
     def _clock_moved(self, host: int) -> float | None:
