@@ -250,19 +250,34 @@ def _round_trip(host: int, judged: list[RouteWindow]) -> RoundTrip | None:
     and the routes through the others leave it out of the sum (a median of four routes out,
     two through a full uplink, is half that uplink's queue). The peers' clocks are many
     and independent."""
-    return _round_trip_of(
-        [w for w in judged if w.dst == host], [w for w in judged if w.src == host]
-    )
-
-
-def _round_trip_of(into: list[RouteWindow], away: list[RouteWindow]) -> RoundTrip | None:
-    """:func:`_round_trip` of a host's judged routes ``into`` it and ``away`` from it."""
-    if len(into) < MIN_SLOW_PATHS or len(away) < MIN_SLOW_PATHS:
+    trip = _round_trips(judged).get(host)
+    if trip is None:
         return None
-    q = float(min(w.excess[0] for w in into) + min(w.excess[0] for w in away))
-    thr = float(np.median([w.thresholds[0] for w in into])
-                + np.median([w.thresholds[0] for w in away]))  # fmt: skip
-    return q, thr, into, away
+    return *trip, [w for w in judged if w.dst == host], [w for w in judged if w.src == host]
+
+
+def _round_trips(judged: list[RouteWindow]) -> dict[int, tuple[float, float]]:
+    """:func:`_round_trip`'s queue and threshold for every host at once (numpy): host ->
+    (least excess in + least out, median threshold in + median out), for the hosts with
+    ``MIN_SLOW_PATHS`` judged routes each way."""
+    if not judged:
+        return {}
+    pairs = np.array([(w.src, w.dst) for w in judged], np.int64)  # ids: not floats
+    cols = np.array([(w.excess[0], w.thresholds[0]) for w in judged], np.float64)
+    hosts, ends = np.unique(pairs, return_inverse=True)
+    ends = ends.reshape(-1, 2)
+    n = len(hosts)
+    q, thr = np.zeros(n), np.zeros(n)
+    enough = np.ones(n, bool)
+    for side in (1, 0):  # into each host (by dst), away from it (by src)
+        least = np.full(n, np.inf)
+        np.minimum.at(least, ends[:, side], cols[:, 0])
+        mid, count = _group_quantiles(ends[:, side], cols[:, 1], n, (50.0,))
+        q += least
+        thr += mid[:, 0]
+        enough &= count >= MIN_SLOW_PATHS
+    return {int(h): (float(a), float(b))
+            for h, a, b in zip(hosts[enough], q[enough], thr[enough], strict=True)}  # fmt: skip
 
 
 def _clock_leads(judged: list[RouteWindow]) -> dict[tuple[int, str], float]:
@@ -696,7 +711,7 @@ class PathDelays:
         named: dict[tuple[str, str], float] = {}  # hop -> the queue it holds at least (ns)
         masked: dict[tuple[str, str], float] = {}  # hop -> its estimate, not named
         ports: dict[str, int] = {}  # a host's access link named -> that host
-        trips: dict[int, RoundTrip | None] = {}
+        trips = _round_trips(judged)  # once per pass: the naming, holding and saying
 
         leads = _clock_leads(judged)
         into_of: dict[int, list[RouteWindow]] = collections.defaultdict(list)
@@ -706,9 +721,8 @@ class PathDelays:
             away_of[w.src].append(w)
 
         def round_trip(host: int) -> RoundTrip | None:
-            if host not in trips:  # once per host and pass: the naming, holding and saying
-                trips[host] = _round_trip_of(into_of.get(host, []), away_of.get(host, []))
-            return trips[host]
+            trip = trips.get(host)
+            return None if trip is None else (*trip, into_of[host], away_of[host])
 
         # Largest estimated queue first: a hop is named when NAME_SHARE of the routes
         # across it (every one, below five) waited more than its threshold beyond what
@@ -818,16 +832,19 @@ class PathDelays:
             out.append(self._port_observation(link, host, direction, told, *rt))
         self._ports = said_ports
         busy = set(ports.values()) | {h for h, *_ in said_ports.values()}
-        self._note_healthy(judged, busy, leads)
+        self._note_healthy(trips, busy, leads)
         return out
 
     def _note_healthy(
-        self, judged: list[RouteWindow], busy: set[int], leads: dict[tuple[int, str], float]
+        self,
+        trips: dict[int, tuple[float, float]],
+        busy: set[int],
+        leads: dict[tuple[int, str], float],
     ) -> None:
         """Keep a copy of the solver's clocks when they changed, and note the hosts whose
-        routes are healthy this pass: round trips without a queue (:func:`_round_trip`, for
-        every host at once), routes neither way early (the clock the routes' baselines were
-        learnt with still holds); ``busy``: hosts whose port is named."""
+        routes are healthy this pass: round trips without a queue (``trips``, of
+        :func:`_round_trips`), routes neither way early (the clock the routes' baselines
+        were learnt with still holds); ``busy``: hosts whose port is named."""
         now, c = self.newest_ns, self._clocks
         if c is None or not len(c.hosts):
             return
@@ -843,23 +860,8 @@ class PathDelays:
             or not np.array_equal(last[4], c.drift)
         ):
             copies.append((now, c.ref_ns, c.hosts.copy(), c.offset_ns.copy(), c.drift.copy()))
-        if not judged:
-            return
-        pairs = np.array([(w.src, w.dst) for w in judged], np.int64)  # ids: not floats
-        cols = np.array([(w.excess[0], w.thresholds[0]) for w in judged], np.float64)
-        hosts, ends = np.unique(pairs, return_inverse=True)
-        ends = ends.reshape(-1, 2)
-        n = len(hosts)
-        rt = np.zeros(n)
-        enough = np.ones(n, bool)
-        for side in (1, 0):  # into each host (by dst), away from it (by src)
-            least = np.full(n, np.inf)
-            np.minimum.at(least, ends[:, side], cols[:, 0])
-            thr, count = _group_quantiles(ends[:, side], cols[:, 1], n, (50.0,))
-            rt += least - thr[:, 0]
-            enough &= count >= MIN_SLOW_PATHS
-        for h in hosts[enough & (rt <= 0)].tolist():
-            if h not in busy and (h, "in") not in leads and (h, "out") not in leads:
+        for h, (q, thr) in trips.items():
+            if q <= thr and h not in busy and (h, "in") not in leads and (h, "out") not in leads:
                 self._healthy_at[h] = now
 
     def _clock_moved(self, host: int) -> float | None:
