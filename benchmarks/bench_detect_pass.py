@@ -1,6 +1,7 @@
 """CPU of the detector's streamed-probe passes: silent drops and contention, per pass.
 
     .venv/bin/python benchmarks/bench_detect_pass.py [--hosts 16] [--buddies 12] [--passes 60]
+    .venv/bin/python benchmarks/bench_detect_pass.py --hosts 1024 --passes 10 --baseline main
 
 The ingest daemon's detector runs a pass every 0.2–0.5 s over the probes committed since
 the last one (:class:`analytics.detect.silent_drop.SilentDrops`,
@@ -11,12 +12,20 @@ fills), then ``--passes`` passes timed one by one. The demo lab is 16 hosts with
 buddies (~3,300 probes/s). Prints the machine, the paths, the probes per pass, and each
 module's CPU time per pass (median, p90) and the share of one core at 2 passes a second,
 and the routes the contention pass judged (its cost grows with them).
+
+``--baseline REV`` also feeds the same probes to the contention check of git revision REV
+(``analytics/detect/contention.py`` loaded from ``git show``), timed pass by pass
+alternately with today's in this process, and prints both and the speed-up; the two must
+judge the same routes and say the same (nothing, on this healthy fleet).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import subprocess
 import sys
+import tempfile
 import time
 import zlib
 from pathlib import Path
@@ -31,9 +40,35 @@ from analytics.detect.silent_drop import SilentDrops
 from benchmarks.machine import describe
 from collector import records
 
+ROOT = Path(__file__).resolve().parents[1]
 NS = 1_000_000_000
 T0 = 1_800_000_000 * NS
 SPINES = ("spine1", "spine2")
+
+
+def baseline_contention(rev: str) -> tuple[str, type]:
+    """``(commit, PathDelays)`` of ``analytics/detect/contention.py`` at git revision
+    ``rev``, imported as module ``contention_baseline`` (its other imports today's)."""
+
+    def git(*argv: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(ROOT), *argv], capture_output=True, text=True, check=True
+        ).stdout
+
+    try:
+        commit = git("rev-parse", "--short", "--verify", rev + "^{commit}").strip()
+        text = git("show", f"{rev}:analytics/detect/contention.py")
+    except subprocess.CalledProcessError:
+        raise SystemExit(f"--baseline: expected a git revision of {ROOT}, got {rev!r}") from None
+    with tempfile.TemporaryDirectory(prefix="clockmesh-bench-baseline-") as tmp:
+        path = Path(tmp) / "contention_baseline.py"
+        path.write_text(text)
+        spec = importlib.util.spec_from_file_location("contention_baseline", path)
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["contention_baseline"] = mod  # (dataclasses look their module up)
+        spec.loader.exec_module(mod)
+    return commit, mod.PathDelays
 
 
 def main() -> None:
@@ -41,9 +76,11 @@ def main() -> None:
     ap.add_argument("--hosts", type=int, default=16)
     ap.add_argument("--buddies", type=int, default=12)
     ap.add_argument("--passes", type=int, default=60)
+    ap.add_argument("--baseline", metavar="REV", help="also time contention at git revision REV")
     args = ap.parse_args()
     if args.hosts < 8 or not 1 <= args.buddies < args.hosts:
         ap.error("--hosts: 8 or more; --buddies: 1 to hosts - 1")
+    base = baseline_contention(args.baseline) if args.baseline else None
     print(describe(numpy=np.__version__))
     hosts = list(range(1, args.hosts + 1))
     rack = {h: f"leaf{(h - 1) // 4 + 1}" for h in hosts}
@@ -56,12 +93,15 @@ def main() -> None:
                 for s, d, p in paths.tolist()}  # fmt: skip
     drops = SilentDrops(rack, by_ends, spine_of, names)
     delays = PathDelays(rack, by_ends, spine_of, names)
+    before = base[1](rack, by_ends, spine_of, names) if base else None
     n = len(hosts)
     clocks = ClockState(0, np.array(hosts, np.int64), np.zeros(n), np.zeros(n), np.zeros(n),
                         np.zeros(n), np.zeros(n, np.int64))  # fmt: skip
     rng = np.random.default_rng(1)
     seq = 0
     timed: dict[str, list[float]] = {"silent_drop": [], "contention": []}
+    if base:
+        timed[f"contention at {base[0]}"] = []
     warm = 60
     for i in range(warm + args.passes):
         t = T0 + i * NS // 2
@@ -82,11 +122,24 @@ def main() -> None:
         drops.observations(t)
         c1 = time.process_time()
         delays.feed_probes(tx, rx, clocks)
-        delays.observations(t)
+        said = delays.observations(t)
         c2 = time.process_time()
         if i >= warm:
             timed["silent_drop"].append(c1 - c0)
             timed["contention"].append(c2 - c1)
+        if before is not None and base is not None:
+            c3 = time.process_time()
+            before.feed_probes(tx, rx, clocks)
+            said_before = before.observations(t)
+            c4 = time.process_time()
+            if i >= warm:
+                timed[f"contention at {base[0]}"].append(c4 - c3)
+            judged = (len(delays._last_windows), len(before._last_windows))
+            if judged[0] != judged[1] or [o.summary for o in said] != [
+                o.summary for o in said_before
+            ]:
+                raise SystemExit(f"pass {i}: routes judged {judged}, today said {said}, "
+                                 f"{base[0]} said {said_before}")  # fmt: skip
     print(f"{n} hosts, {len(paths)} paths, {len(paths)} probes a pass (a round every 0.5 s), "
           f"{args.passes} passes after 30 s of history")  # fmt: skip
     routes = len(delays._last_windows)  # (src, dst, spine) judged in the last pass
@@ -99,6 +152,10 @@ def main() -> None:
     # verdicts): it grows with routes, which sampling probes does not bound.
     per_route = np.median(timed["contention"]) / max(routes, 1) * 1e6
     print(f"contention   {routes} routes judged: {per_route:.1f} µs of CPU per route and pass")
+    if base:
+        was = np.median(timed[f"contention at {base[0]}"])
+        print(f"contention   speed-up over {base[0]} (git {args.baseline}), same probes, "
+              f"passes alternately: {was / np.median(timed['contention']):.2f}x")  # fmt: skip
 
 
 if __name__ == "__main__":

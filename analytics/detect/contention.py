@@ -48,6 +48,11 @@ handled, transmit wait; :data:`CONGESTION_COUNTERS`) on the hosts behind the nam
 The per-window medians of the clock solver's ``owd`` rows (:meth:`PathDelays.feed`) are
 still kept per path for :meth:`pair_excess` (the in-band RoCE v1 signal).
 
+**At fleet scale.** A pass holds every route's window, verdicts and baseline as numpy
+columns (:class:`Windows`, :class:`_Baselines`; paths numbered as first fed, not sorted per
+pass): a healthy pass makes no Python object per route, and the naming makes a
+:class:`RouteWindow` only for the routes a slow route's hops or hosts touch.
+
 Over 500 lines: one signal; the streamed delays, per-route windows and the verdict share
 one state.
 """
@@ -56,8 +61,8 @@ from __future__ import annotations
 
 import collections
 import math
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -117,26 +122,94 @@ class _Path:
     window: int = -1
 
 
-@dataclass
-class _Route:
-    """Probes of (src, dst) through one spine: the healthy values of its windows' lower
-    quartile and tail, and how they vary."""
+class _Baselines:
+    """Every route's healthy values, as columns (one row per route, rows handed out as
+    routes appear): its last ``BASE_KEEP`` healthy windows' (lower quartile, tail) in a
+    ring, how many were appended, the newest probe of the last one, and their median and
+    robust σ (1.4826 × MAD) as last fitted — one numpy pass for a pass's routes, not a
+    Python object each."""
 
-    healthy: collections.deque[tuple[float, float]] = field(
-        default_factory=lambda: collections.deque(maxlen=BASE_KEEP)
-    )
-    last_base_ns: int = 0
-    learnt: int = 0  # healthy windows appended
-    med: np.ndarray = field(default_factory=lambda: np.full(2, np.nan))
-    sigma: np.ndarray = field(default_factory=lambda: np.full(2, np.nan))
+    def __init__(self) -> None:
+        self.index: dict[tuple[int, int, str], int] = {}  # (src, dst, spine) -> row
+        self.hist = np.full((0, BASE_KEEP, 2), np.nan)
+        self.learnt = np.zeros(0, np.int64)  # healthy windows appended (the ring's position)
+        self.last_ns = np.zeros(0, np.int64)
+        self.med = np.full((0, 2), np.nan)
+        self.sigma = np.full((0, 2), np.nan)
 
-    def fit(self) -> None:
-        h = np.array(self.healthy, float)
-        self.med = np.median(h, axis=0)
-        self.sigma = 1.4826 * np.median(np.abs(h - self.med), axis=0)
+    def rows(self, keys: list[tuple[int, int, str]]) -> np.ndarray:
+        """The row of each route (a new route gets the next)."""
+        index = self.index
+        out = np.fromiter((index.setdefault(k, len(index)) for k in keys), np.int64, len(keys))
+        cap = len(self.learnt)
+        if len(index) > cap:
+            new = max(len(index), 2 * cap, 64)
 
-    def thresholds(self) -> np.ndarray:
-        return np.maximum(FLOOR_NS, K_SIGMA * self.sigma)
+            def grown(a: np.ndarray, fill: float) -> np.ndarray:
+                b = np.full((new, *a.shape[1:]), fill, a.dtype)
+                b[:cap] = a
+                return b
+
+            self.hist, self.med, self.sigma = (
+                grown(a, np.nan) for a in (self.hist, self.med, self.sigma)
+            )
+            self.learnt, self.last_ns = grown(self.learnt, 0), grown(self.last_ns, 0)
+        return out
+
+    def count(self, rows: np.ndarray | slice = slice(None)) -> np.ndarray:
+        """Healthy windows held (at most ``BASE_KEEP``)."""
+        return np.minimum(self.learnt[: len(self.index)][rows], BASE_KEEP)
+
+    def append(self, rows: np.ndarray, values: np.ndarray, newest_ns: np.ndarray) -> None:
+        """One healthy window each (``rows`` distinct); refit at every window while a
+        baseline is young, then every ``REFIT_EVERY``: one value more moves the median and
+        MAD of dozens by little."""
+        self.hist[rows, self.learnt[rows] % BASE_KEEP] = values
+        self.last_ns[rows] = newest_ns
+        self.learnt[rows] += 1
+        young = np.minimum(self.learnt[rows], BASE_KEEP) < 4 * MIN_BASE
+        self.fit(rows[young | (self.learnt[rows] % REFIT_EVERY == 0)])
+
+    def fit(self, rows: np.ndarray) -> None:
+        """Median and robust σ of each route's ring (grouped by how full it is: a ring not
+        yet full holds its values first)."""
+        counts = np.minimum(self.learnt[rows], BASE_KEEP)
+        for c in np.unique(counts).tolist():
+            sel = rows[counts == c]
+            h = self.hist[sel, :c]
+            med = np.median(h, axis=1)
+            self.med[sel] = med
+            self.sigma[sel] = 1.4826 * np.median(np.abs(h - med[:, None, :]), axis=1)
+
+
+class _Numbering:
+    """Integers numbered 0, 1, ... in the order first seen (numpy: a sorted copy searched)."""
+
+    def __init__(self) -> None:
+        self.sorted = np.zeros(0, np.int64)
+        self.number = np.zeros(0, np.int64)  # of each of ``sorted``
+        self.count = 0
+
+    def of(self, values: np.ndarray) -> np.ndarray:
+        values = values.astype(np.int64, copy=False)
+        pos = np.searchsorted(self.sorted, values)
+        known = pos < self.count
+        known[known] = self.sorted[pos[known]] == values[known]
+        if not known.all():
+            new = values[~known]
+            new = new[np.sort(np.unique(new, return_index=True)[1])]  # first seen first
+            every = np.concatenate([self.sorted, new])
+            numbers = np.concatenate([self.number, np.arange(self.count, self.count + len(new))])
+            order = np.argsort(every, kind="stable")
+            self.sorted, self.number = every[order], numbers[order]
+            self.count += len(new)
+            pos = np.searchsorted(self.sorted, values)
+        return self.number[pos]
+
+
+def _thresholds(sigma: np.ndarray) -> np.ndarray:
+    """The excess a baseline of robust σ ``sigma`` lets pass."""
+    return np.maximum(FLOOR_NS, K_SIGMA * sigma)
 
 
 @dataclass
@@ -206,6 +279,109 @@ class RouteWindow:
         return max(float(self.excess[0]), 0.0)
 
 
+DIRECTIONS = (HOST_UP, "leaf→spine", "spine→leaf", HOST_DOWN)  # a route's hops, in order
+
+
+class Windows:
+    """Every route's newest window as columns, one row per route in (src, dst, spine)
+    order: what a pass judges without a Python object per route. The verdicts
+    (``judged``, ``dropping``, ``slow``, ``settled``, ``queue``) are :class:`RouteWindow`'s,
+    for all rows at once; :meth:`route` is row i as a :class:`RouteWindow` — the naming
+    builds those only for the routes it looks at. Iterating gives them all."""
+
+    def __init__(
+        self, src: np.ndarray, dst: np.ndarray, spine: list[str], links: np.ndarray,
+        newest: np.ndarray, received: np.ndarray, lost: np.ndarray, stats: np.ndarray,
+        excess: np.ndarray, thresholds: np.ndarray, ports: np.ndarray, span_tail: np.ndarray,
+        span_excess: np.ndarray, objs: list[RouteWindow] | None = None,
+    ) -> None:  # fmt: skip
+        self.src, self.dst, self.spine, self.links = src, dst, spine, links  # links: (n, 4)
+        self.newest, self.received, self.lost = newest, received, lost
+        self.stats, self.excess, self.thresholds = stats, excess, thresholds  # (n, 2) each
+        self.ports, self.span_tail, self.span_excess = ports, span_tail, span_excess
+        self.objs = objs  # the windows these columns were made of (:meth:`of`), hops as given
+        e, t = excess, thresholds
+        with np.errstate(invalid="ignore"):
+            self.judged = np.isfinite(e).all(axis=1)
+            self.dropping = self.judged & (span_excess > t[:, 1])
+            self.slow = self.judged & ((e > t).all(axis=1) | self.dropping)
+            tail_up = e[:, 1] > t[:, 1]
+            self.settled = self.dropping | ~(tail_up & (e[:, 0] < UNSETTLED * e[:, 1]))
+            self.queue = np.where(
+                self.dropping, np.maximum(e[:, 0], span_excess), np.maximum(e[:, 0], 0.0)
+            )
+
+    @classmethod
+    def empty(cls) -> Windows:
+        z, f = np.zeros(0, np.int64), np.zeros((0, 2))
+        return cls(z, z, [], np.empty((0, 4), object), z, z, z, f, f, f, z, z * 0.0, z * 0.0)
+
+    @classmethod
+    def of(cls, wins: list[RouteWindow]) -> Windows:
+        """Columns of windows made one by one (their hops kept as they are)."""
+        if not wins:
+            return cls.empty()
+
+        def col(name: str, dtype: type) -> np.ndarray:
+            return np.array([getattr(w, name) for w in wins], dtype)
+
+        pair = np.array([np.append(w.stats, [w.excess, w.thresholds]) for w in wins], float)
+        return cls(
+            col("src", np.int64), col("dst", np.int64), [w.spine for w in wins],
+            np.empty((len(wins), 4), object), col("newest_ns", np.int64),
+            col("received", np.int64), col("lost", np.int64), pair[:, 0:2], pair[:, 2:4],
+            pair[:, 4:6], col("ports", np.int64), col("span_tail", float),
+            col("span_excess", float), objs=list(wins),
+        )  # fmt: skip
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    def __iter__(self) -> Iterator[RouteWindow]:
+        return (self.route(i) for i in range(len(self)))
+
+    def route(self, i: int) -> RouteWindow:
+        if self.objs is not None:
+            return self.objs[i]
+        lk = self.links[i]
+        return RouteWindow(
+            int(self.src[i]), int(self.dst[i]), self.spine[i],
+            tuple(zip(lk.tolist(), DIRECTIONS, strict=True)), int(self.newest[i]),
+            int(self.received[i]), int(self.lost[i]), self.stats[i].copy(),
+            self.excess[i].copy(), self.thresholds[i].copy(), int(self.ports[i]),
+            float(self.span_tail[i]), float(self.span_excess[i]),
+        )  # fmt: skip
+
+    def take(self, mask: np.ndarray) -> Windows:
+        """The rows of ``mask``, in order."""
+        rows = np.flatnonzero(mask)
+        return Windows(
+            self.src[rows], self.dst[rows], [self.spine[i] for i in rows.tolist()],
+            self.links[rows], self.newest[rows], self.received[rows], self.lost[rows],
+            self.stats[rows], self.excess[rows], self.thresholds[rows], self.ports[rows],
+            self.span_tail[rows], self.span_excess[rows],
+            None if self.objs is None else [self.objs[i] for i in rows.tolist()],
+        )  # fmt: skip
+
+    def hops(self, mask: np.ndarray) -> set[tuple[str, str]]:
+        """The hops the rows of ``mask`` cross."""
+        rows = np.flatnonzero(mask).tolist()
+        if self.objs is not None:
+            return {h for i in rows for h in self.objs[i].hops}
+        return {(lk, DIRECTIONS[k]) for k in range(4) for lk in set(self.links[rows, k].tolist())}
+
+    def crosses(self, hops: set[tuple[str, str]]) -> np.ndarray:
+        """Per row: whether it crosses one of ``hops``."""
+        if self.objs is not None:
+            return np.array([any(h in hops for h in w.hops) for w in self.objs], bool)
+        out = np.zeros(len(self), bool)
+        for k, direction in enumerate(DIRECTIONS):
+            names = [lk for lk, dr in hops if dr == direction]
+            if names:
+                out |= np.isin(self.links[:, k], names)
+        return out
+
+
 def queues(routes: list[RouteWindow]) -> tuple[list[tuple[str, str]], np.ndarray, np.ndarray]:
     """(hops in name order, the routes × hops crossing matrix, each hop's estimated queue
     in ns): non-negative least squares of the routes' standing queues (their lower
@@ -256,23 +432,22 @@ def _round_trip(host: int, judged: list[RouteWindow]) -> RoundTrip | None:
     return *trip, [w for w in judged if w.dst == host], [w for w in judged if w.src == host]
 
 
-def _round_trips(judged: list[RouteWindow]) -> dict[int, tuple[float, float]]:
+def _round_trips(judged: list[RouteWindow] | Windows) -> dict[int, tuple[float, float]]:
     """:func:`_round_trip`'s queue and threshold for every host at once (numpy): host ->
     (least excess in + least out, median threshold in + median out), for the hosts with
     ``MIN_SLOW_PATHS`` judged routes each way."""
-    if not judged:
+    cols = judged if isinstance(judged, Windows) else Windows.of(judged)
+    if not len(cols):
         return {}
-    pairs = np.array([(w.src, w.dst) for w in judged], np.int64)  # ids: not floats
-    cols = np.array([(w.excess[0], w.thresholds[0]) for w in judged], np.float64)
-    hosts, ends = np.unique(pairs, return_inverse=True)
+    hosts, ends = np.unique(np.stack([cols.src, cols.dst], axis=1), return_inverse=True)
     ends = ends.reshape(-1, 2)
     n = len(hosts)
     q, thr = np.zeros(n), np.zeros(n)
     enough = np.ones(n, bool)
     for side in (1, 0):  # into each host (by dst), away from it (by src)
         least = np.full(n, np.inf)
-        np.minimum.at(least, ends[:, side], cols[:, 0])
-        mid, count = _group_quantiles(ends[:, side], cols[:, 1], n, (50.0,))
+        np.minimum.at(least, ends[:, side], cols.excess[:, 0])
+        mid, count = _group_quantiles(ends[:, side], cols.thresholds[:, 0], n, (50.0,))
         q += least
         thr += mid[:, 0]
         enough &= count >= MIN_SLOW_PATHS
@@ -280,7 +455,7 @@ def _round_trips(judged: list[RouteWindow]) -> dict[int, tuple[float, float]]:
             for h, a, b in zip(hosts[enough], q[enough], thr[enough], strict=True)}  # fmt: skip
 
 
-def _clock_leads(judged: list[RouteWindow]) -> dict[tuple[int, str], float]:
+def _clock_leads(judged: list[RouteWindow] | Windows) -> dict[tuple[int, str], float]:
     """(host, "in" or "out") -> how early (ns) the host's routes that way are, where the
     median of their standing queues' excess is below minus their median threshold.
 
@@ -289,17 +464,15 @@ def _clock_leads(judged: list[RouteWindow]) -> dict[tuple[int, str], float]:
     its routes out late by as much (seen in the lab: an incast drained, and for the
     seconds until the solver's next window the probes out of the host were corrected
     with the offset that had absorbed the queue, 32 ms late)."""
-    by: dict[tuple[int, str], list[RouteWindow]] = collections.defaultdict(list)
-    for w in judged:
-        by[(w.dst, "in")].append(w)
-        by[(w.src, "out")].append(w)
+    cols = judged if isinstance(judged, Windows) else Windows.of(judged)
     leads = {}
-    for key, ws in by.items():
-        if len(ws) < MIN_SLOW_PATHS:
-            continue
-        mid = float(np.median([w.excess[0] for w in ws]))
-        if mid < -float(np.median([w.thresholds[0] for w in ws])):
-            leads[key] = -mid
+    for ends, way in ((cols.dst, "in"), (cols.src, "out")):
+        hosts, inv = np.unique(ends, return_inverse=True)
+        mid, count = _group_median(inv, cols.excess[:, 0], len(hosts))
+        thr, _ = _group_median(inv, cols.thresholds[:, 0], len(hosts))
+        early = (count >= MIN_SLOW_PATHS) & (mid < -thr)
+        leads.update({(h, way): -m for h, m in zip(hosts[early].tolist(), mid[early].tolist(),
+                                                   strict=True)})  # fmt: skip
     return leads
 
 
@@ -322,12 +495,12 @@ def _loss_side(into: list[RouteWindow], away: list[RouteWindow]) -> str | None:
 
 
 def _group_quantiles(
-    groups: np.ndarray, values: np.ndarray, n: int, qs: tuple[float, ...]
+    groups: np.ndarray, values: np.ndarray, n: int, qs: tuple[float, ...], presorted: bool = False
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per group 0..n-1: the ``qs`` percentiles of its ``values`` (linear interpolation,
-    as ``np.percentile``; nan for a group without values), and how many it has."""
-    order = np.lexsort((values, groups))
-    v = values[order]
+    as ``np.percentile``; nan for a group without values), and how many it has.
+    ``presorted``: already in (group, value) order."""
+    v = values if presorted else values[np.lexsort((values, groups))]
     count = np.bincount(groups, minlength=n)
     start = np.concatenate(([0], np.cumsum(count)[:-1]))
     out = np.full((n, len(qs)), np.nan)
@@ -338,6 +511,29 @@ def _group_quantiles(
         hi = np.minimum(lo + 1, count[ok] - 1)
         a, b = v[start[ok] + lo], v[start[ok] + hi]
         out[ok, j] = a + (b - a) * (pos - lo)
+    return out, count
+
+
+def _route_quantiles(
+    rid: np.ndarray, values: np.ndarray, mask: np.ndarray, n: int, qs: tuple[float, ...]
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_group_quantiles` of the rows of ``mask`` (sorted here by (route, value))."""
+    rows = np.flatnonzero(mask)
+    rows = rows[np.lexsort((values[rows], rid[rows]))]
+    return _group_quantiles(rid[rows], values[rows], n, qs, presorted=True)
+
+
+def _group_median(groups: np.ndarray, values: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per group 0..n-1: the median of its ``values`` exactly as ``np.median`` gives it (the
+    mean of the two middle values; nan without values), and how many it has."""
+    order = np.lexsort((values, groups))
+    v = values[order]
+    count = np.bincount(groups, minlength=n)
+    start = np.concatenate(([0], np.cumsum(count)[:-1]))
+    out = np.full(n, np.nan)
+    ok = count > 0
+    lo, hi = start[ok] + (count[ok] - 1) // 2, start[ok] + count[ok] // 2
+    out[ok] = (v[lo] + v[hi]) / 2
     return out, count
 
 
@@ -383,14 +579,17 @@ class PathDelays:
         self._chunks: list[tuple[int, np.ndarray]] = []
         self._sample = 1
         self.newest_ns = 0
-        self.routes: dict[tuple[int, int, str], _Route] = {}
+        self._bases = _Baselines()  # each route's healthy baseline
+        # each path (src, dst, sport) numbered in the order first fed, its key by number
+        self._host_numbers, self._path_numbers = _Numbering(), _Numbering()
+        self._path_keys = np.zeros((0, 3), np.int64)
         self.lost_total = 0
         self.joined_total = 0
         self.unsure_total = 0  # host ports not named: their host's round trips do not show it
         # host -> counter -> deque of (ts_ns, delta)
         self._counters: dict[int, dict[str, collections.deque[tuple[int, int]]]] = {}
         self._twins: dict[tuple[str, str], list[tuple[str, str]]] = {}
-        self._last_windows: list[RouteWindow] = []
+        self._last_windows: Windows | list[RouteWindow] = Windows.empty()
         # (src, dst) with a route whose probes of the last LOSS_SPAN_NS were all lost (at
         # least MIN_PROBES of them): no window to judge, but the fullest queue of all
         self._dark: set[tuple[int, int]] = set()
@@ -428,12 +627,15 @@ class PathDelays:
         flow may take exactly the route that queues (the in-band RoCE v1 signal must not
         blame a job for contention its probes on that route see)."""
         streamed: dict[tuple[int, int], list[float]] = collections.defaultdict(list)
-        for w in self._last_windows:
-            sent = w.received + w.lost
-            if sent and w.lost >= LOSSY_SHARE * sent:
-                streamed[(w.src, w.dst)].append(math.inf)
-            elif w.judged:  # the tail: it moves first, while a queue still fills
-                streamed[(w.src, w.dst)].append(float(w.excess[1]))
+        w = self._last_windows
+        w = w if isinstance(w, Windows) else Windows.of(w)
+        sent = w.received + w.lost
+        lossy = (sent > 0) & (w.lost >= LOSSY_SHARE * sent)
+        use = lossy | w.judged  # the tail of the judged: it moves first, while a queue fills
+        worst = np.where(lossy, math.inf, w.excess[:, 1])
+        for s, d, v in zip(w.src[use].tolist(), w.dst[use].tolist(), worst[use].tolist(),
+                           strict=True):  # fmt: skip
+            streamed[(s, d)].append(v)
         by_pair: dict[tuple[int, int], list[float]] = collections.defaultdict(list)
         for (s, d, _p), path in self.paths.items():
             if path.window == self.window and np.isfinite(path.baseline):
@@ -502,6 +704,7 @@ class PathDelays:
             rec = np.empty(len(gone), _PROBE)
             for name in ("src", "dst", "sport"):
                 rec[name] = gone[name]
+            rec["path"] = self._paths(gone)
             rec["t_ns"] = gone["tx_ns"]
             rec["delay"] = np.nan
             self.lost_total += len(rec)
@@ -541,6 +744,24 @@ class PathDelays:
         i = np.searchsorted(self._mark_hosts, dst).clip(0, len(self._mark_hosts) - 1)
         return np.where(self._mark_hosts[i] == dst, self._mark_ns[i], 0)
 
+    def _paths(self, rows: np.ndarray) -> np.ndarray:
+        """The number of each row's path (``src``, ``dst``, ``sport``; a new path gets the
+        next), all rows at once: hosts numbered, then (src, dst, sport) as one integer."""
+        src, dst = self._host_numbers.of(rows["src"]), self._host_numbers.of(rows["dst"])
+        key = (src << 40) | (dst << 16) | rows["sport"].astype(np.int64)
+        before = self._path_numbers.count
+        out = self._path_numbers.of(key)
+        if self._path_numbers.count > before:
+            fresh = out >= before
+            ids, first = np.unique(out[fresh], return_index=True)
+            grown = np.zeros((self._path_numbers.count, 3), np.int64)
+            grown[:before] = self._path_keys[:before]
+            grown[ids, 0] = rows["src"][fresh][first]
+            grown[ids, 1] = rows["dst"][fresh][first]
+            grown[ids, 2] = rows["sport"][fresh][first]
+            self._path_keys = grown
+        return out
+
     def _held(self) -> np.ndarray:
         """The probes held (joined or lost), newest HOLD_NS, as one array (kept as the
         only chunk)."""
@@ -567,6 +788,7 @@ class PathDelays:
         rec = np.empty(len(tx), _PROBE)
         for name in ("src", "dst", "sport"):
             rec[name] = tx[name]
+        rec["path"] = self._paths(tx)
         rec["t_ns"] = tx["tx_ns"]
         rec["delay"] = (rx_ns - tx["tx_ns"]).astype(np.float64) - skew
         self.joined_total += len(rec)
@@ -598,122 +820,148 @@ class PathDelays:
         return {k: round(v, 1) for k, v in sorted(out.items())}
 
     # ---- judging ------------------------------------------------------------------------------
-    def windows(self) -> list[RouteWindow]:
+    def windows(self) -> Windows:
         """Every route's newest window, with its excess over its own healthy tail (routes
         still learning their baseline have none: they are fed it, not judged)."""
         p = self._held()
         if not len(p):
-            return []
-        out = []
-        # the paths (src, dst, sport) held, and each probe's (a lexsort: np.unique by rows
-        # is several times slower)
-        keys = np.stack([p["src"], p["dst"], p["sport"].astype(np.int64)], axis=1)
-        by_path = np.lexsort((keys[:, 2], keys[:, 1], keys[:, 0]))
-        ks = keys[by_path]
-        new_path = np.append(True, (ks[1:] != ks[:-1]).any(axis=1))
-        uniq = ks[new_path]
-        inv = np.empty(len(keys), np.int64)
-        inv[by_path] = np.cumsum(new_path) - 1
-        spine = [self.spine_of.get((int(s), int(d), int(sp))) for s, d, sp in uniq.tolist()]
-        by_route: dict[tuple[int, int, str], list[int]] = collections.defaultdict(list)
-        for u, y in enumerate(spine):
-            if y is not None:
-                by_route[(int(uniq[u, 0]), int(uniq[u, 1]), y)].append(u)
-        route_of = np.full(len(uniq), -1)
-        names = sorted(by_route)
-        for r, key in enumerate(names):
-            route_of[by_route[key]] = r
-        rid = route_of[inv]
-        # one sort, then each route's probes are a slice; their counts and quantiles are
-        # taken for all routes at once (not a numpy call per route)
-        order = np.argsort(rid, kind="stable")
-        bounds = np.searchsorted(rid[order], np.arange(len(names) + 1))
-        sel = order[bounds[0] :]
-        rr, t_all, d_all = rid[sel], p["t_ns"][sel], p["delay"][sel]
-        bounds = bounds - bounds[0]
-        newest_r = np.maximum.reduceat(t_all, bounds[:-1]) if len(names) else np.zeros(0, np.int64)
-        fin = np.isfinite(d_all)
-        in_span = t_all > newest_r[rr] - LOSS_SPAN_NS
-        in_win = in_span & fin & (t_all > newest_r[rr] - WINDOW_NS)
-        n_span = np.bincount(rr[in_span], minlength=len(names))
-        n_lost = np.bincount(rr[in_span & ~fin], minlength=len(names))
-        win_stats, n_win = _group_quantiles(rr[in_win], d_all[in_win], len(names), QUANTILES)
-        span_tails, _ = _group_quantiles(
-            rr[in_span & fin], d_all[in_span & fin], len(names), QUANTILES[1:]
-        )
+            return Windows.empty()
+        # The paths (src, dst, sport) held (numbered as first fed: no sort of the probes)
+        # and each one's spine from the traces
+        counts = np.bincount(p["path"], minlength=self._path_numbers.count)
+        held = np.flatnonzero(counts)
+        us, ud, up = self._path_keys[held].T
+        path_keys = zip(us.tolist(), ud.tolist(), up.tolist(), strict=True)
+        spine = list(map(self.spine_of.get, path_keys))
+        spines = sorted({y for y in spine if y is not None})
+        code: dict[str | None, int] = {y: i for i, y in enumerate(spines)}
+        code[None] = -1
+        y_path = np.fromiter(map(code.__getitem__, spine), np.int64, len(spine))
+        # The routes (src, dst, spine), numbered in that order (spines coded in name
+        # order), and each path's route
+        ro = np.lexsort((y_path, ud, us))
+        ro = ro[y_path[ro] >= 0]
+        new_route = np.ones(len(ro), bool)
+        new_route[1:] = (
+            (us[ro][1:] != us[ro][:-1]) | (ud[ro][1:] != ud[ro][:-1])
+            | (y_path[ro][1:] != y_path[ro][:-1])
+        )  # fmt: skip
+        route_of = np.full(len(us), -1)
+        route_of[ro] = np.cumsum(new_route) - 1
+        route_of_path = np.full(len(counts), -1)
+        route_of_path[held] = route_of
+        src, dst, y_code = us[ro][new_route], ud[ro][new_route], y_path[ro][new_route]
+        nr = len(src)
         self._dark = set()
-        for r, (s, d, y) in enumerate(names):
-            x, z = self.host_rack.get(s), self.host_rack.get(d)
-            if x is None or z is None or x == z:
+        if not nr:
+            return Windows.empty()
+        # Each probe's route, in the order held; each route's newest probe, its probes
+        # over the loss span and lost, and the quantiles of its newest second's (only
+        # those sorted, by (route, delay): one sort for all routes, not a call per route)
+        rid = route_of_path[p["path"]]
+        on = rid >= 0
+        rid, t_all, d_all = rid[on], p["t_ns"][on], p["delay"][on]
+        newest_r = np.full(nr, np.iinfo(np.int64).min)
+        np.maximum.at(newest_r, rid, t_all)
+        fin = np.isfinite(d_all)
+        age = newest_r[rid] - t_all
+        in_span = age < LOSS_SPAN_NS
+        n_span = np.bincount(rid[in_span], minlength=nr)
+        n_lost = np.bincount(rid[in_span & ~fin], minlength=nr)
+        win_stats, n_win = _route_quantiles(
+            rid, d_all, in_span & fin & (age < WINDOW_NS), nr, QUANTILES
+        )
+        # Which routes are judged: both ends in known, different racks, both links known,
+        # probes not stale (all routes at once: a rack and a (rack, spine) link table)
+        ends, end_inv = np.unique(np.concatenate([src, dst]), return_inverse=True)
+        racks = sorted(set(self.host_rack.values()))
+        rack_ix = {r: i for i, r in enumerate(racks)}
+        rack_code = np.array([rack_ix.get(self.host_rack.get(h) or "", -1) for h in ends.tolist()],
+                             np.int64)  # fmt: skip
+        x, z = rack_code[end_inv[:nr]], rack_code[end_inv[nr:]]
+        link = np.empty((len(racks) + 1, len(spines)), object)  # the last row None
+        for i, rack in enumerate(racks):
+            link[i] = [self.by_ends.get((rack, y)) for y in spines]
+        up, down = link[x, y_code], link[z, y_code]  # (rack -1: the row of None)
+        ok = (x >= 0) & (z >= 0) & (x != z) & (up != None) & (down != None)  # noqa: E711
+        ok &= newest_r >= self.newest_ns - STALE_NS
+        stats = win_stats.copy()
+        lost, sent = n_lost, n_span
+        # A lossy route (a full queue drops most of what crosses it): its newest few
+        # received probes, however old, rather than none judged at all.
+        few = ok & (n_win < MIN_PROBES)
+        their = np.flatnonzero(few[rid])
+        their = their[np.lexsort((t_all[their], rid[their]))]  # by (route, time), stable
+        bounds = np.searchsorted(rid[their], np.arange(nr + 1))
+        for r in np.flatnonzero(few).tolist():
+            mine = their[bounds[r] : bounds[r + 1]]
+            t, delay = t_all[mine], d_all[mine]
+            fine = (t > newest_r[r] - LOSS_SPAN_NS) & np.isfinite(delay)
+            got = delay[fine][-MIN_PROBES:]  # the newest few
+            if not len(got) and lost[r] >= MIN_PROBES:
+                self._dark.add((int(src[r]), int(dst[r])))  # every probe lost: pair_excess
+            if len(got) < MIN_PROBES and not (len(got) and lost[r] >= MIN_PROBES):
+                ok[r] = False
                 continue
-            up, down = self.by_ends.get((x, y)), self.by_ends.get((z, y))
-            if up is None or down is None:
-                continue
-            newest = int(newest_r[r])
-            if newest < self.newest_ns - STALE_NS:
-                continue
-            lost, sent = int(n_lost[r]), int(n_span[r])
-            stats = win_stats[r]
-            if n_win[r] < MIN_PROBES:
-                # A lossy route (a full queue drops most of what crosses it): its newest
-                # few received probes, however old, rather than none judged at all.
-                t, delay = t_all[bounds[r] : bounds[r + 1]], d_all[bounds[r] : bounds[r + 1]]
-                ok = (t > newest - LOSS_SPAN_NS) & np.isfinite(delay)
-                got = delay[ok][np.argsort(t[ok], kind="stable")][-MIN_PROBES:]
-                if not len(got) and lost >= MIN_PROBES:
-                    self._dark.add((s, d))  # every probe lost: for pair_excess only
-                if len(got) < MIN_PROBES and not (len(got) and lost >= MIN_PROBES):
-                    continue
-                stats = (
-                    np.percentile(got, QUANTILES) if len(got) else np.full(len(QUANTILES), np.nan)
-                )
-            span_tail = math.nan
-            if lost and lost >= LOSSY_SHARE * sent and sent - lost >= MIN_PROBES:
-                span_tail = float(span_tails[r, 0])
-            route = self.routes.setdefault((s, d, y), _Route())
-            hops = ((self._port(s), HOST_UP), (up, "leaf→spine"), (down, "spine→leaf"),
-                    (self._port(d), HOST_DOWN))  # fmt: skip
-            out.append(
-                RouteWindow(
-                    s, d, y, hops, newest,
-                    sent - lost, lost, stats, np.full(2, np.nan), np.full(2, np.inf),
-                    len(by_route[(s, d, y)]), span_tail,
-                )
-            )  # fmt: skip
+            stats[r] = np.percentile(got, QUANTILES) if len(got) else np.nan
+        with np.errstate(invalid="ignore"):
+            lossy = (lost > 0) & (lost >= LOSSY_SHARE * sent) & (sent - lost >= MIN_PROBES)
+        span_tail = np.full(nr, np.nan)
+        if lossy.any():  # the tail of what they received over the span
+            tails, _ = _route_quantiles(rid, d_all, in_span & fin & lossy[rid], nr, QUANTILES[1:])
+            span_tail[lossy] = tails[lossy, 0]
+        rows = np.flatnonzero(ok)
+        ports_per = np.bincount(route_of[route_of >= 0], minlength=nr)
+        spine_r = [spines[y] for y in y_code.tolist()]
+        port_of = {h: self._port(h) for h in ends.tolist()}
+        links = np.empty((len(rows), 4), object)
+        links[:, 0] = [port_of[h] for h in src[rows].tolist()]
+        links[:, 1], links[:, 2] = up[rows], down[rows]
+        links[:, 3] = [port_of[h] for h in dst[rows].tolist()]
+        spine_w = [spine_r[r] for r in rows.tolist()]
+        keys = list(zip(src[rows].tolist(), dst[rows].tolist(), spine_w, strict=True))
         # Each route against its own healthy baseline; one with fewer than MIN_BASE healthy
         # windows (new, or congested since its first seconds: a fault already there when
         # the detector started) against its peers': the median baseline and noise of the
         # fleet's fitted routes (every inter-rack route crosses as many hops), when at
         # least MIN_PEERS have one.
-        fitted = [r for r in self.routes.values() if len(r.healthy) >= MIN_BASE]
-        peer = _Route()
+        bases = self._bases
+        ix = bases.rows(keys)
+        fitted = np.flatnonzero(bases.count() >= MIN_BASE)
+        peer_med = peer_sigma = np.full(2, np.nan)
         if len(fitted) >= MIN_PEERS:
-            peer.med = np.median([r.med for r in fitted], axis=0)
-            peer.sigma = np.median([r.sigma for r in fitted], axis=0)
-        for w in out:
-            route = self.routes[(w.src, w.dst, w.spine)]
-            base = route if len(route.healthy) >= MIN_BASE else peer
-            if not np.isfinite(base.med).all():
-                continue
-            w.excess, w.thresholds = w.stats - base.med, base.thresholds()
-            w.span_excess = w.span_tail - float(base.med[1])
-        return out
+            peer_med = np.median(bases.med[fitted], axis=0)
+            peer_sigma = np.median(bases.sigma[fitted], axis=0)
+        own = bases.count(ix)[:, None] >= MIN_BASE
+        med = np.where(own, bases.med[ix], peer_med)
+        sigma = np.where(own, bases.sigma[ix], peer_sigma)
+        based = np.isfinite(med).all(axis=1).reshape(-1, 1)
+        st = stats[rows]
+        excess = np.where(based, st - med, np.nan)
+        thresholds = np.where(based, _thresholds(sigma), np.inf)
+        span_excess = np.where(based[:, 0], span_tail[rows] - med[:, 1], np.nan)
+        return Windows(
+            src[rows], dst[rows], spine_w, links, newest_r[rows],
+            sent[rows] - lost[rows], lost[rows], st, excess, thresholds, ports_per[rows],
+            span_tail[rows], span_excess,
+        )  # fmt: skip
 
     def _port(self, host: int) -> str:
         """The name of ``host``'s access link (its own name where the topology has none)."""
         return self.host_access.get(host) or self.host_names.get(host, str(host))
 
     def observations(self, now_ns: int) -> list[Observation]:
-        wins = self._last_windows = self.windows()
-        judged = [w for w in wins if w.judged and w.settled]
+        wins = self.windows()
+        wins = self._last_windows = wins if isinstance(wins, Windows) else Windows.of(list(wins))
+        every = wins.take(wins.judged & wins.settled)
+        trips = _round_trips(every)  # once per pass: the naming, holding and saying
+        leads = _clock_leads(every)
+        judged = self._looked_at(every)
         hops, a, q = queues(judged)
         found: list[tuple[tuple[str, str], list[RouteWindow], float, float]] = []
         named: dict[tuple[str, str], float] = {}  # hop -> the queue it holds at least (ns)
         masked: dict[tuple[str, str], float] = {}  # hop -> its estimate, not named
         ports: dict[str, int] = {}  # a host's access link named -> that host
-        trips = _round_trips(judged)  # once per pass: the naming, holding and saying
-
-        leads = _clock_leads(judged)
         into_of: dict[int, list[RouteWindow]] = collections.defaultdict(list)
         away_of: dict[int, list[RouteWindow]] = collections.defaultdict(list)
         for w in judged:
@@ -835,6 +1083,22 @@ class PathDelays:
         self._note_healthy(trips, busy, leads)
         return out
 
+    def _looked_at(self, judged: Windows) -> list[RouteWindow]:
+        """The judged routes the naming below reads, as :class:`RouteWindow` (none in a
+        healthy pass): those crossing a hop some slow route crosses — the hops it can
+        name, each with every route across it — and every route in or out of a host a slow
+        route ends at or whose port is said (its round trips). In judged order: the
+        tomography's rows are as over every judged route (the others cross none of its
+        hops)."""
+        if not judged.slow.any() and not self._ports:
+            return []
+        hosts = set(judged.src[judged.slow].tolist()) | set(judged.dst[judged.slow].tolist())
+        hosts |= {h for h, *_ in self._ports.values()}
+        ends = np.fromiter(hosts, np.int64, len(hosts))
+        near = judged.crosses(judged.hops(judged.slow))
+        near |= np.isin(judged.src, ends) | np.isin(judged.dst, ends)
+        return [judged.route(i) for i in np.flatnonzero(near).tolist()]
+
     def _note_healthy(
         self,
         trips: dict[int, tuple[float, float]],
@@ -918,33 +1182,31 @@ class PathDelays:
             return HOST_UP, words
         return None, ""
 
-    def _learn(self, wins: list[RouteWindow], contended: set[tuple[str, str]]) -> None:
+    def _learn(self, wins: Windows, contended: set[tuple[str, str]]) -> None:
         """Healthy windows feed their route's baseline (one per window length). A window
         far above what the fleet's other routes show now is not learnt as healthy: every
         inter-rack route crosses the same number of hops, so a route congested since
         before its baseline was fitted stands out against the others."""
-        lows = np.array([w.stats[0] for w in wins if np.isfinite(w.stats).all()])
+        st = wins.stats
+        fin = np.isfinite(st).all(axis=1)
+        lows = st[fin, 0]
         ceiling = float("inf")
         if len(lows) >= 4:
             mid = float(np.median(lows))
             ceiling = mid + max(FLOOR_NS, K_SIGMA * 1.4826 * float(np.median(np.abs(lows - mid))))
-        for w in wins:
-            if np.isfinite(w.stats).all() and w.stats[0] > ceiling:
-                continue
-            route = self.routes[(w.src, w.dst, w.spine)]
-            if not np.isfinite(w.stats).all() or w.lost:
-                continue
-            if w.newest_ns - route.last_base_ns < WINDOW_NS:
-                continue
-            if w.slow or any(h in contended for h in w.hops):
-                continue
-            route.healthy.append((float(w.stats[0]), float(w.stats[1])))
-            route.last_base_ns = w.newest_ns
-            route.learnt += 1
-            # Refit at every window while the baseline is young, then every REFIT_EVERY:
-            # one value more moves the median and MAD of dozens by little.
-            if len(route.healthy) < 4 * MIN_BASE or route.learnt % REFIT_EVERY == 0:
-                route.fit()
+        bases = self._bases
+        ix = bases.rows(list(zip(wins.src.tolist(), wins.dst.tolist(), wins.spine, strict=True)))
+        ok = fin & (st[:, 0] <= ceiling) & (wins.lost == 0) & ~wins.slow
+        ok &= wins.newest - bases.last_ns[ix] >= WINDOW_NS
+        if contended:
+            ok &= ~wins.crosses(contended)
+        rows = np.flatnonzero(ok)
+        if len(np.unique(ix[rows])) == len(rows):
+            bases.append(ix[rows], st[rows], wins.newest[rows])
+            return
+        for i in rows.tolist():  # one route twice (windows made by hand): in turn
+            if wins.newest[i] - bases.last_ns[ix[i]] >= WINDOW_NS:
+                bases.append(ix[i : i + 1], st[i : i + 1], wins.newest[i : i + 1])
 
     def _between(self, routes: list[RouteWindow]) -> tuple[list[str], list[str], list[str]]:
         """The pairs of ``routes`` ("h1-1→h2-1"), the jobs between those hosts now, and the
@@ -1089,5 +1351,5 @@ class PathDelays:
 _TX = np.dtype([("src", "<i8"), ("seq", "<u8"), ("dst", "<i8"), ("sport", "<u2"),
                 ("tx_ns", "<i8")])  # fmt: skip
 _RX = np.dtype([("src", "<i8"), ("seq", "<u8"), ("dst", "<i8"), ("rx_ns", "<i8")])
-_PROBE = np.dtype([("src", "<i8"), ("dst", "<i8"), ("sport", "<u2"), ("t_ns", "<i8"),
-                   ("delay", "<f8")])  # fmt: skip
+_PROBE = np.dtype([("src", "<i8"), ("dst", "<i8"), ("sport", "<u2"), ("path", "<i8"),
+                   ("t_ns", "<i8"), ("delay", "<f8")])  # fmt: skip

@@ -553,7 +553,7 @@ def test_routes_out_of_a_host_late_by_what_its_routes_in_are_early_name_no_link(
     absorbed it, and h3-1's routes out through spine2 were 32 ms late while its routes in
     were 29 ms early: leaf3-spine2 (leaf→spine) was paged, "a standing queue of ≥32490
     µs". A queue only delays; routes in that early say h3-1's clock is off by as much."""
-    from analytics.detect.contention import HOST_DOWN, HOST_UP, RouteWindow, _Route
+    from analytics.detect.contention import HOST_DOWN, HOST_UP, RouteWindow
 
     racks = {1: "leaf1", 2: "leaf2", 3: "leaf3"}
     names = {h: f"h{h}-1" for h in racks}
@@ -562,7 +562,6 @@ def test_routes_out_of_a_host_late_by_what_its_routes_in_are_early_name_no_link(
     def route(s: int, t: int, y: str, excess_us: float) -> RouteWindow:
         hops = ((f"h{s}-1-leaf{s}", HOST_UP), (f"leaf{s}-{y}", "leaf→spine"),
                 (f"leaf{t}-{y}", "spine→leaf"), (f"h{t}-1-leaf{t}", HOST_DOWN))  # fmt: skip
-        d.routes.setdefault((s, t, y), _Route())
         ex = np.full(2, excess_us * 1e3)
         return RouteWindow(s, t, y, hops, d.newest_ns, 20, 0, ex + 8e3, ex, np.full(2, 20e3), 4)
 
