@@ -148,8 +148,8 @@ def main() -> None:
         print(f"{name:12s} CPU per pass: median {np.median(a):.1f} ms, p90 "
               f"{np.percentile(a, 90):.1f} ms; at 2 passes/s {2 * np.median(a) / 10:.1f} % "
               f"of a core")  # fmt: skip
-    # The contention pass walks every route in Python (PathDelays.windows and its
-    # verdicts): it grows with routes, which sampling probes does not bound.
+    # The contention pass judges every route (numpy columns): it grows with routes, which
+    # sampling probes does not bound.
     per_route = np.median(timed["contention"]) / max(routes, 1) * 1e6
     print(f"contention   {routes} routes judged: {per_route:.1f} µs of CPU per route and pass")
     if base:

@@ -590,3 +590,43 @@ def test_routes_out_of_a_host_late_by_what_its_routes_in_are_early_name_no_link(
         links = [(o.link, o.evidence["direction"]) for o in got]
         # the same routes late with the routes in on time: leaf3's uplink queue, named
         assert links == ([("leaf3-spine2", "leaf→spine")] if said else []), (late_us, links)
+
+
+def test_a_routes_baseline_is_its_last_two_minutes_of_healthy_windows() -> None:
+    """Each route's baseline is the median and robust σ (1.4826 × MAD) of its last
+    BASE_KEEP (120) healthy windows — refitted at every window while it holds fewer than
+    20, then every REFIT_EVERY-th — however many it has learnt: the ring of columns that
+    holds them (one row per route) wraps around after two minutes without losing the
+    newest or keeping the oldest."""
+    import collections
+
+    from analytics.detect.contention import BASE_KEEP, MIN_BASE, REFIT_EVERY, _Baselines
+
+    rng = np.random.default_rng(7)
+    bases = _Baselines()
+    keys = [(1, 2, "spine1"), (1, 2, "spine2"), (3, 4, "spine1")]
+    kept = {k: collections.deque(maxlen=BASE_KEEP) for k in keys}
+    want = {k: np.full((2, 2), np.nan) for k in keys}  # (median, sigma) as last refitted
+    for step in range(3 * BASE_KEEP + 7):
+        learning = [k for k in keys if rng.random() < 0.8]  # not every route every window
+        if not learning:
+            continue
+        rows = bases.rows(learning)
+        values = rng.normal(10e3, 2e3, (len(learning), 2)) + step  # a slow drift
+        bases.append(rows, values, np.full(len(learning), step * S))
+        for k, v in zip(learning, values, strict=True):
+            kept[k].append(v)
+            n = len(kept[k])
+            learnt = int(bases.learnt[bases.index[k]])
+            if n < 4 * MIN_BASE or learnt % REFIT_EVERY == 0:
+                h = np.array(kept[k])
+                med = np.median(h, axis=0)
+                want[k] = np.array([med, 1.4826 * np.median(np.abs(h - med), axis=0)])
+        for k in keys:
+            i = bases.index.get(k)
+            if i is None:
+                continue
+            got = np.array([bases.med[i], bases.sigma[i]])
+            assert np.array_equal(got, want[k], equal_nan=True), (step, k, got, want[k])
+    assert all(len(kept[k]) == BASE_KEEP for k in keys)
+    assert bases.count().tolist() == [BASE_KEEP] * 3
