@@ -28,7 +28,6 @@ import importlib
 import os
 import resource
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -53,26 +52,17 @@ from analytics.clock import (
 )
 from analytics.sim import MeshSimulator, SimConfig
 from analytics.sim.mesh_simulator import Congestion
+from benchmarks.baseline import commit_of, git
 from benchmarks.machine import describe
 
 WINDOW = 2_000_000_000
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def baseline_solver(rev: str) -> tuple[str, Callable, type]:
     """``(commit, solve_window, SolverConfig)`` of ``analytics/clock`` at git revision
     ``rev``, imported from a temporary package ``clock_baseline`` (its own
     ``analytics.clock`` imports rewritten). The daemon's runner is left out."""
-
-    def git(*argv: str) -> str:
-        return subprocess.run(
-            ["git", "-C", str(ROOT), *argv], capture_output=True, text=True, check=True
-        ).stdout
-
-    try:
-        commit = git("rev-parse", "--short", "--verify", rev + "^{commit}").strip()
-    except subprocess.CalledProcessError:
-        raise SystemExit(f"--baseline: expected a git revision of {ROOT}, got {rev!r}") from None
+    commit = commit_of(rev)
     pkg = Path(tempfile.mkdtemp(prefix="clockmesh-bench-baseline-")) / "clock_baseline"
     pkg.mkdir()
     atexit.register(shutil.rmtree, pkg.parent, True)

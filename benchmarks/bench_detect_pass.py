@@ -37,10 +37,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from analytics.clock.clock_state import ClockState
 from analytics.detect.contention import PathDelays
 from analytics.detect.silent_drop import SilentDrops
+from benchmarks.baseline import commit_of, git
 from benchmarks.machine import describe
 from collector import records
 
-ROOT = Path(__file__).resolve().parents[1]
 NS = 1_000_000_000
 T0 = 1_800_000_000 * NS
 SPINES = ("spine1", "spine2")
@@ -49,17 +49,11 @@ SPINES = ("spine1", "spine2")
 def baseline_contention(rev: str) -> tuple[str, type]:
     """``(commit, PathDelays)`` of ``analytics/detect/contention.py`` at git revision
     ``rev``, imported as module ``contention_baseline`` (its other imports today's)."""
-
-    def git(*argv: str) -> str:
-        return subprocess.run(
-            ["git", "-C", str(ROOT), *argv], capture_output=True, text=True, check=True
-        ).stdout
-
+    commit = commit_of(rev)
     try:
-        commit = git("rev-parse", "--short", "--verify", rev + "^{commit}").strip()
         text = git("show", f"{rev}:analytics/detect/contention.py")
     except subprocess.CalledProcessError:
-        raise SystemExit(f"--baseline: expected a git revision of {ROOT}, got {rev!r}") from None
+        raise SystemExit(f"--baseline: {rev} has no analytics/detect/contention.py") from None
     with tempfile.TemporaryDirectory(prefix="clockmesh-bench-baseline-") as tmp:
         path = Path(tmp) / "contention_baseline.py"
         path.write_text(text)
