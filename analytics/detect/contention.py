@@ -294,12 +294,14 @@ class Windows:
         newest: np.ndarray, received: np.ndarray, lost: np.ndarray, stats: np.ndarray,
         excess: np.ndarray, thresholds: np.ndarray, ports: np.ndarray, span_tail: np.ndarray,
         span_excess: np.ndarray, objs: list[RouteWindow] | None = None,
+        base_rows: np.ndarray | None = None,
     ) -> None:  # fmt: skip
         self.src, self.dst, self.spine, self.links = src, dst, spine, links  # links: (n, 4)
         self.newest, self.received, self.lost = newest, received, lost
         self.stats, self.excess, self.thresholds = stats, excess, thresholds  # (n, 2) each
         self.ports, self.span_tail, self.span_excess = ports, span_tail, span_excess
         self.objs = objs  # the windows these columns were made of (:meth:`of`), hops as given
+        self.base_rows = base_rows  # each route's row in PathDelays' baselines, when known
         e, t = excess, thresholds
         with np.errstate(invalid="ignore"):
             self.judged = np.isfinite(e).all(axis=1)
@@ -361,6 +363,7 @@ class Windows:
             self.stats[rows], self.excess[rows], self.thresholds[rows], self.ports[rows],
             self.span_tail[rows], self.span_excess[rows],
             None if self.objs is None else [self.objs[i] for i in rows.tolist()],
+            None if self.base_rows is None else self.base_rows[rows],
         )  # fmt: skip
 
     def hops(self, mask: np.ndarray) -> set[tuple[str, str]]:
@@ -494,17 +497,25 @@ def _loss_side(into: list[RouteWindow], away: list[RouteWindow]) -> str | None:
     return None
 
 
+def _by_group(
+    groups: np.ndarray, values: np.ndarray, n: int, presorted: bool = False
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``values`` in (group, value) order, and per group 0..n-1 how many it has, where they
+    start, and whether it has any."""
+    v = values if presorted else values[np.lexsort((values, groups))]
+    count = np.bincount(groups, minlength=n)
+    start = np.concatenate(([0], np.cumsum(count)[:-1]))
+    return v, count, start, count > 0
+
+
 def _group_quantiles(
     groups: np.ndarray, values: np.ndarray, n: int, qs: tuple[float, ...], presorted: bool = False
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per group 0..n-1: the ``qs`` percentiles of its ``values`` (linear interpolation,
     as ``np.percentile``; nan for a group without values), and how many it has.
     ``presorted``: already in (group, value) order."""
-    v = values if presorted else values[np.lexsort((values, groups))]
-    count = np.bincount(groups, minlength=n)
-    start = np.concatenate(([0], np.cumsum(count)[:-1]))
+    v, count, start, ok = _by_group(groups, values, n, presorted)
     out = np.full((n, len(qs)), np.nan)
-    ok = count > 0
     for j, q in enumerate(qs):
         pos = (count[ok] - 1) * (q / 100.0)
         lo = np.floor(pos).astype(np.int64)
@@ -526,12 +537,8 @@ def _route_quantiles(
 def _group_median(groups: np.ndarray, values: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     """Per group 0..n-1: the median of its ``values`` exactly as ``np.median`` gives it (the
     mean of the two middle values; nan without values), and how many it has."""
-    order = np.lexsort((values, groups))
-    v = values[order]
-    count = np.bincount(groups, minlength=n)
-    start = np.concatenate(([0], np.cumsum(count)[:-1]))
+    v, count, start, ok = _by_group(groups, values, n)
     out = np.full(n, np.nan)
-    ok = count > 0
     lo, hi = start[ok] + (count[ok] - 1) // 2, start[ok] + count[ok] // 2
     out[ok] = (v[lo] + v[hi]) / 2
     return out, count
@@ -943,7 +950,7 @@ class PathDelays:
         return Windows(
             src[rows], dst[rows], spine_w, links, newest_r[rows],
             sent[rows] - lost[rows], lost[rows], st, excess, thresholds, ports_per[rows],
-            span_tail[rows], span_excess,
+            span_tail[rows], span_excess, base_rows=ix,
         )  # fmt: skip
 
     def _port(self, host: int) -> str:
@@ -1195,7 +1202,11 @@ class PathDelays:
             mid = float(np.median(lows))
             ceiling = mid + max(FLOOR_NS, K_SIGMA * 1.4826 * float(np.median(np.abs(lows - mid))))
         bases = self._bases
-        ix = bases.rows(list(zip(wins.src.tolist(), wins.dst.tolist(), wins.spine, strict=True)))
+        ix = wins.base_rows  # (windows made by hand: their routes' rows looked up here)
+        if ix is None:
+            ix = bases.rows(
+                list(zip(wins.src.tolist(), wins.dst.tolist(), wins.spine, strict=True))
+            )
         ok = fin & (st[:, 0] <= ceiling) & (wins.lost == 0) & ~wins.slow
         ok &= wins.newest - bases.last_ns[ix] >= WINDOW_NS
         if contended:
