@@ -120,7 +120,7 @@ class _Rows:
         end = self.n + len(part)
         if end > len(self.buf):
             grown = np.empty(max(end, 2 * len(self.buf)), self.buf.dtype)
-            grown[: self.n] = self.buf[: self.n]
+            grown[: self.n].view(np.uint8)[:] = self.buf[: self.n].view(np.uint8)
             self.buf = grown
         # as bytes: numpy copies a structured array field by field, ~7x slower
         self.buf[self.n : end].view(np.uint8)[:] = np.ascontiguousarray(part).view(np.uint8)
@@ -462,6 +462,8 @@ class ClockRunner:
 
     def _skip(self, w: int, reason: str) -> None:
         buf = self._windows.pop(w)
+        for name, held in buf.parts.items():  # the next windows' buffers start this big
+            self._expect[name] = max(self._expect[name], held.n)
         self._buffered -= buf.rows
         self._buffered_bytes -= buf.nbytes
         self._watermark = max(self._watermark, w)

@@ -315,6 +315,51 @@ def test_numpy_records_feed_solves_exactly_like_arrow_tables(tmp_path: Path) -> 
         runner.feed({"probe_rx": res.tx})
 
 
+def test_a_window_fed_in_many_small_commits_solves_exactly_like_one_commit(
+    tmp_path: Path,
+) -> None:
+    """A window's rows arriving over many commits (its buffer grows several times, each
+    time keeping the rows already in) are solved and stored exactly as the same rows in
+    one commit; after a skipped window the next windows' buffers start at its size."""
+    sim = MeshSimulator(SimConfig(racks=3, hosts_per_rack=4, offset_max_ns=2e6, seed=7))
+    start = sim.config.start_ns
+    res = sim.run(0, 3 * W)
+    tables = {"probe_tx": res.tx, "probe_rx": res.rx, "echo": res.echoes}
+    out = {}
+    for kind, chunk in (("one", 0), ("many", 300)):
+        writer = StoreWriter(tmp_path / kind)
+        writer.open()
+        runner = ClockRunner(writer, window_s=2.0, lateness_s=1.0, now_ns=lambda: start + 4 * W)
+        if not chunk:
+            runner.feed({t: r.copy() for t, r in tables.items()})
+        else:
+            for i in range(0, max(len(r) for r in tables.values()), chunk):
+                runner.feed({t: r[i : i + chunk].copy() for t, r in tables.items()})
+        runner._drain()
+        grown = {t: len(p.buf) for t, p in runner._windows[min(runner._windows)].parts.items()}
+        assert runner.step() >= 2
+        out[kind] = (runner.snapshot, sorted(
+            (p.relative_to(writer.root).as_posix(), repr(pq.read_table(p).to_pylist()))
+            for p in writer.root.glob("*/date=*/hour=*/r*.parquet")
+        ))  # fmt: skip
+        if chunk:  # the first window's probe buffers grew twice past their first 1,024 rows
+            assert grown["probe_tx"] > 2 * 1024 and grown["probe_rx"] > 2 * 1024, grown
+    (a, a_files), (b, b_files) = out["one"], out["many"]
+    for name in ("hosts", "offset_ns", "drift_ppm", "uncertainty_ns", "status"):
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
+    assert a_files == b_files and len(a_files) >= 4
+    # a window skipped before any was solved sizes the buffers of the windows after it
+    writer = StoreWriter(tmp_path / "skip")
+    writer.open()
+    runner = ClockRunner(writer, window_s=2.0, lateness_s=1.0, now_ns=lambda: start + 4 * W)
+    w0 = min(int(r[clock_runner.SOURCES[t][1]].min()) // W for t, r in tables.items())
+    first = {t: r[r[clock_runner.SOURCES[t][1]] // W == w0] for t, r in tables.items()}
+    runner.feed({t: r.copy() for t, r in first.items()})
+    runner._drain()
+    runner._skip(min(runner._windows), "memory")
+    assert runner._expect == {t: len(r) for t, r in first.items()}
+
+
 @pytest.mark.parametrize("order", ["collector", "shuffled"])
 def test_window_split_keeps_every_row_in_its_window_in_order(order: str) -> None:
     """A commit of 30 hosts' 21-s segments (time order per host, hosts back to back) or
