@@ -478,6 +478,25 @@ def test_the_probes_wait_as_their_worst_route_does_for_the_in_band_roce_v1_signa
     assert delays.pair_excess()[(1, 2)] == 3e3  # one probe lost is not a full queue
 
 
+def test_pairs_without_streamed_routes_wait_as_their_worst_paths_clock_window_median() -> None:
+    """Between pairs no streamed route judges, pair_excess falls back to the clock
+    solver's per-path medians: the worst path's median in the newest window over the least
+    median that path ever had; a path missing from the newest window, or whose median
+    the solver could not give (NaN), says nothing."""
+    delays = PathDelays({}, {}, {})
+    src, dst = np.array([1, 1, 1, 3, 5]), np.array([2, 2, 2, 4, 6])
+    sport = np.array([40000, 40001, 40002, 40000, 40000], np.int32)
+    delays.feed(src, dst, sport, np.array([5e3, 6e3, 7e3, 9e3, 4e3]))
+    delays.feed(src[:4], dst[:4], sport[:4], np.array([5.5e3, 9e3, np.nan, 8e3]))
+    # 1->2: its 40001 path rose 3 µs over its floor (40000 by 0.5, 40002 unknown now);
+    # 3->4 fell: nothing waits; 5->6 is not in the newest window
+    assert list(delays.pair_excess().items()) == [((1, 2), 3e3), ((3, 4), 0.0)]
+    delays.feed(np.array([1, 1]), np.array([2, 2]), np.array([40000, 40000], np.int32),
+                np.array([4.0e3, 4.5e3]))  # fmt: skip
+    # the same path twice in one window: the last median, over the least of all (4 µs)
+    assert delays.pair_excess() == {(1, 2): 500.0}
+
+
 def test_a_route_that_loses_every_probe_is_the_pairs_worst_for_the_in_band_signal() -> None:
     """A queue so full that no probe through it arrives (two jobs at 2 Mbit/s: 600 ms of
     queue, the rest dropped) leaves no window to judge on that route; pair_excess must
