@@ -125,6 +125,7 @@ class _WindowMedians:
         self._hosts, self._numbers = _Numbering(), _Numbering()
         self.src = np.zeros(0, np.int64)
         self.dst = np.zeros(0, np.int64)
+        self.pair = np.zeros(0, np.int64)  # the host pair's key (its path keys >> 16)
         self.median = np.zeros(0)
         self.floor = np.zeros(0)
         self.window = np.zeros(0, np.int64)
@@ -137,20 +138,20 @@ class _WindowMedians:
         src = np.asarray(src, np.int64)[ok]
         dst = np.asarray(dst, np.int64)[ok]
         median = median[ok]
-        key = (
-            (self._hosts.of(src) << 40)
-            | (self._hosts.of(dst) << 16)
-            | np.asarray(sport, np.int64)[ok]
-        )
+        key = _path_keys(self._hosts, src, dst, np.asarray(sport)[ok])
         ids = self._numbers.of(key)
         n, before = self._numbers.count, len(self.src)
         if n > before:
-            self.src, self.dst = np.resize(self.src, n), np.resize(self.dst, n)
-            self.median = np.concatenate([self.median, np.full(n - before, np.nan)])
-            self.floor = np.concatenate([self.floor, np.full(n - before, np.inf)])
-            self.window = np.concatenate([self.window, np.full(n - before, -1, np.int64)])
+            grow = n - before
+            self.src = np.concatenate([self.src, np.zeros(grow, np.int64)])
+            self.dst = np.concatenate([self.dst, np.zeros(grow, np.int64)])
+            self.pair = np.concatenate([self.pair, np.zeros(grow, np.int64)])
+            self.median = np.concatenate([self.median, np.full(grow, np.nan)])
+            self.floor = np.concatenate([self.floor, np.full(grow, np.inf)])
+            self.window = np.concatenate([self.window, np.full(grow, -1, np.int64)])
             fresh = ids >= before
             self.src[ids[fresh]], self.dst[ids[fresh]] = src[fresh], dst[fresh]
+            self.pair[ids[fresh]] = key[fresh] >> 16
         # a path twice in one window: its last median, the least of both for the floor
         last = len(ids) - 1 - np.unique(ids[::-1], return_index=True)[1]
         self.median[ids[last]] = median[last]
@@ -165,8 +166,7 @@ class _WindowMedians:
             return {}
         src, dst = self.src[rows], self.dst[rows]
         value = self.median[rows] - self.floor[rows]
-        pair = (self._hosts.of(src) << 32) | self._hosts.of(dst)
-        uniq, first, inverse = np.unique(pair, return_index=True, return_inverse=True)
+        uniq, first, inverse = np.unique(self.pair[rows], return_index=True, return_inverse=True)
         worst = np.full(len(uniq), -np.inf)
         np.maximum.at(worst, inverse, value)
         order = np.argsort(first, kind="stable")
@@ -257,6 +257,14 @@ class _Numbering:
             self.count += len(new)
             pos = np.searchsorted(self.sorted, values)
         return self.number[pos]
+
+
+def _path_keys(
+    hosts: _Numbering, src: np.ndarray, dst: np.ndarray, sport: np.ndarray
+) -> np.ndarray:
+    """Each path (src, dst, sport) as one integer: its hosts' numbers in ``hosts`` and the
+    port. ``key >> 16`` is the host pair's."""
+    return (hosts.of(src) << 40) | (hosts.of(dst) << 16) | sport.astype(np.int64)
 
 
 def _thresholds(sigma: np.ndarray) -> np.ndarray:
@@ -796,8 +804,7 @@ class PathDelays:
     def _paths(self, rows: np.ndarray) -> np.ndarray:
         """The number of each row's path (``src``, ``dst``, ``sport``; a new path gets the
         next), all rows at once: hosts numbered, then (src, dst, sport) as one integer."""
-        src, dst = self._host_numbers.of(rows["src"]), self._host_numbers.of(rows["dst"])
-        key = (src << 40) | (dst << 16) | rows["sport"].astype(np.int64)
+        key = _path_keys(self._host_numbers, rows["src"], rows["dst"], rows["sport"])
         before = self._path_numbers.count
         out = self._path_numbers.of(key)
         if self._path_numbers.count > before:
