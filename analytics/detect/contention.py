@@ -234,6 +234,48 @@ class _Baselines:
             self.sigma[sel] = 1.4826 * np.median(np.abs(h - med[:, None, :]), axis=1)
 
 
+class _Held:
+    """The probes a pass judges, in the order fed: each one's path number, send time and
+    one-way delay (nan: lost), as columns grown in place — a pass reads them where they
+    are instead of joining every feed's since the last pass."""
+
+    def __init__(self) -> None:
+        self.path = np.zeros(0, np.int64)
+        self.t_ns = np.zeros(0, np.int64)
+        self.delay = np.zeros(0)
+        self.n = 0
+
+    def append(self, cut: int, path: np.ndarray, t_ns: np.ndarray, delay: np.ndarray) -> None:
+        """These probes after those held; those sent before ``cut`` (ns) are dropped first
+        when the columns are full (they would be at the next :meth:`since`)."""
+        m = len(path)
+        if self.n + m > len(self.path):
+            self.since(cut)
+        if self.n + m > len(self.path):
+            cap = max(2 * (self.n + m), 1024)
+            for name in ("path", "t_ns", "delay"):
+                old = getattr(self, name)
+                new = np.empty(cap, old.dtype)
+                new[: self.n] = old[: self.n]
+                setattr(self, name, new)
+        end = self.n + m
+        self.path[self.n : end], self.t_ns[self.n : end], self.delay[self.n : end] = (
+            path, t_ns, delay,
+        )  # fmt: skip
+        self.n = end
+
+    def since(self, cut: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The probes sent at ``cut`` (ns) or later, in the order fed (views: valid until
+        the next :meth:`append`); the older ones are dropped."""
+        keep = self.t_ns[: self.n] >= cut
+        if not keep.all():
+            rows = np.flatnonzero(keep)
+            for a in (self.path, self.t_ns, self.delay):
+                a[: len(rows)] = a[rows]
+            self.n = len(rows)
+        return self.path[: self.n], self.t_ns[: self.n], self.delay[: self.n]
+
+
 class _Numbering:
     """Integers numbered 0, 1, ... in the order first seen (numpy: a sorted copy searched)."""
 
@@ -557,12 +599,21 @@ def _loss_side(into: list[RouteWindow], away: list[RouteWindow]) -> str | None:
     return None
 
 
+def _group_order(groups: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """The order of ``values`` by (group, value), groups non-negative integers (equal
+    values of a group in any order): one sort of the values, then one of unique integers
+    (group, rank) — a quarter of ``np.lexsort``'s time on a pass's 400,000 probes."""
+    by_value = np.argsort(values)
+    n = len(values)
+    return by_value[np.argsort(groups[by_value].astype(np.int64) * n + np.arange(n))]
+
+
 def _by_group(
     groups: np.ndarray, values: np.ndarray, n: int, presorted: bool = False
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``values`` in (group, value) order, and per group 0..n-1 how many it has, where they
     start, and whether it has any."""
-    v = values if presorted else values[np.lexsort((values, groups))]
+    v = values if presorted else values[_group_order(groups, values)]
     count = np.bincount(groups, minlength=n)
     start = np.concatenate(([0], np.cumsum(count)[:-1]))
     return v, count, start, count > 0
@@ -590,7 +641,7 @@ def _route_quantiles(
 ) -> tuple[np.ndarray, np.ndarray]:
     """:func:`_group_quantiles` of the rows of ``mask`` (sorted here by (route, value))."""
     rows = np.flatnonzero(mask)
-    rows = rows[np.lexsort((values[rows], rid[rows]))]
+    rows = rows[_group_order(rid[rows], values[rows])]
     return _group_quantiles(rid[rows], values[rows], n, qs, presorted=True)
 
 
@@ -641,9 +692,7 @@ class PathDelays:
         # receiver -> newest receive it shipped: receivers sorted, their newest rx_ns
         self._mark_hosts = np.zeros(0, np.int64)
         self._mark_ns = np.zeros(0, np.int64)
-        # joined (delay) or lost (nan), newest HOLD_NS: (newest t_ns, chunk) per feed,
-        # joined when read
-        self._chunks: list[tuple[int, np.ndarray]] = []
+        self._held = _Held()  # joined (delay) or lost (nan), newest HOLD_NS
         self._sample = 1
         self.newest_ns = 0
         self._bases = _Baselines()  # each route's healthy baseline
@@ -749,7 +798,8 @@ class PathDelays:
         matched_tx[ti] = True
         matched_rx = np.zeros(len(rxs), bool)
         matched_rx[ri] = True
-        out = [self._joined(txs[ti], rxs["rx_ns"][ri], clocks)]
+        cut = self.newest_ns - HOLD_NS
+        self._held.append(cut, *self._joined(txs[ti], rxs["rx_ns"][ri], clocks))
         # Sends never received: lost once their receiver shipped receives well after them.
         left = txs[~matched_tx]
         lost = left["tx_ns"] + LOST_AFTER_NS < self._marks_of(left["dst"])
@@ -758,23 +808,12 @@ class PathDelays:
             gone = left[lost]
             solved = np.isin(gone["src"], clocks.hosts) & np.isin(gone["dst"], clocks.hosts)
             gone = gone[solved]
-            rec = np.empty(len(gone), _PROBE)
-            for name in ("src", "dst", "sport"):
-                rec[name] = gone[name]
-            rec["path"] = self._paths(gone)
-            rec["t_ns"] = gone["tx_ns"]
-            rec["delay"] = np.nan
-            self.lost_total += len(rec)
-            out.append(rec)
+            self.lost_total += len(gone)
+            self._held.append(cut, self._paths(gone), gone["tx_ns"], np.full(len(gone), np.nan))
         keep = ~lost & (left["tx_ns"] >= horizon)
         self._tx = left[keep]
         rleft = rxs[~matched_rx]
         self._rx = rleft[rleft["rx_ns"] >= horizon]
-        fresh = np.concatenate(out)
-        if len(fresh):
-            self._chunks.append((int(fresh["t_ns"].max()), fresh))
-        cut = self.newest_ns - HOLD_NS
-        self._chunks = [(t, c) for t, c in self._chunks if t >= cut]
 
     def sampled(self, rows: np.ndarray) -> np.ndarray:
         """The probe rows (``seq`` field) of the current consistent sample: all while one
@@ -787,8 +826,11 @@ class PathDelays:
         """Each receiver's newest shipped receive, updated with these."""
         if not len(dst):
             return
-        hosts = np.concatenate([self._mark_hosts, dst.astype(np.int64)])
-        ns = np.concatenate([self._mark_ns, rx_ns.astype(np.int64)])
+        hosts, each = np.unique(dst.astype(np.int64), return_inverse=True)
+        ns = np.full(len(hosts), np.iinfo(np.int64).min)
+        np.maximum.at(ns, each, rx_ns.astype(np.int64))  # each receiver's newest of these
+        hosts = np.concatenate([self._mark_hosts, hosts])
+        ns = np.concatenate([self._mark_ns, ns])
         order = np.lexsort((ns, hosts))
         hosts, ns = hosts[order], ns[order]
         last = np.append(hosts[1:] != hosts[:-1], True)  # each host's newest, sorted last
@@ -818,19 +860,13 @@ class PathDelays:
             self._path_keys = grown
         return out
 
-    def _held(self) -> np.ndarray:
-        """The probes held (joined or lost), newest HOLD_NS, as one array (kept as the
-        only chunk)."""
-        cut = self.newest_ns - HOLD_NS
-        chunks = [c for _t, c in self._chunks]
-        probes = np.concatenate(chunks) if chunks else np.zeros(0, _PROBE)
-        probes = probes[probes["t_ns"] >= cut]
-        self._chunks = [(int(probes["t_ns"].max()), probes)] if len(probes) else []
-        return probes
-
-    def _joined(self, tx: np.ndarray, rx_ns: np.ndarray, clocks: ClockState | None) -> np.ndarray:
+    def _joined(
+        self, tx: np.ndarray, rx_ns: np.ndarray, clocks: ClockState | None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Each matched send's path number, send time and one-way delay on the solver's
+        clocks (hosts it has not solved left out)."""
         if clocks is None or not len(tx) or not len(clocks.hosts):
-            return np.zeros(0, _PROBE)
+            return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
         order = np.argsort(clocks.hosts)
         hosts = clocks.hosts[order]
         i = np.searchsorted(hosts, tx["src"]).clip(0, len(hosts) - 1)
@@ -841,14 +877,8 @@ class PathDelays:
         skew = (clocks.offset_ns[j] - clocks.offset_ns[i]) + (
             clocks.drift[j] - clocks.drift[i]
         ) * dt
-        rec = np.empty(len(tx), _PROBE)
-        for name in ("src", "dst", "sport"):
-            rec[name] = tx[name]
-        rec["path"] = self._paths(tx)
-        rec["t_ns"] = tx["tx_ns"]
-        rec["delay"] = (rx_ns - tx["tx_ns"]).astype(np.float64) - skew
-        self.joined_total += len(rec)
-        return rec
+        self.joined_total += len(tx)
+        return self._paths(tx), tx["tx_ns"], (rx_ns - tx["tx_ns"]).astype(np.float64) - skew
 
     def feed_counters(self, rows: np.ndarray) -> None:
         """``counter`` records of :data:`CONGESTION_COUNTERS` (numpy): their deltas per host."""
@@ -879,17 +909,17 @@ class PathDelays:
     def windows(self) -> Windows:
         """Every route's newest window, with its excess over its own healthy tail (routes
         still learning their baseline have none: they are fed it, not judged)."""
-        p = self._held()
-        if not len(p):
+        path, t_held, d_held = self._held.since(self.newest_ns - HOLD_NS)
+        if not len(path):
             return Windows.empty()
         # The paths (src, dst, sport) held (numbered as first fed: no sort of the probes)
         # and each one's spine from the traces
-        counts = np.bincount(p["path"], minlength=self._path_numbers.count)
+        counts = np.bincount(path, minlength=self._path_numbers.count)
         held = np.flatnonzero(counts)
         us, ud, up = self._path_keys[held].T
         path_keys = zip(us.tolist(), ud.tolist(), up.tolist(), strict=True)
         spine = list(map(self.spine_of.get, path_keys))
-        spines = sorted({y for y in spine if y is not None})
+        spines = sorted(set(spine) - {None})
         code: dict[str | None, int] = {y: i for i, y in enumerate(spines)}
         code[None] = -1
         y_path = np.fromiter(map(code.__getitem__, spine), np.int64, len(spine))
@@ -914,9 +944,9 @@ class PathDelays:
         # Each probe's route, in the order held; each route's newest probe, its probes
         # over the loss span and lost, and the quantiles of its newest second's (only
         # those sorted, by (route, delay): one sort for all routes, not a call per route)
-        rid = route_of_path[p["path"]]
+        rid = route_of_path[path]
         on = rid >= 0
-        rid, t_all, d_all = rid[on], p["t_ns"][on], p["delay"][on]
+        rid, t_all, d_all = rid[on], t_held[on], d_held[on]
         newest_r = np.full(nr, np.iinfo(np.int64).min)
         np.maximum.at(newest_r, rid, t_all)
         fin = np.isfinite(d_all)
@@ -1411,5 +1441,3 @@ class PathDelays:
 _TX = np.dtype([("src", "<i8"), ("seq", "<u8"), ("dst", "<i8"), ("sport", "<u2"),
                 ("tx_ns", "<i8")])  # fmt: skip
 _RX = np.dtype([("src", "<i8"), ("seq", "<u8"), ("dst", "<i8"), ("rx_ns", "<i8")])
-_PROBE = np.dtype([("src", "<i8"), ("dst", "<i8"), ("sport", "<u2"), ("path", "<i8"),
-                   ("t_ns", "<i8"), ("delay", "<f8")])  # fmt: skip
