@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from analytics.clock.clock_state import ClockState
 from analytics.detect.contention import PathDelays
+from analytics.detect.paths import SpineMap
 from analytics.detect.silent_drop import SilentDrops
 from benchmarks.baseline import commit_of, git
 from benchmarks.machine import describe
@@ -83,8 +84,9 @@ def main() -> None:
     paths = np.array([(s, hosts[(i + k) % len(hosts)], p)
                       for i, s in enumerate(hosts) for k in range(1, args.buddies + 1)
                       for p in range(40000, 40008)], np.int64)  # fmt: skip
-    spine_of = {(int(s), int(d), int(p)): SPINES[zlib.crc32(f"{s}.{d}.{p}".encode()) % 2]
-                for s, d, p in paths.tolist()}  # fmt: skip
+    spine_of = SpineMap()  # the daemon's map (FabricPaths.spine_of)
+    for s, d, p in paths.tolist():
+        spine_of[(s, d, p)] = SPINES[zlib.crc32(f"{s}.{d}.{p}".encode()) % 2]
     drops = SilentDrops(rack, by_ends, spine_of, names)
     delays = PathDelays(rack, by_ends, spine_of, names)
     before = base[1](rack, by_ends, spine_of, names) if base else None

@@ -699,6 +699,9 @@ class PathDelays:
         # each path (src, dst, sport) numbered in the order first fed, its key by number
         self._host_numbers, self._path_numbers = _Numbering(), _Numbering()
         self._path_keys = np.zeros((0, 3), np.int64)
+        # every path's route, as the traces and the paths numbered last made it (_routes)
+        self._routes_key: tuple[int | None, int] = (None, -1)
+        self._routes_made = ([], np.zeros(0, np.int64), *(np.zeros(0, np.int64),) * 3)
         self.lost_total = 0
         self.joined_total = 0
         self.unsure_total = 0  # host ports not named: their host's round trips do not show it
@@ -915,28 +918,18 @@ class PathDelays:
         # The paths (src, dst, sport) held (numbered as first fed: no sort of the probes)
         # and each one's spine from the traces
         counts = np.bincount(path, minlength=self._path_numbers.count)
-        held = np.flatnonzero(counts)
-        us, ud, up = self._path_keys[held].T
-        path_keys = zip(us.tolist(), ud.tolist(), up.tolist(), strict=True)
-        spine = list(map(self.spine_of.get, path_keys))
-        spines = sorted(set(spine) - {None})
-        code: dict[str | None, int] = {y: i for i, y in enumerate(spines)}
-        code[None] = -1
-        y_path = np.fromiter(map(code.__getitem__, spine), np.int64, len(spine))
-        # The routes (src, dst, spine), numbered in that order (spines coded in name
-        # order), and each path's route
-        ro = np.lexsort((y_path, ud, us))
-        ro = ro[y_path[ro] >= 0]
-        new_route = np.ones(len(ro), bool)
-        new_route[1:] = (
-            (us[ro][1:] != us[ro][:-1]) | (ud[ro][1:] != ud[ro][:-1])
-            | (y_path[ro][1:] != y_path[ro][:-1])
-        )  # fmt: skip
-        route_of = np.full(len(us), -1)
-        route_of[ro] = np.cumsum(new_route) - 1
+        held = counts > 0
+        # The routes (src, dst, spine) some held path is on, numbered in that order, and
+        # each held path's route (-1: not traced yet)
+        spines, route_all, r_src, r_dst, r_spine = self._routes()
+        on_route = route_all[held]
+        present = np.zeros(len(r_src) + 1, bool)  # (the last: where -1 lands)
+        present[on_route] = True
+        present = present[:-1]
+        route_of = np.where(on_route >= 0, (np.cumsum(present) - 1)[on_route], -1)
         route_of_path = np.full(len(counts), -1)
         route_of_path[held] = route_of
-        src, dst, y_code = us[ro][new_route], ud[ro][new_route], y_path[ro][new_route]
+        src, dst, y_code = r_src[present], r_dst[present], r_spine[present]
         nr = len(src)
         self._dark = set()
         if not nr:
@@ -1031,6 +1024,37 @@ class PathDelays:
             sent[rows] - lost[rows], lost[rows], st, excess, thresholds, ports_per[rows],
             span_tail[rows], span_excess, base_rows=ix,
         )  # fmt: skip
+
+    def _routes(self) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Every path numbered so far on its route (src, dst, spine), from the traces: the
+        spines (names, sorted), each path's route (-1: not traced), and each route's src,
+        dst and spine (its index), routes numbered in (src, dst, spine) order. Rebuilt
+        when a path is numbered or a trace moved one (``spine_of.version``, a
+        :class:`analytics.detect.paths.SpineMap`; a plain dict: on every call)."""
+        version = getattr(self.spine_of, "version", None)
+        key = (version, self._path_numbers.count)
+        if version is not None and key == self._routes_key:
+            return self._routes_made
+        us, ud, up = self._path_keys.T
+        spine = list(map(self.spine_of.get, zip(us.tolist(), ud.tolist(), up.tolist(),
+                                                 strict=True)))  # fmt: skip
+        spines = sorted(set(spine) - {None})
+        code: dict[str | None, int] = {y: i for i, y in enumerate(spines)}
+        code[None] = -1
+        y_path = np.fromiter(map(code.__getitem__, spine), np.int64, len(spine))
+        ro = np.lexsort((y_path, ud, us))
+        ro = ro[y_path[ro] >= 0]
+        new_route = np.ones(len(ro), bool)
+        new_route[1:] = (
+            (us[ro][1:] != us[ro][:-1]) | (ud[ro][1:] != ud[ro][:-1])
+            | (y_path[ro][1:] != y_path[ro][:-1])
+        )  # fmt: skip
+        route_all = np.full(len(us), -1)
+        route_all[ro] = np.cumsum(new_route) - 1
+        first = ro[new_route]
+        self._routes_key = key
+        self._routes_made = (spines, route_all, us[first], ud[first], y_path[first])
+        return self._routes_made
 
     def _port(self, host: int) -> str:
         """The name of ``host``'s access link (its own name where the topology has none)."""

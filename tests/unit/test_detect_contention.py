@@ -676,3 +676,24 @@ def test_the_detector_holds_only_its_last_seconds_of_probes() -> None:
     probes = (f.delays.joined_total + f.delays.lost_total - fed) * 3 * 8  # path, time, delay
     assert probes > 300_000
     assert grown < probes / 10, (grown, probes)
+
+
+def test_paths_a_trace_moves_to_another_spine_are_judged_there_at_the_next_pass() -> None:
+    """ECMP moved the paths off a link (it went down): the next traces put them on the
+    other spine, and from the next pass their routes are judged there — no route of
+    leaf1's is judged through spine1 any more, none is lost."""
+    from tests.unit.test_detect_rules import _round
+
+    f = _Fleet(seed=4)
+    f.warm()
+    before = f.delays.windows()
+    assert ("leaf1", "spine1") in {(f.host_rack[w.src], w.spine) for w in before}
+    f.paths.feed(_round(f.links, f.hosts, f.t / S, {"leaf1-spine1"}))
+    f.second({})
+    after = f.delays.windows()
+    leaf1 = {(w.src, w.dst) for w in after if "leaf1" in (f.host_rack[w.src], f.host_rack[w.dst])}
+    assert leaf1 == {(w.src, w.dst) for w in before
+                     if "leaf1" in (f.host_rack[w.src], f.host_rack[w.dst])}  # fmt: skip
+    assert {w.spine for w in after if "leaf1" in (f.host_rack[w.src], f.host_rack[w.dst])} == {
+        "spine2"
+    }
