@@ -700,8 +700,11 @@ class PathDelays:
         self._host_numbers, self._path_numbers = _Numbering(), _Numbering()
         self._path_keys = np.zeros((0, 3), np.int64)
         # every path's route, as the traces and the paths numbered last made it (_routes)
+        none = np.zeros(0, np.int64)
         self._routes_key: tuple[int | None, int] = (None, -1)
-        self._routes_made = ([], np.zeros(0, np.int64), *(np.zeros(0, np.int64),) * 3)
+        self._routes_made: tuple[list[str], np.ndarray, np.ndarray, np.ndarray, np.ndarray] = (
+            [], none, none, none, none,
+        )  # fmt: skip
         self.lost_total = 0
         self.joined_total = 0
         self.unsure_total = 0  # host ports not named: their host's round trips do not show it
@@ -926,7 +929,9 @@ class PathDelays:
         present = np.zeros(len(r_src) + 1, bool)  # (the last: where -1 lands)
         present[on_route] = True
         present = present[:-1]
-        route_of = np.where(on_route >= 0, (np.cumsum(present) - 1)[on_route], -1)
+        number = np.full(len(r_src) + 1, -1)  # each route's number in this pass (-1: none)
+        number[np.flatnonzero(present)] = np.arange(np.count_nonzero(present))
+        route_of = number[on_route]
         route_of_path = np.full(len(counts), -1)
         route_of_path[held] = route_of
         src, dst, y_code = r_src[present], r_dst[present], r_spine[present]
@@ -1038,7 +1043,7 @@ class PathDelays:
         us, ud, up = self._path_keys.T
         spine = list(map(self.spine_of.get, zip(us.tolist(), ud.tolist(), up.tolist(),
                                                  strict=True)))  # fmt: skip
-        spines = sorted(set(spine) - {None})
+        spines = sorted(y for y in set(spine) if y is not None)
         code: dict[str | None, int] = {y: i for i, y in enumerate(spines)}
         code[None] = -1
         y_path = np.fromiter(map(code.__getitem__, spine), np.int64, len(spine))

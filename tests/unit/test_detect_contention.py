@@ -697,3 +697,22 @@ def test_paths_a_trace_moves_to_another_spine_are_judged_there_at_the_next_pass(
     assert {w.spine for w in after if "leaf1" in (f.host_rack[w.src], f.host_rack[w.dst])} == {
         "spine2"
     }
+
+
+def test_probes_that_arrive_before_any_trace_wait_for_one() -> None:
+    """The daemon starts with probes coming in and no path traced yet (the traces come
+    every few seconds): a pass judges nothing and fails nothing; the first traces place
+    the probes held on their routes."""
+    from analytics.detect.paths import SpineMap
+
+    f = _Fleet(seed=6)
+    f.delays.spine_of = known = SpineMap()  # the detector's traces: none yet
+    for _ in range(3):
+        f.second({})
+        assert f.delays.observations(0) == []
+        assert len(f.delays.windows()) == 0
+    known.update(f.paths.spine_of)
+    f.second({})
+    assert {(w.src, w.dst, w.spine) for w in f.delays.windows()} == {
+        (s, d, y) for (s, d, _p), y in f.paths.spine_of.items()
+    }
