@@ -701,7 +701,7 @@ class PathDelays:
         self._path_keys = np.zeros((0, 3), np.int64)
         # every path's route, as the traces and the paths numbered last made it (_routes)
         none = np.zeros(0, np.int64)
-        self._routes_key: tuple[int | None, int] = (None, -1)
+        self._routes_key: tuple[int, int | None, int] = (0, None, -1)
         self._routes_made: tuple[list[str], np.ndarray, np.ndarray, np.ndarray, np.ndarray] = (
             [], none, none, none, none,
         )  # fmt: skip
@@ -1034,10 +1034,11 @@ class PathDelays:
         """Every path numbered so far on its route (src, dst, spine), from the traces: the
         spines (names, sorted), each path's route (-1: not traced), and each route's src,
         dst and spine (its index), routes numbered in (src, dst, spine) order. Rebuilt
-        when a path is numbered or a trace moved one (``spine_of.version``, a
-        :class:`analytics.detect.paths.SpineMap`; a plain dict: on every call)."""
+        when a path is numbered, a trace moved one (``spine_of.version``, a
+        :class:`analytics.detect.paths.SpineMap`) or the map is another; with a plain
+        dict, on every call."""
         version = getattr(self.spine_of, "version", None)
-        key = (version, self._path_numbers.count)
+        key = (id(self.spine_of), version, self._path_numbers.count)
         if version is not None and key == self._routes_key:
             return self._routes_made
         us, ud, up = self._path_keys.T
