@@ -36,8 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from analytics.clock.clock_state import ClockState
 from analytics.detect.contention import PathDelays
-from analytics.detect.paths import SpineMap
 from analytics.detect.silent_drop import SilentDrops
+from analytics.detect.spine_map import SpineMap
 from benchmarks.baseline import commit_of, git
 from benchmarks.machine import describe
 from collector import records

@@ -1035,7 +1035,7 @@ class PathDelays:
         spines (names, sorted), each path's route (-1: not traced), and each route's src,
         dst and spine (its index), routes numbered in (src, dst, spine) order. Rebuilt
         when a path is numbered, a trace moved one (``spine_of.version``, a
-        :class:`analytics.detect.paths.SpineMap`) or the map is another; with a plain
+        :class:`analytics.detect.spine_map.SpineMap`) or the map is another; with a plain
         dict, on every call."""
         version = getattr(self.spine_of, "version", None)
         key = (id(self.spine_of), version, self._path_numbers.count)

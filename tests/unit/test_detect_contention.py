@@ -703,7 +703,7 @@ def test_probes_that_arrive_before_any_trace_wait_for_one() -> None:
     """The daemon starts with probes coming in and no path traced yet (the traces come
     every few seconds): a pass judges nothing and fails nothing; the first traces place
     the probes held on their routes."""
-    from analytics.detect.paths import SpineMap
+    from analytics.detect.spine_map import SpineMap
 
     f = _Fleet(seed=6)
     f.delays.spine_of = known = SpineMap()  # the detector's traces: none yet
