@@ -115,6 +115,13 @@ _COUNTER_WORDS = {
 }
 
 
+def _grown(a: np.ndarray, keep: int, size: int, fill: float) -> np.ndarray:
+    """A copy of ``a`` with ``size`` rows: its first ``keep`` rows, then ``fill``."""
+    out = np.full((size, *a.shape[1:]), fill, a.dtype)
+    out[:keep] = a[:keep]
+    return out
+
+
 class _WindowMedians:
     """Each path's median corrected delay in the clock solver's latest window it was in,
     and its least such median so far (its floor), as columns: one row per path (src,
@@ -142,13 +149,12 @@ class _WindowMedians:
         ids = self._numbers.of(key)
         n, before = self._numbers.count, len(self.src)
         if n > before:
-            grow = n - before
-            self.src = np.concatenate([self.src, np.zeros(grow, np.int64)])
-            self.dst = np.concatenate([self.dst, np.zeros(grow, np.int64)])
-            self.pair = np.concatenate([self.pair, np.zeros(grow, np.int64)])
-            self.median = np.concatenate([self.median, np.full(grow, np.nan)])
-            self.floor = np.concatenate([self.floor, np.full(grow, np.inf)])
-            self.window = np.concatenate([self.window, np.full(grow, -1, np.int64)])
+            self.src, self.dst, self.pair = (
+                _grown(a, before, n, 0) for a in (self.src, self.dst, self.pair)
+            )
+            self.median = _grown(self.median, before, n, np.nan)
+            self.floor = _grown(self.floor, before, n, np.inf)
+            self.window = _grown(self.window, before, n, -1)
             fresh = ids >= before
             self.src[ids[fresh]], self.dst[ids[fresh]] = src[fresh], dst[fresh]
             self.pair[ids[fresh]] = key[fresh] >> 16
@@ -196,16 +202,12 @@ class _Baselines:
         cap = len(self.learnt)
         if len(index) > cap:
             new = max(len(index), 2 * cap, 64)
-
-            def grown(a: np.ndarray, fill: float) -> np.ndarray:
-                b = np.full((new, *a.shape[1:]), fill, a.dtype)
-                b[:cap] = a
-                return b
-
             self.hist, self.med, self.sigma = (
-                grown(a, np.nan) for a in (self.hist, self.med, self.sigma)
+                _grown(a, cap, new, np.nan) for a in (self.hist, self.med, self.sigma)
             )
-            self.learnt, self.last_ns = grown(self.learnt, 0), grown(self.last_ns, 0)
+            self.learnt, self.last_ns = (
+                _grown(a, cap, new, 0) for a in (self.learnt, self.last_ns)
+            )
         return out
 
     def count(self, rows: np.ndarray | slice = slice(None)) -> np.ndarray:
@@ -253,11 +255,9 @@ class _Held:
             self.since(cut)
         if self.n + m > len(self.path):
             cap = max(2 * (self.n + m), 1024)
-            for name in ("path", "t_ns", "delay"):
-                old = getattr(self, name)
-                new = np.empty(cap, old.dtype)
-                new[: self.n] = old[: self.n]
-                setattr(self, name, new)
+            self.path, self.t_ns, self.delay = (
+                _grown(a, self.n, cap, 0) for a in (self.path, self.t_ns, self.delay)
+            )
         end = self.n + m
         self.path[self.n : end], self.t_ns[self.n : end], self.delay[self.n : end] = (
             path, t_ns, delay,
