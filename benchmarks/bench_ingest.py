@@ -22,8 +22,14 @@ say how much of it they did (clock windows solved/skipped, rollups, evictions), 
 ack latencies after the fleet's first round (the daemon's memory grows from cold in it).
 
 What is sent: each host's real segments (:func:`analytics.ingest.load.host_seconds`:
-80 probe_tx + 80 probe_rx + 80 echo + 24 netdev counter + 16 health rows, what a collector
-at default settings writes per second, ``--span`` seconds per segment), ``--per-request``
+80 probe_tx + 80 probe_rx + 10 echo + 24 netdev counter + 16 health rows, what a collector
+at default settings writes per second — it echoes 1 coded pair in 8, ``--echo-every`` —
+``--span`` seconds per segment; before 2026-11-29 evening every probe was echoed here, 80
+echo rows a second), and the ``path_hop`` rows of its path traces: every 2 s one per
+(buddy, port), every 0.2 s one per (buddy's rack, spine) — 240 a second with 10 buddies in
+10 other racks and 4 spines (``--spines``; the daemon gets the fleet's topology file, so its
+detector maps traces to links and routes as deployed; before 2026-11-29 evening there
+were neither), ``--per-request``
 closed segments of one host concatenated per HTTP request (1 = a shipper that keeps up;
 a backlog goes up to 30 per request), in fleet order (second by second, all hosts). Bodies are built and HMAC-signed before the
 clock starts, as complete HTTP/1.1 requests; the client is a lean non-blocking socket loop
@@ -79,6 +85,7 @@ from analytics.ingest.metrics import stat_cpu_seconds  # noqa: E402
 from analytics.ingest.slabs import PEAKS_FILE  # noqa: E402
 from benchmarks.machine import cpu_ticks, describe, steal_share  # noqa: E402
 from collector import wire  # noqa: E402
+from collector.config import ECHO_EVERY_DEFAULT  # noqa: E402
 
 KEY = b"bench-fleet-key-0123456789abcdef"
 PROBE_TABLES = ("probe_tx", "probe_rx")
@@ -104,7 +111,10 @@ def build_requests(args: argparse.Namespace, idx: int, t0: int) -> list[tuple[by
     per_host = []
     k = args.per_request
     for i in range(idx, args.hosts, args.procs):
-        segs = ingest_load.host_seconds(i, ids, args.seconds, t0_ns=t0, span=args.span)
+        segs = ingest_load.host_seconds(
+            i, ids, args.seconds, t0_ns=t0, span=args.span, echo_every=args.echo_every,
+            spines=args.spines, hosts_per_rack=args.hosts_per_rack,
+        )  # fmt: skip
         reqs = []
         for start in range(0, len(segs), k):
             body = b"".join(segs[start : start + k])
@@ -475,6 +485,24 @@ def main() -> None:
     ap.add_argument("--procs", type=int, default=1, help="client processes")
     ap.add_argument("--connections", type=int, default=64, help="connections per client process")
     ap.add_argument("--roll-s", type=float, default=0.2, help="daemon group-commit interval")
+    ap.add_argument(
+        "--echo-every",
+        type=int,
+        default=ECHO_EVERY_DEFAULT,
+        help="hosts echo 1 coded pair in N, as collectors' probe.echo_every (default: theirs; "
+        "1 = every probe, 0 = none)",
+    )
+    ap.add_argument(
+        "--spines",
+        type=int,
+        default=ingest_load.SPINES,
+        help="uplinks per leaf of the fleet's fabric: the daemon gets its topology file and "
+        "the hosts' path traces (rounds and the watch, at the collector's default intervals); "
+        "0 = no topology, no traces (the benchmark before 2026-11-29 evening)",
+    )
+    ap.add_argument(
+        "--hosts-per-rack", type=int, default=ingest_load.HOSTS_PER_RACK, help="hosts per leaf"
+    )
     ap.add_argument("--compression", default="", help="daemon Parquet codec (default: its own)")
     ap.add_argument("--live-refresh-s", type=float, default=0, help="daemon live_refresh_s")
     ap.add_argument("--profile", default="", help="py-spy the daemon into this raw file")
@@ -520,6 +548,10 @@ def main() -> None:
     args = ap.parse_args()
     if args.peaks_from and not args.peaks_from.is_file():
         ap.error(f"--peaks-from {args.peaks_from}: expected a memory.json file")
+    if not 0 <= args.spines <= ingest_load.DEFAULT_PORTS:
+        ap.error(
+            f"--spines {args.spines}: expected 0 .. {ingest_load.DEFAULT_PORTS} (a port per spine)"
+        )
 
     work = Path(tempfile.mkdtemp(prefix="clockmesh-bench-ingest-"))
     with socket.socket() as s:
@@ -538,6 +570,12 @@ def main() -> None:
         cfg["compression"] = args.compression
     if args.live_refresh_s:
         cfg["live_refresh_s"] = args.live_refresh_s
+    if args.spines:
+        topo = ingest_load.topology(
+            args.hosts, spines=args.spines, hosts_per_rack=args.hosts_per_rack
+        )
+        (work / "topology.json").write_text(json.dumps(topo))
+        cfg["topology_file"] = str(work / "topology.json")
     for key, value in args.set:
         cfg[key] = yaml.safe_load(value)
     (work / "ingest.yml").write_text(json.dumps(cfg))
@@ -681,7 +719,14 @@ def main() -> None:
         print(
             f"setup: {args.hosts} hosts x {args.seconds} s, {args.per_request} x {args.span}-s segment per "
             f"request (~{rows // max(requests, 1)} rows, {probe // max(requests, 1)} probe records), "
-            f"{args.procs} client procs x {args.connections} connections, roll_s={args.roll_s}"
+            f"{args.procs} client procs x {args.connections} connections, roll_s={args.roll_s}, "
+            + (f"hosts echo 1 coded pair in {args.echo_every}" if args.echo_every else "no echoes")
+            + (
+                f", {ingest_load.racks_of(args.hosts, args.hosts_per_rack)} racks x "
+                f"{args.spines} spines, path traces on (topology file)"
+                if args.spines
+                else ", no topology, no path traces"
+            )
             + "".join(f", {key}={value}" for key, value in args.set)
         )
         print(f"acknowledged: {requests} requests, {probe} probe records ({rows} rows) "
