@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from analytics.detect import trace_rows
 from analytics.detect.anomalies import Observation
 from analytics.detect.flaps import Outage, flap_observation, prune
 from analytics.detect.spine_map import SpineMap
@@ -142,7 +143,7 @@ class FabricPaths:
         self.by_hop = {lk.hop: lk for lk in links}
         self.links = {lk.name: lk for lk in links}
         self.by_ends = {(lk.leaf, lk.spine): lk.name for lk in links}
-        self.host_rack = host_rack  # host_id -> its leaf
+        self.host_rack, self._hosts = host_rack, trace_rows.Hosts()  # host_id -> its leaf
         self.window_ns = int(window_s * 1e9)
         self.clear_ns = int(clear_s * 1e9)  # the anomaly book's: a key unobserved this long
         # has no open anomaly any more (:class:`analytics.detect.anomalies.AnomalyBook`)
@@ -166,25 +167,41 @@ class FabricPaths:
         self._observed: dict[str, int] = {}  # anomaly key -> when it was last observed
 
     def feed(self, rows: np.ndarray) -> None:
-        """``path_hop`` records (numpy, :data:`collector.records.PATH_HOP`)."""
+        """``path_hop`` records (numpy, :data:`collector.records.PATH_HOP`), as if every
+        answer went through :meth:`_trace` in send-time order. Only the answers of rack
+        pairs where one may change something do (:func:`trace_rows.changing`); the rest —
+        nearly all — say only where their 5-tuple is, when, and that their path is there:
+        taken in bulk (they touch nothing the others read; no one reads the dicts' order)."""
         if not len(rows):
             return
-        rows = rows[np.argsort(rows["ts_ns"], kind="stable")]
-        for ts, src, dst, sport, hop in zip(
-            rows["ts_ns"].tolist(),
-            rows["src"].tolist(),
-            rows["dst"].tolist(),
-            rows["sport"].tolist(),
-            rows["hop"].tolist(),
-            strict=True,
-        ):
-            address = hop.decode(errors="replace")
-            lk = self.by_hop.get(address)
-            x, z = self.host_rack.get(src, ""), self.host_rack.get(dst, "")
-            if lk is None or not x or not z:
-                self._mismatch(address if lk is None else "", src if not x else dst if not z else 0)
-                continue
-            self._trace(ts, x, z, (src, dst, sport), lk.spine)
+        p = trace_rows.place(rows, self._spine_of_hop, self.host_rack, self._hosts)
+        ok = p.placed
+        for k in np.flatnonzero(~ok).tolist():  # the topology does not match the fabric
+            hop = p.hops[p.hop[k]] if p.y[k] < 0 else ""
+            self._mismatch(hop, int(p.src[k]) if p.x[k] < 0 else int(p.dst[k]))
+        gone = {(x, z) for x, z, _w in self.gone}
+        open_ends = {(lk.leaf, lk.spine) for name, lk in self.links.items()
+                     if self.state[name].down_since and not self.state[name].back_ns}  # fmt: skip
+        slow, new = trace_rows.changing(p, self.spine_of.get, gone, open_ends)
+        for k in (o := np.flatnonzero(slow))[np.argsort(p.ts[o], kind="stable")].tolist():
+            key = (int(p.src[k]), int(p.dst[k]), int(p.sport[k]))
+            self._trace(int(p.ts[k]), p.racks[p.x[k]], p.racks[p.z[k]], key, p.spines[p.y[k]])
+        fast = ok & ~slow
+        if not fast.any():
+            return
+        newest, traced, first, seen = trace_rows.steady(p, fast, new)
+        self.newest_ns = max(self.newest_ns, newest)
+        for key, y in first:
+            self.spine_of[key] = y
+        self.traced_ns.update(traced)
+        for (x, z, y), ts in seen:
+            self.spines[(x, z)].add(y)
+            if ts > self.last_seen.get((x, z, y), 0):
+                self.last_seen[(x, z, y)] = ts
+
+    def _spine_of_hop(self, address: str) -> str | None:
+        lk = self.by_hop.get(address)
+        return lk.spine if lk is not None else None
 
     def recall(self, rows: Mapping[str, np.ndarray]) -> int:
         """The newest trace of each 5-tuple that the store held when this process started
