@@ -284,8 +284,13 @@ def arrow_to_records(table: str, data: pa.Table) -> np.ndarray:
         if name.startswith("_"):
             continue
         col = data.column(name)
-        if dtype[name].kind == "S":
-            out[name] = np.array([v.encode() for v in col.to_pylist()], dtype[name])
+        if dtype[name].kind == "S":  # each distinct text encoded once (a column repeats few)
+            codes = pc.dictionary_encode(col.combine_chunks())
+            words = [v.encode() for v in codes.dictionary.to_pylist()]
+            if codes.indices.null_count or not words:
+                out[name] = np.array([v.encode() for v in col.to_pylist()], dtype[name])
+            else:
+                out[name] = np.array(words, dtype[name])[codes.indices.to_numpy()]
         else:
             out[name] = col.to_numpy()
     return out
