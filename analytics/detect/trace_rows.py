@@ -56,22 +56,22 @@ class Placed:
 
 class Hosts:
     """The topology's hosts as a sorted array with each one's rack number (rebuilt when
-    ``host_rack`` changes size): a commit's ends are placed by one ``searchsorted``."""
+    ``host_rack`` changed): a commit's ends are placed by one ``searchsorted``."""
 
     def __init__(self) -> None:
-        self._of: tuple[int, int] = (0, -1)
+        self._of: dict[int, str] | None = None
         self.ids = np.zeros(0, np.int64)
         self.rack = np.zeros(0, np.int64)
         self.racks: list[str] = []
 
     def of(self, host_rack: Mapping[int, str]) -> Hosts:
-        if self._of != (id(host_rack), len(host_rack)):
+        if self._of != host_rack:  # a dict compare: ~0.1 ms at 2,000 hosts
             placed = {h: r for h, r in host_rack.items() if r}
             self.racks = sorted(set(placed.values()))
             number = {r: k for k, r in enumerate(self.racks)}
             self.ids = np.array(sorted(placed), np.int64)
             self.rack = np.array([number[placed[h]] for h in self.ids.tolist()], np.int64)
-            self._of = (id(host_rack), len(host_rack))
+            self._of = dict(host_rack)
         return self
 
     def number(self, ids: np.ndarray) -> np.ndarray:

@@ -49,7 +49,8 @@ def _observed(fp: FabricPaths, now: int) -> list:
 
 def _run(seed: int) -> tuple[int, int, int]:
     """A random fabric whose links go down and come back while its hosts trace (ECMP over
-    the spines both ends still reach), answers fed in commits of random size to both;
+    the spines both ends still reach; now and then the topology places a host anew),
+    answers fed in commits of random size to both;
     returns (answers, answers taken one by one by the bulk feed, observations)."""
     rng = random.Random(seed)
     racks, spines, hosts = rng.randint(2, 5), rng.randint(2, 4), rng.randint(4, 12)
@@ -82,6 +83,9 @@ def _run(seed: int) -> tuple[int, int, int]:
             down.add((rng.randrange(racks), rng.randrange(spines)))
         elif event < 0.16 and down:
             down.discard(rng.choice(sorted(down)))
+        elif event < 0.18 and ids[0] in bulk.host_rack:  # the topology re-read: a host moved
+            moved = f"leaf{rng.randrange(racks)}"
+            bulk.host_rack[ids[0]] = ref.host_rack[ids[0]] = moved
         rows = np.zeros(rng.randint(0, 120), records.PATH_HOP)
         for row in rows:
             src, dst, sport = rng.choice(keys)
