@@ -142,10 +142,13 @@ class PathTracer:
                 self.stats["watch_traces"] += 1
 
     def trace_due_at(self) -> float:
-        """When the next trace (round or watch) is due, monotonic; inf when off."""
+        """When the next trace (round or watch) is due, monotonic; inf when off. The watch
+        counts only while it has something to watch: a host whose traces no router answers
+        (or with no buddy in another rack) does not wake 5 times a second for nothing."""
         if not self.trace_every or not self.socks:
             return float("inf")
-        return min(self.next_trace, self.next_watch) if self.watch_every else self.next_trace
+        watching = self.watch_every and (self._sentinel or self._moved)
+        return min(self.next_trace, self.next_watch) if watching else self.next_trace
 
     def watched(self, now: float) -> list[tuple[int, int]]:
         """(buddy, sport) the watch traces: per rack, a 5-tuple towards it across each
