@@ -548,6 +548,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.peaks_from and not args.peaks_from.is_file():
         ap.error(f"--peaks-from {args.peaks_from}: expected a memory.json file")
+    if args.hosts_per_rack < 1:
+        ap.error(f"--hosts-per-rack {args.hosts_per_rack}: expected an integer >= 1")
     if not 0 <= args.spines <= ingest_load.DEFAULT_PORTS:
         ap.error(
             f"--spines {args.spines}: expected 0 .. {ingest_load.DEFAULT_PORTS} (a port per spine)"
