@@ -19,7 +19,9 @@ and never by less than ``FLOOR_NS`` (20 µs): what this route's own jitter canno
 lost ``LOSSY_SHARE`` of its probes over ``LOSS_SPAN_NS`` while the tail of those received
 in that span waited is a full queue that drops (:attr:`RouteWindow.dropping`), slow
 whatever its lower quartile: a shallow queue that empties between bursts lets some probes
-through unqueued.
+through unqueued — except a route into or out of a host whose port was said within that
+span, judged on its newest window alone: its losses were the port's
+(:meth:`PathDelays._port_held`).
 
 **Where: tomography by magnitude.** A route from host S in rack X to host D in rack Z
 through spine Y crosses S's access link (host→leaf), leafX–spineY upwards, leafZ–spineY
@@ -62,7 +64,7 @@ from __future__ import annotations
 import collections
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -468,6 +470,25 @@ class Windows:
             None if self.base_rows is None else self.base_rows[rows],
         )  # fmt: skip
 
+    def unheld(self, mask: np.ndarray) -> Windows:
+        """These windows with the rows of ``mask`` judged on their own window alone: their
+        span's losses and tail (:attr:`RouteWindow.dropping`) dropped."""
+        rows = np.flatnonzero(mask)
+        if not len(rows):
+            return self
+        tail, span = self.span_tail.copy(), self.span_excess.copy()
+        tail[rows] = span[rows] = math.nan
+        objs = None
+        if self.objs is not None:
+            objs = list(self.objs)
+            for i in rows.tolist():
+                objs[i] = replace(objs[i], span_tail=math.nan, span_excess=math.nan)
+        return Windows(
+            self.src, self.dst, self.spine, self.links, self.newest, self.received, self.lost,
+            self.stats, self.excess, self.thresholds, self.ports, tail, span, objs,
+            self.base_rows,
+        )  # fmt: skip
+
     def hops(self, mask: np.ndarray) -> set[tuple[str, str]]:
         """The hops the rows of ``mask`` cross."""
         rows = np.flatnonzero(mask).tolist()
@@ -718,6 +739,7 @@ class PathDelays:
         self._since: dict[tuple[str, str], int] = {}  # hop -> contended since (probe time)
         # a host's access link said -> (that host, the way that is full or None, what told it)
         self._ports: dict[str, tuple[int, str | None, str]] = {}
+        self._port_said: dict[int, int] = {}  # host -> newest_ns its port was last said
         # The clock solver's solutions as they changed, newest CLOCKS_KEEP_NS of passes:
         # (pass time, ref_ns, hosts sorted, offset_ns, drift), copies; and host -> the last
         # pass its routes were healthy (its round trips hold no queue, no clock lead): what
@@ -1069,7 +1091,8 @@ class PathDelays:
     def observations(self, now_ns: int) -> list[Observation]:
         wins = self.windows()
         wins = self._last_windows = wins if isinstance(wins, Windows) else Windows.of(list(wins))
-        every = wins.take(wins.judged & wins.settled)
+        held = self._port_held(wins)
+        every = held.take(held.judged & held.settled)
         trips = _round_trips(every)  # once per pass: the naming, holding and saying
         leads = _clock_leads(every)
         judged = self._looked_at(every)
@@ -1195,9 +1218,30 @@ class PathDelays:
             said_ports[link] = (host, direction, told)
             out.append(self._port_observation(link, host, direction, told, *rt))
         self._ports = said_ports
+        self._port_said.update({host: now for host, *_ in said_ports.values()})
         busy = set(ports.values()) | {h for h, *_ in said_ports.values()}
         self._note_healthy(trips, busy, leads)
         return out
+
+    def _port_held(self, wins: Windows) -> Windows:
+        """``wins`` with the routes into or out of a host whose port was said within the
+        last ``LOSS_SPAN_NS + LOST_AFTER_NS`` judged on their own newest window, not held
+        slow by their span (:attr:`RouteWindow.dropping`) alone: those losses and that tail
+        were the port's queue. Seen in the lab (three racks of one host): the incast at
+        h1-1's port drained, its routes in through spine2 had lost 23 % of their probes over
+        their span and through spine1 fewer than ``LOSSY_SHARE``; the port's round trips
+        no longer held a queue, and leaf1-spine2 (spine→leaf) was paged on those two
+        routes' span — "a standing queue of ≥28577 µs" — while their newest seconds were
+        early, not late (the clock solver still held the offset that had absorbed it)."""
+        now = self.newest_ns
+        recent = {h for h, t in self._port_said.items() if now - t <= LOSS_SPAN_NS + LOST_AFTER_NS}
+        self._port_said = {h: self._port_said[h] for h in recent}
+        if not recent or not wins.dropping.any():
+            return wins
+        own = wins.judged & (wins.excess > wins.thresholds).all(axis=1)
+        ends = np.fromiter(recent, np.int64, len(recent))
+        near = np.isin(wins.src, ends) | np.isin(wins.dst, ends)
+        return wins.unheld(wins.dropping & ~own & near)
 
     def _looked_at(self, judged: Windows) -> list[RouteWindow]:
         """The judged routes the naming below reads, as :class:`RouteWindow` (none in a

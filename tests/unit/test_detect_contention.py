@@ -3,6 +3,8 @@ queue size, on hand-made probe rows with real clock offsets between the hosts.""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from analytics.clock.clock_state import ClockState
@@ -716,3 +718,67 @@ def test_probes_that_arrive_before_any_trace_wait_for_one() -> None:
     assert {(w.src, w.dst, w.spine) for w in f.delays.windows()} == {
         (s, d, y) for (s, d, _p), y in f.paths.spine_of.items()
     }
+
+
+def test_a_drained_port_queues_losses_name_no_fabric_link_behind_it() -> None:
+    """Seen in CI (three racks of one host, 2026-11-29): an incast at h1-1's port drained;
+    its routes in through spine2 had lost 23 % of their probes over their loss span and
+    through spine1 fewer, so only the spine2 routes were still held slow by their span's
+    29 ms tail while their newest second was early (the clock solver still held the offset
+    that had absorbed the queue). The port's round trips no longer held it, and
+    leaf1-spine2 (spine→leaf) was paged "a standing queue of ≥28577 µs". Those losses
+    were the port's: nothing is named on the fabric. Once the span has passed, a queue
+    that drops on leaf1-spine2 is named again."""
+    from analytics.detect.contention import HOST_DOWN, HOST_UP, RouteWindow
+
+    racks = {1: "leaf1", 2: "leaf2", 3: "leaf3"}
+    names = {h: f"h{h}-1" for h in racks}
+    d = PathDelays(racks, {}, {}, names, host_access={h: f"h{h}-1-leaf{h}" for h in racks})
+
+    def route(s: int, t: int, y: str, excess_us: float, lost: int, span_us: float) -> RouteWindow:
+        hops = ((f"h{s}-1-leaf{s}", HOST_UP), (f"leaf{s}-{y}", "leaf→spine"),
+                (f"leaf{t}-{y}", "spine→leaf"), (f"h{t}-1-leaf{t}", HOST_DOWN))  # fmt: skip
+        ex = np.full(2, excess_us * 1e3)
+        return RouteWindow(s, t, y, hops, d.newest_ns, 20, lost, ex + 8e3, ex, np.full(2, 20e3),
+                           4, span_excess=span_us * 1e3)  # fmt: skip
+
+    def windows(into_1: dict[str, tuple[float, int, float]], out_1: float) -> list[RouteWindow]:
+        """``into_1``: spine -> (excess µs, lost, span excess µs) of the routes into h1-1;
+        ``out_1``: the excess of those out of it; every other route healthy."""
+        out = []
+        for s in racks:
+            for t in racks:
+                for y in ("spine1", "spine2"):
+                    if s != t:
+                        ex, lost, span = 0.0, 0, math.nan
+                        if t == 1:
+                            ex, lost, span = into_1[y]
+                        elif s == 1:
+                            ex = out_1
+                        out.append(route(s, t, y, ex, lost, span))
+        return out
+
+    def passes(into_1: dict[str, tuple[float, int, float]], out_1: float, n: int) -> list[list]:
+        said = []
+        for _ in range(n):
+            d.newest_ns += S
+            d.windows = lambda: windows(into_1, out_1)
+            said.append([(o.link, o.evidence["direction"]) for o in d.observations(0)])
+        return said
+
+    # The incast: every probe into h1-1 waits 58 ms, the solver has split it (29 ms in,
+    # 29 ms out on its clock), a quarter of them are lost.
+    queued = (29_000.0, 6, 29_000.0)
+    said = passes({"spine1": queued, "spine2": queued}, 29_000.0, 4)
+    assert said[-1] == [("h1-1-leaf1", HOST_DOWN)], said
+    # Drained, the clock still wrong: in 29 ms early, out 29 ms late; the spine2 routes'
+    # span still holds the incast's losses and tail.
+    drained = {"spine1": (-29_000.0, 0, math.nan), "spine2": (-29_000.0, 5, 29_000.0)}
+    said = passes(drained, 29_000.0, 5)
+    assert all(not s or s == [("h1-1-leaf1", HOST_DOWN)] for s in said), said
+    assert said[-1] == [], said
+    # The clock put right; then, the span long past, leaf1-spine2 drops what it forwards
+    # into leaf1 (its probes wait 300 µs): named.
+    passes({"spine1": (0.0, 0, math.nan), "spine2": (0.0, 0, math.nan)}, 0.0, 3)
+    said = passes({"spine1": (0.0, 0, math.nan), "spine2": (10.0, 6, 300.0)}, 0.0, 2)
+    assert ("leaf1-spine2", "spine→leaf") in said[-1], said
