@@ -1091,8 +1091,8 @@ class PathDelays:
     def observations(self, now_ns: int) -> list[Observation]:
         wins = self.windows()
         wins = self._last_windows = wins if isinstance(wins, Windows) else Windows.of(list(wins))
-        held = self._port_held(wins)
-        every = held.take(held.judged & held.settled)
+        own = self._port_held(wins)
+        every = own.take(own.judged & own.settled)
         trips = _round_trips(every)  # once per pass: the naming, holding and saying
         leads = _clock_leads(every)
         judged = self._looked_at(every)
