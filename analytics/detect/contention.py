@@ -390,8 +390,9 @@ class Windows:
     """Every route's newest window as columns, one row per route in (src, dst, spine)
     order: what a pass judges without a Python object per route. The verdicts
     (``judged``, ``dropping``, ``slow``, ``settled``, ``queue``) are :class:`RouteWindow`'s,
-    for all rows at once; :meth:`route` is row i as a :class:`RouteWindow` — the naming
-    builds those only for the routes it looks at. Iterating gives them all."""
+    for all rows at once (and ``queued``: slow on its own window, not its span);
+    :meth:`route` is row i as a :class:`RouteWindow` — the naming builds those only for
+    the routes it looks at. Iterating gives them all."""
 
     def __init__(
         self, src: np.ndarray, dst: np.ndarray, spine: list[str], links: np.ndarray,
@@ -410,7 +411,8 @@ class Windows:
         with np.errstate(invalid="ignore"):
             self.judged = np.isfinite(e).all(axis=1)
             self.dropping = self.judged & (span_excess > t[:, 1])
-            self.slow = self.judged & ((e > t).all(axis=1) | self.dropping)
+            self.queued = self.judged & (e > t).all(axis=1)  # slow on its own window
+            self.slow = self.queued | self.dropping
             tail_up = e[:, 1] > t[:, 1]
             self.settled = self.dropping | ~(tail_up & (e[:, 0] < UNSETTLED * e[:, 1]))
             self.queue = np.where(
@@ -1238,10 +1240,9 @@ class PathDelays:
         self._port_said = {h: self._port_said[h] for h in recent}
         if not recent or not wins.dropping.any():
             return wins
-        own = wins.judged & (wins.excess > wins.thresholds).all(axis=1)
         ends = np.fromiter(recent, np.int64, len(recent))
         near = np.isin(wins.src, ends) | np.isin(wins.dst, ends)
-        return wins.unheld(wins.dropping & ~own & near)
+        return wins.unheld(wins.dropping & ~wins.queued & near)
 
     def _looked_at(self, judged: Windows) -> list[RouteWindow]:
         """The judged routes the naming below reads, as :class:`RouteWindow` (none in a
