@@ -4,11 +4,12 @@ queue size, on hand-made probe rows with real clock offsets between the hosts.""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
 from analytics.clock.clock_state import ClockState
-from analytics.detect.contention import PathDelays, queues
+from analytics.detect.contention import HOST_DOWN, HOST_UP, PathDelays, RouteWindow, queues
 from collector import records
 from tests.unit.test_detect_rules import _fabric, _round
 
@@ -568,23 +569,34 @@ def test_the_detectors_backlog_is_on_metrics_and_a_pass_empties_it() -> None:
     assert gauge("clockmesh_detect_pass_input_bytes") == tx.nbytes + rx.nbytes
 
 
+def _one_host_racks() -> tuple[PathDelays, Callable[..., RouteWindow]]:
+    """Three racks of one host each (h1-1, h2-1, h3-1; the lab's detector fleet), their
+    PathDelays with no paths fed, and a maker of a route window across spine ``y`` whose
+    both quantiles wait ``excess_us`` (µs; ``span_us``: its loss span's tail excess)."""
+    racks = {1: "leaf1", 2: "leaf2", 3: "leaf3"}
+    names = {h: f"h{h}-1" for h in racks}
+    d = PathDelays(racks, {}, {}, names, host_access={h: f"h{h}-1-leaf{h}" for h in racks})
+
+    def route(
+        s: int, t: int, y: str, excess_us: float, lost: int = 0, span_us: float = math.nan
+    ) -> RouteWindow:
+        hops = ((f"h{s}-1-leaf{s}", HOST_UP), (f"leaf{s}-{y}", "leaf→spine"),
+                (f"leaf{t}-{y}", "spine→leaf"), (f"h{t}-1-leaf{t}", HOST_DOWN))  # fmt: skip
+        ex = np.full(2, excess_us * 1e3)
+        return RouteWindow(s, t, y, hops, d.newest_ns, 20, lost, ex + 8e3, ex, np.full(2, 20e3),
+                           4, span_excess=span_us * 1e3)  # fmt: skip
+
+    return d, route
+
+
 def test_routes_out_of_a_host_late_by_what_its_routes_in_are_early_name_no_link() -> None:
     """Seen in the lab (three racks of one host, 2026-11-27): an incast at h3-1's port had
     just drained, the live probes were still corrected with the solver's offset that had
     absorbed it, and h3-1's routes out through spine2 were 32 ms late while its routes in
     were 29 ms early: leaf3-spine2 (leaf→spine) was paged, "a standing queue of ≥32490
     µs". A queue only delays; routes in that early say h3-1's clock is off by as much."""
-    from analytics.detect.contention import HOST_DOWN, HOST_UP, RouteWindow
-
-    racks = {1: "leaf1", 2: "leaf2", 3: "leaf3"}
-    names = {h: f"h{h}-1" for h in racks}
-    d = PathDelays(racks, {}, {}, names, host_access={h: f"h{h}-1-leaf{h}" for h in racks})
-
-    def route(s: int, t: int, y: str, excess_us: float) -> RouteWindow:
-        hops = ((f"h{s}-1-leaf{s}", HOST_UP), (f"leaf{s}-{y}", "leaf→spine"),
-                (f"leaf{t}-{y}", "spine→leaf"), (f"h{t}-1-leaf{t}", HOST_DOWN))  # fmt: skip
-        ex = np.full(2, excess_us * 1e3)
-        return RouteWindow(s, t, y, hops, d.newest_ns, 20, 0, ex + 8e3, ex, np.full(2, 20e3), 4)
+    d, route = _one_host_racks()
+    racks = (1, 2, 3)
 
     def windows(late_us: float, early_us: float) -> list[RouteWindow]:
         out = []
@@ -729,18 +741,8 @@ def test_a_drained_port_queues_losses_name_no_fabric_link_behind_it() -> None:
     leaf1-spine2 (spine→leaf) was paged "a standing queue of ≥28577 µs". Those losses
     were the port's: nothing is named on the fabric. Once the span has passed, a queue
     that drops on leaf1-spine2 is named again."""
-    from analytics.detect.contention import HOST_DOWN, HOST_UP, RouteWindow
-
-    racks = {1: "leaf1", 2: "leaf2", 3: "leaf3"}
-    names = {h: f"h{h}-1" for h in racks}
-    d = PathDelays(racks, {}, {}, names, host_access={h: f"h{h}-1-leaf{h}" for h in racks})
-
-    def route(s: int, t: int, y: str, excess_us: float, lost: int, span_us: float) -> RouteWindow:
-        hops = ((f"h{s}-1-leaf{s}", HOST_UP), (f"leaf{s}-{y}", "leaf→spine"),
-                (f"leaf{t}-{y}", "spine→leaf"), (f"h{t}-1-leaf{t}", HOST_DOWN))  # fmt: skip
-        ex = np.full(2, excess_us * 1e3)
-        return RouteWindow(s, t, y, hops, d.newest_ns, 20, lost, ex + 8e3, ex, np.full(2, 20e3),
-                           4, span_excess=span_us * 1e3)  # fmt: skip
+    d, route = _one_host_racks()
+    racks = (1, 2, 3)
 
     def windows(into_1: dict[str, tuple[float, int, float]], out_1: float) -> list[RouteWindow]:
         """``into_1``: spine -> (excess µs, lost, span excess µs) of the routes into h1-1;
