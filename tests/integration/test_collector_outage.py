@@ -36,7 +36,8 @@ def test_ops_box_unreachable_60s_then_back_every_record_exactly_once(
         # opened at the flush after that — flushes fall on the probe ticks, at most
         # TICK_S * (1 + TICK_JITTER) apart, so a segment is at most 1.4 s (~1 s on
         # average: ~62 in 60 s, 58 the fewest in 2,000 simulated minutes).
-        longest = 0.5 + 2 * TICK_S * (1 + TICK_JITTER)
+        assert st["spool"]["roll_s"] == 0.5, st["spool"]  # the config's (write_config)
+        longest = st["spool"]["roll_s"] + 2 * TICK_S * (1 + TICK_JITTER)
         assert st["spool"]["segments"] >= int(60 / longest), (longest, st["spool"])
         ingest.start()
         col.wait_status(lambda s: s["spool"]["segments"] <= 1, timeout=60)
