@@ -73,7 +73,7 @@ from analytics.detect.anomalies import Observation
 
 WINDOW_NS = 1_000_000_000  # a route's newest second of probes is judged
 STALE_NS = 4_000_000_000  # a route whose newest probe is this much older is not judged
-LOSS_SPAN_NS = 4_000_000_000  # losses are known LOST_AFTER_NS late: counted over this long
+LOSS_SPAN_NS = 4_000_000_000  # losses (known up to KNOWN_WITHIN_NS late) counted over this long
 HOLD_NS = LOSS_SPAN_NS  # probes kept
 QUANTILES = (25.0, 90.0)  # a window's lower quartile (standing queue) and tail
 K_SIGMA = 6.0  # robust σ of the healthy baseline
@@ -92,7 +92,17 @@ NAME_SHARE = 0.8
 RESIDUAL = 0.25  # a queue varies this much of itself within a window
 UNSETTLED = 0.2  # lower quartile below this share of the tail's excess: not settled
 PERSIST_NS = 1_000_000_000  # a hop contended this long (probe time) is said
-LOST_AFTER_NS = 2_000_000_000  # no receive by the time the receiver shipped this much later
+# A send not received is lost once its receiver shipped receives this much later on the
+# receiver's clock (the solver's skew put on the send time): a queue holds a probe for
+# milliseconds, not this long. 2 s on the sender's clock until 2026-12-01 (any NTP offset
+# up to 0.3 s, plus shipping): the newest 2 s of a route held only its received probes,
+# so a full queue's loss share over the span reached LOSSY_SHARE late (the silent-drop
+# detector's margin, MARGIN_S, is the same 0.3 s).
+LOST_AFTER_NS = 300_000_000
+LOST_UNSOLVED_NS = 2_000_000_000  # a pair the solver has not solved: not counted, let go
+# A loss is known within this of its send, in probe time: LOST_AFTER_NS, and the receiver's
+# segment with the receives after it (one every ~1.45 s, at most 1.9 s: collector/agent.py)
+KNOWN_WITHIN_NS = 2_000_000_000
 # (longer than any queue: a probe held 0.6 s in a lab queue is late, not lost)
 PENDING_NS = 10_000_000_000  # a send or receive waits this long for its other half
 PORT_LOSS = 0.01  # a host's port losing this share of its probes one way: that way is full
@@ -678,6 +688,23 @@ def _group_median(groups: np.ndarray, values: np.ndarray, n: int) -> tuple[np.nd
     return out, count
 
 
+def _skews(tx: np.ndarray, clocks: ClockState | None) -> tuple[np.ndarray, np.ndarray]:
+    """Which sends (``src``, ``dst``, ``tx_ns``) the solver has solved both ends of, and
+    for those the receiver's clock less the sender's at the send time (ns; 0 elsewhere)."""
+    n = len(tx)
+    if clocks is None or not n or not len(clocks.hosts):
+        return np.zeros(n, bool), np.zeros(n)
+    order = np.argsort(clocks.hosts)
+    hosts = clocks.hosts[order]
+    i = np.searchsorted(hosts, tx["src"]).clip(0, len(hosts) - 1)
+    j = np.searchsorted(hosts, tx["dst"]).clip(0, len(hosts) - 1)
+    ok = (hosts[i] == tx["src"]) & (hosts[j] == tx["dst"])
+    i, j = order[i], order[j]
+    dt = (tx["tx_ns"] - clocks.ref_ns).astype(np.float64)
+    skew = (clocks.offset_ns[j] - clocks.offset_ns[i]) + (clocks.drift[j] - clocks.drift[i]) * dt
+    return ok, np.where(ok, skew, 0.0)
+
+
 def _fields(rows: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """The columns of ``dtype`` out of ``rows`` (a copy)."""
     out = np.empty(len(rows), dtype)
@@ -832,12 +859,13 @@ class PathDelays:
         self._held.append(cut, *self._joined(txs[ti], rxs["rx_ns"][ri], clocks))
         # Sends never received: lost once their receiver shipped receives well after them.
         left = txs[~matched_tx]
-        lost = left["tx_ns"] + LOST_AFTER_NS < self._marks_of(left["dst"])
+        marks = self._marks_of(left["dst"])
+        solved, skew = _skews(left, clocks)
+        lost = np.where(solved, left["tx_ns"] + skew + LOST_AFTER_NS < marks,
+                        left["tx_ns"] + LOST_UNSOLVED_NS < marks)  # fmt: skip
         horizon = self.newest_ns - PENDING_NS
         if lost.any() and clocks is not None:
-            gone = left[lost]
-            solved = np.isin(gone["src"], clocks.hosts) & np.isin(gone["dst"], clocks.hosts)
-            gone = gone[solved]
+            gone = left[lost & solved]
             self.lost_total += len(gone)
             self._held.append(cut, self._paths(gone), gone["tx_ns"], np.full(len(gone), np.nan))
         keep = ~lost & (left["tx_ns"] >= horizon)
@@ -895,18 +923,10 @@ class PathDelays:
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Each matched send's path number, send time and one-way delay on the solver's
         clocks (hosts it has not solved left out)."""
-        if clocks is None or not len(tx) or not len(clocks.hosts):
+        ok, skew = _skews(tx, clocks)
+        if not ok.any():
             return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
-        order = np.argsort(clocks.hosts)
-        hosts = clocks.hosts[order]
-        i = np.searchsorted(hosts, tx["src"]).clip(0, len(hosts) - 1)
-        j = np.searchsorted(hosts, tx["dst"]).clip(0, len(hosts) - 1)
-        ok = (hosts[i] == tx["src"]) & (hosts[j] == tx["dst"])
-        tx, rx_ns, i, j = tx[ok], rx_ns[ok], order[i[ok]], order[j[ok]]
-        dt = (tx["tx_ns"] - clocks.ref_ns).astype(np.float64)
-        skew = (clocks.offset_ns[j] - clocks.offset_ns[i]) + (
-            clocks.drift[j] - clocks.drift[i]
-        ) * dt
+        tx, rx_ns, skew = tx[ok], rx_ns[ok], skew[ok]
         self.joined_total += len(tx)
         return self._paths(tx), tx["tx_ns"], (rx_ns - tx["tx_ns"]).astype(np.float64) - skew
 
@@ -1194,7 +1214,7 @@ class PathDelays:
         said = [h for h, *_ in found] + [(link, "port") for link in ports]
         self._since = {h: self._since.get(h, now) for h in said}
         # A hop whose every slow route is a full queue that drops (:attr:`RouteWindow.
-        # dropping`) is not filling: its losses, known LOST_AFTER_NS late, held already.
+        # dropping`) is not filling: its losses, known up to KNOWN_WITHIN_NS late, held already.
         out = [self._observation(*f) for f in found
                if now - self._since[f[0]] >= PERSIST_NS or all(w.dropping for w in f[1])]  # fmt: skip
         # A port's direction: where its probes are lost (a full queue drops), clock-free;
@@ -1213,7 +1233,7 @@ class PathDelays:
                 _, direction, told = self._ports[link]
             else:
                 direction, told = _loss_side(rt[2], rt[3]), "probe loss"
-                if held < PERSIST_NS or (direction is None and held < PERSIST_NS + LOST_AFTER_NS):
+                if held < PERSIST_NS or (direction is None and held < PERSIST_NS + KNOWN_WITHIN_NS):
                     continue
                 if direction is None:
                     direction, told = self._one_way_side(host, rt[2], rt[3])
@@ -1227,7 +1247,7 @@ class PathDelays:
 
     def _port_held(self, wins: Windows) -> Windows:
         """``wins`` with the routes into or out of a host whose port was said within the
-        last ``LOSS_SPAN_NS + LOST_AFTER_NS`` judged on their own newest window, not held
+        last ``LOSS_SPAN_NS + KNOWN_WITHIN_NS`` judged on their own newest window, not held
         slow by their span (:attr:`RouteWindow.dropping`) alone: those losses and that tail
         were the port's queue. Seen in the lab (three racks of one host): the incast at
         h1-1's port drained, its routes in through spine2 had lost 23 % of their probes over
@@ -1236,7 +1256,9 @@ class PathDelays:
         routes' span — "a standing queue of ≥28577 µs" — while their newest seconds were
         early, not late (the clock solver still held the offset that had absorbed it)."""
         now = self.newest_ns
-        recent = {h for h, t in self._port_said.items() if now - t <= LOSS_SPAN_NS + LOST_AFTER_NS}
+        recent = {
+            h for h, t in self._port_said.items() if now - t <= LOSS_SPAN_NS + KNOWN_WITHIN_NS
+        }
         self._port_said = {h: self._port_said[h] for h in recent}
         if not recent or not wins.dropping.any():
             return wins
