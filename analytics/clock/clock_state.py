@@ -32,6 +32,14 @@ class ClockState:
         sigma = np.sqrt(self.offset_sigma_ns**2 + (self.drift_sigma * dt) ** 2)
         return offset, sigma
 
+    def skew(self, i: np.ndarray | int, j: np.ndarray | int, t_ns: np.ndarray | int) -> np.ndarray:
+        """Host ``j``'s clock less host ``i``'s when host ``i``'s clock reads ``t_ns``
+        (a send time; ``i``, ``j`` index ``hosts``; scalars or arrays): what a one-way
+        delay from ``i`` to ``j`` read on their two clocks carries on top of the true one."""
+        read = (np.asarray(t_ns) - self.ref_ns).astype(np.float64)  # in integers, then float
+        dt = (read - self.offset_ns[i]) / (1.0 + self.drift[i])  # mesh time since ref_ns
+        return (self.offset_ns[j] - self.offset_ns[i]) + (self.drift[j] - self.drift[i]) * dt
+
     @classmethod
     def empty(cls, ref_ns: int = 0) -> ClockState:
         z = np.empty(0)

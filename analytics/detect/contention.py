@@ -699,9 +699,7 @@ def _skews(tx: np.ndarray, clocks: ClockState | None) -> tuple[np.ndarray, np.nd
     i = np.searchsorted(hosts, tx["src"]).clip(0, len(hosts) - 1)
     j = np.searchsorted(hosts, tx["dst"]).clip(0, len(hosts) - 1)
     ok = (hosts[i] == tx["src"]) & (hosts[j] == tx["dst"])
-    i, j = order[i], order[j]
-    dt = (tx["tx_ns"] - clocks.ref_ns).astype(np.float64)
-    skew = (clocks.offset_ns[j] - clocks.offset_ns[i]) + (clocks.drift[j] - clocks.drift[i]) * dt
+    skew = clocks.skew(order[i], order[j], tx["tx_ns"])
     return ok, np.where(ok, skew, 0.0)
 
 

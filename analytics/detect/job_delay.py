@@ -119,10 +119,8 @@ class JobDelays:
         c, i, j = self._clocks, self._index.get(src), self._index.get(dst)
         if c is None or i is None or j is None:
             return  # these clocks are not solved yet: a raw delay would carry their offset
-        dt = float(sent - c.ref_ns)
-        skew = (c.offset_ns[j] - c.offset_ns[i]) + (c.drift[j] - c.drift[i]) * dt
         f = self.flows.setdefault((job.decode(errors="replace"), src, dst), _Flow())
-        d = float(received - sent) - float(skew)
+        d = float(received - sent) - float(c.skew(i, j, sent))
         f.floor = min(f.floor, d)
         f.recent.append((sent, d))
         f.last = max(f.last, sent)
