@@ -40,6 +40,7 @@ from textual.widgets import (
 )
 
 from analytics.detect import attribution
+from analytics.detect.anomalies import quiet_note
 from tui.data import (
     AFFECTED,
     AMBER,
@@ -146,11 +147,12 @@ class AnomaliesPane(Vertical):
             outages = ev.get("outages_s") or []
             since = max(0.0, now_s - a.get("opened_ns", 0) / 1e9)
             prob = (ev.get("model") or {}).get("probability")
+            quiet = quiet_note(a, f.clear_s)
             rows.append((str(a.get("anomaly_id")), (
                 a.get("kind", ""), attribution.place_name(a), f"{since:.0f} s",
                 ", ".join(f"{o:.1f}" if o is not None else "?" for o in outages[-5:]) or "—",
                 f"{a.get('score', 0):.2f}", "—" if prob is None else f"{prob:.2f}",
-                app.recommended(a), a.get("summary", ""),
+                app.recommended(a), f"[{quiet}] " * bool(quiet) + a.get("summary", ""),
             )))  # fmt: skip
         fill(self.query_one(DataTable), rows)
 

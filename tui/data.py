@@ -70,6 +70,7 @@ class Fleet:
     clock_hosts: int = 0
     clock_sigma_ns: float | None = None
     model: str = ""
+    clear_s: float | None = None  # an anomaly not seen this long closes
 
 
 class LiveSource:
@@ -220,6 +221,8 @@ def fleet(live: dict[str, Any], racks: dict[str, str], th: Thresholds | None = N
     out.anomalies = list(anomalies.get("open", []))
     out.anomalies_by_kind = {k: n for k, n in (anomalies.get("open_by_kind") or {}).items() if n}
     out.model = str(anomalies.get("model", ""))
+    clear_s = anomalies.get("clear_s")
+    out.clear_s = float(clear_s) if isinstance(clear_s, int | float) else None
     jobs = live.get("jobs") or []
     out.jobs = len(jobs)
     out.jobs_v1 = sum(1 for j in jobs if j.get("roce_v1_hosts"))

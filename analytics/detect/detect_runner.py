@@ -555,6 +555,7 @@ class DetectRunner:
             "open_by_kind": counts,
             "recently_closed": self._recent[::-1],
             "model": self.model_note,
+            "clear_s": self.book.clear_ns / 1e9,  # an anomaly not seen this long closes
         }
 
     def jobs(self) -> list[dict]:

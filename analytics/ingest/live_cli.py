@@ -21,6 +21,7 @@ import click
 import yaml
 
 from analytics.detect import attribution
+from analytics.detect.anomalies import quiet_note
 from analytics.ingest import endpoints
 
 STALE_S = attribution.STALE_S  # a host whose last batch is older than this is stale
@@ -142,11 +143,14 @@ def render(rows: list[HostHealth], live: dict[str, Any], url: str) -> str:
         lines.append("no open anomalies")
     else:
         lines.append(f"open anomalies: {len(open_)}")
+        clear_s = anomalies.get("clear_s")
         for a in open_:
             place = attribution.place_name(a)  # a silent drop with no link: its switch
+            quiet = quiet_note(a, clear_s)
             lines.append(
                 f"  {a.get('kind', '?'):<14} {place or '-':<14} score {a.get('score', 0):.2f}  "
                 f"{a.get('anomaly_id', '')}  {a.get('summary', '')}"
+                + (f"  [{quiet}]" if quiet else "")
             )
     return "\n".join(lines)
 

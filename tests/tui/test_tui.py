@@ -445,6 +445,23 @@ async def test_each_anomaly_says_its_remediation(tmp_path: Path) -> None:
                                                   "roce_v1_job": "roce_v2_gid job2"}  # fmt: skip
 
 
+async def test_an_anomaly_the_detector_no_longer_sees_says_so_and_when_it_closes() -> None:
+    """A fault that cleared keeps its anomaly open for the book's clear_s: the summary,
+    frozen at its last pass, must not read as if it were still going on."""
+    live = sample_live(anomalies=3)
+    live["anomalies"]["clear_s"] = 60.0
+    live["anomalies"]["open"][1]["quiet_s"] = 42.3  # the contention: drained 42 s ago
+    live["anomalies"]["open"][2]["quiet_s"] = 0.4  # the RoCE v1 job: seen this pass
+    app = _app(Feed(live))
+    async with app.run_test(size=(160, 40)) as pilot:
+        await pilot.pause(0.3)
+        await pilot.press("a")
+        await pilot.pause(0.1)
+        rows = {r[0]: r[7] for r in _rows(app.query_one("#anomaly-table", DataTable))}
+    assert rows["contention"].startswith("[not seen for 42 s, closes at 60 s] ")
+    assert "not seen" not in rows["roce_v1_job"] and "not seen" not in rows["flapping_link"]
+
+
 async def test_remediation_past_the_cap_is_refused_with_nothing_to_run(tmp_path: Path) -> None:
     live = sample_live()
     store, topo = _store_with(tmp_path, live)

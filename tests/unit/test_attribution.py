@@ -151,3 +151,21 @@ def test_an_anomaly_closed_within_the_window_still_explains_its_loss_but_names_n
     verdicts = {h: attribution.verdict(x, 0.5) for h, x in losses.items()}
     assert set(verdicts.values()) == {"affected"}  # the former culprit too: its link is up
     assert losses["h2-1"].culprit_of == [] and losses["h2-1"].affected_by == {"flapping-1"}
+
+
+def test_clockmesh_live_says_an_open_anomaly_no_longer_seen_and_when_it_closes() -> None:
+    """An anomaly stays open for the book's clear_s after its last observation; the page
+    says how long it has not been seen, so a cleared fault does not read as ongoing."""
+    from analytics.detect.anomalies import AnomalyBook, Observation
+
+    book = AnomalyBook(clear_s=60)
+    s = 1_000_000_000
+    book.observe(Observation("contention", "leaf1-spine1", 0.9, "queue ≥94 µs"), 100 * s)
+    book.observe(Observation("flapping_link", "h2-1-leaf2", 0.5, "flapped"), 141 * s)
+    doc = sample_host_flap()
+    doc["anomalies"]["open"] = [a.live(142 * s) for a in book.open.values()]
+    doc["anomalies"]["clear_s"] = 60.0
+    text = live_cli.render(live_cli.summarise(doc), doc, "http://ops:8470")
+    lines = {x.split()[0]: x for x in text.splitlines() if x.startswith("  ")}
+    assert lines["contention"].endswith("queue ≥94 µs  [not seen for 42 s, closes at 60 s]")
+    assert lines["flapping_link"].endswith("  flapped")  # seen 1 s ago: still going on
