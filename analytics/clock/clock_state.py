@@ -32,11 +32,16 @@ class ClockState:
         sigma = np.sqrt(self.offset_sigma_ns**2 + (self.drift_sigma * dt) ** 2)
         return offset, sigma
 
-    def skew(self, i: np.ndarray | int, j: np.ndarray | int, t_ns: np.ndarray | int) -> np.ndarray:
+    def skew(
+        self, i: np.ndarray | int, j: np.ndarray | int, t_ns: np.ndarray | int
+    ) -> np.ndarray | float:
         """Host ``j``'s clock less host ``i``'s when host ``i``'s clock reads ``t_ns``
         (a send time; ``i``, ``j`` index ``hosts``; scalars or arrays): what a one-way
         delay from ``i`` to ``j`` read on their two clocks carries on top of the true one."""
-        read = (np.asarray(t_ns) - self.ref_ns).astype(np.float64)  # in integers, then float
+        if isinstance(t_ns, int):  # one message (the job-delay detector): no 0-d arrays
+            read: np.ndarray | float = float(t_ns - self.ref_ns)
+        else:
+            read = (np.asarray(t_ns) - self.ref_ns).astype(np.float64)  # in integers, then float
         dt = (read - self.offset_ns[i]) / (1.0 + self.drift[i])  # mesh time since ref_ns
         return (self.offset_ns[j] - self.offset_ns[i]) + (self.drift[j] - self.drift[i]) * dt
 
