@@ -317,14 +317,23 @@ class StoreWriter:
         return leftovers
 
     def table_sizes(self) -> dict[str, tuple[int, int]]:
-        """(files, bytes) per table, placeholders excluded."""
+        """(files, bytes) per table, placeholders excluded. The compactor removes the files
+        it merged while this runs (another thread): a file or partition gone between the
+        listing and its ``stat`` is not counted (the merged file is)."""
         sizes = {}
         for table in TABLES:
             files = total = 0
             for _bucket, part in self.partitions(table):
-                for entry in os.scandir(part):
-                    if entry.name.endswith(".parquet"):
-                        files += 1
-                        total += entry.stat().st_size
+                try:
+                    entries = [e for e in os.scandir(part) if e.name.endswith(".parquet")]
+                except FileNotFoundError:
+                    continue
+                for entry in entries:
+                    try:
+                        size = entry.stat().st_size
+                    except FileNotFoundError:
+                        continue
+                    files += 1
+                    total += size
             sizes[table] = (files, total)
         return sizes

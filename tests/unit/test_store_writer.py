@@ -100,6 +100,32 @@ def test_partial_commit_is_removed_and_committed_ones_stay(tmp_path: Path) -> No
         w2.commit(0, {}, _batches(0, [1], [1]))
 
 
+def test_table_sizes_skip_a_file_the_compactor_removes_while_they_are_listed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/v1/live's store sizes are read while compaction deletes the files it merged: in a
+    lab run the live refresh failed with FileNotFoundError (and the picture went stale)
+    whenever a listed file was gone before its stat."""
+    w = StoreWriter(tmp_path)
+    w.open()
+    w.commit(0, _probe_tables(0), _batches(0, [int(IDS[0])], [0]))
+    w.commit(1, _probe_tables(1), _batches(1, [int(IDS[0])], [1]))
+    (files, size) = w.table_sizes()["probe_tx"]
+    assert files == 2
+    real_scandir = os.scandir
+
+    def listed_then_merged(path: Path) -> list[os.DirEntry[str]]:
+        entries = list(real_scandir(path))  # the listing, then the compactor's unlink
+        for e in entries:
+            if e.name == "c000000000001.parquet" and "probe_tx" in str(path):
+                os.unlink(e.path)
+        return entries
+
+    monkeypatch.setattr("analytics.store.store_writer.os.scandir", listed_then_merged)
+    after = w.table_sizes()
+    assert after["probe_tx"][0] == 1 and 0 < after["probe_tx"][1] < size
+
+
 def _has_dictionary(path: Path) -> bool:
     """Whether the ``src`` column of ``path`` has dictionary pages."""
     meta = pq.ParquetFile(path).metadata
