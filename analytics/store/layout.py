@@ -244,7 +244,10 @@ def hour_bucket_of_partition(date_dir: str, hour_dir: str) -> int | None:
 
 
 def file_commit_range(name: str) -> tuple[str, int, int] | None:
-    """Kind ('c', 'm' or 'r') and commit range of a data file name; None if not ours."""
+    """Kind ('c', 'm' or 'r') and range of a data file name; None if not ours. ``c<N>``:
+    commit N; ``r<K>``: the daemon's own output keyed K (a window's or pass's time), its
+    range K-K, so merged outputs (``m<lo>-<hi>``) of a table's ``r`` files are named by
+    their keys and never collide (commit numbers only mean something in ``c`` tables)."""
     match = _FILE_RE.match(name)
     if not match:
         return None
@@ -253,7 +256,8 @@ def file_commit_range(name: str) -> tuple[str, int, int] | None:
         return ("c", n, n)
     if match.group("lo") is not None:
         return ("m", int(match.group("lo")), int(match.group("hi")))
-    return ("r", 0, 0)
+    key = int(match.group("r"))
+    return ("r", key, key)
 
 
 def strings_from_fixed(column: np.ndarray) -> pa.Array:

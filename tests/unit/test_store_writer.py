@@ -172,6 +172,43 @@ def test_compaction_merges_and_survives_a_crash_midway(tmp_path: Path) -> None:
     assert _count(tmp_path, "probe_tx") == 9 * 80 and not intent.exists()
 
 
+def test_the_analysis_tables_small_files_are_merged_at_every_pass_not_only_the_first(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The daemon's own outputs (anomalies, owd, clock, minute rollups) are ``r<key>``
+    files, one per window or pass. Every merge of them was named ``m0-0``: after an hour's
+    first compaction the next found its output existing and skipped the partition — a
+    6-host lab run kept ~1,700 owd files an hour and logged compaction_skipped every pass."""
+    w = StoreWriter(tmp_path)
+    w.open()
+    hour = 1_796_175_000 // 3600 * 3600 * 10**9
+
+    def anomalies(first: int, n: int) -> None:
+        for k in range(first, first + n):
+            t = hour + k * 10**9
+            row = {"opened_ns": t, "closed_ns": 0, "anomaly_id": f"contention-{k}",
+                   "kind": "contention", "score": 0.9, "src": 0, "dst": 0, "link": "l",
+                   "job_id": "", "detail": "{}", "updated_ns": t}  # fmt: skip
+            table = pa.table({c: [v] for c, v in row.items()},
+                             schema=layout.TABLES["anomalies"].schema)  # fmt: skip
+            w.write_partitioned("anomalies", table, f"r{t // 1_000_000}.parquet")
+
+    part = tmp_path / "anomalies" / layout.partition_of(hour // layout.NS_PER_HOUR)
+    c = Compactor(w, min_age_s=0)
+    anomalies(0, 5)
+    c.run()
+    assert len(list(part.glob("*.parquet"))) == 1
+    anomalies(5, 5)  # the next passes' files
+    c.run()
+    files = sorted(p.name for p in part.glob("*.parquet"))
+    assert len(files) == 1 and files[0].startswith("m"), files
+    assert _count(tmp_path, "anomalies") == 10
+    assert "compaction_skipped" not in caplog.text
+    anomalies(10, 1)
+    c.run()  # one new file beside the merged one: merged again, every row once
+    assert len(list(part.glob("*.parquet"))) == 1 and _count(tmp_path, "anomalies") == 11
+
+
 def test_retention_drops_old_hours_but_keeps_the_commit_mark(tmp_path: Path) -> None:
     w = StoreWriter(tmp_path)
     w.open()
