@@ -152,7 +152,7 @@ class AnomaliesPane(Vertical):
                 a.get("kind", ""), attribution.place_name(a), f"{since:.0f} s",
                 ", ".join(f"{o:.1f}" if o is not None else "?" for o in outages[-5:]) or "—",
                 f"{a.get('score', 0):.2f}", "—" if prob is None else f"{prob:.2f}",
-                app.recommended(a), f"[{quiet}] " * bool(quiet) + a.get("summary", ""),
+                app.recommended(a), f"{quiet} {a.get('summary', '')}" if quiet else a.get("summary", ""),
             )))  # fmt: skip
         fill(self.query_one(DataTable), rows)
 

@@ -100,12 +100,13 @@ QUIET_SHOWN_S = 5.0
 
 def quiet_note(live: dict[str, Any], clear_s: float | None) -> str:
     """How ``clockmesh live`` and the TUI say that an open anomaly (as in ``/v1/live``)
-    has not been seen for a while and when it closes; "" while it is still being seen."""
+    has not been seen for a while and when it closes, in brackets beside its summary; ""
+    while it is still being seen."""
     quiet = live.get("quiet_s")
     if not isinstance(quiet, int | float) or quiet < QUIET_SHOWN_S:
         return ""
     closes = f", closes at {clear_s:.0f} s" if clear_s else ""
-    return f"not seen for {quiet:.0f} s{closes}"
+    return f"[not seen for {quiet:.0f} s{closes}]"
 
 
 def anomaly_id(kind: str, key: str, opened_ns: int) -> str:

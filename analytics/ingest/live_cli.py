@@ -150,7 +150,7 @@ def render(rows: list[HostHealth], live: dict[str, Any], url: str) -> str:
             lines.append(
                 f"  {a.get('kind', '?'):<14} {place or '-':<14} score {a.get('score', 0):.2f}  "
                 f"{a.get('anomaly_id', '')}  {a.get('summary', '')}"
-                + (f"  [{quiet}]" if quiet else "")
+                + (f"  {quiet}" if quiet else "")
             )
     return "\n".join(lines)
 
