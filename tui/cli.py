@@ -21,8 +21,9 @@ from analytics.ingest import endpoints
               default=None, help="Ansible inventory: enables remediation playbooks.")  # fmt: skip
 @click.option("--refresh", "refresh_s", type=click.FloatRange(min=0.2), default=1.0,
               show_default=True, help="Seconds between /v1/live fetches.")  # fmt: skip
-@click.option("--amber-us", type=click.FloatRange(min=0), default=5.0, show_default=True,
-              help="Worst corrected one-way delay (µs) above which a NIC is amber.")  # fmt: skip
+@click.option("--amber-us", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="A NIC is amber when the detector judged a path of it queued beyond the "
+                   "path's own healthy delay by more than this (µs); 0: every such path.")  # fmt: skip
 @click.option("--red-loss", type=click.FloatRange(min=0, max=1), default=0.001, show_default=True,
               help="Loss (a fraction) above which a NIC is red.")  # fmt: skip
 @click.option("--silent-s", type=click.FloatRange(min=1), default=10.0, show_default=True,

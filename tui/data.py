@@ -2,10 +2,14 @@
 
 :class:`LiveSource` fetches ``/v1/live`` over HTTP (so the TUI runs on the controller as
 well as on the ops box); :func:`fleet` turns one answer into NIC tiles grouped by rack
-(an ECMP group), each coloured by its worst *corrected* one-way delay and its loss — or
-marked the *culprit* of an open anomaly (its own link) or *affected* by one (its loss or
-delay is all on pairs the anomaly explains) — and a header: healthy, failing and affected
-NICs, jobs, open anomalies by class, clock-sync quality.
+(an ECMP group), each coloured by its loss and by whether the detector judged a path of
+it queued beyond that path's own healthy delay (the pair's ``queue_us``: what
+``clockmesh live`` calls ``slow``; a fixed delay line cannot be right on every fabric —
+a healthy lab pair shows ~10 µs, a healthy fabric's a few) — or marked the *culprit* of
+an open anomaly (its own link) or *affected* by one (its loss or queue is all on pairs the
+anomaly explains) — and a header: healthy, failing and affected NICs, jobs, open
+anomalies by class, clock-sync quality. Each tile also shows its worst corrected one-way
+delay.
 
 Corrected one-way delay of a pair = raw (receiver clock − sender clock) − (offset of the
 receiver − offset of the sender), with the clock solver's offsets from the same answer.
@@ -32,7 +36,7 @@ FAILING = (CULPRIT, RED, AMBER, GREY)
 
 @dataclass(frozen=True)
 class Thresholds:
-    amber_us: float = 5.0  # worst corrected one-way delay above this: amber
+    amber_us: float = 0.0  # a queue the detector judged slow, above this (µs): amber
     red_loss: float = 0.001  # loss above this (0.1 %): red
     silent_s: float = 10.0  # no batch for this long: grey
 
@@ -51,7 +55,7 @@ class Tile:
     state: str  # CULPRIT, GREY, RED, AMBER, AFFECTED, GREEN
     culprit_of: list[str] = field(default_factory=list)  # open anomalies naming its link
     affected_by: list[str] = field(default_factory=list)  # anomalies explaining its worst
-    because: str = ""  # where those anomalies are: their links or jobs ("h1-2-leaf1")
+    because: str = ""  # where those anomalies are ("h1-2-leaf1"); slow: "queue 38 µs"
 
 
 @dataclass
@@ -162,20 +166,25 @@ def fleet(live: dict[str, Any], racks: dict[str, str], th: Thresholds | None = N
     culprits = attribution.places(anomalies.get("open", []), {}).host
     where = {str(a.get("anomaly_id")): attribution.place_name(a) or str(a.get("kind"))
              for a in anomalies.get("open", [])}  # fmt: skip
-    # worst corrected delay and worst loss per host, unexplained (u) and explained (x)
-    owd_u: dict[str, tuple[float, str, list[str]]] = {}
-    owd_x: dict[str, tuple[float, str, list[str]]] = {}
+    # worst corrected delay (shown), worst queue (judged) and worst loss per host,
+    # unexplained (u) and explained (x)
+    owd: dict[str, tuple[float, str, list[str]]] = {}
+    q_u: dict[str, tuple[float, str, list[str]]] = {}
+    q_x: dict[str, tuple[float, str, list[str]]] = {}
     loss_u: dict[str, tuple[float, str, list[str]]] = {}
     loss_x: dict[str, tuple[float, str, list[str]]] = {}
     for p in live.get("pairs", []):
         src, dst = p["src"], p["dst"]
         ids = list(p.get("explained_by") or [])
-        owd_t, loss_t = (owd_x, loss_x) if ids else (owd_u, loss_u)
-        owd = clocks.corrected(p.get("owd_raw_p50_us"), src, dst)
+        q_t, loss_t = (q_x, loss_x) if ids else (q_u, loss_u)
+        d = clocks.corrected(p.get("owd_raw_p50_us"), src, dst)
         lo = float(p.get("loss") or 0.0)
+        q = p.get("queue_us")
         for me, peer in ((src, dst), (dst, src)):
-            if owd is not None:
-                _worse(owd_t, me, owd, peer, ids)
+            if d is not None:
+                _worse(owd, me, d, peer, ids)
+            if isinstance(q, int | float):
+                _worse(q_t, me, float(q), peer, ids)
             _worse(loss_t, me, lo, peer, ids)
     out = Fleet()
     none: tuple[float, str, list[str]] = (0.0, "", [])
@@ -183,9 +192,10 @@ def fleet(live: dict[str, Any], racks: dict[str, str], th: Thresholds | None = N
         name = h["host"]
         lo, lo_peer, _ = loss_u.get(name, none)
         xlo, xlo_peer, xlo_ids = loss_x.get(name, none)
-        w = owd_u.get(name)
-        xw = owd_x.get(name)
-        worst_owd = max((v[0] for v in (w, xw) if v is not None), default=None)
+        w = owd.get(name)
+        worst_owd = w[0] if w is not None else None
+        q, q_peer, _ = q_u.get(name, none)
+        xq, xq_peer, xq_ids = q_x.get(name, none)
         c = clock.get(name, {})
         age = float(h.get("last_batch_age_s") or 0.0)
         culprit_of = list(h.get("culprit_of") or culprits.get(name, []))
@@ -198,16 +208,18 @@ def fleet(live: dict[str, Any], racks: dict[str, str], th: Thresholds | None = N
             state, peer = GREY, (w[1] if w else "")
         elif lo > th.red_loss:
             state, peer = RED, lo_peer
-        elif w is not None and w[0] > th.amber_us:
-            state, peer = AMBER, w[1]
+        elif q_peer and q > th.amber_us:
+            state, peer = AMBER, q_peer
         elif xlo > th.red_loss:
             state, peer, affected_by = AFFECTED, xlo_peer, xlo_ids
-        elif xw is not None and xw[0] > th.amber_us:
-            state, peer, affected_by = AFFECTED, xw[1], xw[2]
+        elif xq_peer and xq > th.amber_us:
+            state, peer, affected_by = AFFECTED, xq_peer, xq_ids
         else:
             state = GREEN
             peer = w[1] if w else ""
         because = ", ".join(where.get(i, i) for i in culprit_of or affected_by)
+        if state == AMBER:
+            because = "queue " + attribution.queue_text(q)
         tile = Tile(name, _rack_of(name, racks), None if worst_owd is None else round(worst_owd, 2),
                     max(lo, xlo), peer, c.get("offset_ns"), c.get("uncertainty_ns"),
                     str(c.get("status", "")), age, state, culprit_of, affected_by,

@@ -20,8 +20,9 @@ place comes from the evidence, not the class, so a model that re-judged a class
 (``unknown``) still places it. A pair's ``explained_by`` lists the open anomalies whose
 place it crosses: its loss or delay, if any, is theirs. A host's loss split into explained
 and unexplained parts gives its verdict (:func:`verdict`): ``culprit`` (an open anomaly
-names its own link), ``lossy`` (loss no open anomaly explains), ``affected`` (loss, all
-of it explained), ``ok``. Readers (``/v1/live``, ``clockmesh live``, the TUI, the report)
+names its own link), ``lossy`` (loss no open anomaly explains), ``slow`` (a pair of its
+the detector judged queued beyond that path's own healthy delay — the pair's ``queue_us``
+— and no open anomaly explains), ``affected`` (loss or queue, all of it explained), ``ok``. Readers (``/v1/live``, ``clockmesh live``, the TUI, the report)
 all go through this module. No Textual, no DuckDB here.
 """
 
@@ -34,8 +35,8 @@ from typing import Any
 LOSSY = 0.01  # more than 1 % lost in either direction (unexplained) is worth a look
 STALE_S = 5.0  # no batch for longer than this: stale
 
-CULPRIT, STALE, SILENT, LOSSY_, AFFECTED, OK = (
-    "culprit", "stale", "silent", "lossy", "affected", "ok",
+CULPRIT, STALE, SILENT, LOSSY_, SLOW, AFFECTED, OK = (
+    "culprit", "stale", "silent", "lossy", "slow", "affected", "ok",
 )  # fmt: skip
 
 
@@ -116,6 +117,11 @@ class HostLoss:
     peers_to: int = 0  # peers that sent to it
     culprit_of: list[str] = field(default_factory=list)  # anomalies naming its own link
     affected_by: set[str] = field(default_factory=set)  # anomalies explaining lost probes
+    # The worst queue (µs beyond the path's healthy delay) of its pairs judged slow, those
+    # no anomaly explains (and the peer) and those one does; 0: none
+    queue_us: float = 0.0
+    queue_peer: str = ""
+    queue_explained_us: float = 0.0
 
     @staticmethod
     def _share(n: int, of: int) -> float:
@@ -150,6 +156,8 @@ class HostLoss:
             "peers_to": self.peers_to,
             "culprit_of": list(self.culprit_of),
             "affected_by": sorted(self.affected_by),
+            "queue_us": round(max(self.queue_us, self.queue_explained_us), 1) or None,
+            "queue_unexplained_us": round(self.queue_us, 1) or None,
         }
 
 
@@ -164,7 +172,8 @@ def attribute(
 ) -> tuple[list[list[str]], dict[str, HostLoss]]:
     """Each pair's ``explained_by`` (in order) and each host's :class:`HostLoss`.
 
-    ``pairs``: ``src``, ``dst`` (names), ``sent``, ``received``; ``racks``: host -> leaf.
+    ``pairs``: ``src``, ``dst`` (names), ``sent``, ``received``, optionally ``queue_us``
+    (the detector judged the pair slow: its queue, µs); ``racks``: host -> leaf.
     ``explained``: each pair's ``explained_by`` as the daemon placed it (a reader of
     ``/v1/live`` passes it; the places are then not computed again). ``closed``:
     anomalies closed within the live window — the loss they caused is still counted there,
@@ -211,11 +220,19 @@ def attribute(
                 d.lost_to_explained += lost
                 s.affected_by.update(ids)
                 d.affected_by.update(ids)
+        queue = p.get("queue_us")
+        if queue:
+            for me, peer in ((s, dst), (d, src)):
+                if ids:
+                    me.queue_explained_us = max(me.queue_explained_us, float(queue))
+                    me.affected_by.update(ids)
+                elif queue > me.queue_us:
+                    me.queue_us, me.queue_peer = float(queue), peer
     return explained, out
 
 
 def verdict(loss: HostLoss, age_s: float, stale_s: float = STALE_S, lossy: float = LOSSY) -> str:
-    """``culprit`` | ``stale`` | ``silent`` | ``lossy`` | ``affected`` | ``ok``.
+    """``culprit`` | ``stale`` | ``silent`` | ``lossy`` | ``slow`` | ``affected`` | ``ok``.
 
     The culprit first: an open anomaly names its own link, whatever its own probes say.
     """
@@ -227,9 +244,16 @@ def verdict(loss: HostLoss, age_s: float, stale_s: float = STALE_S, lossy: float
         return SILENT
     if loss.unexplained > lossy:
         return LOSSY_
-    if loss.worst > lossy:
+    if loss.queue_us > 0:
+        return SLOW
+    if loss.worst > lossy or loss.queue_explained_us > 0:
         return AFFECTED
     return OK
+
+
+def queue_text(us: float) -> str:
+    """A queue as read at a glance: "61 µs", "46.6 ms"."""
+    return f"{us:.0f} µs" if us < 999.5 else f"{us / 1e3:.1f} ms"
 
 
 def place_name(a: Mapping[str, Any]) -> str:

@@ -807,6 +807,22 @@ class PathDelays:
         out.update({k: float(max(v)) for k, v in streamed.items()})
         return out
 
+    def pair_queues(self) -> dict[tuple[int, int], float]:
+        """(src, dst) -> what the probes between two hosts waited in queues beyond their
+        healthy delay (ns), for each pair a route of which the newest pass judged slow
+        (:attr:`Windows.slow`: against that route's own healthy baseline, never under
+        ``FLOOR_NS``): the most its slow routes waited (:attr:`Windows.queue`). A pair
+        with no slow route is absent — a healthy fleet gives ``{}``, whatever its paths'
+        delays are (the TUI's amber is this verdict, not a fixed delay)."""
+        w = self._last_windows
+        w = w if isinstance(w, Windows) else Windows.of(w)
+        out: dict[tuple[int, int], float] = {}
+        slow = w.slow
+        for s, d, q in zip(w.src[slow].tolist(), w.dst[slow].tolist(), w.queue[slow].tolist(),
+                           strict=True):  # fmt: skip
+            out[(s, d)] = max(out.get((s, d), 0.0), q)
+        return out
+
     # ---- streamed probes -------------------------------------------------------------------
     def feed_probes(self, tx: np.ndarray, rx: np.ndarray, clocks: ClockState | None) -> None:
         """``probe_tx`` and ``probe_rx`` records (numpy, any order, any commit) and the clock

@@ -214,6 +214,7 @@ class DetectRunner:
         self.last_pass_s = 0.0
         self._live: list[dict] = []
         self._jobs: list[dict] = []
+        self._queues: dict[tuple[int, int], float] = {}  # slow pairs' queues (ns)
         self._remediation_files: frozenset[str] = frozenset()
         self._applied: set[str] = set()  # remediation ids already acted on
         # (rule, key) of anomalies a remediation closed -> until when the rule's view of
@@ -464,6 +465,7 @@ class DetectRunner:
             written = changes.num_rows
         self._live = [a.live(now_ns) for a in self.book.open.values()]
         self._jobs = self.roce.live(now_ns)
+        self._queues = self.delays.pair_queues()
         self._recent = [a.live(now_ns) for a in self.book.closed[-10:]]
         self.passes += 1
         self.last_pass_s = time.monotonic() - started
@@ -561,6 +563,11 @@ class DetectRunner:
     def jobs(self) -> list[dict]:
         """The running jobs as of the last pass (:meth:`RoceJobs.live`)."""
         return self._jobs
+
+    def pair_queues(self) -> dict[tuple[int, int], float]:
+        """(src, dst) host ids -> queue (ns) of each pair the last pass judged slow
+        (:meth:`PathDelays.pair_queues`)."""
+        return self._queues
 
     def collector(self) -> Collector:
         return _DetectCollector(self)

@@ -5,7 +5,8 @@ the acknowledgements: it takes the hot window's live snapshot, writes the rollup
 minutes that became final (``probe_minute``, ``path_minute``) and the per-host row rates.
 :meth:`LiveDocument.document` builds the JSON document from that snapshot, the clock
 runner's and the detector's state, with each pair's culprit and victims
-(:mod:`analytics.detect.attribution`).
+(:mod:`analytics.detect.attribution`) and, for a pair the detector judged slow, its
+queue beyond its own healthy delay (``queue_us``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ from analytics.ingest.group_commit import GroupCommit
 from analytics.ingest.hot_window import HotWindow
 from analytics.ingest.metrics import FleetView, IngestMetrics
 from analytics.store.store_writer import StoreWriter
+
+
+def _us(ns: float | None) -> float | None:
+    return None if ns is None else round(ns / 1e3, 1)
 
 
 class LiveDocument:
@@ -79,6 +84,8 @@ class LiveDocument:
         now_ns = time.time_ns()
         names = {h.host_id: h.host for h in self.view.hosts.values()}
         live = self.view.live
+        passes = self.detect.passes  # (read first: a pass sets its queues, then counts)
+        queues = self.detect.pair_queues()  # the pairs the detector judged slow
         doc: dict[str, Any] = {
             "generated_ns": now_ns,
             "live_window_s": live.window_s,
@@ -106,6 +113,8 @@ class LiveDocument:
                     "owd_raw_min_us": None if p.owd_raw_min_ns is None else p.owd_raw_min_ns / 1e3,
                     "owd_raw_p50_us": None if p.owd_raw_p50_ns is None else p.owd_raw_p50_ns / 1e3,
                     "owd_raw_p99_us": None if p.owd_raw_p99_ns is None else p.owd_raw_p99_ns / 1e3,
+                    # beyond its own healthy delay, when judged slow (null: not slow)
+                    "queue_us": _us(queues.get((p.src, p.dst))),
                 }
                 for p in live.pairs
             ],
@@ -137,6 +146,6 @@ class LiveDocument:
         since = live.generated_ns - int((live.window_s + 10) * 1e9)  # loss still counted
         ended = [a for a in doc["anomalies"]["recently_closed"] if a["closed_ns"] >= since]
         open_ = doc["anomalies"]["open"]
-        self._attribution.annotate(live.generated_ns, doc["hosts"], doc["pairs"], open_, racks,
+        self._attribution.annotate((live.generated_ns, passes), doc["hosts"], doc["pairs"], open_, racks,
                                    link_leaf, ended)  # fmt: skip
         return doc

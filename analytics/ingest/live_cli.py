@@ -3,7 +3,8 @@
 One row per host: how fresh its telemetry is, how many buddies it probes, what share of
 the probes it sent and of those sent to it were lost, the raw (not yet clock-corrected)
 one-way delay, and its verdict: the culprit of an open anomaly (its own link), affected
-by one (all its loss is explained), lossy, stale, silent or ok. Meant for the first
+by one (all its loss or queueing is explained), lossy, slow (a path of it queued beyond
+that path's own healthy delay, as the detector judged it), stale, silent or ok. Meant for the first
 minute after a deploy and for a 3 a.m. "is the fleet even reporting, and who is at fault?".
 """
 
@@ -39,9 +40,11 @@ class HostHealth:
     loss_sent: float  # of the probes it sent, lost
     loss_received: float  # of the probes sent to it, lost
     owd_raw_p50_us: float | None
-    status: str  # culprit | stale | silent | lossy | affected | ok
+    status: str  # culprit | stale | silent | lossy | slow | affected | ok
     culprit_of: list[str] = field(default_factory=list)  # open anomalies naming its link
     affected_by: list[str] = field(default_factory=list)  # open anomalies explaining its loss
+    queue_us: float = 0.0  # its worst unexplained queue beyond a path's healthy delay
+    queue_peer: str = ""  # ... on its pair with this host
 
     @property
     def healthy(self) -> bool:
@@ -82,6 +85,8 @@ def summarise(live: dict[str, Any], stale_s: float = STALE_S) -> list[HostHealth
                 status=attribution.verdict(loss, age, stale_s),
                 culprit_of=list(loss.culprit_of),
                 affected_by=sorted(loss.affected_by),
+                queue_us=loss.queue_us,
+                queue_peer=loss.queue_peer,
             )
         )
     return rows
@@ -109,6 +114,9 @@ def _because(r: HostHealth, where: dict[str, str], closed: frozenset[str] = froz
         return "its own link " + named(r.culprit_of)
     if r.affected_by and r.status == "affected":
         return "affected by " + named(r.affected_by)
+    if r.status == "slow":
+        queue = attribution.queue_text(r.queue_us)
+        return f"queued {queue} beyond its healthy delay (with {r.queue_peer})"
     return ""
 
 

@@ -30,16 +30,16 @@ def sample_live(
             if dst == src or any(p["src"] == src and p["dst"] == dst for p in pairs[-peers:]):
                 continue
             true_us = 3.0 + rng.uniform(0.0, 1.0) + (jitter.uniform(-0.3, 0.3) if tick else 0.0)
-            loss = 0.0
+            loss, queue = 0.0, None
             if (src, k) == (hosts[1], 1):
-                true_us = 42.0  # a queue
+                true_us, queue = 42.0, 38.5  # a queue: the detector judged it slow
             if (src, k) == (hosts[2], 1):
                 loss = 0.05
             raw = true_us + (offsets[dst] - offsets[src]) / 1e3
             pairs.append({"src": src, "dst": dst, "src_id": n, "dst_id": 0, "sent": 600,
                           "received": int(600 * (1 - loss)), "loss": loss,
                           "owd_raw_min_us": raw - 0.5, "owd_raw_p50_us": raw,
-                          "owd_raw_p99_us": raw + 2.0})  # fmt: skip
+                          "owd_raw_p99_us": raw + 2.0, "queue_us": queue})  # fmt: skip
     kinds = ["flapping_link", "contention", "roce_v1_job"]
     open_ = []
     for i in range(anomalies):
@@ -243,7 +243,8 @@ def sample_host_flap(racks: int = 3, per_rack: int = 4) -> dict[str, Any]:
         sent = 420 if p["src"] == CULPRIT else 600
         received = int(sent * 0.7) if p["dst"] == CULPRIT else sent
         p.update(sent=sent, received=received, loss=round(1 - received / sent, 6),
-                 owd_raw_min_us=raw - 0.5, owd_raw_p50_us=raw, owd_raw_p99_us=raw + 2.0)  # fmt: skip
+                 owd_raw_min_us=raw - 0.5, owd_raw_p50_us=raw, owd_raw_p99_us=raw + 2.0,
+                 queue_us=None)  # fmt: skip
     for h in live["hosts"]:
         h["last_batch_age_s"] = 0.4
     link = f"{CULPRIT}-leaf1"

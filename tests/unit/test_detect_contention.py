@@ -188,6 +188,25 @@ def test_healthy_jitter_raises_nothing() -> None:
         assert f.delays.observations(0) == []
 
 
+def test_pairs_are_slow_only_while_a_route_of_theirs_queues_beyond_its_own_noise() -> None:
+    """What the TUI's amber and ``clockmesh live``'s ``slow`` read: a healthy fleet has no
+    slow pair, whatever its delays (8 µs and more here); a 300-µs queue into rack 2 makes
+    the pairs entering it slow, by about that queue, and no other pair; drained, none."""
+    f = _Fleet(seed=3)
+    for _ in range(20):
+        f.second({})
+        f.delays.observations(0)
+        assert f.delays.pair_queues() == {}
+    f.judge({("leaf2-spine1", "spine→leaf"): 300.0}, 3)
+    slow = f.delays.pair_queues()
+    assert slow and {f.host_rack[d] for _, d in slow} == {"leaf2"}, slow
+    assert all(200e3 <= q <= 320e3 for q in slow.values()), slow
+    for _ in range(2):
+        f.second({})
+        f.delays.observations(0)
+    assert f.delays.pair_queues() == {}
+
+
 def test_a_queue_at_one_hosts_port_is_named_there_not_on_the_fabric_links_before_it() -> None:
     """Incast: many senders into one host fill the leaf's port towards it. Every route
     into that host waits, through both spines; the routes into its rack neighbour do not,
