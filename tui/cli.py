@@ -24,12 +24,15 @@ from analytics.ingest import endpoints
 @click.option("--amber-us", type=click.FloatRange(min=0), default=0.0, show_default=True,
               help="A NIC is amber when the detector judged a path of it queued beyond the "
                    "path's own healthy delay by more than this (µs); 0: every such path.")  # fmt: skip
-@click.option("--red-loss", type=click.FloatRange(min=0, max=1), default=0.001, show_default=True,
-              help="Loss (a fraction) above which a NIC is red.")  # fmt: skip
-@click.option("--silent-s", type=click.FloatRange(min=1), default=10.0, show_default=True,
-              help="Seconds without a batch after which a NIC is grey (silent).")  # fmt: skip
+@click.option("--red-loss", type=click.FloatRange(min=0, max=1), default=0.01, show_default=True,
+              help="Loss (a fraction, either direction) above which a NIC is red; the "
+                   "default is clockmesh live's 'lossy'.")  # fmt: skip
+@click.option("--silent-s", type=click.FloatRange(min=1), default=None,
+              help="Seconds without a batch after which a NIC is grey (silent). Default: "
+                   "clockmesh live's 'stale' — 5 s, or 2.5 times the shipping interval the "
+                   "ops box advises when longer (a large fleet ships less often).")  # fmt: skip
 def tui(url: str, store: Path, topology: Path, inventory: Path | None, refresh_s: float,
-        amber_us: float, red_loss: float, silent_s: float) -> None:  # fmt: skip
+        amber_us: float, red_loss: float, silent_s: float | None) -> None:  # fmt: skip
     """The fleet at a glance: NICs by rack, anomalies, jobs, audit, drill-downs (host,
     pair, link, job) and remediation with a check-mode preview.
 

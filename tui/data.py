@@ -36,9 +36,13 @@ FAILING = (CULPRIT, RED, AMBER, GREY)
 
 @dataclass(frozen=True)
 class Thresholds:
+    """A NIC's colour; the defaults are ``clockmesh live``'s verdicts
+    (:mod:`analytics.detect.attribution`), so the two never disagree."""
+
     amber_us: float = 0.0  # a queue the detector judged slow, above this (µs): amber
-    red_loss: float = 0.001  # loss above this (0.1 %): red
-    silent_s: float = 10.0  # no batch for this long: grey
+    red_loss: float = attribution.LOSSY  # loss above this (1 %, either direction): red
+    # no batch for this long: grey (None: attribution.stale_after the advised interval)
+    silent_s: float | None = None
 
 
 @dataclass
@@ -46,7 +50,7 @@ class Tile:
     host: str
     rack: str
     worst_owd_us: float | None  # corrected, over the pairs it sends or receives
-    worst_loss: float
+    worst_loss: float  # of its probes sent or sent to it, the larger share lost
     worst_peer: str
     offset_ns: float | None
     uncertainty_ns: float | None
@@ -160,6 +164,8 @@ def fleet(live: dict[str, Any], racks: dict[str, str], th: Thresholds | None = N
     makes its hosts *affected*, not failing; a host whose own link an open anomaly names
     is the *culprit*."""
     th = th or Thresholds()
+    ingest = live.get("ingest") or {}
+    silent_s = th.silent_s or attribution.stale_after(ingest.get("advised_roll_s"))
     clock = {h["host"]: h for h in (live.get("clock") or {}).get("hosts", [])}
     clocks = Clocks.of(live)
     anomalies = live.get("anomalies") or {}
@@ -192,6 +198,12 @@ def fleet(live: dict[str, Any], racks: dict[str, str], th: Thresholds | None = N
         name = h["host"]
         lo, lo_peer, _ = loss_u.get(name, none)
         xlo, xlo_peer, xlo_ids = loss_x.get(name, none)
+        lo_all = max(lo, xlo)
+        if "loss_unexplained" in h:  # as clockmesh live judges it: the daemon's shares of
+            # this host's probes, both directions (the pairs above only name the peer)
+            lo = float(h["loss_unexplained"] or 0.0)
+            lo_all = max(float(h.get("loss_sent") or 0.0), float(h.get("loss_received") or 0.0))
+            xlo_ids = [str(i) for i in h.get("affected_by") or []] or xlo_ids
         w = owd.get(name)
         worst_owd = w[0] if w is not None else None
         q, q_peer, _ = q_u.get(name, none)
@@ -204,14 +216,14 @@ def fleet(live: dict[str, Any], racks: dict[str, str], th: Thresholds | None = N
         if culprit_of:
             state = CULPRIT
             peer = (xlo_peer if xlo > th.red_loss else "") or lo_peer
-        elif age > th.silent_s:
+        elif age > silent_s:
             state, peer = GREY, (w[1] if w else "")
         elif lo > th.red_loss:
-            state, peer = RED, lo_peer
+            state, peer = RED, lo_peer or xlo_peer
         elif q_peer and q > th.amber_us:
             state, peer = AMBER, q_peer
-        elif xlo > th.red_loss:
-            state, peer, affected_by = AFFECTED, xlo_peer, xlo_ids
+        elif lo_all > th.red_loss:
+            state, peer, affected_by = AFFECTED, xlo_peer or lo_peer, xlo_ids
         elif xq_peer and xq > th.amber_us:
             state, peer, affected_by = AFFECTED, xq_peer, xq_ids
         else:
@@ -221,7 +233,7 @@ def fleet(live: dict[str, Any], racks: dict[str, str], th: Thresholds | None = N
         if state == AMBER:
             because = "queue " + attribution.queue_text(q)
         tile = Tile(name, _rack_of(name, racks), None if worst_owd is None else round(worst_owd, 2),
-                    max(lo, xlo), peer, c.get("offset_ns"), c.get("uncertainty_ns"),
+                    lo_all, peer, c.get("offset_ns"), c.get("uncertainty_ns"),
                     str(c.get("status", "")), age, state, culprit_of, affected_by,
                     because)  # fmt: skip
         out.tiles.append(tile)

@@ -33,7 +33,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 LOSSY = 0.01  # more than 1 % lost in either direction (unexplained) is worth a look
-STALE_S = 5.0  # no batch for longer than this: stale
+STALE_S = 5.0  # no batch for longer than this: stale ...
+# ... or than this many of the intervals the ops box advises collectors to ship at, when
+# longer (a large fleet is advised up to 30 s: analytics/ingest/pace.py)
+STALE_ROLLS = 2.5
 
 CULPRIT, STALE, SILENT, LOSSY_, SLOW, AFFECTED, OK = (
     "culprit", "stale", "silent", "lossy", "slow", "affected", "ok",
@@ -231,6 +234,15 @@ def attribute(
     return explained, out
 
 
+def stale_after(advised_roll_s: object) -> float:
+    """Seconds without a batch after which a host is stale: :data:`STALE_S`, or
+    :data:`STALE_ROLLS` of the shipping interval the ops box advises (``/v1/live``'s
+    ``ingest.advised_roll_s``) when that is longer — at 13,000 hosts a healthy host ships
+    every ~30 s, and 5 s would call the whole fleet stale."""
+    roll = float(advised_roll_s) if isinstance(advised_roll_s, int | float) else 0.0
+    return max(STALE_S, STALE_ROLLS * roll)
+
+
 def verdict(loss: HostLoss, age_s: float, stale_s: float = STALE_S, lossy: float = LOSSY) -> str:
     """``culprit`` | ``stale`` | ``silent`` | ``lossy`` | ``slow`` | ``affected`` | ``ok``.
 
@@ -285,10 +297,11 @@ def annotate(
     racks: Mapping[str, str],
     link_leaf: Mapping[str, str],
     closed: Iterable[Mapping[str, Any]] = (),
+    stale_s: float = STALE_S,
 ) -> None:
     """Add the attribution to a ``/v1/live`` document's rows, in place: each pair's
     ``explained_by``; each host's ``verdict`` and :meth:`HostLoss.doc` fields."""
-    LiveAttribution().annotate(None, hosts, pairs, anomalies, racks, link_leaf, closed)
+    LiveAttribution().annotate(None, hosts, pairs, anomalies, racks, link_leaf, closed, stale_s)
 
 
 class LiveAttribution:
@@ -310,9 +323,10 @@ class LiveAttribution:
         racks: Mapping[str, str],
         link_leaf: Mapping[str, str],
         closed: Iterable[Mapping[str, Any]] = (),
+        stale_s: float = STALE_S,
     ) -> None:
         """``picture``: what identifies the live picture the pairs come from (its
-        computation time); None computes afresh."""
+        computation time); None computes afresh. ``stale_s``: :func:`stale_after`."""
         anomalies, closed = list(anomalies), list(closed)
         key = (picture, len(pairs), tuple(str(a.get("anomaly_id")) for a in anomalies),
                tuple(str(a.get("anomaly_id")) for a in closed))  # fmt: skip
@@ -325,5 +339,5 @@ class LiveAttribution:
             p["explained_by"] = ids
         for h in hosts:
             loss = losses.get(str(h["host"])) or HostLoss()
-            h["verdict"] = verdict(loss, float(h.get("last_batch_age_s") or 0.0))
+            h["verdict"] = verdict(loss, float(h.get("last_batch_age_s") or 0.0), stale_s)
             h.update(loss.doc())

@@ -12,6 +12,7 @@ queue beyond its own healthy delay (``queue_us``).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow.compute as pc
@@ -41,6 +42,7 @@ class LiveDocument:
         clock: ClockRunner,
         detect: DetectRunner,
         commit: GroupCommit,
+        advised_roll_s: Callable[[], float] = lambda: 0.0,
     ) -> None:
         self.view = view
         self.hot = hot
@@ -49,6 +51,7 @@ class LiveDocument:
         self.clock = clock
         self.detect = detect
         self.commit = commit
+        self.advised_roll_s = advised_roll_s  # the pacer's advice (analytics/ingest/pace.py)
         self._attribution = attribution.LiveAttribution()  # culprit and victims
         self._prev_rates: tuple[float, dict[int, dict[str, int]]] = (time.monotonic(), {})
         self._evicted_seen = 0  # hot.evicted_rows already counted in /metrics
@@ -122,6 +125,9 @@ class LiveDocument:
             "anomalies": self.detect.live(),
             "jobs": self.detect.jobs(),
             "ingest": {
+                # the shipping interval the acks advise (longer on a large fleet): a host
+                # is stale after attribution.stale_after of it
+                "advised_roll_s": self.advised_roll_s(),
                 "commits": self.writer.committed + 1,
                 "pending_rows": self.commit.pending_rows,
                 "hot_window_rows": self.hot.rows,
@@ -146,6 +152,7 @@ class LiveDocument:
         since = live.generated_ns - int((live.window_s + 10) * 1e9)  # loss still counted
         ended = [a for a in doc["anomalies"]["recently_closed"] if a["closed_ns"] >= since]
         open_ = doc["anomalies"]["open"]
-        self._attribution.annotate((live.generated_ns, passes), doc["hosts"], doc["pairs"], open_, racks,
-                                   link_leaf, ended)  # fmt: skip
+        stale_s = attribution.stale_after(doc["ingest"]["advised_roll_s"])
+        self._attribution.annotate((live.generated_ns, passes), doc["hosts"], doc["pairs"], open_,
+                                   racks, link_leaf, ended, stale_s)  # fmt: skip
         return doc

@@ -25,9 +25,6 @@ from analytics.detect import attribution
 from analytics.detect.anomalies import quiet_note
 from analytics.ingest import endpoints
 
-STALE_S = attribution.STALE_S  # a host whose last batch is older than this is stale
-LOSSY = attribution.LOSSY  # more than 1 % lost (either direction, unexplained) is worth a look
-
 
 @dataclass(frozen=True)
 class HostHealth:
@@ -51,9 +48,13 @@ class HostHealth:
         return self.status == "ok"
 
 
-def summarise(live: dict[str, Any], stale_s: float = STALE_S) -> list[HostHealth]:
+def summarise(live: dict[str, Any], stale_s: float | None = None) -> list[HostHealth]:
     """Per-host health from a /v1/live document: loss judged in both directions, and
-    attributed to the open anomalies that explain it (analytics/detect/attribution.py)."""
+    attributed to the open anomalies that explain it (analytics/detect/attribution.py).
+    ``stale_s``: by default :func:`attribution.stale_after` the shipping interval the
+    daemon advises."""
+    if stale_s is None:
+        stale_s = attribution.stale_after((live.get("ingest") or {}).get("advised_roll_s"))
     pairs = live.get("pairs", [])
     names = [str(h["host"]) for h in live.get("hosts", [])]
     # The daemon places every open anomaly (it knows the racks): each pair's explained_by.

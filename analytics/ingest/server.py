@@ -152,8 +152,9 @@ class IngestServer:
             self.slabs,
         )
         self.live = LiveDocument(
-            self.view, self.hot, self.writer, self.metrics, self.clock, self.detect, self.commit
-        )
+            self.view, self.hot, self.writer, self.metrics, self.clock, self.detect, self.commit,
+            lambda: self.pacer.roll_s,
+        )  # fmt: skip
         self.routes = Routes(
             config,
             fleet_key,

@@ -786,3 +786,55 @@ def test_a_delay_is_shown_only_when_it_is_three_times_its_clocks_uncertainty() -
     assert corrected(5_000.0, "a", "b", offs, {"a": 50e3, "b": 10e3}) == 5_000.0
     assert corrected(4.0, "a", "b", offs, {"a": 300.0, "b": 200.0}) == 4.0
     assert corrected(4.0, "a", "b", offs, {"a": 6e3, "b": 0.0}) is None
+
+
+def test_the_tui_and_clockmesh_live_judge_loss_and_freshness_alike() -> None:
+    """Same answer, same verdicts. A fleet of 13,000 hosts is advised to ship every ~30 s
+    (analytics/ingest/pace.py): a host last heard 20 s ago is healthy there, and stale only
+    past 2.5 intervals — not after a fixed 5 s (CLI) or 10 s (TUI) that would grey the
+    whole fleet. Loss is the host's share of its probes in either direction, over 1 %,
+    in both: one pair losing 2 % of a host's probes to 4 peers is not a lossy NIC."""
+    from analytics.detect import attribution
+    from analytics.ingest.live_cli import summarise
+    from tui.data import fleet
+
+    live = sample_live(anomalies=0)
+    for p in live["pairs"]:
+        p.update(loss=0.0, received=p["sent"], queue_us=None)
+    for h in live["hosts"]:
+        h["last_batch_age_s"] = 20.0
+    live["ingest"] = {"advised_roll_s": 30.0}
+    attribution.annotate(live["hosts"], live["pairs"], [], sample_racks(), {},
+                         stale_s=attribution.stale_after(30.0))  # fmt: skip
+
+    def verdicts() -> tuple[dict[str, str], dict[str, str]]:
+        tui = {t.host: t.state for t in fleet(live, sample_racks()).tiles}
+        return tui, {r.host: r.status for r in summarise(live)}
+
+    tui, cli = verdicts()
+    assert set(tui.values()) == {"ok"} and set(cli.values()) == {"ok"}
+    live["hosts"][0]["last_batch_age_s"] = 80.0  # past 2.5 × 30 s
+    tui, cli = verdicts()
+    grey = {live["hosts"][0]["host"]}
+    assert {h for h, s in tui.items() if s == "silent"} == grey
+    assert {h for h, s in cli.items() if s == "stale"} == grey
+    live["ingest"] = {"advised_roll_s": 1.0}  # a small fleet: 5 s
+    for h in live["hosts"]:
+        h["last_batch_age_s"] = 0.4
+    live["hosts"][1]["last_batch_age_s"] = 6.0
+    tui, cli = verdicts()
+    grey = {live["hosts"][1]["host"]}
+    assert {h for h, s in tui.items() if s == "silent"} == grey
+    assert {h for h, s in cli.items() if s == "stale"} == grey
+    for h in live["hosts"]:
+        h["last_batch_age_s"] = 0.4
+    one = live["pairs"][0]  # 2 % of one of its 4 pairs: 0.5 % of its hosts' probes
+    one.update(received=int(one["sent"] * 0.98), loss=0.02)
+    attribution.annotate(live["hosts"], live["pairs"], [], sample_racks(), {})
+    tui, cli = verdicts()
+    assert set(tui.values()) == {"ok"} and set(cli.values()) == {"ok"}
+    one.update(received=0, loss=1.0)  # all of it: that pair's share of each end is over 1 %
+    attribution.annotate(live["hosts"], live["pairs"], [], sample_racks(), {})
+    tui, cli = verdicts()
+    assert {h for h, s in tui.items() if s == "loss"} == {one["src"], one["dst"]}
+    assert {h for h, s in cli.items() if s == "lossy"} == {one["src"], one["dst"]}

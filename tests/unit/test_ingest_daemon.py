@@ -224,6 +224,9 @@ def test_metrics_pass_promtool_and_show_links(daemon: Daemon) -> None:
     assert 0.4 < 1 - received / sent < 0.6
     assert clean and all(p["loss"] == 0 for p in clean)
     assert all(5 <= p["owd_raw_p50_us"] <= 7 for p in clean)
+    assert all(p["queue_us"] is None for p in live["pairs"])  # no route judged slow
+    # 12 hosts are under the request budget: shipping is not slowed (stale after 5 s)
+    assert 0 <= live["ingest"]["advised_roll_s"] <= 0.1  # 12 / 420 requests a second
     text = daemon.get("/metrics")
     assert b"clockmesh_link_probe_loss_ratio{" in text
     assert b"clockmesh_host_last_batch_age_seconds{" in text
