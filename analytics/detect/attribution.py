@@ -20,10 +20,11 @@ place comes from the evidence, not the class, so a model that re-judged a class
 (``unknown``) still places it. A pair's ``explained_by`` lists the open anomalies whose
 place it crosses: its loss or delay, if any, is theirs. A host's loss split into explained
 and unexplained parts gives its verdict (:func:`verdict`): ``culprit`` (an open anomaly
-names its own link), ``lossy`` (loss no open anomaly explains), ``slow`` (a pair of its
-the detector judged queued beyond that path's own healthy delay — the pair's ``queue_us``
-— and no open anomaly explains), ``affected`` (loss or queue, all of it explained), ``ok``. Readers (``/v1/live``, ``clockmesh live``, the TUI, the report)
-all go through this module. No Textual, no DuckDB here.
+names its own link), ``lossy`` (loss no open anomaly explains), ``slow`` (a pair of it
+the detector judged queued beyond that path's own healthy delay — the pair's
+``queue_us`` — and no open anomaly explains), ``affected`` (loss or queue, all of it
+explained), ``ok``. Readers (``/v1/live``, ``clockmesh live``, the TUI, the report) all
+go through this module. No Textual, no DuckDB here.
 """
 
 from __future__ import annotations

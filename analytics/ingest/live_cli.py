@@ -4,8 +4,9 @@ One row per host: how fresh its telemetry is, how many buddies it probes, what s
 the probes it sent and of those sent to it were lost, the raw (not yet clock-corrected)
 one-way delay, and its verdict: the culprit of an open anomaly (its own link), affected
 by one (all its loss or queueing is explained), lossy, slow (a path of it queued beyond
-that path's own healthy delay, as the detector judged it), stale, silent or ok. Meant for the first
-minute after a deploy and for a 3 a.m. "is the fleet even reporting, and who is at fault?".
+that path's own healthy delay, as the detector judged it), stale, silent or ok. Meant for
+the first minute after a deploy and for a 3 a.m. "is the fleet even reporting, and who is
+at fault?".
 """
 
 from __future__ import annotations
