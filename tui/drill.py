@@ -19,6 +19,7 @@ from textual.binding import Binding, BindingType
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Label, Static
 
+from analytics.detect import attribution
 from analytics.store.catalog import connect_views
 from tui import history
 from tui.data import Clocks, Tile
@@ -252,9 +253,14 @@ class PairScreen(DrillScreen):
             raw = p.get("owd_raw_p50_us")
             loss = float(p.get("loss") or 0.0)
             text.append(f"\nnow: {p.get('sent', 0)} sent, ")
-            text.append(f"loss {loss:.2%}", style="bold red" if loss > 0.001 else "")
+            red = loss > self.clockmesh.thresholds.red_loss  # the tiles' line
+            text.append(f"loss {loss:.2%}", style="bold red" if red else "")
             text.append(f", corrected p50 {us(clocks.corrected(raw, self.src, self.dst))} µs, "
                         f"raw p50 {us(raw)} µs, raw p99 {us(p.get('owd_raw_p99_us'))} µs")  # fmt: skip
+            queue = p.get("queue_us")
+            if isinstance(queue, int | float):  # the detector judged a route of it slow
+                text.append(f"; queued {attribution.queue_text(queue)} beyond its healthy delay",
+                            style="bold yellow")  # fmt: skip
         self.head(text)
 
     def read_history(self, con: duckdb.DuckDBPyConnection, now_s: float) -> Any:

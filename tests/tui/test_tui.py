@@ -241,7 +241,8 @@ async def test_drill_downs_host_pair_link_and_job_read_the_store(tmp_path: Path)
         assert [r[1] for r in rows] == ["leaf1-spine1", "leaf1-spine2"] * 2
         assert float(rows[3][4]) - float(rows[0][4]) == pytest.approx(30.0)  # 40004: +30 µs
         assert "4 paths, p50 spread 30.0 µs" in str(pair.query_one("#hist-label").render())
-        assert "h1-2 → h2-2" in str(pair.query_one("#drill-head", Static).render())
+        head = str(pair.query_one("#drill-head", Static).render())
+        assert "h1-2 → h2-2" in head and "queued 38 µs beyond its healthy delay" in head
         await pilot.press("x")  # the other direction: nothing stored for it
         await _until(pilot, lambda: "h2-2 → h1-2" in str(pair.query_one("#drill-head").render()),
                      "the other direction")  # fmt: skip
