@@ -259,7 +259,7 @@ class PairScreen(DrillScreen):
                         f"raw p50 {us(raw)} µs, raw p99 {us(p.get('owd_raw_p99_us'))} µs")  # fmt: skip
             queue = p.get("queue_us")
             if isinstance(queue, int | float):  # the detector judged a route of it slow
-                text.append(f"; queued {attribution.queue_text(queue)} beyond its healthy delay",
+                text.append(f"\nqueued {attribution.queue_text(queue)} beyond its healthy delay",
                             style="bold yellow")  # fmt: skip
         self.head(text)
 
