@@ -764,6 +764,10 @@ class PathDelays:
         # least MIN_PROBES of them): no window to judge, but the fullest queue of all
         self._dark: set[tuple[int, int]] = set()
         self._since: dict[tuple[str, str], int] = {}  # hop -> contended since (probe time)
+        # (src, dst) with a slow route the naming reads -> slow since (probe time), and
+        # those that held PERSIST_NS (or drop) -> their queue (ns): :meth:`pair_queues`
+        self._pair_since: dict[tuple[int, int], int] = {}
+        self._pair_queues: dict[tuple[int, int], float] = {}
         # a host's access link said -> (that host, the way that is full or None, what told it)
         self._ports: dict[str, tuple[int, str | None, str]] = {}
         self._port_said: dict[int, int] = {}  # host -> newest_ns its port was last said
@@ -809,19 +813,33 @@ class PathDelays:
 
     def pair_queues(self) -> dict[tuple[int, int], float]:
         """(src, dst) -> what the probes between two hosts waited in queues beyond their
-        healthy delay (ns), for each pair a route of which the newest pass judged slow
-        (:attr:`Windows.slow`: against that route's own healthy baseline, never under
-        ``FLOOR_NS``): the most its slow routes waited (:attr:`Windows.queue`). A pair
-        with no slow route is absent — a healthy fleet gives ``{}``, whatever its paths'
-        delays are (the TUI's amber is this verdict, not a fixed delay)."""
-        w = self._last_windows
-        w = w if isinstance(w, Windows) else Windows.of(w)
-        out: dict[tuple[int, int], float] = {}
-        slow = w.slow
-        for s, d, q in zip(w.src[slow].tolist(), w.dst[slow].tolist(), w.queue[slow].tolist(),
-                           strict=True):  # fmt: skip
-            out[(s, d)] = max(out.get((s, d), 0.0), q)
-        return out
+        healthy delay (ns), for each pair with a route the detector holds slow: judged slow
+        against that route's own healthy baseline (:attr:`Windows.slow`, never under
+        ``FLOOR_NS``) and settled, as the naming reads them, in every pass of the last
+        ``PERSIST_NS`` of probe time — as long as a hop must hold to be said — or dropping
+        (a full queue). The value is the most its slow routes waited (:attr:`Windows.queue`).
+        A healthy fleet gives ``{}``, whatever its paths' delays are (the TUI's amber is this
+        verdict, not a fixed delay), and so does a micro-burst that fills a queue for one
+        pass (seen under healthy jobs on 500-µs buffers: one route 25–31 µs slow for a
+        second, three times in 10 minutes, never named)."""
+        return dict(self._pair_queues)
+
+    def _hold_pairs(self, every: Windows) -> None:
+        """Note, after a pass, which pairs have a slow route and since when
+        (:meth:`pair_queues`); ``every``: the judged, settled routes the naming reads."""
+        now = self.newest_ns
+        slow = every.slow
+        queue: dict[tuple[int, int], float] = {}
+        dropping: set[tuple[int, int]] = set()
+        for s, d, q, drop in zip(every.src[slow].tolist(), every.dst[slow].tolist(),
+                                 every.queue[slow].tolist(), every.dropping[slow].tolist(),
+                                 strict=True):  # fmt: skip
+            queue[(s, d)] = max(queue.get((s, d), 0.0), q)
+            if drop:
+                dropping.add((s, d))
+        since = self._pair_since = {p: self._pair_since.get(p, now) for p in queue}
+        self._pair_queues = {p: q for p, q in queue.items()
+                             if now - since[p] >= PERSIST_NS or p in dropping}  # fmt: skip
 
     # ---- streamed probes -------------------------------------------------------------------
     def feed_probes(self, tx: np.ndarray, rx: np.ndarray, clocks: ClockState | None) -> None:
@@ -1129,6 +1147,7 @@ class PathDelays:
         wins = self._last_windows = wins if isinstance(wins, Windows) else Windows.of(list(wins))
         own = self._port_held(wins)
         every = own.take(own.judged & own.settled)
+        self._hold_pairs(every)
         trips = _round_trips(every)  # once per pass: the naming, holding and saying
         leads = _clock_leads(every)
         judged = self._looked_at(every)

@@ -191,13 +191,23 @@ def test_healthy_jitter_raises_nothing() -> None:
 def test_pairs_are_slow_only_while_a_route_of_theirs_queues_beyond_its_own_noise() -> None:
     """What the TUI's amber and ``clockmesh live``'s ``slow`` read: a healthy fleet has no
     slow pair, whatever its delays (8 µs and more here); a 300-µs queue into rack 2 makes
-    the pairs entering it slow, by about that queue, and no other pair; drained, none."""
+    the pairs entering it slow, by about that queue, and no other pair — once it held for
+    the second a hop must hold to be named (a queue seen in one pass only is a burst: no
+    amber for it, as no anomaly); drained, none."""
     f = _Fleet(seed=3)
     for _ in range(20):
         f.second({})
         f.delays.observations(0)
         assert f.delays.pair_queues() == {}
-    f.judge({("leaf2-spine1", "spine→leaf"): 300.0}, 3)
+    queue = {("leaf2-spine1", "spine→leaf"): 300.0}
+    f.judge(queue, 1)
+    assert f.delays.pair_queues() == {}  # one pass: not yet held
+    f.second({})
+    f.delays.observations(0)
+    assert f.delays.pair_queues() == {}  # the burst is over: never shown
+    f.judge(queue, 1)
+    assert f.delays.pair_queues() == {}  # held afresh from here
+    f.judge(queue, 2)
     slow = f.delays.pair_queues()
     assert slow and {f.host_rack[d] for _, d in slow} == {"leaf2"}, slow
     assert all(200e3 <= q <= 320e3 for q in slow.values()), slow
