@@ -51,6 +51,9 @@ def test_matches_faults_counts_false_alarms_and_localisation(tmp_path: Path) -> 
              "opened_ns": T0 + 61 * S, "detail": "{}"},
             {"anomaly_id": "a3", "kind": "flapping_link", "link": "h1-1-leaf1",
              "opened_ns": T0 + 210 * S, "detail": "{}"},  # in a clean stretch
+            # the same false alarm, its place refined while open: still one
+            {"anomaly_id": "a3", "kind": "flapping_link", "link": "h1-1-leaf1 or h1-2-leaf1",
+             "opened_ns": T0 + 210 * S, "updated_ns": T0 + 212 * S, "detail": "{}"},
         ],
     )  # fmt: skip
     r = evaluate([run])
