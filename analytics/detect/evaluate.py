@@ -87,13 +87,13 @@ def _anomalies(run: Path) -> list[dict[str, Any]]:
             # carried it (opened as unknown at t0, contention at t1: contention from t1);
             # one whose place was refined while open ("leaf1-spine1", then "leaf1-spine1 or
             # leaf2-spine1") counts once, placed where it was first said.
-            """SELECT anomaly_id, kind,
-                       arg_min(link, greatest(opened_ns, coalesce(updated_ns, 0))) AS link,
-                       arg_min(job_id, greatest(opened_ns, coalesce(updated_ns, 0))) AS job_id,
-                       min(greatest(opened_ns, coalesce(updated_ns, 0))) AS opened_ns,
-                       arg_max(detail, coalesce(updated_ns, 0)) AS detail
-                FROM anomalies WHERE opened_ns > 0 AND closed_ns = 0
-                GROUP BY anomaly_id, kind ORDER BY 5"""
+            """WITH said AS (
+                   SELECT *, greatest(opened_ns, coalesce(updated_ns, 0)) AS said_ns
+                   FROM anomalies WHERE opened_ns > 0 AND closed_ns = 0)
+               SELECT anomaly_id, kind, arg_min(link, said_ns) AS link,
+                      arg_min(job_id, said_ns) AS job_id, min(said_ns) AS opened_ns,
+                      arg_max(detail, coalesce(updated_ns, 0)) AS detail
+               FROM said GROUP BY anomaly_id, kind ORDER BY 5"""
         ).fetchall()
     finally:
         con.close()
