@@ -32,7 +32,9 @@ RoCE fabric's switch ports (``buffers=False``: unlimited links, as before).
 
 Every fault is written to ``DIR/truth.json`` with its class, place and wall-clock start
 and end (the same clock the ops box stamps anomalies with). The detector never reads it:
-``clockmesh detector eval DIR`` compares the anomalies in ``DIR/store`` with it.
+``clockmesh detector eval DIR`` compares the anomalies in ``DIR/store`` with it. The
+routers' FRR logs are kept in ``DIR/frr/<router>/`` (BGP and BFD session changes,
+timestamped: what explains a routing event once the lab is gone).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from __future__ import annotations
 import json
 import random
 import secrets
+import shutil
 import subprocess
 import time
 import urllib.request
@@ -309,7 +312,17 @@ class Scenario:
             fleet.stop(procs)
             fleet.stop_opsbox(opsbox)
             self._write(started, minutes)
+            self._keep_frr_logs()
         return self.out / "truth.json"
+
+    def _keep_frr_logs(self) -> None:
+        """Copy every router's FRR logs (BGP neighbour and BFD changes, timestamped) to
+        ``DIR/frr/<router>/``: the lab's state dir goes with the lab, and a routing event
+        the detector names (or that nobody injected) is explained by them."""
+        for log_file in sorted(self.lab.dir.glob("nodes/*/frr/*.out")):
+            dest = self.out / "frr" / log_file.parent.parent.name / log_file.name
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(log_file, dest)
 
     def _wait_shipping(self, url: str, hosts: int, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout

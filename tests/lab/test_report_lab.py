@@ -38,6 +38,10 @@ def test_report_over_a_scenario_run_matches_its_truth_and_renders(tmp_path: Path
     truth = json.loads((run / "truth.json").read_text())
     faults = {(f["label"], f["where"]) for f in truth["faults"] if f["label"] != "none"}
     assert faults, "the seed injected nothing"
+    # The routers' logs stay with the run (the lab is gone): the flap is in BGP's own words.
+    bgp_logs = {p.parent.name: p.read_text(errors="replace") for p in run.glob("frr/*/bgpd.out")}
+    assert {"spine1", "spine2", "leaf1"} <= set(bgp_logs), sorted(bgp_logs)
+    assert any("ADJCHANGE" in t and "Down" in t for t in bgp_logs.values()), "no session went down"
     out = tmp_path / "report"
     rep = subprocess.run(
         [str(BIN / "clockmesh"), "report", "--since", "1h", "--out", str(out), "--store",
