@@ -1,0 +1,108 @@
+"""Where contention's detection latency goes, from labelled runs already made.
+
+    .venv/bin/python benchmarks/bench_contention_stages.py RUN_DIR [RUN_DIR ...]
+
+For every `contention` fault in each run's ``truth.json`` (``lab scenario run``), three
+stages from its onset to the anomaly, all read from the run's store:
+
+- *queued*: onset → the first probe sent after it whose corrected one-way delay (``owd``)
+  is ≥ 100 µs over its path's (src, dst, source port) median of the 20 s before — the
+  queue is there and a probe has waited in it;
+- *shipped*: that probe → its receiver's next batch at the ops box (the first batch of
+  the receiving host created after the probe was sent; ``batches.received_ns``);
+- *judged*: that batch → the first `contention` anomaly opened in the fault's window
+  (2 s before its start to 15 s after its end, as ``clockmesh detector eval``).
+
+The three add up to the latency ``detector eval`` reports. Send times are on the mesh's
+reference clock, the rest on the ops box's (in the lab one kernel clock, skewed by each
+collector by at most milliseconds). Prints the machine it ran on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import duckdb
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.machine import describe
+
+QUEUED_NS = 100_000  # a probe that waited at least this long over its path's median
+BEFORE_NS = 20_000_000_000  # the path's healthy median is taken over this much before onset
+STAGES = ("queued", "shipped", "judged", "total")
+
+
+def _table(store: Path, name: str) -> str:
+    return f"read_parquet('{store / name}/**/*.parquet', union_by_name=true)"
+
+
+def stages(run: Path) -> list[tuple[str, str, list[float]]]:
+    """[(kind, where, [queued, shipped, judged, total] seconds)] of one run's contention."""
+    truth = json.loads((run / "truth.json").read_text())
+    store = run / "store"
+    con = duckdb.connect()
+    out = []
+    for f in truth["faults"]:
+        if f["label"] != "contention":
+            continue
+        s0, s1 = int(f["start_ns"]), int(f["end_ns"])
+        opened = con.execute(
+            f"SELECT min(opened_ns) FROM {_table(store, 'anomalies')} WHERE kind = 'contention' "
+            f"AND opened_ns BETWEEN {s0 - 2_000_000_000} AND {s1 + 15_000_000_000}"
+        ).fetchone()
+        first = con.execute(
+            f"""WITH o AS (SELECT * FROM {_table(store, "owd")}
+                           WHERE ts_ns BETWEEN {s0 - BEFORE_NS} AND {s1}),
+                base AS (SELECT src, dst, sport, median(owd_ns) AS m FROM o
+                         WHERE ts_ns < {s0} GROUP BY ALL)
+            SELECT o.dst, o.ts_ns FROM o JOIN base USING (src, dst, sport)
+            WHERE o.ts_ns >= {s0} AND o.owd_ns - base.m >= {QUEUED_NS}
+            ORDER BY o.ts_ns LIMIT 1"""
+        ).fetchone()
+        if not opened or opened[0] is None or first is None:
+            print(f"{run.name}: {f['where']}: no anomaly or no queued probe (not counted)")
+            continue
+        dst, sent = first
+        got = con.execute(
+            f"SELECT min(received_ns) FROM {_table(store, 'batches')} "
+            f"WHERE host_id = {dst} AND created_ns > {sent}"
+        ).fetchone()
+        if got is None or got[0] is None:
+            print(f"{run.name}: {f['where']}: the queued probe's batch is not stored")
+            continue
+        arrived = got[0]
+        t = [(sent - s0) / 1e9, (arrived - sent) / 1e9, (opened[0] - arrived) / 1e9]
+        out.append((f["kind"], f["where"], [*t, (opened[0] - s0) / 1e9]))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs", nargs="+", type=Path, help="run directories (truth.json, store/)")
+    args = ap.parse_args()
+    for run in args.runs:
+        if not (run / "truth.json").is_file() or not (run / "store").is_dir():
+            ap.error(f"{run}: expected a `lab scenario run` directory (truth.json and store/)")
+    print(describe(duckdb=duckdb.__version__))
+    every: list[list[float]] = []
+    for run in args.runs:
+        for kind, where, t in stages(run):
+            every.append(t)
+            print(f"{run.name} {kind:15s} {where:14s} "
+                  + "  ".join(f"{n} {v:5.2f}" for n, v in zip(STAGES, t, strict=True)))  # fmt: skip
+    if not every:
+        print("no contention fault with an anomaly in these runs")
+        return
+    print(f"{len(every)} contention faults, seconds:")
+    for i, name in enumerate(STAGES):
+        v = [t[i] for t in every]
+        print(f"  {name:8s} median {statistics.median(v):.2f}  min {min(v):.2f}  max {max(v):.2f}")
+
+
+if __name__ == "__main__":
+    main()
