@@ -8,8 +8,8 @@ stages from its onset to the anomaly, all read from the run's store:
 - *queued*: onset → the first probe sent after it whose corrected one-way delay (``owd``)
   is ≥ 100 µs over its path's (src, dst, source port) median of the 20 s before — the
   queue is there and a probe has waited in it;
-- *shipped*: that probe → its receiver's next batch at the ops box (the first batch of
-  the receiving host created after the probe was sent; ``batches.received_ns``);
+- *shipped*: that probe → the batch holding it at the ops box (``batches.received_ns`` of
+  the receiver's segment open when it wrote the probe down: :func:`_arrival`);
 - *judged*: that batch → the first `contention` anomaly opened in the fault's window
   (2 s before its start to 15 s after its end, as ``clockmesh detector eval``).
 
@@ -35,10 +35,36 @@ from benchmarks.machine import describe
 QUEUED_NS = 100_000  # a probe that waited at least this long over its path's median
 BEFORE_NS = 20_000_000_000  # the path's healthy median is taken over this much before onset
 STAGES = ("queued", "shipped", "judged", "total")
+FLUSH_NS = 300_000_000  # collector.agent.FLUSH_S: received probes are written at a drain
 
 
 def _table(store: Path, name: str) -> str:
     return f"read_parquet('{store / name}/**/*.parquet', union_by_name=true)"
+
+
+def _arrival(
+    con: duckdb.DuckDBPyConnection, store: Path, src: int, seq: int, dst: int
+) -> int | None:
+    """When the batch holding probe (src, seq) reached the ops box. The receiver writes
+    it into the segment open at its next socket drain (every ``FLUSH_S``, 0.3 s); a
+    segment's ``created_ns`` is when it was opened, on the receiver's clock as ``rx_ns``
+    is. A segment opened within 0.3 s after the receive was opened at that drain (the
+    one before had rolled), else the probe is in the one open at the receive."""
+    rx = con.execute(
+        f"SELECT min(rx_ns) FROM {_table(store, 'probe_rx')} WHERE src = {src} AND seq = {seq}"
+    ).fetchone()
+    if rx is None or rx[0] is None:
+        return None
+    segs = con.execute(
+        f"SELECT created_ns, received_ns FROM {_table(store, 'batches')} WHERE host_id = {dst} "
+        f"AND created_ns BETWEEN {rx[0] - 5_000_000_000} AND {rx[0] + 5_000_000_000} "
+        "ORDER BY created_ns"
+    ).fetchall()
+    before = [r for c, r in segs if c <= rx[0]]
+    after = [(c, r) for c, r in segs if c > rx[0]]
+    if after and after[0][0] - rx[0] < FLUSH_NS:
+        return int(after[0][1])
+    return int(before[-1]) if before else None
 
 
 def stages(run: Path) -> list[tuple[str, str, list[float]]]:
@@ -60,22 +86,18 @@ def stages(run: Path) -> list[tuple[str, str, list[float]]]:
                            WHERE ts_ns BETWEEN {s0 - BEFORE_NS} AND {s1}),
                 base AS (SELECT src, dst, sport, median(owd_ns) AS m FROM o
                          WHERE ts_ns < {s0} GROUP BY ALL)
-            SELECT o.dst, o.ts_ns FROM o JOIN base USING (src, dst, sport)
+            SELECT o.src, o.seq, o.dst, o.ts_ns FROM o JOIN base USING (src, dst, sport)
             WHERE o.ts_ns >= {s0} AND o.owd_ns - base.m >= {QUEUED_NS}
             ORDER BY o.ts_ns LIMIT 1"""
         ).fetchone()
         if not opened or opened[0] is None or first is None:
             print(f"{run.name}: {f['where']}: no anomaly or no queued probe (not counted)")
             continue
-        dst, sent = first
-        got = con.execute(
-            f"SELECT min(received_ns) FROM {_table(store, 'batches')} "
-            f"WHERE host_id = {dst} AND created_ns > {sent}"
-        ).fetchone()
-        if got is None or got[0] is None:
+        src, seq, dst, sent = first
+        arrived = _arrival(con, store, src, seq, dst)
+        if arrived is None:
             print(f"{run.name}: {f['where']}: the queued probe's batch is not stored")
             continue
-        arrived = got[0]
         t = [(sent - s0) / 1e9, (arrived - sent) / 1e9, (opened[0] - arrived) / 1e9]
         out.append((f["kind"], f["where"], [*t, (opened[0] - s0) / 1e9]))
     return out
