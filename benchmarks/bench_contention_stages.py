@@ -10,8 +10,8 @@ stages from its onset to the anomaly, all read from the run's store:
   queue is there and a probe has waited in it;
 - *shipped*: that probe → the batch holding it at the ops box (``batches.received_ns`` of
   the receiver's segment open when it wrote the probe down: :func:`_arrival`);
-- *judged*: that batch → the first `contention` anomaly opened in the fault's window
-  (2 s before its start to 15 s after its end, as ``clockmesh detector eval``).
+- *judged*: that batch → the first `contention` anomaly in the fault's window, timed as
+  ``clockmesh detector eval`` times it (:mod:`analytics.detect.evaluate`).
 
 The three add up to the latency ``detector eval`` reports. Send times are on the mesh's
 reference clock, the rest on the ops box's (in the lab one kernel clock, skewed by each
@@ -30,33 +30,29 @@ import duckdb
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from analytics.detect.evaluate import fault_window, stored_anomalies
+from analytics.store.catalog import connect_views
 from benchmarks.machine import describe
 
 QUEUED_NS = 100_000  # a probe that waited at least this long over its path's median
-BEFORE_NS = 20_000_000_000  # the path's healthy median is taken over this much before onset
+BASELINE_NS = 20_000_000_000  # the path's healthy median is taken over this much before onset
 STAGES = ("queued", "shipped", "judged", "total")
 FLUSH_NS = 300_000_000  # collector.agent.FLUSH_S: received probes are written at a drain
 
 
-def _table(store: Path, name: str) -> str:
-    return f"read_parquet('{store / name}/**/*.parquet', union_by_name=true)"
-
-
-def _arrival(
-    con: duckdb.DuckDBPyConnection, store: Path, src: int, seq: int, dst: int
-) -> int | None:
+def _arrival(con: duckdb.DuckDBPyConnection, src: int, seq: int, dst: int) -> int | None:
     """When the batch holding probe (src, seq) reached the ops box. The receiver writes
     it into the segment open at its next socket drain (every ``FLUSH_S``, 0.3 s); a
     segment's ``created_ns`` is when it was opened, on the receiver's clock as ``rx_ns``
     is. A segment opened within 0.3 s after the receive was opened at that drain (the
     one before had rolled), else the probe is in the one open at the receive."""
     rx = con.execute(
-        f"SELECT min(rx_ns) FROM {_table(store, 'probe_rx')} WHERE src = {src} AND seq = {seq}"
+        f"SELECT min(rx_ns) FROM probe_rx WHERE src = {src} AND seq = {seq}"
     ).fetchone()
     if rx is None or rx[0] is None:
         return None
     segs = con.execute(
-        f"SELECT created_ns, received_ns FROM {_table(store, 'batches')} WHERE host_id = {dst} "
+        f"SELECT created_ns, received_ns FROM batches WHERE host_id = {dst} "
         f"AND created_ns BETWEEN {rx[0] - 5_000_000_000} AND {rx[0] + 5_000_000_000} "
         "ORDER BY created_ns"
     ).fetchall()
@@ -70,36 +66,33 @@ def _arrival(
 def stages(run: Path) -> list[tuple[str, str, list[float]]]:
     """[(kind, where, [queued, shipped, judged, total] seconds)] of one run's contention."""
     truth = json.loads((run / "truth.json").read_text())
-    store = run / "store"
-    con = duckdb.connect()
+    opened_at = [a["opened_ns"] for a in stored_anomalies(run) if a["kind"] == "contention"]
+    con = connect_views(run / "store", only=["owd", "probe_rx", "batches"])
     out = []
     for f in truth["faults"]:
         if f["label"] != "contention":
             continue
+        lo, hi = fault_window(f)
+        opened = min((t for t in opened_at if lo <= t <= hi), default=None)
         s0, s1 = int(f["start_ns"]), int(f["end_ns"])
-        opened = con.execute(
-            f"SELECT min(opened_ns) FROM {_table(store, 'anomalies')} WHERE kind = 'contention' "
-            f"AND opened_ns BETWEEN {s0 - 2_000_000_000} AND {s1 + 15_000_000_000}"
-        ).fetchone()
         first = con.execute(
-            f"""WITH o AS (SELECT * FROM {_table(store, "owd")}
-                           WHERE ts_ns BETWEEN {s0 - BEFORE_NS} AND {s1}),
+            f"""WITH o AS (SELECT * FROM owd WHERE ts_ns BETWEEN {s0 - BASELINE_NS} AND {s1}),
                 base AS (SELECT src, dst, sport, median(owd_ns) AS m FROM o
                          WHERE ts_ns < {s0} GROUP BY ALL)
             SELECT o.src, o.seq, o.dst, o.ts_ns FROM o JOIN base USING (src, dst, sport)
             WHERE o.ts_ns >= {s0} AND o.owd_ns - base.m >= {QUEUED_NS}
             ORDER BY o.ts_ns LIMIT 1"""
         ).fetchone()
-        if not opened or opened[0] is None or first is None:
+        if opened is None or first is None:
             print(f"{run.name}: {f['where']}: no anomaly or no queued probe (not counted)")
             continue
         src, seq, dst, sent = first
-        arrived = _arrival(con, store, src, seq, dst)
+        arrived = _arrival(con, src, seq, dst)
         if arrived is None:
             print(f"{run.name}: {f['where']}: the queued probe's batch is not stored")
             continue
-        t = [(sent - s0) / 1e9, (arrived - sent) / 1e9, (opened[0] - arrived) / 1e9]
-        out.append((f["kind"], f["where"], [*t, (opened[0] - s0) / 1e9]))
+        t = [(sent - s0) / 1e9, (arrived - sent) / 1e9, (opened - arrived) / 1e9]
+        out.append((f["kind"], f["where"], [*t, (opened - s0) / 1e9]))
     return out
 
 

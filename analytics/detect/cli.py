@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from analytics.detect.evaluate import EvalError, evaluate, render
+from analytics.detect.evaluate import GRACE_NS, EvalError, evaluate, render
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -21,7 +21,7 @@ def detector() -> None:
     "--grace",
     "grace_s",
     type=click.FloatRange(min=0),
-    default=15.0,
+    default=GRACE_NS / 1e9,
     show_default=True,
     help="Seconds after a fault ends in which its anomaly still counts.",
 )

@@ -29,6 +29,7 @@ from analytics.store.catalog import connect_views
 CLASSES = ("flapping_link", "roce_v1_job", "contention", "silent_drop")
 LABELS = (*CLASSES, "none")
 BEFORE_NS = 2_000_000_000
+GRACE_NS = 15_000_000_000  # an anomaly this long after a fault's end still counts for it
 
 
 class EvalError(Exception):
@@ -73,7 +74,9 @@ class Report:
         }
 
 
-def _anomalies(run: Path) -> list[dict[str, Any]]:
+def stored_anomalies(run: Path) -> list[dict[str, Any]]:
+    """Every anomaly of a run's store, as counted: per (anomaly, class), placed and timed
+    (``opened_ns``) where it was first said."""
     store = run / "store"
     if not (store / "anomalies").is_dir():
         raise EvalError(f"{run}: no store with an anomalies table (store/anomalies/)")
@@ -114,7 +117,13 @@ def _names(a: dict[str, Any]) -> set[str]:
     return {a["link"], a["job_id"], *a["evidence"].get("candidates", [])} - {""}
 
 
-def evaluate(runs: list[Path], grace_s: float = 15.0) -> Report:
+def fault_window(fault: dict[str, Any], grace_ns: int = GRACE_NS) -> tuple[int, int]:
+    """The span in which an anomaly counts for a fault of ``truth.json`` (ns): from
+    ``BEFORE_NS`` before its start to ``grace_ns`` after its end."""
+    return fault["start_ns"] - BEFORE_NS, (fault["end_ns"] or fault["start_ns"]) + grace_ns
+
+
+def evaluate(runs: list[Path], grace_s: float = GRACE_NS / 1e9) -> Report:
     report = Report()
     grace_ns = int(grace_s * 1e9)
     for run in runs:
@@ -123,11 +132,11 @@ def evaluate(runs: list[Path], grace_s: float = 15.0) -> Report:
             faults = truth["faults"]
         except (OSError, ValueError, KeyError) as exc:
             raise EvalError(f"{run}: no readable truth.json ({exc})") from None
-        anomalies = [a for a in _anomalies(run) if a["kind"] in KINDS]
+        anomalies = [a for a in stored_anomalies(run) if a["kind"] in KINDS]
         report.runs += 1
         used: set[str] = set()
         for f in faults:
-            lo, hi = f["start_ns"] - BEFORE_NS, (f["end_ns"] or f["start_ns"]) + grace_ns
+            lo, hi = fault_window(f, grace_ns)
             inside = [a for a in anomalies if lo <= a["opened_ns"] <= hi]
             label = f["label"]
             if label == "none":
