@@ -319,10 +319,12 @@ class Scenario:
         """Copy every router's FRR logs (BGP neighbour and BFD changes, timestamped) to
         ``DIR/frr/<router>/``: the lab's state dir goes with the lab, and a routing event
         the detector names (or that nobody injected) is explained by them."""
-        for log_file in sorted(self.lab.dir.glob("nodes/*/frr/*.out")):
-            dest = self.out / "frr" / log_file.parent.parent.name / log_file.name
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(log_file, dest)
+        topo = self.lab.topology
+        for r in (*topo.leaves, *topo.spines):  # where Lab._start_frr has them log
+            for log_file in sorted((self.lab.node_dir(r.name) / "frr").glob("*.out")):
+                dest = self.out / "frr" / r.name / log_file.name
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(log_file, dest)
 
     def _wait_shipping(self, url: str, hosts: int, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
