@@ -361,10 +361,10 @@ def test_spine_side_flaps_of_every_fabric_link_are_measured_to_a_third_of_a_seco
     """Spine-side downs of 1, 2, 3 and 5 s on every leaf–spine link in turn.
 
     An outage is the time the link's paths were unusable: from the link going down until
-    the fabric routes over it again. BGP re-learns a returned link 1.3–2.4 s after it is up
-    (BFD's slow start and the session's re-establishment); until then no traffic crosses
-    it, so that time counts. The truth here is the lab's own FIBs, polled every ~30 ms.
-    Each reported outage must lie within 0.3 s of it, and no anomaly but the flapped
+    the fabric routes over it again (BGP re-learns a returned link ~0.1 s after it is up;
+    until then no traffic crosses it, so that time counts). Each reported outage must lie
+    within 0.3 s of the lab's own FIBs, polled every ~30 ms, and — where the routers
+    re-learned it within ``RELEARN_S`` — of the injected down; no anomaly but the flapped
     link's may be open. Every rack keeps its other spine, so a job crossing the link loses
     only the reroute: the reported reroute must be a true bound of the FIBs' own, and the
     verdict against the limit in force (``evidence.collective_kill_s``: no job runs, the
@@ -422,6 +422,9 @@ def test_jobs_crossing_a_fabric_link_routed_around_are_judged_on_the_reroute(
     print("\n".join(report))
 
 
+RELEARN_S = 0.2  # the lab's routers route over a returned link within this (lab/frr.py)
+
+
 def _flap(
     lab: Lab,
     live: Callable[[], dict[str, Any]],
@@ -468,7 +471,9 @@ def _flap(
                     named_after = time.monotonic() - t0
                 time.sleep(0.05)
         finally:
+            before = time.monotonic()
             ip("up")
+            injected = (before + time.monotonic()) / 2 - t0  # how long it was really down
         assert not routing, f"{link.name}: the fabric never routed around it"
         _wait(routed, 20, f"{link.name} routed over again", every=0.0)
         truth = time.monotonic() - t0
@@ -488,13 +493,20 @@ def _flap(
         got = ev["outages_s"][-1]
         reroute = ev["reroutes_s"][-1]
         report.append(
-            f"{link.name} down {down_s:g} s: paths unusable {truth:.2f} s, reported "
+            f"{link.name} down {down_s:g} s ({injected:.2f} s): paths unusable {truth:.2f} s, reported "
             f"{got:.2f} s (±{ev['outage_error_s']:.2f}), named after "
             f"{'-' if named_after is None else f'{named_after:.2f} s'}; FIBs routed "
             f"around it after {still_routed:.2f} s, reroute reported within {reroute} s"
         )
         print(report[-1])
-        assert abs(got - truth) <= 0.3, report[-1]
+        assert abs(got - truth) <= 0.3, report[-1]  # the paths' own outage
+        # and the link's, where the lab's routers re-learned it in their usual ~0.1 s (now and
+        # then FRR 8.4 drops a session it just made, "No AFI/SAFI activated for peer", and
+        # re-makes it ~0.6 s later: the paths are lost that long, and so reported)
+        if truth - injected <= RELEARN_S:
+            assert abs(got - injected) <= 0.3, report[-1]
+        else:
+            report[-1] += f" [routers re-learned it {truth - injected:.2f} s after it was up]"
         anomaly_id = anomaly_id or a["anomaly_id"]
         assert a["anomaly_id"] == anomaly_id, "every flap of a link on its one anomaly"
         assert ev["candidates"] == [link.name] and ev["flaps"] == base + n, ev

@@ -56,6 +56,10 @@ def test_bgpd_config_peers_every_fabric_neighbour_with_bfd_and_ecmp() -> None:
     spine = frr.bgpd_config(topo, frr.router(topo, "spine1"))
     assert "router bgp 65000" in spine and "  network" not in spine  # spines originate nothing
     assert spine.count("peer-group fabric\n") == 3
+    # a returned link is re-learned at once: no update coalescing, and only the spine
+    # connects (two eager ends collide, and FRR sometimes re-makes the session ~0.5 s later)
+    assert " coalesce-time 0" in text and " coalesce-time 0" in spine
+    assert " neighbor fabric passive" in text and "passive" not in spine
     bfd = frr.bfdd_config(leaf)
     assert "receive-interval 100" in bfd and "detect-multiplier 3" in bfd
 
