@@ -45,14 +45,16 @@ SPINE_ASN = 65000
 # default 1 s, meant for routers with hundreds of peers); and only the spine connects
 # (``neighbor passive`` on leaves): when both ends did, FRR 8.4 resolving the collision now
 # and then tore the new session down again and re-made it ~0.5 s later. With FRR's defaults
-# a returned link stayed unused 1.3–2.6 s after it was up.
+# a returned link stayed unused 1.3–2.6 s after it was up. Still, now and then, it comes back
+# late: FRR drops a session it just made ("No AFI/SAFI activated for peer") or the spine's
+# first connect fails, and the session is re-made 0.6–0.9 s after the link is up.
 BFD_INTERVAL_MS = 100
 BFD_MULTIPLIER = 3
 BGP_KEEPALIVE_S = 1
 BGP_HOLD_S = 3
 BGP_CONNECT_RETRY_S = 1
 # The routers' daemons run at a higher priority than the lab's hosts (collectors, jobs, load):
-# on a busy 2-core machine an unprioritised bgpd re-advertised a returned link up to ~0.3 s late
+# on a busy 2-core machine an unprioritised bgpd re-advertised a returned link up to ~0.4 s late
 # (1 of 10 flaps under three busy loops; 0 of 14 reniced).
 FRR_NICE = -10
 
@@ -83,6 +85,11 @@ def router(topo: Topology, name: str) -> Router:
     raise KeyError(f"no router named {name!r} in lab {topo.lab!r}")
 
 
+def _head(r: Router) -> str:
+    """The first lines of each daemon's config: its router's name, log times to the ms."""
+    return f"hostname {r.name}\nlog timestamp precision 3\n"
+
+
 def bgpd_config(topo: Topology, r: Router) -> str:
     """bgpd's configuration for one router (eBGP to every fabric neighbour, BFD, ECMP)."""
     links = fabric_links(topo, r.name)
@@ -90,8 +97,7 @@ def bgpd_config(topo: Topology, r: Router) -> str:
     peers = [lk.b if lk.a.node == r.name else lk.a for lk in links]
     lines = [
         "frr defaults datacenter",
-        f"hostname {r.name}",
-        "log timestamp precision 3",
+        *_head(r).splitlines(),
         "!",
         f"router bgp {asn(r)}",
         f" bgp router-id {mine[0].address}",
@@ -124,9 +130,7 @@ def bgpd_config(topo: Topology, r: Router) -> str:
 
 def bfdd_config(r: Router) -> str:
     return (
-        f"hostname {r.name}\n"
-        "log timestamp precision 3\n"
-        "!\n"
+        _head(r) + "!\n"
         "bfd\n"
         " profile fabric\n"
         f"  detect-multiplier {BFD_MULTIPLIER}\n"
@@ -142,7 +146,7 @@ def zebra_config(r: Router) -> str:
     # Routes go to the kernel as plain multipath routes, not nexthop objects: with kernel
     # nexthop groups, FRR 8.4 sometimes leaves a group shrunk after a link flap (the route
     # stays on one spine although BGP has both paths again).
-    return f"hostname {r.name}\nlog timestamp precision 3\n!\nno zebra nexthop kernel enable\n!\n"
+    return _head(r) + "!\nno zebra nexthop kernel enable\n!\n"
 
 
 def require_installed() -> None:

@@ -438,10 +438,14 @@ def _flap(
     jobs running across it (none: the defaults assumed); ``beside``: the kind of anomaly
     that may not be open beside the link's (all kinds: ""). Returns the last evidence."""
 
-    def ip(state: str) -> None:
+    def ip(state: str) -> float:
+        """Set the spine's end down or up; when it happened (the midpoint of the command's
+        own few milliseconds)."""
         spine = link.b
+        before = time.monotonic()
         subprocess.run(["ip", "-n", spine.namespace, "link", "set", spine.interface, state],
                        check=True)  # fmt: skip
+        return (before + time.monotonic()) / 2
 
     def routed() -> bool:
         return _routes_over(lab, link)
@@ -455,9 +459,7 @@ def _flap(
         named_after = None
         still_routed = 0.0
         try:
-            before = time.monotonic()
-            ip("down")
-            t0 = (before + time.monotonic()) / 2  # the command's own few milliseconds
+            t0 = ip("down")
             routing = True
             while time.monotonic() - t0 < down_s:  # the injection; watch it get named
                 if routing:  # the FIBs still route over it: its flows still lose packets
@@ -471,9 +473,7 @@ def _flap(
                     named_after = time.monotonic() - t0
                 time.sleep(0.05)
         finally:
-            before = time.monotonic()
-            ip("up")
-            injected = (before + time.monotonic()) / 2 - t0  # how long it was really down
+            injected = ip("up") - t0  # how long it was really down
         assert not routing, f"{link.name}: the fabric never routed around it"
         _wait(routed, 20, f"{link.name} routed over again", every=0.0)
         truth = time.monotonic() - t0
