@@ -367,15 +367,21 @@ class Lab:
         raise LabError("no free management /24 left in 198.19.0.0/16 (254 labs up?)")
 
     def _wire(self, topo: Topology, h: dict[str, IPRoute], slot: int, alias: str) -> None:
-        # 1. veth pairs, created directly with their ends in the two namespaces.
-        for link in topo.links:
+        # 1. veth pairs, created directly with their ends in the two namespaces, each end
+        #    numbered so that the kernel reports its carrier at once (plan.link_ifindexes).
+        #    pyroute2's ``peer=`` takes no ifindex: the link info is spelled out.
+        for k, link in enumerate(topo.links):
+            a_index, b_index = plan.link_ifindexes(k)
             fd = _ns_fd(link.a.namespace)
             try:
+                peer_attrs = [("IFLA_IFNAME", link.a.interface), ("IFLA_NET_NS_FD", fd)]
+                peer = {"index": a_index, "attrs": peer_attrs}
+                info = {"attrs": [("VETH_INFO_PEER", peer)]}
                 h[link.b.namespace].link(
                     "add",
                     ifname=link.b.interface,
-                    kind="veth",
-                    peer={"ifname": link.a.interface, "net_ns_fd": fd},
+                    index=b_index,
+                    IFLA_LINKINFO={"attrs": [("IFLA_INFO_KIND", "veth"), ("IFLA_INFO_DATA", info)]},
                 )
             finally:
                 os.close(fd)

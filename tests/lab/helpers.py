@@ -49,6 +49,32 @@ def spine_for(lab: Any, src: str, dst: str, sport: int, dport: int | None = None
     )
 
 
+def routes_over(lab: Any, link: Any) -> bool:
+    """Does the fabric route over this leaf–spine link (ground truth, from the lab's own
+    FIBs, read with ``ip route``: ~10 ms a read)? Its leaf reaches another rack through its
+    spine, or another leaf reaches its rack through that spine."""
+    topo = lab.topology
+    leaves = {r.name: r for r in topo.leaves}
+    leaf = leaves[link.a.node]
+
+    def via(namespace: str, prefix: str, gateway: str) -> bool:
+        out = subprocess.run(["ip", "-n", namespace, "-4", "route", "show", prefix],
+                             capture_output=True, text=True, check=True).stdout  # fmt: skip
+        return any(
+            f"via {gateway} " in line and "linkdown" not in line and "dead" not in line
+            for line in out.splitlines()
+        )
+
+    others = [r for r in topo.leaves if r is not leaf]
+    if any(via(leaf.namespace, r.subnet or "", link.b.address) for r in others):
+        return True
+    return any(
+        via(leaves[lk.a.node].namespace, leaf.subnet or "", lk.b.address)
+        for lk in topo.links
+        if lk.kind == "fabric" and lk.b.node == link.b.node and lk.a.node != leaf.name
+    )
+
+
 @contextlib.contextmanager
 def opsbox_fleet(
     lab: Any,

@@ -24,7 +24,7 @@ from analytics.detect.flaps import ASSUMED_LIMIT_S
 from collector.job_nccl import qp_limit_s
 from lab import faults, jobgen
 from lab.fabric import Lab
-from tests.lab.helpers import opsbox_fleet, spine_for, wait_for
+from tests.lab.helpers import opsbox_fleet, routes_over, spine_for, wait_for
 
 pytestmark = [pytest.mark.root, pytest.mark.lab]
 
@@ -329,32 +329,6 @@ def test_two_jobs_hashed_onto_one_spine_slow_each_other_and_the_link_is_named(
     assert blamed == [], f"RoCE v2 jobs paged as RoCE v1 after contention: {blamed[:2]}"
 
 
-def _routes_over(lab: Lab, link: Any) -> bool:
-    """Does the fabric route over this leaf–spine link (ground truth, from the lab's own
-    FIBs, read with ``ip route``: ~10 ms a read)? Its leaf reaches another rack through its
-    spine, or another leaf reaches its rack through that spine."""
-    topo = lab.topology
-    leaves = {r.name: r for r in topo.leaves}
-    leaf = leaves[link.a.node]
-
-    def via(namespace: str, prefix: str, gateway: str) -> bool:
-        out = subprocess.run(["ip", "-n", namespace, "-4", "route", "show", prefix],
-                             capture_output=True, text=True, check=True).stdout  # fmt: skip
-        return any(
-            f"via {gateway} " in line and "linkdown" not in line and "dead" not in line
-            for line in out.splitlines()
-        )
-
-    others = [r for r in topo.leaves if r is not leaf]
-    if any(via(leaf.namespace, r.subnet or "", link.b.address) for r in others):
-        return True
-    return any(
-        via(leaves[lk.a.node].namespace, leaf.subnet or "", lk.b.address)
-        for lk in topo.links
-        if lk.kind == "fabric" and lk.b.node == link.b.node and lk.a.node != leaf.name
-    )
-
-
 def test_spine_side_flaps_of_every_fabric_link_are_measured_to_a_third_of_a_second(
     opsbox: dict[str, Any],
 ) -> None:
@@ -448,7 +422,7 @@ def _flap(
         return (before + time.monotonic()) / 2
 
     def routed() -> bool:
-        return _routes_over(lab, link)
+        return routes_over(lab, link)
 
     truths: list[float] = []
     rerouted_by: list[float] = []  # the FIBs routed around it only after this (lower bound)

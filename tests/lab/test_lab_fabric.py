@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 import pytest
@@ -12,12 +13,24 @@ from lab.status import link_states
 pytestmark = [pytest.mark.root, pytest.mark.lab]
 
 
+def _ifindexes(namespace: str, interface: str) -> tuple[int, int]:
+    """An interface's own ifindex and its peer's (``ip -j link``)."""
+    out = subprocess.run(["ip", "-n", namespace, "-j", "link", "show", "dev", interface],
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    info = json.loads(out)[0]
+    return int(info["ifindex"]), int(info["link_index"])
+
+
 def test_every_node_exists_and_links_are_up(small_lab: Lab) -> None:
     topo = small_lab.topology
     st = small_lab.status()
     assert st.namespaces_expected == 9 and len(st.namespaces_present) == 9
     assert st.bridge_exists
     assert all(lk.up for lk in link_states(topo, set(st.namespaces_present)))
+    # no end of a link is numbered like its peer (the kernel would batch its carrier changes)
+    for lk in topo.links:
+        a, b = (_ifindexes(e.namespace, e.interface) for e in (lk.a, lk.b))
+        assert a == b[::-1] and a[0] != a[1], (lk.name, a, b)
     # /sys/class/net inside a host shows that namespace's interfaces, not the root's
     out = small_lab.exec("h1-1", ["ls", "/sys/class/net"], capture_output=True, text=True)
     assert out.returncode == 0
