@@ -45,9 +45,12 @@ SPINE_ASN = 65000
 # default 1 s, meant for routers with hundreds of peers); and only the spine connects
 # (``neighbor passive`` on leaves): when both ends did, FRR 8.4 resolving the collision now
 # and then tore the new session down again and re-made it ~0.5 s later. With FRR's defaults
-# a returned link stayed unused 1.3–2.6 s after it was up. Still, now and then, it comes back
-# late: FRR drops a session it just made ("No AFI/SAFI activated for peer") or the spine's
-# first connect fails, and the session is re-made 0.6–0.9 s after the link is up.
+# a returned link stayed unused 1.3–2.6 s after it was up. Still, now and then (3 of 120
+# spine-side downs in the flap lab test), it comes back late, an FRR 8.4 race: the leaf
+# accepts the spine's connection while an event of its own passive peer is queued (its
+# next-hop update for the returned link, or its connect-retry timer); that event is applied
+# to the session just moved onto the peer and tears it down ("No AFI/SAFI activated for
+# peer", the stale reason of the accepting stub), and the spine re-makes it 0.6–0.9 s later.
 BFD_INTERVAL_MS = 100
 BFD_MULTIPLIER = 3
 BGP_KEEPALIVE_S = 1
