@@ -194,7 +194,11 @@ def run(
                 "sent": (st1["probes_sent"] - st0["probes_sent"]) / wall,
                 "recv": (st1["probes_received"] - st0["probes_received"]) / wall,
                 "echo": (st1["echoes_received"] - st0["echoes_received"]) / wall,
-                "rejected": sum(st1["rejected"].values()),
+                "rejected": {  # in the window, by reason (the status counts since start)
+                    k: v - st0["rejected"].get(k, 0)
+                    for k, v in st1["rejected"].items()
+                    if v - st0["rejected"].get(k, 0)
+                },
                 "tx_kernel": st1["tx_timestamps"]["kernel"],
                 "tx_user": st1["tx_timestamps"]["user"],
                 "acked": [x["segments_acked"] for x in st1["shipping"]["boxes"]],
@@ -222,7 +226,9 @@ def report(title: str, r: dict[str, Any]) -> None:
         f"echoes received/s: {r['echo']:.0f}"
     )
     print(
-        f"  rejected: {r['rejected']}  kernel TX timestamps: {r['tx_kernel']}  "
+        f"  rejected in the window: {sum(r['rejected'].values())}"
+        f"{' (' + ', '.join(f'{k} {v}' for k, v in sorted(r['rejected'].items())) + ')' if r['rejected'] else ''}"
+        f"  kernel TX timestamps: {r['tx_kernel']}  "
         f"user: {r['tx_user']}  segments acked per box: {r['acked']}  "
         f"spool waiting: {r['waiting']}"
     )

@@ -313,7 +313,7 @@ class Collector:
         if mesh is not None:
             for name in ("probes_sent", "probes_received", "echoes_sent", "echoes_received",
                          "traces_sent", "trace_answers", "path_changes",
-                         "watch_traces"):  # fmt: skip
+                         "watch_traces", "traces_arrived"):  # fmt: skip
                 values[name] = mesh.stats[name]
             values["tx_ts_kernel"] = mesh.stats["tx_ts_kernel"]
             values["tx_ts_user"] = mesh.stats["tx_ts_user"]

@@ -30,6 +30,8 @@ log = logging.getLogger("clockmesh.collector.probe")
 # whose hop it is answers it, and it never reaches a collector (other racks only).
 _TRACE = struct.Struct("<4sqq")
 TRACE_MAGIC = b"CMTR"
+TRACE_SIZE = _TRACE.size
+TRACE_MAGIC_U32 = int.from_bytes(TRACE_MAGIC, "little")  # as a probe's ``magic`` field reads it
 RETRACE_S = 0.5  # a path change re-traces every path at once, at most this often
 MOVED_WATCH_S = 120.0  # a moved 5-tuple is watched this long at most (then: the rounds)
 TRACE_AGE_NS = 10_000_000_000  # an answer's send time older than this is not believed

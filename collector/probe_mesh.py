@@ -29,7 +29,7 @@ from collector import records, timestamping
 from collector.config import CollectorConfig, Peer
 from collector.datagram_batch import DatagramBatch, sockaddr_in
 from collector.lab_clock import RecordingClock
-from collector.path_trace import PathTracer
+from collector.path_trace import TRACE_MAGIC_U32, TRACE_SIZE, PathTracer
 from collector.probe_packet import (
     BODY_SIZE,
     FLAG_ECHO,
@@ -490,7 +490,14 @@ class ProbeMesh:
         ok &= (pk["pair"] <= 1) & (pk["ts_kind"] <= 3)
         rows = np.flatnonzero(ok)
         if len(rows) < n:
-            self._reject("malformed", n - len(rows))
+            # A trace probe that reached this host (no router at its TTL on the way: its
+            # sender traces a buddy of no known rack, or one within trace_ttl hops) is no
+            # malformed probe: counted apart, so that a ``malformed`` count means one.
+            traces = ~ok & (b.lengths(n) == TRACE_SIZE) & (pk["magic"] == TRACE_MAGIC_U32)
+            arrived = int(traces[m:].sum())  # at the probe port, where traces are sent
+            self.stats["traces_arrived"] += arrived
+            if n - len(rows) - arrived:
+                self._reject("malformed", n - len(rows) - arrived)
         if len(rows):
             # MACs of the whole batch, compared in one pass over all bytes (XOR, then
             # OR over each MAC: no early exit, so no timing difference per byte).

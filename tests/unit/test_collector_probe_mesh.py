@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from collector import config as config_mod
-from collector import datagram_batch, records
+from collector import datagram_batch, path_trace, records
 from collector.config import Peer
 from collector.lab_clock import RecordingClock
 from collector.probe_mesh import ProbeMesh
@@ -162,6 +162,26 @@ def test_echoes_and_probes_checked_in_one_batch_keep_their_sockets_apart(
     assert b.stats["probes_received"] == 4
     assert len(b.buffers["probe_rx"].take()) == 4
     assert len(b.buffers["echo"].take()) == 0
+
+
+def test_a_trace_probe_that_reaches_a_collector_is_counted_apart_not_as_malformed(
+    meshes: tuple[ProbeMesh, ProbeMesh],
+) -> None:
+    """A trace probe no router stopped (a buddy of no known rack, or within the trace's
+    TTL) arrives at the probe port: ``traces_arrived``, while a datagram of the same size
+    without the trace's magic stays ``malformed`` — an operator reading the rejections
+    sees only real ones."""
+    a, b = meshes
+    time.sleep(0.2)
+    trace = path_trace._TRACE.pack(path_trace.TRACE_MAGIC, records.host_id("mb"), time.time_ns())
+    a.tx_socks[0].sendto(trace, (b.cfg.backend.address, b.port))
+    a.tx_socks[0].sendto(b"XXXX" + trace[4:], (b.cfg.backend.address, b.port))
+    a._send_pairs([a.slots[0]])  # two valid probes in the same drain
+    time.sleep(0.05)
+    b.drain()
+    assert b.stats["traces_arrived"] == 1
+    assert b.rejected["malformed"] == 1 and sum(b.rejected.values()) == 1
+    assert b.stats["probes_received"] == 2
 
 
 def test_echo_every_probe_and_none(tmp_path: Path) -> None:
