@@ -45,23 +45,17 @@ SPINE_ASN = 65000
 # default 1 s, meant for routers with hundreds of peers); and only the spine connects
 # (``neighbor passive`` on leaves): when both ends did, FRR 8.4 resolving the collision now
 # and then tore the new session down again and re-made it ~0.5 s later. With FRR's defaults
-# a returned link stayed unused 1.3–2.6 s after it was up. A race of FRR 8.4 on the passive
-# leaf still brought it back late now and then (3 of 120 spine-side downs in the flap lab
-# test): the leaf accepted the spine's connection while an event of its own peer was queued
-# — its next-hop update for the returned link, or its connect-retry timer — and that event,
-# applied to the session just moved onto the peer, tore it down ("No AFI/SAFI activated for
-# peer", the accepting stub's stale reason); the spine re-made it 0.6–0.9 s later. So a
-# leaf's fabric ports ignore carrier (``no link-detect``: the spine's own end and BFD tell it
-# a link is gone, and the kernel stops using a carrier-less next hop at once), leaving no
-# next-hop update to race, and its connect-retry timer never fires: 0 of 120 since.
+# a returned link stayed unused 1.3–2.6 s after it was up. Still, now and then (3 of 120
+# spine-side downs in the flap lab test), it comes back late, an FRR 8.4 race: the leaf
+# accepts the spine's connection while an event of its own passive peer is queued (its
+# next-hop update for the returned link, or its connect-retry timer); that event is applied
+# to the session just moved onto the peer and tears it down ("No AFI/SAFI activated for
+# peer", the stale reason of the accepting stub), and the spine re-makes it 0.6–0.9 s later.
 BFD_INTERVAL_MS = 100
 BFD_MULTIPLIER = 3
 BGP_KEEPALIVE_S = 1
 BGP_HOLD_S = 3
 BGP_CONNECT_RETRY_S = 1
-# A passive leaf never connects: its connect-retry timer only ever raced the spine's
-# connection (see above), so it is as long as FRR allows.
-PASSIVE_CONNECT_RETRY_S = 65535
 # The routers' daemons run at a higher priority than the lab's hosts (collectors, jobs, load):
 # on a busy 2-core machine an unprioritised bgpd re-advertised a returned link up to ~0.4 s late
 # (1 of 10 flaps under three busy loops; 0 of 14 reniced).
@@ -104,7 +98,6 @@ def bgpd_config(topo: Topology, r: Router) -> str:
     links = fabric_links(topo, r.name)
     mine = [lk.a if lk.a.node == r.name else lk.b for lk in links]
     peers = [lk.b if lk.a.node == r.name else lk.a for lk in links]
-    connect_s = BGP_CONNECT_RETRY_S if r.role == "spine" else PASSIVE_CONNECT_RETRY_S
     lines = [
         "frr defaults datacenter",
         *_head(r).splitlines(),
@@ -120,7 +113,7 @@ def bgpd_config(topo: Topology, r: Router) -> str:
         " neighbor fabric bfd",
         " neighbor fabric bfd profile fabric",
         f" neighbor fabric timers {BGP_KEEPALIVE_S} {BGP_HOLD_S}",
-        f" neighbor fabric timers connect {connect_s}",
+        f" neighbor fabric timers connect {BGP_CONNECT_RETRY_S}",
         " neighbor fabric advertisement-interval 0",
     ]
     if r.role == "leaf":  # the spine connects: no collision of two eager ends (see above)
@@ -152,16 +145,11 @@ def bfdd_config(r: Router) -> str:
     )
 
 
-def zebra_config(topo: Topology, r: Router) -> str:
+def zebra_config(r: Router) -> str:
     # Routes go to the kernel as plain multipath routes, not nexthop objects: with kernel
     # nexthop groups, FRR 8.4 sometimes leaves a group shrunk after a link flap (the route
     # stays on one spine although BGP has both paths again).
-    lines = [_head(r) + "!", "no zebra nexthop kernel enable", "!"]
-    if r.role == "leaf":  # no next-hop update to race the spine's connection (see above)
-        for lk in fabric_links(topo, r.name):
-            mine = lk.a if lk.a.node == r.name else lk.b
-            lines += [f"interface {mine.interface}", " no link-detect", "!"]
-    return "\n".join(lines) + "\n"
+    return _head(r) + "!\nno zebra nexthop kernel enable\n!\n"
 
 
 def require_installed() -> None:
@@ -190,7 +178,7 @@ def write_configs(topo: Topology, r: Router, conf_dir: Path, run_dir: Path) -> l
     conf_dir.mkdir(parents=True, exist_ok=True)
     run_dir.mkdir(parents=True, exist_ok=True)
     texts = {
-        "zebra": zebra_config(topo, r),
+        "zebra": zebra_config(r),
         "bgpd": bgpd_config(topo, r),
         "bfdd": bfdd_config(r),
     }

@@ -60,21 +60,12 @@ def test_bgpd_config_peers_every_fabric_neighbour_with_bfd_and_ecmp() -> None:
     # connects (two eager ends collide, and FRR sometimes re-makes the session ~0.5 s later)
     assert " coalesce-time 0" in text and " coalesce-time 0" in spine
     assert " neighbor fabric passive" in text and "passive" not in spine
-    # nothing of the passive leaf's own races the spine's connection: it never retries a
-    # connect, and sees no next-hop change when a fabric link's carrier comes back
-    assert " neighbor fabric timers connect 65535" in text
-    assert " neighbor fabric timers connect 1\n" in spine
     bfd = frr.bfdd_config(leaf)
     assert "receive-interval 100" in bfd and "detect-multiplier 3" in bfd
 
 
 def test_zebra_installs_plain_multipath_routes() -> None:
-    topo = _topo()
-    leaf, spine = frr.zebra_config(topo, topo.leaves[0]), frr.zebra_config(topo, topo.spines[0])
-    assert "no zebra nexthop kernel enable" in leaf and "no zebra nexthop kernel enable" in spine
-    # a leaf's fabric ports ignore carrier (the spine's end and BFD tell it a link is down)
-    assert leaf.count(" no link-detect") == 2 and "interface spine1\n no link-detect" in leaf
-    assert "link-detect" not in spine
+    assert "no zebra nexthop kernel enable" in frr.zebra_config(_topo().leaves[0])
 
 
 def test_healthy_fabric_is_converged() -> None:
