@@ -225,9 +225,9 @@ def report(title: str, r: dict[str, Any]) -> None:
         f"  probes sent/s: {r['sent']:.0f}  received/s: {r['recv']:.0f}  "
         f"echoes received/s: {r['echo']:.0f}"
     )
+    why = ", ".join(f"{k} {v}" for k, v in sorted(r["rejected"].items()))
     print(
-        f"  rejected in the window: {sum(r['rejected'].values())}"
-        f"{' (' + ', '.join(f'{k} {v}' for k, v in sorted(r['rejected'].items())) + ')' if r['rejected'] else ''}"
+        f"  rejected in the window: {sum(r['rejected'].values())}{f' ({why})' if why else ''}"
         f"  kernel TX timestamps: {r['tx_kernel']}  "
         f"user: {r['tx_user']}  segments acked per box: {r['acked']}  "
         f"spool waiting: {r['waiting']}"
