@@ -24,17 +24,18 @@ went, that explains every gone path (greedy set cover); two links that explain e
 the same gone paths cannot be told apart (in a fabric of two racks, leaf1–spineY and
 leaf2–spineY never can) and are named together, each with confidence 1/2.
 
-A link is out of service exactly while it is suspected. Its *outage* is the time its
-paths were unusable — from the link failing until the fabric routes over it again, which
+A link is out of service exactly while it is suspected. Its *outage* is the time its paths
+were unusable — from the link failing until the fabric routes over it again, which
 includes the time BGP takes to re-learn a returned link (no traffic crosses it until then:
 ~0.1 s in the lab, 1.3-2.6 s with FRR's default 1-s update coalescing). Each end is placed
 halfway between the traces that bound it: the newest trace across the link and the first
 that saw its paths go; the newest that showed a moved 5-tuple still away and the first
-across the link again (collectors trace, per rack, the last 5-tuple towards it across each uplink and every moved one every watch interval,
-0.2 s, and time each answer by its trace's send time). Such a link is a ``flapping_link`` from its first
-outage, like a host port (:mod:`analytics.detect.flaps`), naming the racks that lost a
-path; links suspected together share one anomaly (one key), and a twin is dropped from
-it as soon as the traces single the link out.
+across the link again (collectors trace, per rack, the last 5-tuple towards it across each
+uplink and every moved one every watch interval, 0.2 s, and time each answer by its
+trace's send time). Such a link is a ``flapping_link`` from its first outage, like a host
+port (:mod:`analytics.detect.flaps`), naming the racks that lost a path; links suspected
+together share one anomaly (one key), and a twin is dropped from it as soon as the traces
+single the link out.
 
 **The reroute** is what a flow across the link lost: nothing crosses it from its failure
 on, and each path through it (X → Z) is rerouted once X's leaf drops its spine from the
