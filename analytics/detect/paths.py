@@ -41,11 +41,10 @@ single the link out.
 on, and each path through it (X → Z) is rerouted once X's leaf drops its spine from the
 group towards Z — the first trace that saw one of its 5-tuples move. So no flow lost more
 than the newest of those first moves minus the newest trace across the link before the
-outage (known to the watch interval, 0.2 s: each rack's path through each spine is
-watched; to the trace round with the watch off). Unknown while a path in use (not away
-when the link failed) was not seen moving, and moot
-when the rack had no other path (every other link of its leaf out too, or silent for
-``SILENT_NS``): then a job loses the outage.
+outage (known to the watch interval, 0.2 s: each rack's path through each spine is watched;
+to the trace round with the watch off). Unknown while a path in use (not away when the link
+failed) was not seen moving, and moot when the rack had no other path (every other link of
+its leaf out too, or silent for ``SILENT_NS``): then a job loses the outage.
 """
 
 from __future__ import annotations
