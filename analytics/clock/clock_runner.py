@@ -43,9 +43,12 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -603,11 +606,12 @@ class ClockRunner:
         }
 
     def _write(self, start_ns: int, tables: dict[str, pa.Table]) -> bool:
-        """owd first, clock last: a ``clock`` file means the window is fully stored.
+        """owd first, clock last: a window's ``clock`` rows mean it is fully stored.
         False when it already was (not rewritten)."""
-        name = f"r{start_ns // 1_000_000:015d}.parquet"
+        key = start_ns // 1_000_000
+        name = f"r{key:015d}.parquet"
         part = layout.partition_of(start_ns // layout.NS_PER_HOUR)
-        if (self.writer.root / "clock" / part / name).exists():
+        if self._stored(self.writer.root / "clock" / part, name, key, start_ns):
             self.counters.windows_existing += 1
             log.warning("event=clock_window_exists window_start_ns=%d (not rewritten)", start_ns)
             return False
@@ -617,6 +621,24 @@ class ClockRunner:
                 self.writer.write_partitioned(table, data, name)
                 self.counters.rows_written[table] += data.num_rows
         return True
+
+    @staticmethod
+    def _stored(part: Path, name: str, key: int, start_ns: int) -> bool:
+        """Is this window's ``clock`` in the partition: its own file, or a merged one whose
+        key range covers it and that holds the window (compaction merges ``r`` files a
+        minute old: a daemon back from a longer outage gets late rows of such windows).
+        The ``r`` file is looked for first: compaction writes its output before it
+        deletes its sources."""
+        if (part / name).exists():
+            return True
+        for path in part.glob("m*.parquet"):
+            rng = layout.file_commit_range(path.name)
+            if rng is None or not rng[1] <= key <= rng[2]:
+                continue
+            starts = pq.read_table(path, columns=["window_start_ns"]).column(0)
+            if pc.any(pc.equal(starts, start_ns)).as_py():
+                return True
+        return False
 
     def _publish(self, sol: WindowSolution, solve_s: float) -> None:
         c = sol.clock

@@ -22,6 +22,7 @@ from analytics.clock import ClockState, clock_runner
 from analytics.clock.clock_runner import ClockRunner
 from analytics.sim.mesh_simulator import GroundTruth, MeshSimulator, SimConfig, SimResult
 from analytics.store import catalog, layout
+from analytics.store.compactor import Compactor
 from analytics.store.store_writer import StoreWriter
 from collector import wire
 from tests.unit.ingest_daemon import ROOT, Daemon, assert_promtool_clean
@@ -426,3 +427,51 @@ def test_shorter_advised_segments_lower_the_lateness_one_old_interval_later(
     now[0] += 32 * 10**9
     runner.step()
     assert runner.live({})["lateness_s"] == 5.0
+
+
+def test_a_window_stored_then_compacted_is_not_stored_again_after_a_restart(
+    store: StoreWriter,
+) -> None:
+    """A daemon restarted after a longer outage gets a solved window's late rows (the
+    collectors' unacknowledged segments): that window's files were compacted meanwhile
+    (``r`` files merged into an ``m`` file a minute on), yet it is stored once."""
+    sim = MeshSimulator(SimConfig(racks=2, hosts_per_rack=2, offset_max_ns=2e6, seed=5))
+    start = sim.config.start_ns
+    now = [start]
+    first = ClockRunner(store, window_s=2.0, lateness_s=1.0, now_ns=lambda: now[0])
+    for k in range(3):
+        first.feed(arrow_tables(sim.run(start_offset_ns=k * W, duration_ns=W)))
+        now[0] = start + (k + 1) * W + 1_000_000_000
+        first.step()
+    assert first.counters.windows_solved >= 3
+    compactor = Compactor(store, min_age_s=0.0)
+    for table in ("clock", "owd"):
+        for _bucket, part in list(store.partitions(table)):
+            compactor.compact_partition(part, time.time())
+        files = [layout.file_commit_range(p.name) for p in (store.root / table).rglob("*")]
+        kinds = {f[0] for f in files if f is not None}
+        assert kinds == {"m"}, (table, kinds)  # every window's file merged away
+
+    def counts() -> tuple[int, int, int]:
+        con = duckdb.connect()
+        try:
+            clock = con.execute(
+                f"SELECT count(*), count(DISTINCT (window_start_ns, host, method)) "
+                f"FROM read_parquet('{store.root}/clock/**/*.parquet')"
+            ).fetchone()
+            owd = con.execute(
+                f"SELECT count(*) FROM read_parquet('{store.root}/owd/**/*.parquet')"
+            ).fetchone()
+        finally:
+            con.close()
+        assert clock is not None and owd is not None
+        return int(clock[0]), int(clock[1]), int(owd[0])
+
+    before = counts()
+    assert before[0] == before[1] > 0
+    restarted = ClockRunner(store, window_s=2.0, lateness_s=1.0, now_ns=lambda: now[0])
+    restarted.feed(arrow_tables(sim.run(start_offset_ns=W, duration_ns=W // 2)))
+    now[0] += 10 * W
+    restarted.step()
+    assert restarted.counters.windows_existing == 1
+    assert counts() == before  # no second (partial) solution of that window, no owd twice
