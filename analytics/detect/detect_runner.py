@@ -454,6 +454,7 @@ class DetectRunner:
                     "event=anomaly_opened id=%s kind=%s link=%s job=%s summary=%r",
                     a.anomaly_id, a.kind, a.link, a.job_id, a.summary,
                 )  # fmt: skip
+        self._fold(now_ns)
         for a in self.book.expire(now_ns):
             log.info("event=anomaly_closed id=%s kind=%s summary=%r", a.anomaly_id, a.kind,
                      a.summary)  # fmt: skip
@@ -472,6 +473,22 @@ class DetectRunner:
         if self.on_pass is not None:  # the pipeline's health (clock_runner.PipelineHealth)
             self.on_pass(taken_ns, time.time_ns())
         return written
+
+    def _fold(self, now_ns: int) -> None:
+        """A link named on its own, then found to be one of a spine's that went as a whole
+        (:meth:`FabricPaths.take_folded`): its anomaly closes now, naming the spine's — not
+        left saying "down now" until it clears."""
+        for old, into in self.paths.take_folded():
+            a = self.book.open.get(("flapping_link", old))
+            b = self.book.open.get(("flapping_link", into))
+            if a is None or b is None or a is b:
+                continue
+            a.summary = (f"{a.summary.split(';')[0]}; folded into {b.anomaly_id}: {b.link} "
+                         "went as a whole")  # fmt: skip
+            a.evidence = {**a.evidence, "down_now": False, "folded_into": b.anomaly_id}
+            self.book.close(a, now_ns)
+            log.info("event=anomaly_closed id=%s kind=%s folded_into=%s", a.anomaly_id,
+                     a.kind, b.anomaly_id)  # fmt: skip
 
     def _sync_remediations(self, now_ns: int) -> None:
         """Remediations in force (the store's ``remediations`` table, written by

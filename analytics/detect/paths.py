@@ -22,7 +22,10 @@ is there.
 The links suspected are the smallest set, among those not seen working since a path
 went, that explains every gone path (greedy set cover); two links that explain exactly
 the same gone paths cannot be told apart (in a fabric of two racks, leaf1–spineY and
-leaf2–spineY never can) and are named together, each with confidence 1/2.
+leaf2–spineY never can) and are named together, each with confidence 1/2. When two or
+more of those sets, all of one spine, hold every link of it, every path through that spine
+went: the spine is named, once (down or isolated — or all but at most one of its links,
+which no trace tells apart), and stays the place of that outage while its links come back.
 
 A link is out of service exactly while it is suspected. Its *outage* is the time its paths
 were unusable — from the link failing until the fabric routes over it again, which
@@ -45,6 +48,9 @@ outage (known to the watch interval, 0.2 s: each rack's path through each spine 
 to the trace round with the watch off). Unknown while a path in use (not away when the link
 failed) was not seen moving, and moot when the rack had no other path (every other link of
 its leaf out too, or silent for ``SILENT_NS``): then a job loses the outage.
+
+Over 500 lines: one signal; the traced paths, the tomography and each link's outages share
+one state.
 """
 
 from __future__ import annotations
@@ -119,6 +125,9 @@ class _LinkState:
     # Its key before the current outage took its group's (a key whose anomaly had closed
     # is not kept): restored if the outage is taken back.
     own_key: str = ""
+    # Its spine's links, when this outage is one of the whole spine's (:meth:`_whole`):
+    # kept until it ends, as the spine's links come back one by one
+    whole: tuple[str, ...] = ()
 
 
 def traces_needed(spines: int) -> int:
@@ -164,6 +173,10 @@ class FabricPaths:
         self.returned: dict[tuple[str, str, str], int] = {}  # path back after it had gone
         self.moved_at: dict[tuple[str, str, str], int] = {}  # path gone: its first move off
         self._said_down: dict[str, int] = {}  # anomaly key -> when it last said "down now"
+        self.whole: dict[tuple[str, ...], str] = {}  # suspected groups that are a spine
+        # (key of an open anomaly, the key it folded into): taken by the detector, which
+        # closes the first (:meth:`take_folded`)
+        self.folded: list[tuple[str, str]] = []
         self._observed: dict[str, int] = {}  # anomaly key -> when it was last observed
 
     def feed(self, rows: np.ndarray) -> None:
@@ -317,7 +330,37 @@ class FabricPaths:
             twins = tuple(sorted(n for n in explains if explains[n] & left == covered))
             groups.append((twins, len(covered), min(missing[m] for m in covered)))
             left -= covered
-        return groups
+        return self._whole(groups)
+
+    def _whole(
+        self, groups: list[tuple[tuple[str, ...], int, int]]
+    ) -> list[tuple[tuple[str, ...], int, int]]:
+        """Groups of one spine that together hold every link of it (two or more: more than
+        one link is certainly out) are that spine: every path through it went, so it is
+        down or isolated, or all but at most one of its links are (no trace tells which).
+        One group then, recorded in :attr:`whole`; links in maintenance do not count."""
+        racks = {x for x, _z in self.spines}
+        of: dict[str, list[tuple[tuple[str, ...], int, int]]] = collections.defaultdict(list)
+        for g in groups:  # a gone path names two links of one spine: a group is one spine's
+            of[self.links[g[0][0]].spine].append(g)
+        out, self.whole = [], {}
+        for spine, gs in of.items():
+            every = {n for n, lk in self.links.items() if lk.spine == spine and lk.leaf in racks}
+            names = {n for g in gs for n in g[0]}
+            every -= self.maintenance
+            if len(gs) < 2 or not names >= every:
+                out += gs
+                continue
+            twins = tuple(sorted(names))
+            self.whole[twins] = spine
+            out.append((twins, sum(n for _, n, _ in gs), min(s for *_, s in gs)))
+        return out
+
+    def take_folded(self) -> list[tuple[str, str]]:
+        """[(key of an anomaly, the key it folded into)] since the last call: a link named
+        on its own, then found to be part of a spine that went as a whole."""
+        out, self.folded = self.folded, []
+        return out
 
     def observations(self, now_ns: int) -> list[Observation]:
         groups: dict[tuple[str, ...], tuple[int, int]] = {}
@@ -334,7 +377,9 @@ class FabricPaths:
         # an old key kept would reopen a closed anomaly beside the group's.
         lead = {twins: self._lead(twins) for twins in groups}
         group_key = {
-            t: self.state[lead[t]].key if self._live(self.state[lead[t]].key) else " or ".join(t)
+            t: self.state[lead[t]].key
+            if self._live(self.state[lead[t]].key)
+            else self.whole.get(t) or " or ".join(t)
             for t in groups
         }
         working = self.working()
@@ -348,8 +393,17 @@ class FabricPaths:
                     if not self._live(st.key):
                         st.key = group_key[twins]
                     st.every_path_lost = False
+                    st.whole = ()
                 # Began after the newest trace across it and before the first that saw its
                 # paths go (later traces may narrow both: recomputed while it lasts).
+                if twins in self.whole:
+                    st.whole = twins
+                if twins in self.whole and st.key != group_key[twins]:
+                    # named on its own before the spine's other links were seen out too:
+                    # one anomaly for the spine (the other closes, naming it)
+                    if self._live(st.key):
+                        self.folded.append((st.key, group_key[twins]))
+                    st.key = st.own_key = group_key[twins]
                 st.evidence_ns = since
                 last_ok = working.get(name, 0)
                 start = (last_ok + since) // 2 if 0 < last_ok <= since else since
@@ -358,7 +412,8 @@ class FabricPaths:
                 st.group = twins
                 st.last_ok_ns = last_ok if 0 < last_ok <= since else 0
                 self._reroute(name, st, suspected, working)
-            elif st.down_since and any(t in suspected for t in st.group if t != name):
+            elif (st.down_since and not st.whole
+                  and any(t in suspected for t in st.group if t != name)):  # fmt: skip
                 # Named with a twin, then seen working while the twin is still out: the
                 # outage was the twin's, never this link's. Its own anomaly, if it has
                 # one, is observed once more as it is (not down).
@@ -475,15 +530,18 @@ class FabricPaths:
 
     def _observation(self, name: str, twins: tuple[str, ...], key: str, n: int) -> Observation:
         st = self.state[name]
-        if len(twins) < 2:
+        whole = bool(st.whole)  # a spine whose every path went (:meth:`_whole`)
+        if whole:
+            twins = st.whole
+        elif len(twins) < 2:
             twins = (name,)
         lk = self.links[name]
-        label = " or ".join(twins)
+        label = f"{lk.spine} (all {len(twins)} links)" if whole else " or ".join(twins)
         extra = {
             "leaf": lk.leaf,
             "spine": lk.spine,
             "candidates": list(twins),
-            "confidence": round(1 / len(twins), 2),
+            "confidence": 1.0 if whole else round(1 / len(twins), 2),
             "missing_paths": n,
             "racks_exposed": sorted({self.links[t].leaf for t in twins}),
             "outage_error_s": round(st.error_ns / 1e9, 2),
@@ -492,9 +550,16 @@ class FabricPaths:
         obs = flap_observation(
             label, list(st.outages), st.down_since, self.newest_ns, self.window_ns, extra
         )
-        obs.link = twins[0] if len(twins) == 1 else label
+        obs.link = lk.spine if whole else twins[0] if len(twins) == 1 else label
         obs.key = key
         self._said_down[key] = self.newest_ns if st.down_since else 0
         self._observed[key] = self.newest_ns
-        obs.score *= 1 / len(twins) if len(twins) > 1 else 1.0
+        if whole:
+            obs.evidence["switch"] = lk.spine
+            obs.evidence["switch_note"] = (
+                f"every path through {lk.spine} went at once: it is down or isolated, or "
+                f"all but at most one of its {len(twins)} links are (no trace tells which)"
+            )
+        else:
+            obs.score *= 1 / len(twins) if len(twins) > 1 else 1.0
         return obs

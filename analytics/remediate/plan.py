@@ -297,6 +297,12 @@ def _plan(
                 f"anomaly {anomaly_id} (silent_drop): no single link explains it (the loss "
                 f"crosses {', '.join(links)}): take the switch out of service by hand"
             )
+        if not action and a.kind == "flapping_link":  # a spine that went as a whole
+            raise Refused(
+                f"anomaly {anomaly_id} (flapping_link on {a.link}): every path through "
+                f"{a.link} went, and every leaf already routes around it; taking its links "
+                "out by hand changes nothing until it is back (then drain it on the switch)"
+            )
         if not action and a.kind == "contention":
             raise Refused(
                 f"anomaly {anomaly_id} (contention on {a.link}): a host's own port; more "
@@ -329,6 +335,8 @@ def recommended(topology: dict[str, Any] | None, kind: str, link: str,
     action the fabric's."""
     if kind == "flapping_link":
         host = _access_link(topology, link) if topology else ""
+        if not host and topology and _switch(topology, link):
+            return "", ""  # a whole spine: every leaf already routes around it
         return ("host_drain", host) if host else ("fabric_link_out", link)
     if kind == "roce_v1_job":
         return "roce_v2_gid", job_id
@@ -344,6 +352,12 @@ def recommended(topology: dict[str, Any] | None, kind: str, link: str,
         )
         return ("fabric_link_out", link) if fabric else ("", "")
     return "", ""
+
+
+def _switch(topology: dict[str, Any], name: str) -> bool:
+    """Is ``name`` a switch of the topology (an anomaly's place that is no link)?"""
+    return any(name in (lk["a"]["node"], lk["b"]["node"])
+               for lk in topology.get("links", []) if lk.get("kind") == "fabric")  # fmt: skip
 
 
 def _access_link(topology: dict[str, Any], link: str) -> str:

@@ -382,6 +382,91 @@ def test_with_two_racks_the_two_ends_cannot_be_told_apart_and_both_are_named() -
     assert obs.key == "leaf1-spine2 or leaf2-spine2" and obs.evidence["down_now"] is False
 
 
+SPINE2 = [f"leaf{n}-spine2" for n in range(1, 5)]
+
+
+def test_a_spine_that_loses_every_path_is_named_once_as_the_spine() -> None:
+    """Every link of spine2 out at once, four racks: no trace tells which links (a rack's
+    paths through spine2 all end at another rack whose link is out too), but every path
+    through spine2 went — one anomaly naming spine2, not three links and an "or"."""
+    from analytics.detect.paths import FabricPaths
+
+    links, host_rack, hosts = _fabric(4)
+    paths = FabricPaths(links, host_rack)
+    for sec in (0, 2):
+        paths.feed(_round(links, hosts, sec, set()))
+    paths.feed(_round(links, hosts, 4, set(SPINE2)))
+    (obs,) = paths.observations(5 * S)
+    assert obs.link == "spine2" and obs.evidence["switch"] == "spine2"
+    assert obs.evidence["candidates"] == SPINE2 and obs.evidence["confidence"] == 1.0
+    assert obs.evidence["racks_exposed"] == ["leaf1", "leaf2", "leaf3", "leaf4"]
+    assert obs.summary.startswith("spine2 (all 4 links) flapped 1 time in 10 min; down now")
+    assert "all but at most one of its 4 links" in obs.evidence["switch_note"]
+    paths.feed(_round(links, hosts, 7, set()))
+    (back,) = paths.observations(8 * S)
+    assert back.key == obs.key and back.link == "spine2" and not back.evidence["down_now"]
+    assert back.evidence["outages_s"] == [2.5]
+
+
+def test_one_link_of_each_of_two_spines_is_not_a_spine() -> None:
+    """Two links out, of different spines (four racks): each is named, no spine is."""
+    from analytics.detect.paths import FabricPaths
+
+    links, host_rack, hosts = _fabric(4)
+    paths = FabricPaths(links, host_rack)
+    for sec in (0, 2):
+        paths.feed(_round(links, hosts, sec, set()))
+    paths.feed(_round(links, hosts, 4, {"leaf1-spine2", "leaf3-spine1"}))
+    got = sorted(o.link for o in paths.observations(5 * S))
+    assert got == ["leaf1-spine2", "leaf3-spine1"]
+
+
+def test_links_named_before_their_spine_is_seen_whole_fold_into_one_spine_anomaly() -> None:
+    """The first traces after spine2 dies come from a few racks: leaf4-spine2, then
+    leaf3-spine2 are named on their own; once every path through spine2 is seen gone, one
+    anomaly names spine2 and the other closes saying so (nothing left "down now"). As the
+    spine's links come back one by one it stays the spine's anomaly, and it ends once."""
+    from analytics.detect.detect_runner import DetectRunner
+    from analytics.detect.paths import FabricPaths
+
+    links, host_rack, hosts = _fabric(4)
+    runner = DetectRunner(None)
+    runner.paths = paths = FabricPaths(links, host_rack)
+    book = runner.book
+
+    def observe(sec: float) -> list[Observation]:
+        got = paths.observations(int(sec * S))
+        for o in got:
+            book.observe(o, int(sec * S))
+        runner._fold(int(sec * S))
+        return got
+
+    for sec in (0, 2):
+        paths.feed(_round(links, hosts, sec, set()))
+    dead = _round(links, hosts, 4, set(SPINE2))
+    for src in ("leaf1", "leaf2", "leaf3"):
+        paths.feed(_only(dead, host_rack, src, "leaf4"))
+    assert [o.link for o in observe(4.5)] == ["leaf4-spine2"]
+    for src in ("leaf1", "leaf2"):
+        paths.feed(_only(dead, host_rack, src, "leaf3"))
+    assert sorted(o.link for o in observe(4.6)) == ["leaf3-spine2", "leaf4-spine2"]
+    (first,) = [a for a in book.open.values() if a.link == "leaf3-spine2"]
+    paths.feed(dead)
+    (obs,) = observe(4.7)
+    assert obs.link == "spine2"
+    (spine,) = book.open.values()  # the one for leaf3-spine2 closed, naming the spine's
+    assert first.closed_ns and first.evidence["folded_into"] == spine.anomaly_id
+    assert "went as a whole" in first.summary and not first.evidence["down_now"]
+    for sec, down in ((6, SPINE2), (8, SPINE2[1:]), (9, SPINE2[2:]), (10, SPINE2[3:])):
+        paths.feed(_round(links, hosts, sec, set(down)))
+        (obs,) = observe(sec + 0.5)
+        assert obs.link == "spine2" and obs.evidence["down_now"]
+    paths.feed(_round(links, hosts, 11, set()))
+    (obs,) = observe(11.5)
+    assert obs.link == "spine2" and not obs.evidence["down_now"] and obs.evidence["flaps"] == 1
+    assert list(book.open.values()) == [spine]
+
+
 def _only(rows: np.ndarray, host_rack: dict[int, str], src: str, dst: str) -> np.ndarray:
     """The traces from rack src to rack dst only (the others' not shipped yet)."""
     of = np.array([host_rack[h] for h in rows["src"].tolist()])

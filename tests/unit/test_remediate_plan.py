@@ -80,6 +80,8 @@ def test_flapping_fabric_link_plans_both_ends(store: Path) -> None:
         ("contention", "leaf1-spine1", 0, "no job reports its traffic between these hosts"),
         ("roce_v1_job", "", 0, "names no hosts"),
         ("flapping_link", "leaf1-spine1", 5, "is closed \\(its condition cleared\\)"),
+        # a spine that went as a whole: no link of it to take out
+        ("flapping_link", "spine2", 0, "every leaf already routes around it"),
     ],
 )
 def test_refusals_name_the_reason(
