@@ -330,7 +330,9 @@ def judge_outages(obs: Observation, jobs: list[JobLimit]) -> None:
         fatal = {i for i, d in enumerate(durations) if reroutes[i] is None
                  and not unmeasured[i] and d is not None and d > ASSUMED_LIMIT_S}  # fmt: skip
     longest = e.get("longest_outage_s")
-    parts = [f"{obs.link} flapped {n} time{'s' if n != 1 else ''} in "
+    # a spine that went as a whole (analytics.detect.paths): named with its links' count
+    where = f"{obs.link} (all {len(e['candidates'])} links)" if e.get("switch") else obs.link
+    parts = [f"{where} flapped {n} time{'s' if n != 1 else ''} in "
              f"{(e.get('window_s') or 600) / 60:.0f} min"]  # fmt: skip
     if longest is not None and fabric:
         parts.append(f"out of service up to {longest:.1f} s{_how_routed(e, reroutes)}")

@@ -536,7 +536,7 @@ class FabricPaths:
         elif len(twins) < 2:
             twins = (name,)
         lk = self.links[name]
-        label = f"{lk.spine} (all {len(twins)} links)" if whole else " or ".join(twins)
+        label = lk.spine if whole else " or ".join(twins)
         extra = {
             "leaf": lk.leaf,
             "spine": lk.spine,
@@ -547,19 +547,18 @@ class FabricPaths:
             "outage_error_s": round(st.error_ns / 1e9, 2),
             "source": "path traces (hop-2 answers per source port), tomography",
         }
-        obs = flap_observation(
-            label, list(st.outages), st.down_since, self.newest_ns, self.window_ns, extra
-        )
-        obs.link = lk.spine if whole else twins[0] if len(twins) == 1 else label
-        obs.key = key
-        self._said_down[key] = self.newest_ns if st.down_since else 0
-        self._observed[key] = self.newest_ns
-        if whole:
-            obs.evidence["switch"] = lk.spine
-            obs.evidence["switch_note"] = (
+        if whole:  # the summary names it with its links' count (flaps.judge_outages)
+            extra["switch"] = lk.spine
+            extra["switch_note"] = (
                 f"every path through {lk.spine} went at once: it is down or isolated, or "
                 f"all but at most one of its {len(twins)} links are (no trace tells which)"
             )
-        else:
-            obs.score *= 1 / len(twins) if len(twins) > 1 else 1.0
+        obs = flap_observation(
+            label, list(st.outages), st.down_since, self.newest_ns, self.window_ns, extra
+        )
+        obs.link = twins[0] if len(twins) == 1 else label
+        obs.key = key
+        self._said_down[key] = self.newest_ns if st.down_since else 0
+        self._observed[key] = self.newest_ns
+        obs.score *= 1 / len(twins) if len(twins) > 1 and not whole else 1.0
         return obs

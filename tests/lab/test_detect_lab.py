@@ -165,6 +165,61 @@ def test_a_spine_side_link_down_is_found_by_the_paths_that_lose_it(
     _wait(lambda: on_link() is None, 45, f"seed {seed}: anomaly closed once stable")
 
 
+def test_a_spine_that_goes_as_a_whole_is_named_once_as_the_spine(
+    opsbox: dict[str, Any],
+) -> None:
+    """Every link of one spine down at once (a switch losing power): each rack's paths
+    through it end at another rack whose link is out too, so no trace tells which links
+    went — every path through the spine did. One anomaly names the spine, not its links
+    and an "or"; it ends once, when the spine is back."""
+    lab, live = opsbox["lab"], opsbox["live"]
+    seed = int(time.time_ns() % 100_000)
+    spine = random.Random(seed).choice(sorted({lk.b.node for lk in lab.topology.links
+                                               if lk.kind == "fabric"}))  # fmt: skip
+    ends = [lk.b for lk in lab.topology.links if lk.kind == "fabric" and lk.b.node == spine]
+    names = sorted(lk.name for lk in lab.topology.links if lk.kind == "fabric"
+                   and lk.b.node == spine)  # fmt: skip
+
+    def ip(state: str) -> None:
+        for end in ends:
+            subprocess.run(["ip", "-n", end.namespace, "link", "set", end.interface, state],
+                           check=True)  # fmt: skip
+
+    def on_spine() -> dict[str, Any] | None:
+        got = [a for a in _open(live, "flapping_link") if a["link"] == spine]
+        return got[0] if got else None
+
+    _wait(lambda: not _open(live, "flapping_link"), 45, "no flap left open before")
+    time.sleep(3.0)  # a few healthy trace rounds first
+    try:
+        t_down = time.monotonic()
+        ip("down")
+        a = _wait(on_spine, 15, f"seed {seed}: anomaly naming {spine}")
+        print(f"{spine} down ({len(ends)} links) -> anomaly naming it in /v1/live: "
+              f"{time.monotonic() - t_down:.2f} s")  # fmt: skip
+        assert a["evidence"]["down_now"] and a["evidence"]["switch"] == spine
+        assert a["evidence"]["candidates"] == names and a["evidence"]["confidence"] == 1.0
+        assert a["summary"].startswith(f"{spine} (all {len(ends)} links) flapped")
+        # a link named on its own first has folded into it by the next pass
+        time.sleep(1.0)
+        others = [x["link"] for x in _open(live, "flapping_link") if x["link"] != spine]
+        assert others == [], f"seed {seed}: named besides {spine}: {others}"
+        time.sleep(2.0)
+    finally:
+        ip("up")
+
+    def back() -> dict[str, Any] | None:
+        got = on_spine()
+        return got if got and not got["evidence"]["down_now"] else None
+
+    a = _wait(back, 20, f"seed {seed}: {spine} back in the traced paths")
+    (outage,) = a["evidence"]["outages_s"]
+    assert 2.0 <= outage <= 9.0, (seed, outage)
+    others = [x["link"] for x in _open(live, "flapping_link") if x["link"] != spine]
+    assert others == [], f"seed {seed}: named besides {spine} on its way back: {others}"
+    _wait(lambda: not _open(live, "flapping_link"), 45, f"seed {seed}: anomaly closed")
+
+
 def test_a_congested_fabric_link_is_named_from_the_paths_it_slows(
     opsbox: dict[str, Any],
 ) -> None:
