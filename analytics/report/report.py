@@ -203,6 +203,8 @@ def collect(
         evidence[x["anomaly_id"]] = ev
         x["where"] = x["link"] or x["job_id"]
         x["raw_outages"] = list(ev.get("outages_s") or [])
+        x["outages_ns"] = list(ev.get("outages_ns") or [])  # [down, up] of each, when stored
+        x["folded_into"] = ev.get("folded_into", "")  # a link's, into its spine's anomaly
         x["outages_s"] = [o for o in x["raw_outages"] if o is not None]
         x["jobs"] = ev.get("job_verdicts")  # None: stored before the detector judged jobs
         # a fabric link routed around: what its jobs lost per outage (null: the outage)
@@ -215,15 +217,27 @@ def collect(
             exposed = [ev["host"]]
         x["hosts_exposed"] = len(exposed)
     # A link's flap window (10 min) carries its earlier outages into a later anomaly on the
-    # same link: count each outage once (a list that extends an earlier one replaces it).
+    # same place: count each outage once. One whose times overlap an outage counted for the
+    # same place is that outage (a spine's later anomaly carries the earlier one timed by
+    # another of its links); without stored times, a list that extends an earlier one
+    # replaces it. A link's anomaly folded into its spine's counts none: its outages are
+    # the spine's, or an earlier anomaly's.
     seen: dict[str, list[dict[str, Any]]] = {}
+    counted: dict[str, list[tuple[int, int]]] = {}
     for x in anomalies:
         if x["kind"] != "flapping_link" and not x["raw_outages"]:
             continue
         mine = seen.setdefault(x["where"], [])
         prev = mine[-1] if mine else None
-        raw = x["raw_outages"]
-        if prev is not None and raw[: len(prev["raw_outages"])] == prev["raw_outages"]:
+        raw, spans = x["raw_outages"], x["outages_ns"]
+        if x["folded_into"]:
+            x["new_index"] = []
+        elif spans and len(spans) == len(raw):
+            done = counted.setdefault(x["where"], [])
+            x["new_index"] = [i for i, (d, u) in enumerate(spans)
+                              if not any(d < u2 and d2 < u for d2, u2 in done)]  # fmt: skip
+            done += [(spans[i][0], spans[i][1]) for i in x["new_index"]]
+        elif prev is not None and raw[: len(prev["raw_outages"])] == prev["raw_outages"]:
             x["new_index"] = list(range(len(prev["raw_outages"]), len(raw)))
         else:
             x["new_index"] = list(range(len(raw)))

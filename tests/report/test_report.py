@@ -231,3 +231,36 @@ def test_one_slow_minute_does_not_flatten_the_other_pairs(tmp_path: Path) -> Non
     assert apart > 0.05
     assert len(ax.collections) == 2  # a p50–p99 band per pair
     plt.close(fig)
+
+
+def test_a_spines_outages_are_counted_once_across_its_anomalies(tmp_path: Path) -> None:
+    """spine2 went as a whole twice in 10 min. Its first anomaly holds the first outage
+    (timed by one of its links); a link named on its own folded into the second, which
+    carries the first outage again, timed by another link (15.1 s, not 15.5): the report
+    counts 15.5 + 15.6 s for spine2 and nothing for the folded link."""
+    store = _store(tmp_path, anomalies=False)
+    w = StoreWriter(store)
+
+    def anomaly(aid: str, link: str, opened_s: int, ev: dict) -> None:
+        row = {"opened_ns": T0 + opened_s * S, "closed_ns": T0 + (opened_s + 80) * S,
+               "anomaly_id": aid, "kind": "flapping_link", "score": 0.9, "src": 0, "dst": 0,
+               "link": link, "job_id": "", "updated_ns": T0 + (opened_s + 80) * S,
+               "detail": json.dumps({"summary": f"{link} flapped", "evidence": ev})}  # fmt: skip
+        w.write_partitioned("anomalies", pa.table({k: [v] for k, v in row.items()},
+                            schema=layout.TABLES["anomalies"].schema), f"{aid}.parquet")  # fmt: skip
+
+    def span(a: float, b: float) -> list[int]:
+        return [T0 + int(a * S), T0 + int(b * S)]
+
+    racks = {"racks_exposed": ["leaf1", "leaf2"]}
+    anomaly("f-1", "spine2", 100, {**racks, "outages_s": [15.5], "outages_ns": [span(100, 115.5)]})
+    anomaly("f-2", "leaf1-spine2", 299, {**racks, "outages_s": [15.1], "folded_into": "f-3",
+                                         "outages_ns": [span(100.2, 115.3)]})  # fmt: skip
+    anomaly("f-3", "spine2", 300, {**racks, "outages_s": [15.1, 15.6],
+                                   "outages_ns": [span(100.3, 115.4), span(300, 315.6)]})  # fmt: skip
+    res = _run(tmp_path, store, "--since", "2026-11-18T00:00:00", "--until",
+               "2026-11-19T00:00:00")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    facts = json.loads((tmp_path / "out" / "report.json").read_text())
+    links = {e["link"]: e["outage_s"] for e in facts["worst_links"]}
+    assert links == {"spine2": 31.1, "leaf1-spine2": 0.0}
