@@ -67,6 +67,7 @@ class Outage:
     # link out) while it lasted.
     reroute_ns: int = 0
     every_path_lost: bool = False
+    whole_spine: str = ""  # the spine it went with, every path through which went
 
     def duration_s(self, now_ns: int) -> float | None:
         if self.sub_sample:

@@ -173,6 +173,8 @@ class FabricPaths:
         self.returned: dict[tuple[str, str, str], int] = {}  # path back after it had gone
         self.moved_at: dict[tuple[str, str, str], int] = {}  # path gone: its first move off
         self._said_down: dict[str, int] = {}  # anomaly key -> when it last said "down now"
+        self._down_from: dict[str, int] = {}  # ... and the pass it began saying it in
+        self._pass_ns = 0  # the detector pass observing now (:meth:`observations`)
         self.whole: dict[tuple[str, ...], str] = {}  # suspected groups that are a spine
         # (key of an open anomaly, the key it folded into): taken by the detector, which
         # closes the first (:meth:`take_folded`)
@@ -356,6 +358,13 @@ class FabricPaths:
             out.append((twins, sum(n for _, n, _ in gs), min(s for *_, s in gs)))
         return out
 
+    def _spine_key(self, twins: tuple[str, ...]) -> str:
+        """The anomaly of a spine that went as a whole: that of the link of it named first
+        on its own in this outage (it says "down now"), else the spine's own."""
+        said = sorted((self._down_from.get(k, 0), k) for n in twins if (k := self.state[n].key)
+                      and self._live(k) and self._said_down.get(k))  # fmt: skip
+        return said[0][1] if said else self.whole[twins]
+
     def take_folded(self) -> list[tuple[str, str]]:
         """[(key of an anomaly, the key it folded into)] since the last call: a link named
         on its own, then found to be part of a spine that went as a whole."""
@@ -363,6 +372,7 @@ class FabricPaths:
         return out
 
     def observations(self, now_ns: int) -> list[Observation]:
+        self._pass_ns = now_ns
         groups: dict[tuple[str, ...], tuple[int, int]] = {}
         suspected: dict[str, tuple[tuple[str, ...], int, int]] = {}
         for twins, n, since in self.suspects():
@@ -377,9 +387,11 @@ class FabricPaths:
         # an old key kept would reopen a closed anomaly beside the group's.
         lead = {twins: self._lead(twins) for twins in groups}
         group_key = {
-            t: self.state[lead[t]].key
+            t: self._spine_key(t)
+            if t in self.whole
+            else self.state[lead[t]].key
             if self._live(self.state[lead[t]].key)
-            else self.whole.get(t) or " or ".join(t)
+            else " or ".join(t)
             for t in groups
         }
         working = self.working()
@@ -398,10 +410,11 @@ class FabricPaths:
                 # paths go (later traces may narrow both: recomputed while it lasts).
                 if twins in self.whole:
                     st.whole = twins
+                    st.outages[-1].whole_spine = self.whole[twins]
                 if twins in self.whole and st.key != group_key[twins]:
-                    # named on its own before the spine's other links were seen out too:
-                    # one anomaly for the spine (the other closes, naming it)
-                    if self._live(st.key):
+                    # named on its own in this outage, before the spine's other links were
+                    # seen out too: one anomaly for the spine (the other closes, naming it)
+                    if self._live(st.key) and self._said_down.get(st.key):
                         self.folded.append((st.key, group_key[twins]))
                     st.key = st.own_key = group_key[twins]
                 st.evidence_ns = since
@@ -553,11 +566,13 @@ class FabricPaths:
                 f"every path through {lk.spine} went at once: it is down or isolated, or "
                 f"all but at most one of its {len(twins)} links are (no trace tells which)"
             )
-        obs = flap_observation(
-            label, list(st.outages), st.down_since, self.newest_ns, self.window_ns, extra
-        )
+        # a spine's outages are those it went with as a whole, not a link's of its own
+        outages = [o for o in st.outages if o.whole_spine or not whole]
+        obs = flap_observation(label, outages, st.down_since, self.newest_ns, self.window_ns, extra)
         obs.link = twins[0] if len(twins) == 1 else label
         obs.key = key
+        if st.down_since and not self._said_down.get(key):
+            self._down_from[key] = self._pass_ns  # began saying "down now"
         self._said_down[key] = self.newest_ns if st.down_since else 0
         self._observed[key] = self.newest_ns
         obs.score *= 1 / len(twins) if len(twins) > 1 and not whole else 1.0

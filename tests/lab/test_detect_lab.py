@@ -120,6 +120,17 @@ def test_a_plainly_flapped_host_link_is_found_named_and_closed(opsbox: dict[str,
     assert any(c["anomaly_id"] == a["anomaly_id"] for c in closed)
 
 
+def _back(live: Callable[[], dict[str, Any]], place: str, seed: int) -> dict[str, Any]:
+    """The open flap anomaly naming ``place`` once it no longer says "down now"."""
+
+    def back() -> dict[str, Any] | None:
+        got = [a for a in _open(live, "flapping_link")
+               if a["link"] == place and not a["evidence"]["down_now"]]  # fmt: skip
+        return got[0] if got else None
+
+    return _wait(back, 20, f"seed {seed}: {place} back in the traced paths")
+
+
 def test_a_spine_side_link_down_is_found_by_the_paths_that_lose_it(
     opsbox: dict[str, Any],
 ) -> None:
@@ -155,11 +166,7 @@ def test_a_spine_side_link_down_is_found_by_the_paths_that_lose_it(
     finally:
         ip("up")
 
-    def back() -> dict[str, Any] | None:
-        got = on_link()
-        return got if got and not got["evidence"]["down_now"] else None
-
-    a = _wait(back, 20, f"seed {seed}: {link.name} back in the traced paths")
+    a = _back(live, link.name, seed)
     (outage,) = a["evidence"]["outages_s"]
     assert 2.0 <= outage <= 9.0, (seed, outage)
     _wait(lambda: on_link() is None, 45, f"seed {seed}: anomaly closed once stable")
@@ -208,11 +215,7 @@ def test_a_spine_that_goes_as_a_whole_is_named_once_as_the_spine(
     finally:
         ip("up")
 
-    def back() -> dict[str, Any] | None:
-        got = on_spine()
-        return got if got and not got["evidence"]["down_now"] else None
-
-    a = _wait(back, 20, f"seed {seed}: {spine} back in the traced paths")
+    a = _back(live, spine, seed)
     (outage,) = a["evidence"]["outages_s"]
     assert 2.0 <= outage <= 9.0, (seed, outage)
     others = [x["link"] for x in _open(live, "flapping_link") if x["link"] != spine]

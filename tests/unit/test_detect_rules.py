@@ -408,6 +408,33 @@ def test_a_spine_that_loses_every_path_is_named_once_as_the_spine() -> None:
     assert back.evidence["outages_s"] == [2.5]
 
 
+def test_a_spine_going_after_one_of_its_links_flapped_alone_counts_only_its_own_outage() -> None:
+    """leaf2-spine2 flapped on its own; 10 s later every link of spine2 goes. The spine's
+    anomaly is its own and says 1 time (the link's earlier outage is the link's); the
+    link's anomaly, which last said it was back, is left as it is to clear."""
+    from analytics.detect.paths import FabricPaths
+
+    links, host_rack, hosts = _fabric(4)
+    paths = FabricPaths(links, host_rack)
+    for sec in (0, 2):
+        paths.feed(_round(links, hosts, sec, set()))
+    paths.feed(_round(links, hosts, 4, {"leaf2-spine2"}))
+    (link,) = paths.observations(5 * S)
+    paths.feed(_round(links, hosts, 6, set()))
+    (link,) = paths.observations(7 * S)
+    assert link.link == "leaf2-spine2" and not link.evidence["down_now"]
+    paths.feed(_round(links, hosts, 14, set()))
+    paths.observations(15 * S)  # no longer recent: not observed, its anomaly clears
+    paths.feed(_round(links, hosts, 16, set(SPINE2)))
+    (obs,) = paths.observations(17 * S)
+    assert obs.link == "spine2" and obs.key == "spine2" and obs.evidence["flaps"] == 1
+    assert obs.summary.startswith("spine2 (all 4 links) flapped 1 time in 10 min; down now")
+    assert paths.take_folded() == []
+    paths.feed(_round(links, hosts, 19, set()))
+    (obs,) = paths.observations(20 * S)
+    assert obs.key == "spine2" and obs.evidence["outages_s"] == [2.5]
+
+
 def test_one_link_of_each_of_two_spines_is_not_a_spine() -> None:
     """Two links out, of different spines (four racks): each is named, no spine is."""
     from analytics.detect.paths import FabricPaths
