@@ -331,8 +331,9 @@ def judge_outages(obs: Observation, jobs: list[JobLimit]) -> None:
         fatal = {i for i, d in enumerate(durations) if reroutes[i] is None
                  and not unmeasured[i] and d is not None and d > ASSUMED_LIMIT_S}  # fmt: skip
     longest = e.get("longest_outage_s")
-    # a spine that went as a whole (analytics.detect.paths): named with its links' count
-    where = f"{obs.link} (all {len(e['candidates'])} links)" if e.get("switch") else obs.link
+    # a spine every path through which went (analytics.detect.paths): all its links, or all
+    # but one of them, which no trace tells apart — the summary claims only the paths
+    where = f"{obs.link} (every path through it)" if e.get("switch") else obs.link
     parts = [f"{where} flapped {n} time{'s' if n != 1 else ''} in "
              f"{(e.get('window_s') or 600) / 60:.0f} min"]  # fmt: skip
     if longest is not None and fabric:

@@ -400,7 +400,9 @@ def test_a_spine_that_loses_every_path_is_named_once_as_the_spine() -> None:
     assert obs.link == "spine2" and obs.evidence["switch"] == "spine2"
     assert obs.evidence["candidates"] == SPINE2 and obs.evidence["confidence"] == 1.0
     assert obs.evidence["racks_exposed"] == ["leaf1", "leaf2", "leaf3", "leaf4"]
-    assert obs.summary.startswith("spine2 (all 4 links) flapped 1 time in 10 min; down now")
+    assert obs.summary.startswith(
+        "spine2 (every path through it) flapped 1 time in 10 min; down now"
+    )
     assert "all but at most one of its 4 links" in obs.evidence["switch_note"]
     paths.feed(_round(links, hosts, 7, set()))
     (back,) = paths.observations(8 * S)
@@ -428,7 +430,9 @@ def test_a_spine_going_after_one_of_its_links_flapped_alone_counts_only_its_own_
     paths.feed(_round(links, hosts, 16, set(SPINE2)))
     (obs,) = paths.observations(17 * S)
     assert obs.link == "spine2" and obs.key == "spine2" and obs.evidence["flaps"] == 1
-    assert obs.summary.startswith("spine2 (all 4 links) flapped 1 time in 10 min; down now")
+    assert obs.summary.startswith(
+        "spine2 (every path through it) flapped 1 time in 10 min; down now"
+    )
     assert paths.take_folded() == []
     paths.feed(_round(links, hosts, 19, set()))
     (obs,) = paths.observations(20 * S)
