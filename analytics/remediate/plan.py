@@ -354,6 +354,18 @@ def recommended(topology: dict[str, Any] | None, kind: str, link: str,
     return "", ""
 
 
+def no_remedy(topology: dict[str, Any] | None, kind: str, link: str) -> str:
+    """Why an anomaly with no :func:`recommended` remediation has none, in a few words (the
+    TUI's column; ``clockmesh remediate plan`` says it in full when it refuses)."""
+    if kind == "flapping_link" and topology and _switch(topology, link):
+        return "none: leaves route around it"
+    if kind == "contention" and topology and _access_link(topology, link):
+        return "none: a host's own port"
+    if kind == "silent_drop":
+        return "by hand: check the switch"
+    return "none for this class"
+
+
 def _switch(topology: dict[str, Any], name: str) -> bool:
     """Is ``name`` a switch of the topology (an anomaly's place that is no link)?"""
     return any(name in (lk["a"]["node"], lk["b"]["node"])

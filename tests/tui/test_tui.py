@@ -446,6 +446,26 @@ async def test_each_anomaly_says_its_remediation(tmp_path: Path) -> None:
                                                   "roce_v1_job": "roce_v2_gid job2"}  # fmt: skip
 
 
+async def test_an_anomaly_with_no_remediation_says_why_in_a_few_words(tmp_path: Path) -> None:
+    """A whole spine, a host's own port and a drop inside a switch: nothing to run, and the
+    column says why instead of a bare "none"."""
+    live = sample_live(anomalies=3)
+    live["anomalies"]["open"][0]["link"] = "spine2"  # every path through it went
+    live["anomalies"]["open"][1]["link"] = "h1-2-leaf1"  # contention on a host's port
+    live["anomalies"]["open"][2].update(kind="silent_drop", link="", job_id="")
+    topo = tmp_path / "topology.json"
+    topo.write_text(json.dumps(sample_topology()))
+    app = _app(Feed(live), topology=topo)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await pilot.pause(0.3)
+        await pilot.press("a")
+        await pilot.pause(0.1)
+        rows = _rows(app.query_one("#anomaly-table", DataTable))
+    assert {r[0]: r[6] for r in rows} == {"flapping_link": "none: leaves route around it",
+                                          "contention": "none: a host's own port",
+                                          "silent_drop": "by hand: check the switch"}  # fmt: skip
+
+
 async def test_an_anomaly_the_detector_no_longer_sees_says_so_and_when_it_closes() -> None:
     """A fault that cleared keeps its anomaly open for the book's clear_s: the summary,
     frozen at its last pass, must not read as if it were still going on."""
