@@ -826,17 +826,18 @@ class SilentDrops:
             where = " or ".join(f"{p.name} ({p.detail})" for p in link_places)
             key = where
         share = len(covered) / through if through else 1.0
-        # no count here when it is every path: which paths have lost enough probes to be
-        # judged changes every pass (11-24 of 24 on the demo lab, each pass a new summary
-        # and a stored row); the count is the evidence's ``lossy_paths``
+        # No counts when it is every path: which paths (and so which senders) have lost
+        # enough probes to be judged changes every pass (11-24 of 24 paths, 7-10 senders
+        # on the demo lab): the summary names the senders' racks, the evidence the counts.
+        racks = sorted({self.host_rack[s] for s, _d, _p in covered})
         what = (
-            "every path through it loses"
+            f"every path through it loses every probe (from {', '.join(racks)})"
             if share >= 1.0
-            else f"{len(covered)} of {through} paths through it ({share:.0%}) lose"
+            else f"{len(covered)} of {through} paths through it ({share:.0%}) lose every "
+            f"probe ({len(sources)} source host(s))"
         )
         summary = (
-            f"{where} silently drops traffic: {what} every probe "
-            f"({len(sources)} source host(s)); links and routes up, paths unmoved, no queue"
+            f"{where} silently drops traffic: {what}; links and routes up, paths unmoved, no queue"
         )
         if len(links) == 1:
             summary += f"; out of service: {links[0]}"

@@ -182,7 +182,7 @@ def test_a_spine_blackholing_one_host_is_named_with_the_host_and_the_link_it_lea
     assert e["lossy_paths"] == len(expected)
     assert obs.summary.startswith(
         "spine2 towards h3-1 silently drops traffic: every path through it loses every probe "
-        "(4 source host(s)); links and routes up, paths unmoved, no queue"
+        "(from leaf1, leaf2); links and routes up, paths unmoved, no queue"
     ), obs.summary
     assert "out of service: leaf3-spine2" in obs.summary
     # found once three rounds were lost and judged (the third judged at the fourth round)
@@ -208,7 +208,7 @@ def test_a_senders_leaf_blackholing_one_host_is_named_with_the_host_and_no_link(
     assert e["lossy_paths"] == 2 * len(SPORTS) and e["flow_share"] == 1.0, e
     assert obs.summary.startswith(
         "leaf1 towards h3-1 silently drops traffic: every path through it loses every probe "
-        "(2 source host(s))"
+        "(from leaf1)"
     ), obs.summary
     # one summary while the drop stands, whatever share of its paths each pass has judged
     assert len({o[0].summary for o in every if o}) == 1, {o[0].summary for o in every if o}
