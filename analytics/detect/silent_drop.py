@@ -826,12 +826,11 @@ class SilentDrops:
             where = " or ".join(f"{p.name} ({p.detail})" for p in link_places)
             key = where
         share = len(covered) / through if through else 1.0
-        # No counts when it is every path: which paths (and so which senders) have lost
-        # enough probes to be judged changes every pass (11-24 of 24 paths, 7-10 senders
-        # on the demo lab): the summary names the senders' racks, the evidence the counts.
-        racks = sorted({self.host_rack[s] for s, _d, _p in covered})
+        # No counts when it is every path: which paths (and so which senders, and their
+        # racks) have lost enough probes to be judged changes every pass (11-24 of 24
+        # paths, 7-10 senders on the demo lab); the place says whom, the evidence counts.
         what = (
-            f"every path through it loses every probe (from {', '.join(racks)})"
+            "every path through it loses every probe"
             if share >= 1.0
             else f"{len(covered)} of {through} paths through it ({share:.0%}) lose every "
             f"probe ({len(sources)} source host(s))"
