@@ -435,15 +435,20 @@ async def test_each_anomaly_says_its_remediation(tmp_path: Path) -> None:
     topo = tmp_path / "topology.json"
     topo.write_text(json.dumps(sample_topology()))
     for topology, flap in ((topo, "host_drain h1-2"), (None, "needs --topology")):
-        app = _app(Feed(live), topology=topology)
-        async with app.run_test(size=(160, 40)) as pilot:
-            await pilot.pause(0.3)
-            await pilot.press("a")
-            await pilot.pause(0.1)
-            rows = _rows(app.query_one("#anomaly-table", DataTable))
-            assert {r[0]: r[6] for r in rows} == {"flapping_link": flap,
-                                                  "contention": "spread_flows leaf2-spine2",
-                                                  "roce_v1_job": "roce_v2_gid job2"}  # fmt: skip
+        assert await _remedies(live, topology) == {"flapping_link": flap,
+                                                   "contention": "spread_flows leaf2-spine2",
+                                                   "roce_v1_job": "roce_v2_gid job2"}  # fmt: skip
+
+
+async def _remedies(live: dict[str, Any], topology: Path | None) -> dict[str, str]:
+    """The anomaly list's remediation column, by class."""
+    app = _app(Feed(live), topology=topology)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await pilot.pause(0.3)
+        await pilot.press("a")
+        await pilot.pause(0.1)
+        rows = _rows(app.query_one("#anomaly-table", DataTable))
+    return {r[0]: r[6] for r in rows}
 
 
 async def test_an_anomaly_with_no_remediation_says_why_in_a_few_words(tmp_path: Path) -> None:
@@ -455,15 +460,9 @@ async def test_an_anomaly_with_no_remediation_says_why_in_a_few_words(tmp_path: 
     live["anomalies"]["open"][2].update(kind="silent_drop", link="", job_id="")
     topo = tmp_path / "topology.json"
     topo.write_text(json.dumps(sample_topology()))
-    app = _app(Feed(live), topology=topo)
-    async with app.run_test(size=(160, 40)) as pilot:
-        await pilot.pause(0.3)
-        await pilot.press("a")
-        await pilot.pause(0.1)
-        rows = _rows(app.query_one("#anomaly-table", DataTable))
-    assert {r[0]: r[6] for r in rows} == {"flapping_link": "none: leaves route around it",
-                                          "contention": "none: a host's own port",
-                                          "silent_drop": "by hand: check the switch"}  # fmt: skip
+    assert await _remedies(live, topo) == {"flapping_link": "none: leaves route around it",
+                                           "contention": "none: a host's own port",
+                                           "silent_drop": "by hand: check the switch"}  # fmt: skip
 
 
 async def test_an_anomaly_the_detector_no_longer_sees_says_so_and_when_it_closes() -> None:
