@@ -354,16 +354,14 @@ def recommended(topology: dict[str, Any] | None, kind: str, link: str,
     return "", ""
 
 
-def no_remedy(topology: dict[str, Any] | None, kind: str, link: str) -> str:
-    """Why an anomaly with no :func:`recommended` remediation has none, in a few words (the
-    TUI's column; ``clockmesh remediate plan`` says it in full when it refuses)."""
-    if kind == "flapping_link" and topology and _switch(topology, link):
-        return "none: leaves route around it"
-    if kind == "contention" and topology and _access_link(topology, link):
-        return "none: a host's own port"
-    if kind == "silent_drop":
-        return "by hand: check the switch"
-    return "none for this class"
+# Why an anomaly of a class has no remediation, in a few words (the TUI's column), when
+# :func:`recommended` gave none: which of its cases that is follows from the class alone,
+# as in :func:`_plan`'s refusals, which say it in full
+NO_REMEDY = {
+    "flapping_link": "none: leaves route around it",  # a whole spine
+    "contention": "none: a host's own port",
+    "silent_drop": "by hand: check the switch",  # no single fabric link explains it
+}
 
 
 def _switch(topology: dict[str, Any], name: str) -> bool:
