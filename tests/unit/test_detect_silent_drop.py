@@ -192,6 +192,31 @@ def test_a_spine_blackholing_one_host_is_named_with_the_host_and_the_link_it_lea
     assert first - 10 <= 3 + late, first  # (+ its own receiver's lateness)
 
 
+@pytest.mark.parametrize("late", [0, 1])
+def test_a_spine_blackholing_two_hosts_of_two_racks_is_named_towards_each_not_as_a_share(
+    late: int,
+) -> None:
+    """On the demo lab, spine2 black-holing h1-2 and h4-1: besides the two right anomalies,
+    a third said "spine2 silently drops traffic: 79 of 653 paths through it (12%)" — a
+    page sending the on-call to a line card when two FIB entries are wrong."""
+
+    def two_holes(s: int, d: int, p: int, spine: str, t: float) -> tuple[bool, float]:
+        return spine == "spine2" and HOSTS[s] != HOSTS[d] and d in (11, 31), 0.0
+
+    every = _run(two_holes, late=late)
+    said = {(o.key, tuple(o.evidence["destinations"])) for obs in every for o in obs}
+    assert said == {("spine2 → h1-1", ("h1-1",)), ("spine2 → h3-1", ("h3-1",))}, said
+    last = {o.key: o for o in every[-1]}
+    for key, dst, link in (("spine2 → h1-1", 11, "leaf1-spine2"),
+                           ("spine2 → h3-1", 31, "leaf3-spine2")):  # fmt: skip
+        e = last[key].evidence
+        expected = {(s, dst, p) for s in HOSTS for p in SPORTS
+                    if HOSTS[s] != HOSTS[dst] and spine_of(s, dst, p) == "spine2"}  # fmt: skip
+        assert e["lossy_paths"] == len(expected) and e["flow_share"] == 1.0, e
+        assert last[key].link == link, last[key].summary
+        assert "every path through it loses every probe" in last[key].summary
+
+
 def test_a_senders_leaf_blackholing_one_host_is_named_with_the_host_and_no_link() -> None:
     """On the demo lab, ``ip route add blackhole <h1-2>/32`` in leaf3: every path from rack
     3 to h1-2 lost, the other racks' paths to it delivered, and nothing was named (the
