@@ -5,7 +5,8 @@ candidates, the model (:mod:`~analytics.detect.model`) judges their class, and t
 *observe* conditions every analysis pass (:meth:`AnomalyBook.observe`); the book
 opens an anomaly the first time a key is seen, updates it while it is seen again, and
 closes it once nothing has observed it for ``clear_s`` (the condition has cleared for
-that long). Every change is a row: the ``anomalies`` table is aggregate and append-only,
+that long). Every change is a row (of evidence alone, at most every ``EVIDENCE_ROW_S``):
+the ``anomalies`` table is aggregate and append-only,
 the latest row of an ``anomaly_id`` (highest ``updated_ns``) is its state, and the
 ``anomaly_current`` view picks it.
 """
@@ -62,6 +63,7 @@ class Anomaly:
     closed_ns: int = 0
     book_key: tuple[str, str] = ("", "")
     closed_by: str = ""  # the remediation that dealt with it, when one did
+    written_ns: int = 0  # when its last row was taken (AnomalyBook.take_changes)
 
     @property
     def open(self) -> bool:
@@ -115,6 +117,13 @@ def anomaly_id(kind: str, key: str, opened_ns: int) -> str:
     return f"{kind.split('_')[0]}-{digest}"
 
 
+# A change of evidence alone (counters that grow every pass: probes lost, paths judged) is
+# stored at most this often; a change of what is said (kind, summary, score, link), an
+# open and a close at once. A standing silent drop wrote a row every pass (~240 a minute
+# on the demo lab); the live picture shows every change as it comes.
+EVIDENCE_ROW_S = 5.0
+
+
 class AnomalyBook:
     """The detector's open anomalies, and the rows to store for every change."""
 
@@ -149,18 +158,21 @@ class AnomalyBook:
             self._changed.append(a)
             return a
         a.last_seen_ns = now_ns
-        if (a.kind, a.summary, a.evidence, round(a.score, 3), a.link) != (
+        said = (a.kind, a.summary, round(a.score, 3), a.link) != (
             obs.kind,
             obs.summary,
-            obs.evidence,
             round(obs.score, 3),
             obs.link,
-        ):
+        )
+        if said or a.evidence != obs.evidence:
             a.kind, a.summary, a.evidence, a.score = obs.kind, obs.summary, obs.evidence, obs.score
             a.link = obs.link  # named more precisely as evidence comes in
             a.updated_ns = now_ns
-            if a not in self._changed:
-                self._changed.append(a)
+        due = a.updated_ns > a.written_ns and (
+            said or now_ns - a.written_ns >= int(EVIDENCE_ROW_S * 1e9)
+        )
+        if due and a not in self._changed:
+            self._changed.append(a)
         return a
 
     def expire(self, now_ns: int) -> list[Anomaly]:
@@ -183,6 +195,8 @@ class AnomalyBook:
     def take_changes(self) -> pa.Table | None:
         """Rows for every anomaly opened, updated or closed since the last call."""
         changed, self._changed = self._changed, []
+        for a in changed:
+            a.written_ns = a.updated_ns
         if not changed:
             return None
         cols: dict[str, list[Any]] = {

@@ -845,7 +845,7 @@ class SilentDrops:
         if port_rx is not None:  # its own host: the probes never reached the host's NIC
             host = dests[0]
             summary += (
-                f"; {host}'s port counted {port_rx} packet(s) in over "
+                f"; {host}'s port counted (almost) nothing in over "  # the count (0 or
                 f"{RX_SPAN_NS / 1e9:.0f} s, its link up and its own probes out delivered"
                 " (or its NIC discards what it receives before counting it)"
             )

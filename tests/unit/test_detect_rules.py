@@ -298,6 +298,40 @@ def test_book_opens_updates_and_closes_after_the_condition_cleared() -> None:
     assert again.anomaly_id != a.anomaly_id
 
 
+def test_a_standing_anomaly_whose_counters_grow_every_pass_is_not_stored_every_pass() -> None:
+    """A silent drop standing for a minute wrote a row every pass (~240 a minute on the
+    demo lab): its lost-probe counter grows each time. A change of what is said is stored
+    at once; of counters alone, every EVIDENCE_ROW_S; the close stores the latest."""
+    from analytics.detect.anomalies import EVIDENCE_ROW_S
+
+    book = AnomalyBook(clear_s=5)
+    ms = S // 1000
+    rows: list[dict] = []
+
+    def obs(t_ms: int, summary: str = "spine2 towards h1-2 silently drops traffic") -> None:
+        o = Observation("silent_drop", "spine2 → h1-2", 0.9, summary,
+                        evidence={"lost_probes": t_ms})  # fmt: skip
+        book.observe(o, t_ms * ms)
+        changes = book.take_changes()
+        rows.extend(changes.to_pylist() if changes is not None else [])
+
+    for t in range(0, 60_000, 250):  # four passes a second for a minute
+        obs(t)
+    assert book.open[("silent_drop", "spine2 → h1-2")].evidence == {"lost_probes": 59_750}
+    every = int(EVIDENCE_ROW_S * 1000)
+    assert len(rows) == 60_000 // every, len(rows)  # not 240
+    assert [r["updated_ns"] // ms for r in rows] == list(range(0, 60_000, every))
+    obs(60_000, "spine2 silently drops traffic")  # said otherwise: stored at once
+    assert rows[-1]["updated_ns"] == 60_000 * ms
+    assert json.loads(rows[-1]["detail"])["summary"] == "spine2 silently drops traffic"
+    obs(60_250, "spine2 silently drops traffic")  # a counter: held back ...
+    assert rows[-1]["updated_ns"] == 60_000 * ms
+    assert len(book.expire(65_250 * ms)) == 1  # ... until it closes, with the latest evidence
+    (last,) = book.take_changes().to_pylist()  # type: ignore[union-attr]
+    assert last["closed_ns"] == 65_250 * ms
+    assert json.loads(last["detail"])["evidence"] == {"lost_probes": 60_250}
+
+
 def _fabric(racks: int) -> tuple[list, dict[int, str], dict[str, list[int]]]:
     from analytics.detect.paths import FabricLink
 

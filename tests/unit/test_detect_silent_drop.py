@@ -304,13 +304,18 @@ def test_a_leaf_dropping_its_own_host_is_named_when_the_hosts_port_counts_nothin
         return (d == 11 and t >= 10) or stray, 0.0
 
     def port(h: int, t: float) -> tuple[int, int]:
-        return (0 if h == 11 and t >= 10 else 120), 6  # link up all along
+        # link up all along; in, now and then, the leaf's own ARP (demo lab: 0 or 1)
+        return (int(t) % 2 if h == 11 and t >= 10 else 120), 6
 
     every = _run(own_host, seconds=14, port=port)
     (obs,) = every[-1]
     e = obs.evidence
     assert (e["switch"], e["destinations"], e["links"]) == ("leaf1", ["h1-1"], []), obs.summary
-    assert e["from_racks"] == ["leaf1", "leaf2", "leaf3"] and e["port_rx_packets"] == {"h1-1": 0}
+    assert e["from_racks"] == ["leaf1", "leaf2", "leaf3"]
+    assert {o[0].evidence["port_rx_packets"]["h1-1"] for o in every if o} <= {0, 1, 2}
+    # one summary while it stands: the count (0 or 1 as the ARP comes) is in the evidence
+    assert {o[0].summary for o in every if o} == {obs.summary}, {o[0].summary for o in every if o}
+    assert "h1-1's port counted (almost) nothing in over 3 s" in obs.summary
     assert e["confidence"] == 1.0  # every lossy path a switch could have lost: this one
     assert "leaf1 towards h1-1 silently drops traffic" in obs.summary
     assert "h1-1's NIC (receiving)" in e["candidates"]
