@@ -21,6 +21,10 @@ box (``clockmesh ingest run``, store in ``DIR/store``) and a collector in every 
   everything it forwards to one random host (a blackhole /32: the detector should name the
   spine and the host, and the link to the host's leaf — the truth's ``where``), or 30 % of
   all the flows it forwards (nftables hashing the 5-tuple: ``where`` is the spine);
+- ``multi_drop``: a spine silently drops everything it forwards to two hosts of two racks
+  (two stale /32s) for 15–25 s: two places, the links to their leaves (``detail.places``,
+  ``where`` both joined by " and "); each must be named, and nothing else (once the spine
+  was also named as dropping "12 %" of its flows);
 - ``leaf_drop``: a leaf silently drops everything it forwards to one host, of its own rack
   or another (a blackhole /32: a stale FIB entry) for 15–25 s: ``where`` is ``LEAF
   towards HOST``;
@@ -64,8 +68,9 @@ KINDS = (
     "job_contention",
     "silent_drop",
     "leaf_drop",
+    "multi_drop",
 )
-WEIGHTS = (3, 2, 2, 1, 2, 1, 1, 1, 1)
+WEIGHTS = (3, 2, 2, 1, 2, 1, 1, 1, 1, 1)
 CAPACITY = "50mbit"
 BUFFER_US = 500.0
 CLASS_OF = {
@@ -76,6 +81,7 @@ CLASS_OF = {
     "job_contention": "contention",
     "silent_drop": "silent_drop",
     "leaf_drop": "silent_drop",
+    "multi_drop": "silent_drop",
     "healthy_job": "none",
     "clean": "none",
 }
@@ -243,6 +249,20 @@ class Scenario:
             "seconds": round(seconds, 1)})  # fmt: skip
         return self._hold(f, seconds)
 
+    def _multi_drop(self) -> Fault:
+        topo = self.lab.topology
+        spine = self.rng.choice(topo.spines).name
+        racks = self.rng.sample(sorted({h.rack for h in topo.hosts}), 2)
+        hosts = [self.rng.choice([h for h in topo.hosts if h.rack == r]) for r in racks]
+        seconds = self.rng.uniform(15, 25)
+        start = time.time_ns()
+        rec = faults.drop(self.lab, spine, [h.name for h in hosts])
+        places = [f"{h.rack}-{spine}" for h in hosts]
+        f = Fault("multi_drop", "silent_drop", " and ".join(places), start, detail={
+            "switch": spine, "to": rec["to"], "how": rec["how"], "places": places,
+            "seconds": round(seconds, 1)})  # fmt: skip
+        return self._hold(f, seconds)
+
     def _leaf_drop(self) -> Fault:
         topo = self.lab.topology
         host = self.rng.choice(topo.hosts)
@@ -278,6 +298,8 @@ class Scenario:
             return self._silent_drop()
         if kind == "leaf_drop":
             return self._leaf_drop()
+        if kind == "multi_drop":
+            return self._multi_drop()
         return self._clean()
 
     # ---- the run ------------------------------------------------------------------------

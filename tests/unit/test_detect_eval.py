@@ -73,6 +73,45 @@ def test_matches_faults_counts_false_alarms_and_localisation(tmp_path: Path) -> 
     assert "false alarms: 1" in out.output
 
 
+def test_a_fault_of_two_places_is_localised_when_each_is_named_and_nothing_else(
+    tmp_path: Path,
+) -> None:
+    """A spine black-holing two hosts of two racks (scenario ``multi_drop``): localised
+    when both links are named — timed from when the second was — and not when the spine
+    is also said to drop a share of its flows (the first anomaly alone was looked at)."""
+    run = _run(tmp_path, [])
+    truth = json.loads((run / "truth.json").read_text())
+    truth["faults"] = [
+        {"kind": "multi_drop", "label": "silent_drop", "where": "leaf1-spine2 and leaf3-spine2",
+         "start_ns": T0, "end_ns": T0 + 20 * S,
+         "detail": {"places": ["leaf1-spine2", "leaf3-spine2"]}},
+    ]  # fmt: skip
+    (run / "truth.json").write_text(json.dumps(truth))
+
+    def store(*anomalies: dict) -> None:
+        part = run / "store" / "anomalies" / "date=2026-11-18" / "hour=00" / "r1.parquet"
+        schema = layout.TABLES["anomalies"].schema
+        rows = {f.name: [a.get(f.name, 0 if f.type != pa.string() else "") for a in anomalies]
+                for f in schema}  # fmt: skip
+        pq.write_table(pa.table(rows, schema=schema), part)
+
+    h1 = {"anomaly_id": "s1", "kind": "silent_drop", "link": "leaf1-spine2",
+          "opened_ns": T0 + 4 * S, "detail": "{}"}  # fmt: skip
+    h3 = {"anomaly_id": "s3", "kind": "silent_drop", "link": "leaf3-spine2",
+          "opened_ns": T0 + 6 * S, "detail": "{}"}  # fmt: skip
+    share = {"anomaly_id": "s9", "kind": "silent_drop", "link": "",
+             "opened_ns": T0 + 5 * S, "detail": json.dumps({"evidence": {"candidates": ["spine2"]}})}  # fmt: skip
+    store(h1, h3)
+    r = evaluate([run])
+    assert r.localised == {"silent_drop": [True]} and r.latencies_s == {"silent_drop": [6.0]}
+    store(h1, h3, share)  # the spine's share beside them
+    r = evaluate([run])
+    assert r.localised == {"silent_drop": [False]}
+    assert r.confusion["silent_drop"]["silent_drop"] == 1 and r.false_alarms() == 0
+    store(h1)  # one of the two
+    assert evaluate([run]).localised == {"silent_drop": [False]}
+
+
 def test_a_directory_without_a_run_is_a_one_line_error(tmp_path: Path) -> None:
     out = CliRunner().invoke(detector, ["eval", str(tmp_path)])
     assert out.exit_code == 1
