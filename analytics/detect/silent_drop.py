@@ -662,17 +662,10 @@ class SilentDrops:
         left = set(lossy)
         chosen: list[tuple[list[Place], set[tuple[int, int, int]]]] = []
         while left:
-            best = max(
-                claims,
-                key=lambda p, left=left: (  # type: ignore[misc]
-                    evidence(len(claims[p] & left), clean_of[p]),
-                    -clean_of[p],
-                    repr(p),
-                ),
-            )
-            covered = claims[best] & left
-            if len(covered) < MIN_PATHS or evidence(len(covered), clean_of[best]) <= 0:
+            pick = _best(claims, left, claims, clean_of)
+            if pick is None:
                 break
+            best, covered = pick
             for place, part in _refined(best, covered, claims, clean_of, left):
                 twins = [p for p in claims if claims[p] & left == part
                          and clean_of[p] == clean_of[place]]  # fmt: skip
@@ -844,8 +837,9 @@ class SilentDrops:
         alternatives = [_words(p, name) for p in places]
         if port_rx is not None:  # its own host: the probes never reached the host's NIC
             host = dests[0]
+            # not the count itself (0 or 1 by turns, the leaf's ARP): it is in the evidence
             summary += (
-                f"; {host}'s port counted (almost) nothing in over "  # the count (0 or
+                f"; {host}'s port counted (almost) nothing in over "
                 f"{RX_SPAN_NS / 1e9:.0f} s, its link up and its own probes out delivered"
                 " (or its NIC discards what it receives before counting it)"
             )
@@ -906,18 +900,32 @@ def _refined(
     rest = set(covered)
     gain = 0.0
     while rest and narrower:
-        p = max(
-            narrower,
-            key=lambda p: (evidence(len(claims[p] & rest), clean_of[p]), -clean_of[p], repr(p)),
-        )
-        part = claims[p] & rest
-        earns = evidence(len(part), clean_of[p])
-        if len(part) < MIN_PATHS or earns <= 0:
+        pick = _best(narrower, rest, claims, clean_of)
+        if pick is None:
             break
-        parts.append((p, part))
-        rest -= part
-        gain += earns
+        parts.append(pick)
+        rest -= pick[1]
+        gain += evidence(len(pick[1]), clean_of[pick[0]])
     return parts if gain > evidence(len(covered), clean_of[best]) else [(best, covered)]
+
+
+def _best(
+    places: Iterable[Place],
+    paths: set[tuple[int, int, int]],
+    claims: dict[Place, set[tuple[int, int, int]]],
+    clean_of: collections.Counter[Place],
+) -> tuple[Place, set[tuple[int, int, int]]] | None:
+    """Of ``places``, the one that best explains the lossy ``paths`` it crosses (most
+    :func:`evidence`, then fewest clean paths, then by name), and those paths — or None
+    when it explains fewer than MIN_PATHS or does not earn its cost."""
+    best = max(
+        places,
+        key=lambda p: (evidence(len(claims[p] & paths), clean_of[p]), -clean_of[p], repr(p)),
+    )
+    part = claims[best] & paths
+    if len(part) < MIN_PATHS or evidence(len(part), clean_of[best]) <= 0:
+        return None
+    return best, part
 
 
 def _words(p: Place, name: object) -> str:
