@@ -496,7 +496,7 @@ class ClockmeshApp(App[None]):
 
     def recommended(self, anomaly: dict[str, Any]) -> str:
         """The remediation an anomaly calls for, in a few words (``plan.recommended``)."""
-        from analytics.remediate.plan import NO_REMEDY, recommended
+        from analytics.remediate.plan import no_remedy, recommended
 
         key = (str(anomaly.get("kind", "")), str(anomaly.get("link") or ""),
                str(anomaly.get("job_id") or ""))  # fmt: skip
@@ -506,7 +506,7 @@ class ClockmeshApp(App[None]):
             else:
                 action, target = recommended(self.topology_doc, *key)
                 self._recommended[key] = (f"{action} {target}".strip()
-                                          or NO_REMEDY.get(key[0], "none for this class"))  # fmt: skip
+                                          or no_remedy(self.topology_doc, *key[:2]))  # fmt: skip
         return self._recommended[key]
 
     def plan_text(self, anomaly_id: str) -> tuple[str, bool]:

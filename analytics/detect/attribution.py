@@ -8,6 +8,8 @@ was lost), and every pair is matched against the *places* the open anomalies nam
 
 * a host access link (``evidence.host``): that host is the **culprit**; every pair to or
   from it crosses the place;
+* a leaf that went as a whole (``evidence.hosts_cut_off``): every pair to or from its
+  hosts crosses it, and the leaf, not its hosts, is the culprit;
 * a leaf–spine link (``evidence.racks_exposed`` / ``evidence.leaf``, or the link's leaf
   from the topology): the pairs between its rack and another rack cross it;
 * a contended link and direction (``evidence.direction``): leaf→spine carries the pairs
@@ -49,6 +51,8 @@ class Places:
     """The open anomalies, compiled into lookups a pair is checked against in O(1)."""
 
     host: dict[str, list[str]] = field(default_factory=dict)  # host -> anomaly ids
+    # host -> anomalies of a switch every path to or from it crosses (a leaf gone whole)
+    around: dict[str, list[str]] = field(default_factory=dict)
     leave: dict[str, list[str]] = field(default_factory=dict)  # pairs leaving this leaf
     enter: dict[str, list[str]] = field(default_factory=dict)  # pairs entering this leaf
     # destination host -> (the source racks whose pairs to it are dropped, anomaly id)
@@ -57,7 +61,8 @@ class Places:
     def explained_by(self, src: str, dst: str, src_rack: str, dst_rack: str) -> list[str]:
         """The anomalies whose place the probes from ``src`` to ``dst`` cross."""
         out: list[str] = []
-        for ids in (self.host.get(src), self.host.get(dst)):
+        for ids in (self.host.get(src), self.host.get(dst), self.around.get(src),
+                    self.around.get(dst)):  # fmt: skip
             if ids:
                 out += ids
         out += [aid for racks, aid in self.to.get(dst, ()) if src_rack in racks]
@@ -82,6 +87,10 @@ def places(anomalies: Iterable[Mapping[str, Any]], link_leaf: Mapping[str, str])
             continue
         if ev.get("host"):  # a host's own access link
             p.host.setdefault(str(ev["host"]), []).append(aid)
+            continue
+        if ev.get("hosts_cut_off"):  # a leaf gone as a whole: its hosts' every path
+            for h in ev["hosts_cut_off"]:
+                p.around.setdefault(str(h), []).append(aid)
             continue
         dests, froms = ev.get("destinations"), ev.get("from_racks")
         if dests and froms:  # a switch dropping what it forwards to these hosts
@@ -194,6 +203,7 @@ def attribute(
     # The daemon runs this for every /v1/live request (~130,000 pairs at 13,000 hosts):
     # the common pair crosses no anomaly's place and is judged with a few dict lookups.
     by_host, leave, enter, to, rack = pl.host, pl.leave, pl.enter, pl.to, racks.get
+    around = pl.around
     racked = bool(leave or enter)
     for n, p in enumerate(pairs):
         src, dst = p["src"], p["dst"]
@@ -205,7 +215,7 @@ def attribute(
                 rs, rd = rack(src), rack(dst)
                 if rs != rd and (rs in leave or rd in enter):
                     ids = pl.explained_by("", "", rs or "", rd or "")
-            if src in by_host or dst in by_host or dst in to:
+            if src in by_host or dst in by_host or dst in to or src in around or dst in around:
                 ids = pl.explained_by(src, dst, rack(src) or "", rack(dst) or "")
         explained.append(ids)
         sent = p["sent"] or 0

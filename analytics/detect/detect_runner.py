@@ -39,8 +39,8 @@ from analytics.clock.clock_state import ClockState
 from analytics.detect import features
 from analytics.detect.anomalies import KINDS, Anomaly, AnomalyBook, Observation
 from analytics.detect.contention import CONGESTION_COUNTERS, PathDelays
+from analytics.detect.flaps import LEAF_SKEW_NS, LinkFlaps
 from analytics.detect.flaps import NAMES as FLAP_COUNTERS
-from analytics.detect.flaps import LinkFlaps, Survival
 from analytics.detect.job_delay import JobDelays
 from analytics.detect.model import Detector, ModelError
 from analytics.detect.model import load as load_model
@@ -49,6 +49,7 @@ from analytics.detect.roce import RoceJobs
 from analytics.detect.silent_drop import PORT_COUNTERS, SilentDrops
 from analytics.detect.silent_drop import TABLES as PROBE_TABLES
 from analytics.detect.silent_drop import columns as probe_columns
+from analytics.detect.survival import Survival
 from analytics.remediate import records as remediations
 from analytics.store import layout
 from analytics.store.store_writer import StoreWriter
@@ -69,6 +70,9 @@ _PORT_NAMES = pa.array(sorted(PORT_COUNTERS))
 REMEDIATION_SETTLE_S = 20.0
 INBAND_ROWS = 50_000  # in-band messages kept per commit for the delay signal
 RULE_ONLY = ("silent_drop",)  # classes the model does not re-judge (docs/detect.md)
+# A leaf back after it went as a whole: its uplinks' outages beginning this soon after are
+# its BGP sessions coming back (the lab's FRR: ~6 s), the leaf's, not the links' own
+LEAF_SETTLE_NS = 30_000_000_000
 FABRIC_SETTLE_S = 10.0  # no silent drop is judged this long after a fabric link flapped
 RECALL_S = 600.0  # at start, each 5-tuple's newest trace this recent is recalled from the store
 
@@ -174,7 +178,8 @@ class DetectRunner:
             if self.config.topology_file
             else TopologyMaps({}, [], {})
         )
-        self.flaps = LinkFlaps(self.config.flap_window_s, topo.port_links, names)
+        self.flaps = LinkFlaps(self.config.flap_window_s, topo.port_links, names,
+                               topo.host_rack, topo.host_access)  # fmt: skip
         self.paths = FabricPaths(
             topo.fabric, topo.host_rack, self.config.flap_window_s, self.config.clear_s
         )
@@ -221,6 +226,7 @@ class DetectRunner:
         # them is not trusted: collectors report the fixed configuration at their next scan.
         self._settling: dict[tuple[str, str], int] = {}
         self._recent: list[dict] = []
+        self._leaf_folded: list[tuple[str, str]] = []  # (uplink's key, leaf): _with_leaves
 
     # ---- commit thread -------------------------------------------------------------
     def feed(
@@ -441,6 +447,7 @@ class DetectRunner:
                 ),
             ),
         ]
+        observed = self._with_leaves(observed, now_ns)
         self.survival.judge(observed, self.roce.limits(now_ns), now_ns)  # outages vs jobs
         self._settling = {k: t for k, t in self._settling.items() if t > now_ns}
         if self._settling:  # still true after the grace: a new anomaly (the fix did not take)
@@ -474,11 +481,40 @@ class DetectRunner:
             self.on_pass(taken_ns, time.time_ns())
         return written
 
+    def _with_leaves(self, observed: list[Observation], now_ns: int) -> list[Observation]:
+        """A leaf that went as a whole (:class:`LinkFlaps`) took its uplinks with it: the
+        path tomography's outages of its leaf–spine links that began while it was down, or
+        within :data:`LEAF_SETTLE_NS` after (its BGP sessions coming back), are the leaf's
+        and not observed on their own (nor a group of links no trace tells apart, one of
+        which is such a link); an anomaly of theirs already open folds into the leaf's."""
+        if not self.flaps.leaves:
+            return observed
+        out = []
+        for obs in observed:
+            e = obs.evidence
+            fabric = obs.kind == "flapping_link" and "spine" in e and not e.get("switch")
+            # a link, or links no trace tells apart ("leaf2-spine2 or leaf3-spine2"): one
+            # of them is a leaf's that went whole, which explains the paths lost
+            leaves = sorted(set(e.get("racks_exposed") or [e.get("leaf")])) if fabric else []
+            starts = [d for d, _u in e.get("outages_ns") or []]
+            starts += [e["down_since_ns"]] if e.get("down_since_ns") else []
+            leaf = next((x for x in leaves if starts and all(
+                any(o.down_ns - LEAF_SKEW_NS <= t <= (o.up_ns or now_ns) + LEAF_SETTLE_NS
+                    for o in self.flaps.leaves.get(str(x), ()))
+                for t in starts)), None)  # fmt: skip
+            if leaf is not None:
+                self._leaf_folded.append((obs.key, str(leaf)))
+                continue
+            out.append(obs)
+        return out
+
     def _fold(self, now_ns: int) -> None:
         """A link named on its own, then found to be one of a spine's that went as a whole
-        (:meth:`FabricPaths.take_folded`): its anomaly closes now, naming the spine's — not
-        left saying "down now" until it clears."""
-        for old, into in self.paths.take_folded():
+        (:meth:`FabricPaths.take_folded`), or a host link or a leaf–spine link of a leaf
+        that did (:meth:`LinkFlaps.take_folded`, :meth:`_with_leaves`): its anomaly closes
+        now, naming the switch's — not left saying "down now" until it clears."""
+        folded, self._leaf_folded = self._leaf_folded, []
+        for old, into in [*self.paths.take_folded(), *self.flaps.take_folded(), *folded]:
             a = self.book.open.get(("flapping_link", old))
             b = self.book.open.get(("flapping_link", into))
             if a is None or b is None or a is b:

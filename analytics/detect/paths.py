@@ -560,7 +560,7 @@ class FabricPaths:
             "outage_error_s": round(st.error_ns / 1e9, 2),
             "source": "path traces (hop-2 answers per source port), tomography",
         }
-        if whole:  # the summary names it with its links' count (flaps.judge_outages)
+        if whole:  # the summary names it with its links' count (survival.judge_outages)
             extra["switch"] = lk.spine
             extra["switch_note"] = (
                 f"every path through {lk.spine} went at once: it is down or isolated, or "

@@ -32,8 +32,8 @@ import numpy as np
 
 from analytics.detect import features
 from analytics.detect.evaluate import BEFORE_NS
-from analytics.detect.flaps import ASSUMED_LIMIT_S
 from analytics.detect.model import Detector, FaultClassifier, HealthyBaseline, today
+from analytics.detect.survival import ASSUMED_LIMIT_S
 from analytics.store.catalog import connect_views
 
 EVAL_SEEDS_FROM = 1000

@@ -297,6 +297,15 @@ def _plan(
                 f"anomaly {anomaly_id} (silent_drop): no single link explains it (the loss "
                 f"crosses {', '.join(links)}): take the switch out of service by hand"
             )
+        if not action and a.kind == "flapping_link" and _rack(topology, a.link):  # a leaf
+            hosts = _rack(topology, a.link)
+            raise Refused(
+                f"anomaly {anomaly_id} (flapping_link on {a.link}): every host link under "
+                f"{a.link} went at once, and its {len(hosts)} hosts have no other path: "
+                f"check {a.link} itself (power, a reload, its ports); if it stays down, drain "
+                f"its hosts one by one (action=host_drain target=HOST: {', '.join(hosts)}), "
+                "within the cap"
+            )
         if not action and a.kind == "flapping_link":  # a spine that went as a whole
             raise Refused(
                 f"anomaly {anomaly_id} (flapping_link on {a.link}): every path through "
@@ -336,7 +345,7 @@ def recommended(topology: dict[str, Any] | None, kind: str, link: str,
     if kind == "flapping_link":
         host = _access_link(topology, link) if topology else ""
         if not host and topology and _switch(topology, link):
-            return "", ""  # a whole spine: every leaf already routes around it
+            return "", ""  # a whole spine (leaves route around it) or leaf (check it)
         return ("host_drain", host) if host else ("fabric_link_out", link)
     if kind == "roce_v1_job":
         return "roce_v2_gid", job_id
@@ -355,13 +364,27 @@ def recommended(topology: dict[str, Any] | None, kind: str, link: str,
 
 
 # Why an anomaly of a class has no remediation, in a few words (the TUI's column), when
-# :func:`recommended` gave none: which of its cases that is follows from the class alone,
-# as in :func:`_plan`'s refusals, which say it in full
+# :func:`recommended` gave none: which of its cases that is follows from the class (and,
+# for a switch gone as a whole, whether it is a leaf), as in :func:`_plan`'s refusals,
+# which say it in full
 NO_REMEDY = {
     "flapping_link": "none: leaves route around it",  # a whole spine
     "contention": "none: a host's own port",
     "silent_drop": "by hand: check the switch",  # no single fabric link explains it
 }
+LEAF_NO_REMEDY = "by hand: check the leaf, drain its hosts"  # a leaf gone as a whole
+
+
+def no_remedy(topology: dict[str, Any] | None, kind: str, link: str) -> str:
+    """Why an anomaly :func:`recommended` gives no remediation has none, in a few words."""
+    if kind == "flapping_link" and topology and _rack(topology, link):
+        return LEAF_NO_REMEDY
+    return NO_REMEDY.get(kind, "none for this class")
+
+
+def _rack(topology: dict[str, Any], leaf: str) -> list[str]:
+    """The hosts under leaf ``leaf`` ([] when it is no leaf of the topology)."""
+    return sorted(str(h["name"]) for h in topology.get("hosts", []) if h.get("rack") == leaf)
 
 
 def _switch(topology: dict[str, Any], name: str) -> bool:

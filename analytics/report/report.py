@@ -6,7 +6,7 @@ page (plots inline as SVG: viewable with no network), Markdown (plots as SVG fil
 it) and JSON (the same facts). Plots with matplotlib.
 
 GPU-hours at risk, stated with its assumption, follow the detector's judgement of each
-outage against the jobs that crossed the link (``evidence.job_verdicts``, analytics/detect/flaps.py:
+outage against the jobs that crossed the link (``evidence.job_verdicts``, analytics/detect/survival.py:
 each job's queue pairs survive 4.096 µs × 2^NCCL_IB_TIMEOUT × (NCCL_IB_RETRY_CNT + 1)): a
 job that survives an outage stalls for it (its hosts × GPUs per host × the outage; on a
 leaf–spine link routed around, × the reroute, ``evidence.reroutes_s``); a job it
@@ -33,7 +33,7 @@ from typing import Any
 import duckdb
 
 from analytics.detect import attribution
-from analytics.detect.flaps import ASSUMED_LIMIT_S, ASSUMED_WORDS
+from analytics.detect.survival import ASSUMED_LIMIT_S, ASSUMED_WORDS
 from analytics.store.catalog import connect_views
 from analytics.topology import TopologyError, read_topology
 from analytics.topology import racks as topology_racks
@@ -204,7 +204,7 @@ def collect(
         x["where"] = x["link"] or x["job_id"]
         x["raw_outages"] = list(ev.get("outages_s") or [])
         x["outages_ns"] = list(ev.get("outages_ns") or [])  # [down, up] of each, when stored
-        x["folded_into"] = ev.get("folded_into", "")  # a link's, into its spine's anomaly
+        x["folded_into"] = ev.get("folded_into", "")  # a link's, into its switch's anomaly
         x["outages_s"] = [o for o in x["raw_outages"] if o is not None]
         x["jobs"] = ev.get("job_verdicts")  # None: stored before the detector judged jobs
         # a fabric link routed around: what its jobs lost per outage (null: the outage)
@@ -215,6 +215,8 @@ def collect(
         exposed = [h for h, r in racks.items() if r in (ev.get("racks_exposed") or [])]
         if not exposed and ev.get("host"):
             exposed = [ev["host"]]
+        if not exposed and ev.get("hosts_cut_off"):  # a leaf gone as a whole: its hosts
+            exposed = [str(h) for h in ev["hosts_cut_off"]]
         x["hosts_exposed"] = len(exposed)
     # A link's flap window (10 min) carries its earlier outages into a later anomaly on the
     # same place: count each outage once. One whose times overlap an outage counted for the

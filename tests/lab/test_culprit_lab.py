@@ -134,3 +134,62 @@ def test_a_host_whose_own_link_flaps_is_the_culprit_and_its_peers_are_affected(
     line = next(x for x in text.splitlines() if x.startswith(CULPRIT + " "))
     assert " culprit " in line and f"its own link {LINK} ({aid})" in line, text
     assert "1 failing (1 culprit)" in text, text
+
+
+def test_a_leaf_that_goes_as_a_whole_is_named_and_its_hosts_are_victims(
+    opsbox: dict[str, Any],
+) -> None:
+    """Every port of one leaf down at once (a switch losing power): one anomaly names the
+    leaf, with the hosts it cut off; no host link of it, and none of its uplinks while its
+    BGP sessions come back, is named on its own; its hosts are affected, not to blame."""
+    lab, live = opsbox["lab"], opsbox["live"]
+    leaf, hosts = "leaf3", ["h3-1", "h3-2"]
+    ports = [end for lk in lab.topology.links for end in (lk.a, lk.b) if end.node == leaf]
+    assert len(ports) == 4, ports  # two hosts, two spines
+
+    def ip(state: str) -> None:
+        for end in ports:
+            subprocess.run(["ip", "-n", end.namespace, "link", "set", end.interface, state],
+                           check=True)  # fmt: skip
+
+    def mine() -> list[dict[str, Any]]:
+        """Open flap anomalies on the leaf or any link of it (a group of links too)."""
+        return [a for a in live()["anomalies"]["open"] if a["kind"] == "flapping_link"
+                and leaf in str(a["link"])]  # fmt: skip
+
+    wait_for(lambda: not mine(), 30, f"no anomaly on {leaf} before")
+    t_down = time.monotonic()
+    try:
+        ip("down")
+        (a,) = wait_for(lambda: [x for x in mine() if x["link"] == leaf], 10, f"{leaf} named")
+        print(f"{leaf} down -> named in {time.monotonic() - t_down:.2f} s: {a['summary']}")
+        assert a["evidence"]["hosts_cut_off"] == hosts and a["evidence"]["down_now"], a
+        assert a["summary"].startswith(f"{leaf} (all 2 of its host links at once) flapped 1 "
+                                       "time in 10 min; down now"), a["summary"]  # fmt: skip
+        aid = a["anomaly_id"]
+        time.sleep(1.0)  # a host link named first has folded into it by now
+        assert [x["link"] for x in mine()] == [leaf], mine()
+        time.sleep(max(0.0, 6.0 - (time.monotonic() - t_down)))
+    finally:
+        ip("up")
+    # back: its outage measured; then nothing else on it while its BGP sessions come back
+    back = wait_for(lambda: [x for x in mine() if x["link"] == leaf
+                             and not x["evidence"]["down_now"]], 15, f"{leaf} back")  # fmt: skip
+    (outage,) = back[0]["evidence"]["outages_s"]
+    assert 5.5 <= outage <= 8.0, outage
+    deadline = time.monotonic() + 20.0
+    while time.monotonic() < deadline:
+        assert [x["link"] for x in mine()] == [leaf], mine()
+        time.sleep(0.5)
+
+    # its hosts' loss (in the live picture once settled) is the leaf's: victims, not culprits
+    def verdicts() -> dict[str, str]:
+        return {h["host"]: h["verdict"] for h in live()["hosts"]}
+
+    wait_for(lambda: {verdicts()[h] for h in hosts} == {"affected"}, 30, f"{hosts} affected")
+    doc = live()
+    for h in doc["hosts"]:
+        if h["host"] in hosts:
+            assert aid in h["affected_by"] and h["loss_unexplained"] <= 0.01, h
+    assert not [h for h in doc["hosts"] if h["verdict"] == "lossy"], verdicts()
+    assert not [h for h, v in verdicts().items() if v == "culprit" and h != CULPRIT]

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from analytics.detect.flaps import ASSUMED_LIMIT_S
+from analytics.detect.survival import ASSUMED_LIMIT_S
 from collector.job_nccl import qp_limit_s
 from lab import faults, jobgen
 from lab.fabric import Lab
@@ -550,7 +550,7 @@ def _flap(
         # fatal only if the jobs' flows lost more than they survive: the FIBs' reroute
         over = sum(1 for r in rerouted_by if r >= limit)
         assert ev["outages_over_kill_s"] == over, (report[-1], limit, ev)
-        # The summary's words for the same verdicts (flaps.judge_outages).
+        # The summary's words for the same verdicts (survival.judge_outages).
         s = a["summary"]
         assert (
             f"out of service up to {ev['longest_outage_s']:.1f} s (paths rerouted within "

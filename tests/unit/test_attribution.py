@@ -115,6 +115,22 @@ def test_a_leaf_dropping_its_own_host_explains_every_pair_to_it_its_racks_too() 
     assert attribution.place_name(own) == "leaf3 towards h3-1"
 
 
+def test_a_leaf_gone_as_a_whole_explains_every_pair_of_its_hosts_and_names_none_culprit() -> None:
+    # leaf2 went down: every probe to or from its hosts lost, h2-1 <-> h2-2 too; the hosts
+    # sent nothing that arrived, and are no more to blame than their peers
+    lost = {(s, d): 100 for s in RACKS for d in RACKS if s != d and "leaf2" in (RACKS[s], RACKS[d])}
+    leaf = {"anomaly_id": "flapping-9", "kind": "flapping_link", "link": "leaf2",
+            "evidence": {"switch": "leaf2", "hosts_cut_off": ["h2-1", "h2-2"],
+                         "links": ["h2-1-leaf2", "h2-2-leaf2"]}}  # fmt: skip
+    assert set(_verdicts(_mesh(lost), []).values()) == {"lossy"}
+    verdicts = _verdicts(_mesh(lost), [leaf])
+    assert set(verdicts.values()) == {"affected"}, verdicts
+    pl = attribution.places([leaf], LEAVES)
+    assert pl.explained_by("h2-1", "h2-2", "leaf2", "leaf2") == ["flapping-9"]
+    assert pl.explained_by("h1-1", "h3-1", "leaf1", "leaf3") == []
+    assert attribution.place_name(leaf) == "leaf2"
+
+
 def test_clockmesh_live_names_the_culprit_and_counts_the_affected_apart() -> None:
     doc = sample_host_flap()
     rows = {r.host: r for r in live_cli.summarise(doc)}

@@ -8,8 +8,9 @@ import json
 import numpy as np
 
 from analytics.detect.anomalies import AnomalyBook, Observation
-from analytics.detect.flaps import LinkFlaps, Survival
+from analytics.detect.flaps import LinkFlaps
 from analytics.detect.roce import JobLimit, RoceJobs
+from analytics.detect.survival import Survival
 from collector import records
 from collector.job_nccl import qp_limit_s
 
@@ -915,7 +916,7 @@ def test_a_fabric_outage_whose_reroute_was_not_measured_may_kill_never_kills() -
     most the outage, most likely only the reroute. Over a job's limit that outage *may*
     have killed it — never "kills" (a fresh-clone CI run said "kills job mid" of a job the
     fabric had rerouted in 0.07 s)."""
-    from analytics.detect.flaps import judge_outages
+    from analytics.detect.survival import judge_outages
 
     def observed(every_path_lost: bool) -> Observation:
         obs = Observation(kind="flapping_link", key="leaf1-spine1", score=0.5, summary="")

@@ -1,0 +1,142 @@
+"""A leaf that goes down as a whole (every host link under it at once) is one anomaly
+named after the leaf, not one per host link, and takes its uplinks' outages while its BGP
+sessions come back (analytics/detect/flaps.py, detect_runner._with_leaves)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from analytics.detect.detect_runner import DetectConfig, DetectRunner
+from analytics.detect.flaps import LinkFlaps, Outage
+from analytics.remediate import plan
+from analytics.store import layout
+from collector import records
+
+S = 1_000_000_000
+T0 = 1_800_000_000 * S
+RACKS = ("leaf1", "leaf2", "leaf3")
+HOSTS = {10 * r + i: f"leaf{r}" for r in (1, 2, 3) for i in (1, 2)}
+NAMES = {h: f"h{h // 10}-{h % 10}" for h in HOSTS}
+
+
+def _topology(path: Path) -> Path:
+    hosts = [{"name": NAMES[h], "rack": HOSTS[h]} for h in HOSTS]
+    links = []
+    for i, (leaf, s) in enumerate((leaf, s) for leaf in RACKS for s in ("spine1", "spine2")):
+        links.append({"name": f"{leaf}-{s}", "kind": "fabric",
+                      "a": {"node": leaf, "interface": s, "address": f"198.18.128.{2 * i}"},
+                      "b": {"node": s, "interface": leaf,
+                            "address": f"198.18.128.{2 * i + 1}"}})  # fmt: skip
+    for h in HOSTS:
+        links.append({"name": f"{NAMES[h]}-{HOSTS[h]}", "kind": "access",
+                      "a": {"node": NAMES[h], "interface": "bk0"},
+                      "b": {"node": HOSTS[h], "interface": NAMES[h]}})  # fmt: skip
+    path.write_text(json.dumps({"hosts": hosts, "links": links}))
+    return path
+
+
+def _samples(sec: int, down: dict[int, tuple[int, int]]) -> np.ndarray:
+    """One second's operstate sample of every host's bk0; ``down``: host -> [from, to)."""
+    rows = []
+    for h in HOSTS:
+        a, b = down.get(h, (0, 0))
+        oper = 2 if a <= sec < b else 6
+        went = 1 if h in down and sec == a else 0
+        ts = T0 + sec * S + h * 1_000_000  # collectors sample unaligned
+        rows.append((ts, h, b"bk0", 0, 0, (0,) * 5, b"operstate", oper, 0))
+        rows.append((ts, h, b"bk0", 0, 0, (0,) * 5, b"carrier_down_count", went, went))
+    return np.array(rows, records.COUNTER)
+
+
+def _runner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> DetectRunner:
+    monkeypatch.setattr(records, "host_id", lambda name: {v: k for k, v in NAMES.items()}[name])
+    config = DetectConfig(topology_file=str(_topology(tmp_path / "t.json")))
+    runner = DetectRunner(None, config, host_names=lambda: NAMES)
+    assert runner.model is not None  # the shipped model judges what the rules found
+    return runner
+
+
+def _run(runner: DetectRunner, down: dict[int, tuple[int, int]], seconds: range,
+         uplink: dict[int, tuple[str, int, int]] | None = None) -> None:  # fmt: skip
+    """A pass a second; ``uplink``: at second k, an outage of a leaf–spine link from
+    second a to b, as the path traces would have placed it."""
+    for sec in seconds:
+        if uplink and sec in uplink:
+            name, a, b = uplink[sec]
+            st = runner.paths.state[name]
+            st.outages.append(Outage(T0 + a * S))
+            st.down_since = st.evidence_ns = T0 + a * S
+            st.back_ns = T0 + b * S
+        runner.feed({"counter": layout.records_to_arrow("counter", _samples(sec, down))})
+        runner.step(T0 + sec * S + 500_000_000)
+
+
+def test_a_leaf_whose_every_host_link_goes_at_once_is_one_anomaly_named_as_the_leaf(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runner = _runner(tmp_path, monkeypatch)
+    # leaf2 dies: h2-1 seen down at 5 s, h2-2 a second later; both back at 15 and 16 s.
+    # Meanwhile h1-1's own link flaps, 5 s to 8 s: that one stays its own.
+    down = {21: (5, 15), 22: (6, 16), 11: (5, 8)}
+    _run(runner, down, range(0, 6))
+    first = {a["link"]: a for a in runner.live()["open"]}
+    # before the second host was seen down, h2-1's link was named on its own
+    assert set(first) == {"h2-1-leaf2", "h1-1-leaf1"}, first
+    _run(runner, down, range(6, 8))
+    (leaf,) = [a for a in runner.live()["open"] if a["link"] == "leaf2"]
+    assert leaf["kind"] == "flapping_link"  # the model keeps it in its class
+    assert leaf["evidence"]["hosts_cut_off"] == ["h2-1", "h2-2"]
+    assert leaf["summary"].startswith(
+        "leaf2 (all 2 of its host links at once) flapped 1 time in 10 min; down now"
+    ), leaf["summary"]
+    # h2-1's anomaly closed now, naming the leaf's; no host link of leaf2 is open
+    assert {a["link"] for a in runner.live()["open"]} == {"leaf2", "h1-1-leaf1"}
+    (folded,) = [a for a in runner.live()["recently_closed"] if a["link"] == "h2-1-leaf2"]
+    assert folded["evidence"]["folded_into"] == leaf["anomaly_id"], folded
+    _run(runner, down, range(8, 18))
+    (leaf,) = [a for a in runner.live()["open"] if a["link"] == "leaf2"]
+    # from the first host going to the last coming back
+    assert leaf["evidence"]["outages_s"] == [pytest.approx(11.0, abs=0.05)], leaf["evidence"]
+    assert "outages up to 11.0 s" in leaf["summary"] and "down now" not in leaf["summary"]
+    (own,) = [a for a in runner.live()["open"] if a["link"] == "h1-1-leaf1"]
+    assert own["evidence"]["outages_s"] == [3.0]
+
+
+def test_a_leafs_uplinks_coming_back_late_are_the_leafs_and_a_later_flap_is_their_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runner = _runner(tmp_path, monkeypatch)
+    down = {21: (5, 15), 22: (5, 15)}
+    # leaf2-spine2's paths go 2 s after the leaf is back, for 6 s (its BGP session);
+    # leaf2-spine1 flaps on its own a minute later
+    uplink = {18: ("leaf2-spine2", 17, 23), 75: ("leaf2-spine1", 75, 78)}
+    _run(runner, down, range(0, 30), uplink)
+    seen = {a["link"] for a in [*runner.live()["open"], *runner.live()["recently_closed"]]}
+    assert seen == {"leaf2"}, seen
+    _run(runner, down, range(30, 80), uplink)
+    (own,) = [a for a in runner.live()["open"] if a["link"] == "leaf2-spine1"]
+    assert own["kind"] == "flapping_link", own
+
+
+def test_host_links_of_one_leaf_going_apart_or_not_all_are_each_their_own() -> None:
+    ports = {(h, "bk0"): f"{NAMES[h]}-{HOSTS[h]}" for h in HOSTS}
+    access = {h: f"{NAMES[h]}-{HOSTS[h]}" for h in HOSTS}
+    for down in ({21: (5, 15), 22: (9, 15)}, {21: (5, 7), 22: (8, 12)}, {31: (5, 15)}):
+        flaps = LinkFlaps(600, ports, NAMES, HOSTS, access)
+        links = set()
+        for sec in range(0, 16):
+            flaps.feed(_samples(sec, down))
+            links |= {o.link for o in flaps.observations(T0 + sec * S + S // 2)}
+        assert links == {f"{NAMES[h]}-{HOSTS[h]}" for h in down}, (down, links)
+        assert not flaps.leaves and not flaps.take_folded()
+
+
+def test_a_leaf_gone_as_a_whole_is_checked_by_hand_not_routed_around(tmp_path: Path) -> None:
+    topology = json.loads(_topology(tmp_path / "t.json").read_text())
+    assert plan.recommended(topology, "flapping_link", "leaf2") == ("", "")
+    assert plan.no_remedy(topology, "flapping_link", "leaf2") == plan.LEAF_NO_REMEDY
+    assert plan.no_remedy(topology, "flapping_link", "spine1") == "none: leaves route around it"
