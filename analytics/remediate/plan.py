@@ -299,12 +299,14 @@ def _plan(
             )
         if not action and a.kind == "flapping_link" and _rack(topology, a.link):  # a leaf
             hosts = _rack(topology, a.link)
+            at_once = max(1, math.floor(caps.max_rack_hosts_share * len(hosts)))
             raise Refused(
                 f"anomaly {anomaly_id} (flapping_link on {a.link}): every host link under "
-                f"{a.link} went at once, and its {len(hosts)} hosts have no other path: "
+                f"{a.link} went at once, and its {len(hosts)} host"
+                f"{'s have' if len(hosts) != 1 else ' has'} no other path: "
                 f"check {a.link} itself (power, a reload, its ports); if it stays down, drain "
-                f"its hosts one by one (action=host_drain target=HOST: {', '.join(hosts)}), "
-                "within the cap"
+                f"its hosts one by one (action=host_drain target=HOST: {', '.join(hosts)}); "
+                f"the cap drains {at_once} of them at once (--max-rack-hosts-share)"
             )
         if not action and a.kind == "flapping_link":  # a spine that went as a whole
             raise Refused(

@@ -82,6 +82,15 @@ def test_flapping_fabric_link_plans_both_ends(store: Path) -> None:
         ("flapping_link", "leaf1-spine1", 5, "is closed \\(its condition cleared\\)"),
         # a spine that went as a whole: no link of it to take out
         ("flapping_link", "spine2", 0, "every leaf already routes around it"),
+        # a leaf that went as a whole: its hosts have no other path, nothing to route
+        (
+            "flapping_link",
+            "leaf2",
+            0,
+            "every host link under leaf2 went at once, and its 1 "
+            "host has no other path: check leaf2 itself .*=host_drain target=HOST: h2-1\\); "
+            "the cap drains 1 of them at once",
+        ),
     ],
 )
 def test_refusals_name_the_reason(
