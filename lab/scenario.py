@@ -28,6 +28,9 @@ box (``clockmesh ingest run``, store in ``DIR/store``) and a collector in every 
 - ``leaf_drop``: a leaf silently drops everything it forwards to one host, of its own rack
   or another (a blackhole /32: a stale FIB entry) for 15–25 s: ``where`` is ``LEAF
   towards HOST``;
+- ``leaf_down``: a leaf loses power: every port of it (its hosts' and its uplinks) down
+  at once for 3–10 s, by plain ``ip link set``; ``where`` is the leaf (a rack of two
+  hosts or more: one host's rack is its host link);
 - ``clean``: nothing, 20–40 s.
 
 Realistic buffers by default: every leaf–spine link gets ``CAPACITY`` (50 Mbit/s) and
@@ -69,8 +72,9 @@ KINDS = (
     "silent_drop",
     "leaf_drop",
     "multi_drop",
+    "leaf_down",
 )
-WEIGHTS = (3, 2, 2, 1, 2, 1, 1, 1, 1, 1)
+WEIGHTS = (3, 2, 2, 1, 2, 1, 1, 1, 1, 1, 1)
 CAPACITY = "50mbit"
 BUFFER_US = 500.0
 CLASS_OF = {
@@ -82,6 +86,7 @@ CLASS_OF = {
     "silent_drop": "silent_drop",
     "leaf_drop": "silent_drop",
     "multi_drop": "silent_drop",
+    "leaf_down": "flapping_link",
     "healthy_job": "none",
     "clean": "none",
 }
@@ -274,6 +279,25 @@ class Scenario:
             "switch": leaf, "to": rec["to"], "how": rec["how"], "seconds": round(seconds, 1)})  # fmt: skip
         return self._hold(f, seconds)
 
+    def _leaf_down(self) -> Fault:
+        topo = self.lab.topology
+        racks = sorted({h.rack for h in topo.hosts})
+        leaf = self.rng.choice([r for r in racks if sum(h.rack == r for h in topo.hosts) > 1])
+        ports = [end for lk in topo.links for end in (lk.a, lk.b) if end.node == leaf]
+        seconds = round(self.rng.uniform(3.0, 10.0), 1)
+        f = Fault("leaf_down", "flapping_link", leaf, time.time_ns(), detail={
+            "switch": leaf, "hosts": sorted(h.name for h in topo.hosts if h.rack == leaf),
+            "ports": len(ports), "down_s": seconds, "how": "ip link set (every port)"})  # fmt: skip
+        try:
+            for end in ports:
+                _ip(end.namespace, end.interface, "down")
+            time.sleep(seconds)
+        finally:
+            for end in ports:
+                _ip(end.namespace, end.interface, "up")
+            f.end_ns = time.time_ns()
+        return f
+
     def _clean(self) -> Fault:
         f = Fault("clean", "none", "", time.time_ns())
         time.sleep(self.rng.uniform(20, 40))
@@ -300,6 +324,8 @@ class Scenario:
             return self._leaf_drop()
         if kind == "multi_drop":
             return self._multi_drop()
+        if kind == "leaf_down":
+            return self._leaf_down()
         return self._clean()
 
     # ---- the run ------------------------------------------------------------------------

@@ -483,10 +483,11 @@ class DetectRunner:
 
     def _with_leaves(self, observed: list[Observation], now_ns: int) -> list[Observation]:
         """A leaf that went as a whole (:class:`LinkFlaps`) took its uplinks with it: the
-        path tomography's outages of its leaf–spine links that began while it was down, or
-        within :data:`LEAF_SETTLE_NS` after (its BGP sessions coming back), are the leaf's
-        and not observed on their own (nor a group of links no trace tells apart, one of
-        which is such a link); an anomaly of theirs already open folds into the leaf's."""
+        path tomography's outage of one of its leaf–spine links that began while it was
+        down, or within :data:`LEAF_SETTLE_NS` after (its BGP sessions coming back), is the
+        leaf's: the link is not observed for it (nor a group of links no trace tells apart,
+        one of which is such a link); an anomaly of its opened with the leaf folds into the
+        leaf's."""
         if not self.flaps.leaves:
             return observed
         out = []
@@ -496,16 +497,22 @@ class DetectRunner:
             # a link, or links no trace tells apart ("leaf2-spine2 or leaf3-spine2"): one
             # of them is a leaf's that went whole, which explains the paths lost
             leaves = sorted(set(e.get("racks_exposed") or [e.get("leaf")])) if fabric else []
-            starts = [d for d, _u in e.get("outages_ns") or []]
-            starts += [e["down_since_ns"]] if e.get("down_since_ns") else []
-            leaf = next((x for x in leaves if starts and all(
-                any(o.down_ns - LEAF_SKEW_NS <= t <= (o.up_ns or now_ns) + LEAF_SETTLE_NS
-                    for o in self.flaps.leaves.get(str(x), ()))
-                for t in starts)), None)  # fmt: skip
-            if leaf is not None:
-                self._leaf_folded.append((obs.key, str(leaf)))
+            # what it is observed for: its outage now, else the one that just ended (its
+            # earlier ones, in its flap window, are its own history)
+            done = e.get("outages_ns") or []
+            start = e.get("down_since_ns") or (done[-1][0] if done else 0)
+            event = next((o for x in leaves for o in self.flaps.leaves.get(str(x), ())
+                          if start and o.down_ns - LEAF_SKEW_NS <= start
+                          <= (o.up_ns or now_ns) + LEAF_SETTLE_NS), None)  # fmt: skip
+            if event is None:
+                out.append(obs)
                 continue
-            out.append(obs)
+            # an anomaly of its own opened before the leaf went stays its own (it closes
+            # once not observed for its clear time); one opened with the leaf folds into it
+            a = self.book.open.get(("flapping_link", obs.key))
+            if a is not None and a.opened_ns >= event.down_ns - LEAF_SKEW_NS:
+                leaf = next(x for x in leaves if event in self.flaps.leaves.get(str(x), ()))
+                self._leaf_folded.append((obs.key, str(leaf)))
         return out
 
     def _fold(self, now_ns: int) -> None:

@@ -140,3 +140,21 @@ def test_a_leaf_gone_as_a_whole_is_checked_by_hand_not_routed_around(tmp_path: P
     assert plan.recommended(topology, "flapping_link", "leaf2") == ("", "")
     assert plan.no_remedy(topology, "flapping_link", "leaf2") == plan.LEAF_NO_REMEDY
     assert plan.no_remedy(topology, "flapping_link", "spine1") == "none: leaves route around it"
+
+
+def test_an_uplink_that_flapped_on_its_own_before_keeps_that_anomaly_and_not_the_leafs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runner = _runner(tmp_path, monkeypatch)
+    down = {21: (6, 15), 22: (6, 15)}
+    # leaf2-spine2 flaps on its own (1-3 s), then goes again with its leaf's BGP (17-23 s)
+    uplink = {2: ("leaf2-spine2", 1, 3), 18: ("leaf2-spine2", 17, 23)}
+    _run(runner, down, range(0, 5), uplink)
+    (own,) = [a for a in runner.live()["open"] if a["link"] == "leaf2-spine2"]
+    _run(runner, down, range(5, 30), uplink)
+    now = {a["link"]: a for a in runner.live()["open"]}
+    assert set(now) == {"leaf2", "leaf2-spine2"}, now
+    # still its own flap alone: the leaf's outage is not counted in it, nor is it closed
+    assert now["leaf2-spine2"]["anomaly_id"] == own["anomaly_id"]
+    assert now["leaf2-spine2"]["evidence"]["flaps"] == 1, now["leaf2-spine2"]["evidence"]
+    assert not runner.live()["recently_closed"]
