@@ -70,8 +70,9 @@ _PORT_NAMES = pa.array(sorted(PORT_COUNTERS))
 REMEDIATION_SETTLE_S = 20.0
 INBAND_ROWS = 50_000  # in-band messages kept per commit for the delay signal
 RULE_ONLY = ("silent_drop",)  # classes the model does not re-judge (docs/detect.md)
-# A leaf back after it went as a whole: its uplinks' outages beginning this soon after are
-# its BGP sessions coming back (the lab's FRR: ~6 s), the leaf's, not the links' own
+# A leaf back after it went as a whole: its uplinks' outages beginning this soon after,
+# with no trace across them since it was back, are its BGP sessions coming back (the lab's
+# FRR: ~6 s), the leaf's, not the links' own
 LEAF_SETTLE_NS = 30_000_000_000
 FABRIC_SETTLE_S = 10.0  # no silent drop is judged this long after a fabric link flapped
 RECALL_S = 600.0  # at start, each 5-tuple's newest trace this recent is recalled from the store
@@ -484,8 +485,8 @@ class DetectRunner:
     def _with_leaves(self, observed: list[Observation], now_ns: int) -> list[Observation]:
         """A leaf that went as a whole (:class:`LinkFlaps`) took its uplinks with it: the
         path tomography's outage of one of its leaf–spine links that began while it was
-        down, or within :data:`LEAF_SETTLE_NS` after (its BGP sessions coming back), is the
-        leaf's: the link is not observed for it (nor a group of links no trace tells apart,
+        down, or within :data:`LEAF_SETTLE_NS` after without a trace across it since the
+        leaf was back (its BGP session coming back), is the leaf's: the link is not observed for it (nor a group of links no trace tells apart,
         one of which is such a link); an anomaly of its opened with the leaf folds into the
         leaf's."""
         if not self.flaps.leaves:
@@ -501,9 +502,15 @@ class DetectRunner:
             # earlier ones, in its flap window, are its own history)
             done = e.get("outages_ns") or []
             start = e.get("down_since_ns") or (done[-1][0] if done else 0)
+            # the newest trace across it before this outage: one after the leaf was back
+            # means its BGP had come back too, and this outage is the link's own
+            seen = max((self.paths.state[c].last_ok_ns for c in e.get("candidates") or ()
+                        if c in self.paths.state), default=0)  # fmt: skip
             event = next((o for x in leaves for o in self.flaps.leaves.get(str(x), ())
                           if start and o.down_ns - LEAF_SKEW_NS <= start
-                          <= (o.up_ns or now_ns) + LEAF_SETTLE_NS), None)  # fmt: skip
+                          and (start <= (o.up_ns or now_ns)
+                               or (o.up_ns and seen <= o.up_ns and start <= o.up_ns + LEAF_SETTLE_NS))),
+                         None)  # fmt: skip
             if event is None:
                 out.append(obs)
                 continue

@@ -61,13 +61,16 @@ def _runner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> DetectRunner:
 
 
 def _run(runner: DetectRunner, down: dict[int, tuple[int, int]], seconds: range,
-         uplink: dict[int, tuple[str, int, int]] | None = None) -> None:  # fmt: skip
+         uplink: dict[int, tuple[str, int, int]] | None = None,
+         seen: dict[str, int] | None = None) -> None:  # fmt: skip
     """A pass a second; ``uplink``: at second k, an outage of a leaf–spine link from
-    second a to b, as the path traces would have placed it."""
+    second a to b, as the path traces would have placed it; ``seen``: link -> the second
+    of the newest trace across it before that outage (none: not since it was first)."""
     for sec in seconds:
         if uplink and sec in uplink:
             name, a, b = uplink[sec]
             st = runner.paths.state[name]
+            st.last_ok_ns = T0 + (seen or {}).get(name, 0) * S
             st.outages.append(Outage(T0 + a * S))
             st.down_since = st.evidence_ns = T0 + a * S
             st.back_ns = T0 + b * S
@@ -158,3 +161,19 @@ def test_an_uplink_that_flapped_on_its_own_before_keeps_that_anomaly_and_not_the
     assert now["leaf2-spine2"]["anomaly_id"] == own["anomaly_id"]
     assert now["leaf2-spine2"]["evidence"]["flaps"] == 1, now["leaf2-spine2"]["evidence"]
     assert not runner.live()["recently_closed"]
+
+
+def test_an_uplink_that_carried_traffic_after_the_leaf_was_back_flaps_on_its_own_soon_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # held-out seed 1245: leaf2 back, then leaf2-spine1 flapped 25 s later; its first
+    # outage was taken as the leaf's BGP coming back and the page came 8.8 s late
+    runner = _runner(tmp_path, monkeypatch)
+    down = {21: (5, 10), 22: (5, 10)}
+    # leaf2-spine2's BGP comes back late: not seen since before the leaf went (4 s);
+    # leaf2-spine1 carried traces up to 24 s, well after the leaf was back, then goes
+    uplink = {12: ("leaf2-spine2", 11, 14), 26: ("leaf2-spine1", 25, 29)}
+    _run(runner, down, range(0, 27), uplink, seen={"leaf2-spine2": 4, "leaf2-spine1": 24})
+    now = {a["link"]: a for a in runner.live()["open"]}
+    assert set(now) == {"leaf2", "leaf2-spine1"}, now
+    assert now["leaf2-spine1"]["summary"].startswith("leaf2-spine1 flapped 1 time"), now
