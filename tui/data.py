@@ -169,7 +169,8 @@ def fleet(live: dict[str, Any], racks: dict[str, str], th: Thresholds | None = N
     clock = {h["host"]: h for h in (live.get("clock") or {}).get("hosts", [])}
     clocks = Clocks.of(live)
     anomalies = live.get("anomalies") or {}
-    culprits = attribution.places(anomalies.get("open", []), {}).host
+    now = attribution.places(anomalies.get("open", []), {})
+    culprits, cut_off = now.host, now.around  # cut off: a leaf gone whole, its hosts
     where = {str(a.get("anomaly_id")): attribution.place_name(a) or str(a.get("kind"))
              for a in anomalies.get("open", [])}  # fmt: skip
     # worst corrected delay (shown), worst queue (judged) and worst loss per host,
@@ -222,6 +223,8 @@ def fleet(live: dict[str, Any], racks: dict[str, str], th: Thresholds | None = N
             state, peer = RED, lo_peer or xlo_peer
         elif q_peer and q > th.amber_us:
             state, peer = AMBER, q_peer
+        elif name in cut_off:  # affected before the live window's loss shows it
+            state, peer, affected_by = AFFECTED, xlo_peer or lo_peer, list(cut_off[name])
         elif lo_all > th.red_loss:
             state, peer, affected_by = AFFECTED, xlo_peer or lo_peer, xlo_ids
         elif xq_peer and xq > th.amber_us:

@@ -129,6 +129,9 @@ class HostLoss:
     peers_losing_to: int = 0  # peers that lost probes sent to it
     peers_to: int = 0  # peers that sent to it
     culprit_of: list[str] = field(default_factory=list)  # anomalies naming its own link
+    # open anomalies of a switch that cut every path to and from it (a leaf gone whole):
+    # affected from the anomaly on, before the live window's loss shows it
+    cut_off_by: list[str] = field(default_factory=list)
     affected_by: set[str] = field(default_factory=set)  # anomalies explaining lost probes
     # The worst queue (µs beyond the path's healthy delay) of its pairs judged slow, those
     # no anomaly explains (and the peer) and those one does; 0: none
@@ -168,6 +171,7 @@ class HostLoss:
             "peers_losing_to": self.peers_losing_to,
             "peers_to": self.peers_to,
             "culprit_of": list(self.culprit_of),
+            "cut_off_by": list(self.cut_off_by),
             "affected_by": sorted(self.affected_by),
             "queue_us": round(max(self.queue_us, self.queue_explained_us), 1) or None,
             "queue_unexplained_us": round(self.queue_us, 1) or None,
@@ -195,9 +199,14 @@ def attribute(
     anomalies = list(anomalies)
     pl = places([*anomalies, *closed], link_leaf)
     out = {h: HostLoss() for h in hosts}
-    for h, ids in places(anomalies, link_leaf).host.items():
+    now = places(anomalies, link_leaf)
+    for h, ids in now.host.items():
         if h in out:
             out[h].culprit_of = list(ids)
+    for h, ids in now.around.items():
+        if h in out:
+            out[h].cut_off_by = list(ids)
+            out[h].affected_by.update(ids)
     given = explained
     explained = []
     # The daemon runs this for every /v1/live request (~130,000 pairs at 13,000 hosts):
@@ -258,6 +267,8 @@ def verdict(loss: HostLoss, age_s: float, stale_s: float = STALE_S, lossy: float
     """``culprit`` | ``stale`` | ``silent`` | ``lossy`` | ``slow`` | ``affected`` | ``ok``.
 
     The culprit first: an open anomaly names its own link, whatever its own probes say.
+    A host an open anomaly cut off (its leaf gone whole) is affected from then on, before
+    its loss reaches the live window.
     """
     if loss.culprit_of:
         return CULPRIT
@@ -269,7 +280,7 @@ def verdict(loss: HostLoss, age_s: float, stale_s: float = STALE_S, lossy: float
         return LOSSY_
     if loss.queue_us > 0:
         return SLOW
-    if loss.worst > lossy or loss.queue_explained_us > 0:
+    if loss.worst > lossy or loss.queue_explained_us > 0 or loss.cut_off_by:
         return AFFECTED
     return OK
 

@@ -169,6 +169,10 @@ def test_a_leaf_that_goes_as_a_whole_is_named_and_its_hosts_are_victims(
         aid = a["anomaly_id"]
         time.sleep(1.0)  # a host link named first has folded into it by now
         assert [x["link"] for x in mine()] == [leaf], mine()
+        # its hosts are affected by it from now on, before the live window's loss shows it
+        cut = {h["host"]: (h["verdict"], h["cut_off_by"]) for h in live()["hosts"]
+               if h["host"] in hosts}  # fmt: skip
+        assert cut == {h: ("affected", [aid]) for h in hosts}, cut
         time.sleep(max(0.0, 6.0 - (time.monotonic() - t_down)))
     finally:
         ip("up")

@@ -739,6 +739,40 @@ def test_delay_an_open_contention_explains_is_affected_not_slow() -> None:
     assert {h: t.state for h, t in states("spine→leaf").items()} == before
 
 
+def test_a_leafs_hosts_are_affected_in_the_tui_and_clockmesh_live_as_soon_as_it_is_named() -> None:
+    """leaf2 named 0.3 s after it went: its hosts' loss is not in the live window yet,
+    but every path to them is cut. Both views call them affected by the leaf at once —
+    not green beside an open "leaf2 … down now" (demo lab, 2026-12-04: ~8 s of green)."""
+    from analytics.detect import attribution
+    from analytics.ingest.live_cli import summarise
+    from tui.data import fleet
+
+    live = sample_live(anomalies=0)
+    for p in live["pairs"]:
+        p.update(loss=0.0, received=p["sent"], queue_us=None)
+    for h in live["hosts"]:
+        h["last_batch_age_s"] = 0.4
+    cut = ["h2-1", "h2-2", "h2-3", "h2-4"]
+    live["anomalies"]["open"] = [
+        {
+            "anomaly_id": "flapping-1",
+            "kind": "flapping_link",
+            "link": "leaf2",
+            "job_id": "",
+            "evidence": {"switch": "leaf2", "hosts_cut_off": cut},
+        }
+    ]
+    attribution.annotate(live["hosts"], live["pairs"], live["anomalies"]["open"],
+                         sample_racks(), attribution.link_leaves(sample_topology()))  # fmt: skip
+    f = fleet(live, sample_racks())
+    tiles = {t.host: t for t in f.tiles}
+    assert sorted(h for h, t in tiles.items() if t.state == "affected") == cut
+    assert tiles["h2-1"].because == "leaf2" and f.healthy == 8 and f.affected == 4
+    cli = {r.host: r.status for r in summarise(live)}
+    assert sorted(h for h, s in cli.items() if s == "affected") == cut
+    assert {s for h, s in cli.items() if h not in cut} == {"ok"}
+
+
 def test_a_clock_the_solver_is_unsure_of_shows_no_delay() -> None:
     """The sample's slow pair (h1-2 → h2-2, 42 µs corrected) is amber. If the solver says
     h2-2's clock is unsure by milliseconds (a full queue in front of its port looks like

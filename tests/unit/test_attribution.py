@@ -131,6 +131,22 @@ def test_a_leaf_gone_as_a_whole_explains_every_pair_of_its_hosts_and_names_none_
     assert attribution.place_name(leaf) == "leaf2"
 
 
+def test_a_leafs_hosts_are_affected_as_soon_as_it_is_named_before_their_loss_shows() -> None:
+    # leaf2 named 0.3 s after it went: the live window's pairs show no loss yet
+    leaf = {"anomaly_id": "flapping-9", "kind": "flapping_link", "link": "leaf2",
+            "evidence": {"switch": "leaf2", "hosts_cut_off": ["h2-1", "h2-2"],
+                         "links": ["h2-1-leaf2", "h2-2-leaf2"]}}  # fmt: skip
+    _, losses = attribution.attribute(RACKS, _mesh({}), [leaf], RACKS, LEAVES)
+    verdicts = {h: attribution.verdict(x, 0.5) for h, x in losses.items()}
+    assert {h: v for h, v in verdicts.items() if v != "ok"} == {
+        "h2-1": "affected", "h2-2": "affected"}, verdicts  # fmt: skip
+    assert losses["h2-1"].doc()["affected_by"] == ["flapping-9"]
+    assert losses["h2-1"].doc()["cut_off_by"] == ["flapping-9"]
+    # closed, its loss still in the window explains it, but cuts nobody off any more
+    _, losses = attribution.attribute(RACKS, _mesh({}), [], RACKS, LEAVES, closed=[leaf])
+    assert {attribution.verdict(x, 0.5) for x in losses.values()} == {"ok"}
+
+
 def test_clockmesh_live_names_the_culprit_and_counts_the_affected_apart() -> None:
     doc = sample_host_flap()
     rows = {r.host: r for r in live_cli.summarise(doc)}
