@@ -39,7 +39,7 @@ from analytics.clock.clock_state import ClockState
 from analytics.detect import features
 from analytics.detect.anomalies import KINDS, Anomaly, AnomalyBook, Observation
 from analytics.detect.contention import CONGESTION_COUNTERS, PathDelays
-from analytics.detect.flaps import LEAF_SKEW_NS, LinkFlaps
+from analytics.detect.flaps import LEAF_SKEW_NS, LinkFlaps, Outage
 from analytics.detect.flaps import NAMES as FLAP_COUNTERS
 from analytics.detect.job_delay import JobDelays
 from analytics.detect.model import Detector, ModelError
@@ -76,6 +76,16 @@ RULE_ONLY = ("silent_drop",)  # classes the model does not re-judge (docs/detect
 LEAF_SETTLE_NS = 30_000_000_000
 FABRIC_SETTLE_S = 10.0  # no silent drop is judged this long after a fabric link flapped
 RECALL_S = 600.0  # at start, each 5-tuple's newest trace this recent is recalled from the store
+
+
+def _of_leaf(leaf: Outage, start: int, seen: int) -> bool:
+    """Whether an uplink's outage that began at ``start`` (the newest trace across it
+    before: ``seen``) is the leaf's ``leaf`` outage (:meth:`DetectRunner._with_leaves`)."""
+    if not start or start < leaf.down_ns - LEAF_SKEW_NS:
+        return False
+    if not leaf.up_ns or start <= leaf.up_ns:
+        return True  # began while the leaf was down
+    return seen <= leaf.up_ns and start <= leaf.up_ns + LEAF_SETTLE_NS
 
 
 def dealt_with(a: Anomaly, r: remediations.Remediation) -> bool:
@@ -486,9 +496,9 @@ class DetectRunner:
         """A leaf that went as a whole (:class:`LinkFlaps`) took its uplinks with it: the
         path tomography's outage of one of its leaf–spine links that began while it was
         down, or within :data:`LEAF_SETTLE_NS` after without a trace across it since the
-        leaf was back (its BGP session coming back), is the leaf's: the link is not observed for it (nor a group of links no trace tells apart,
-        one of which is such a link); an anomaly of its opened with the leaf folds into the
-        leaf's."""
+        leaf was back (its BGP session coming back), is the leaf's: the link is not
+        observed for it (nor a group of links no trace tells apart, one of which is such a
+        link); an anomaly of its opened with the leaf folds into the leaf's."""
         if not self.flaps.leaves:
             return observed
         out = []
@@ -507,10 +517,7 @@ class DetectRunner:
             seen = max((self.paths.state[c].last_ok_ns for c in e.get("candidates") or ()
                         if c in self.paths.state), default=0)  # fmt: skip
             event = next((o for x in leaves for o in self.flaps.leaves.get(str(x), ())
-                          if start and o.down_ns - LEAF_SKEW_NS <= start
-                          and (start <= (o.up_ns or now_ns)
-                               or (o.up_ns and seen <= o.up_ns and start <= o.up_ns + LEAF_SETTLE_NS))),
-                         None)  # fmt: skip
+                          if _of_leaf(o, start, seen)), None)  # fmt: skip
             if event is None:
                 out.append(obs)
                 continue
