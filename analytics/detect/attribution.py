@@ -268,19 +268,21 @@ def verdict(loss: HostLoss, age_s: float, stale_s: float = STALE_S, lossy: float
 
     The culprit first: an open anomaly names its own link, whatever its own probes say.
     A host an open anomaly cut off (its leaf gone whole) is affected from then on, before
-    its loss reaches the live window.
+    its loss reaches the live window, and whether it still sends probes or not.
     """
     if loss.culprit_of:
         return CULPRIT
     if age_s > stale_s:
         return STALE
+    if loss.cut_off_by:  # whatever it sends or not (a dead leaf: no route to send on)
+        return AFFECTED
     if not loss.sent:
         return SILENT
     if loss.unexplained > lossy:
         return LOSSY_
     if loss.queue_us > 0:
         return SLOW
-    if loss.worst > lossy or loss.queue_explained_us > 0 or loss.cut_off_by:
+    if loss.worst > lossy or loss.queue_explained_us > 0:
         return AFFECTED
     return OK
 

@@ -142,6 +142,13 @@ def test_a_leafs_hosts_are_affected_as_soon_as_it_is_named_before_their_loss_sho
         "h2-1": "affected", "h2-2": "affected"}, verdicts  # fmt: skip
     assert losses["h2-1"].doc()["affected_by"] == ["flapping-9"]
     assert losses["h2-1"].doc()["cut_off_by"] == ["flapping-9"]
+    # a host with no route left sends nothing: still the leaf's, not "silent"
+    quiet = [p for p in _mesh({}) if p["src"] not in ("h2-1", "h2-2")]
+    _, losses = attribution.attribute(RACKS, quiet, [leaf], RACKS, LEAVES)
+    assert attribution.verdict(losses["h2-1"], 0.5) == "affected"
+    _, losses = attribution.attribute(RACKS, quiet, [], RACKS, LEAVES)
+    assert attribution.verdict(losses["h2-1"], 0.5) == "silent"
+    assert attribution.verdict(losses["h2-1"], 9.0) == "stale"
     # closed, its loss still in the window explains it, but cuts nobody off any more
     _, losses = attribution.attribute(RACKS, _mesh({}), [], RACKS, LEAVES, closed=[leaf])
     assert {attribution.verdict(x, 0.5) for x in losses.values()} == {"ok"}
