@@ -521,12 +521,17 @@ class DetectRunner:
             if event is None:
                 out.append(obs)
                 continue
+            leaf = str(next(x for x in leaves if event in self.flaps.leaves.get(str(x), ())))
+            # the outage stays the leaf's: not counted as a flap of the link later on
+            for c in e.get("candidates") or ():
+                st = self.paths.state.get(c)
+                if st and st.outages and _of_leaf(event, st.outages[-1].down_ns, st.last_ok_ns):
+                    st.outages[-1].whole_leaf = leaf
             # an anomaly of its own opened before the leaf went stays its own (it closes
             # once not observed for its clear time); one opened with the leaf folds into it
             a = self.book.open.get(("flapping_link", obs.key))
             if a is not None and a.opened_ns >= event.down_ns - LEAF_SKEW_NS:
-                leaf = next(x for x in leaves if event in self.flaps.leaves.get(str(x), ()))
-                self._leaf_folded.append((obs.key, str(leaf)))
+                self._leaf_folded.append((obs.key, leaf))
         return out
 
     def _fold(self, now_ns: int) -> None:

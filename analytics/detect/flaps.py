@@ -52,7 +52,9 @@ class Outage:
     reroute_ns: int = 0
     every_path_lost: bool = False
     whole_spine: str = ""  # the spine it went with, every path through which went
-    whole_leaf: str = ""  # a host link's: the leaf it went with, every host link of which went
+    # the leaf it went with, every host link of which went (a host link's), or whose
+    # going took it out (a leaf–spine link's: DetectRunner._with_leaves)
+    whole_leaf: str = ""
 
     def duration_s(self, now_ns: int) -> float | None:
         if self.sub_sample:

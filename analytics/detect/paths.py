@@ -456,7 +456,8 @@ class FabricPaths:
                 out.append(self._observation(lead[twins], twins, key, n))
         by_key: dict[str, list[str]] = collections.defaultdict(list)
         for name, st in self.state.items():
-            if st.outages and st.key not in emitted and name not in suspected:
+            if (st.outages and st.key not in emitted and name not in suspected
+                    and not all(o.whole_leaf for o in st.outages)):  # fmt: skip
                 by_key[st.key or name].append(name)
         for key, names in by_key.items():  # ended: observed while recent
             name = max(names, key=lambda n: (self.state[n].outages[-1].up_ns, n))
@@ -566,8 +567,9 @@ class FabricPaths:
                 f"every path through {lk.spine} went at once: it is down or isolated, or "
                 f"all but at most one of its {len(twins)} links are (no trace tells which)"
             )
-        # a spine's outages are those it went with as a whole, not a link's of its own
-        outages = [o for o in st.outages if o.whole_spine or not whole]
+        # a spine's outages are those it went with as a whole, not a link's of its own; a
+        # link's are not those of its leaf gone whole (DetectRunner._with_leaves)
+        outages = [o for o in st.outages if (o.whole_spine or not whole) and not o.whole_leaf]
         obs = flap_observation(label, outages, st.down_since, self.newest_ns, self.window_ns, extra)
         obs.link = twins[0] if len(twins) == 1 else label
         obs.key = key

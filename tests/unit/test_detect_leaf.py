@@ -177,3 +177,21 @@ def test_an_uplink_that_carried_traffic_after_the_leaf_was_back_flaps_on_its_own
     now = {a["link"]: a for a in runner.live()["open"]}
     assert set(now) == {"leaf2", "leaf2-spine1"}, now
     assert now["leaf2-spine1"]["summary"].startswith("leaf2-spine1 flapped 1 time"), now
+
+
+def test_an_uplinks_outage_that_was_its_leafs_is_not_counted_when_it_flaps_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # held-out seed 1246: leaf2-spine2 flapped twice on its own 3 min after leaf2 went
+    # whole and was paged "flapped 3 times …; out of service up to 5.0 s (paths rerouted
+    # within 9.50 s)": the 5.0 s and the 9.50 s were the leaf's outage
+    runner = _runner(tmp_path, monkeypatch)
+    down = {21: (5, 15), 22: (5, 15)}
+    uplink = {8: ("leaf2-spine2", 7, 16), 76: ("leaf2-spine2", 75, 78)}
+    _run(runner, down, range(0, 70), uplink, seen={"leaf2-spine2": 4})
+    assert {a["link"] for a in runner.live()["open"]} == {"leaf2"}
+    _run(runner, down, range(70, 82), uplink, seen={"leaf2-spine2": 74})  # seen since
+    (own,) = [a for a in runner.live()["open"] if a["link"] == "leaf2-spine2"]
+    e = own["evidence"]
+    assert e["flaps"] == 1 and [d for d, _up in e["outages_ns"]] == [T0 + 75 * S], e
+    assert own["summary"].startswith("leaf2-spine2 flapped 1 time in 10 min"), own["summary"]
