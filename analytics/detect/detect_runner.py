@@ -516,12 +516,13 @@ class DetectRunner:
             # means its BGP had come back too, and this outage is the link's own
             seen = max((self.paths.state[c].last_ok_ns for c in e.get("candidates") or ()
                         if c in self.paths.state), default=0)  # fmt: skip
-            event = next((o for x in leaves for o in self.flaps.leaves.get(str(x), ())
+            found = next(((str(x), o) for x in leaves
+                          for o in self.flaps.leaves.get(str(x), ())
                           if _of_leaf(o, start, seen)), None)  # fmt: skip
-            if event is None:
+            if found is None:
                 out.append(obs)
                 continue
-            leaf = str(next(x for x in leaves if event in self.flaps.leaves.get(str(x), ())))
+            leaf, event = found
             # the outage stays the leaf's: not counted as a flap of the link later on
             for c in e.get("candidates") or ():
                 st = self.paths.state.get(c)

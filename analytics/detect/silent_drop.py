@@ -737,8 +737,9 @@ class SilentDrops:
         if not self._named or any(p in self._named for p in places):
             return False
         wide = min(clean_of[p] for p in places)
-        mine = {q: claims.get(q, set()) & covered for q in self._named if clean_of[q] < wide}
-        return covered <= set().union(*mine.values())
+        return covered <= set().union(
+            *(claims.get(q, ()) for q in self._named if clean_of[q] < wide)
+        )
 
     def _unreached(
         self,
