@@ -175,7 +175,8 @@ class FabricPaths:
         self._said_down: dict[str, int] = {}  # anomaly key -> when it last said "down now"
         self._down_from: dict[str, int] = {}  # ... and the pass it began saying it in
         self._pass_ns = 0  # the detector pass observing now (:meth:`observations`)
-        self.whole: dict[tuple[str, ...], str] = {}  # suspected groups that are a spine
+        self.whole: dict[tuple[str, ...], str] = {}  # suspected groups that are a spine, as of
+        # the last pass (:meth:`observations`)
         # (key of an open anomaly, the key it folded into): taken by the detector, which
         # closes the first (:meth:`take_folded`)
         self.folded: list[tuple[str, str]] = []
@@ -307,7 +308,14 @@ class FabricPaths:
         return out
 
     def suspects(self) -> list[tuple[tuple[str, ...], int, int]]:
-        """[(links that cannot be told apart, gone paths they explain, since when)]."""
+        """[(links that cannot be told apart, gone paths they explain, since when)]. Reads
+        the state only: :meth:`observations` records the spines among them (:attr:`whole`)."""
+        return self._suspected()[0]
+
+    def _suspected(
+        self,
+    ) -> tuple[list[tuple[tuple[str, ...], int, int]], dict[tuple[str, ...], str]]:
+        """:meth:`suspects`, and which of its groups are a whole spine (:meth:`_whole`)."""
         missing = {
             (x, z, y): g.since_ns
             for (x, z, y), g in self.gone.items()
@@ -336,16 +344,18 @@ class FabricPaths:
 
     def _whole(
         self, groups: list[tuple[tuple[str, ...], int, int]]
-    ) -> list[tuple[tuple[str, ...], int, int]]:
+    ) -> tuple[list[tuple[tuple[str, ...], int, int]], dict[tuple[str, ...], str]]:
         """Groups of one spine that together hold every link of it (two or more: more than
         one link is certainly out) are that spine: every path through it went, so it is
         down or isolated, or all but at most one of its links are (no trace tells which).
-        One group then, recorded in :attr:`whole`; links in maintenance do not count."""
+        One group then, and ``{its links: the spine}`` beside the groups; links in
+        maintenance do not count."""
         racks = {x for x, _z in self.spines}
         of: dict[str, list[tuple[tuple[str, ...], int, int]]] = collections.defaultdict(list)
         for g in groups:  # a gone path names two links of one spine: a group is one spine's
             of[self.links[g[0][0]].spine].append(g)
-        out, self.whole = [], {}
+        out: list[tuple[tuple[str, ...], int, int]] = []
+        whole: dict[tuple[str, ...], str] = {}
         for spine, gs in of.items():
             every = {n for n, lk in self.links.items() if lk.spine == spine and lk.leaf in racks}
             names = {n for g in gs for n in g[0]}
@@ -354,9 +364,9 @@ class FabricPaths:
                 out += gs
                 continue
             twins = tuple(sorted(names))
-            self.whole[twins] = spine
+            whole[twins] = spine
             out.append((twins, sum(n for _, n, _ in gs), min(s for *_, s in gs)))
-        return out
+        return out, whole
 
     def _spine_key(self, twins: tuple[str, ...]) -> str:
         """The anomaly of a spine that went as a whole: that of the link of it named first
@@ -375,7 +385,8 @@ class FabricPaths:
         self._pass_ns = now_ns
         groups: dict[tuple[str, ...], tuple[int, int]] = {}
         suspected: dict[str, tuple[tuple[str, ...], int, int]] = {}
-        for twins, n, since in self.suspects():
+        found, self.whole = self._suspected()
+        for twins, n, since in found:
             groups[twins] = (n, since)
             for name in twins:
                 suspected[name] = (twins, n, since)
