@@ -59,7 +59,8 @@ class Tile:
     state: str  # CULPRIT, GREY, RED, AMBER, AFFECTED, GREEN
     culprit_of: list[str] = field(default_factory=list)  # open anomalies naming its link
     affected_by: list[str] = field(default_factory=list)  # anomalies explaining its worst
-    because: str = ""  # where those anomalies are ("h1-2-leaf1"); slow: "queue 38 µs"
+    because: str = ""  # where those anomalies are ("h1-2-leaf1"); slow: "queue 38 µs";
+    # grey while it ships: "sends no probes"
 
 
 @dataclass
@@ -219,12 +220,15 @@ def fleet(live: dict[str, Any], racks: dict[str, str], th: Thresholds | None = N
             peer = (xlo_peer if xlo > th.red_loss else "") or lo_peer
         elif age > silent_s:
             state, peer = GREY, (w[1] if w else "")
+        elif name in cut_off:  # affected before the live window's loss shows it, whatever
+            # it sends or not (attribution.verdict's order: a dead leaf gives no route)
+            state, peer, affected_by = AFFECTED, xlo_peer or lo_peer, list(cut_off[name])
+        elif h.get("sent") == 0:  # ships batches, sends no probes: clockmesh live's silent
+            state, peer = GREY, lo_peer or xlo_peer
         elif lo > th.red_loss:
             state, peer = RED, lo_peer or xlo_peer
         elif q_peer and q > th.amber_us:
             state, peer = AMBER, q_peer
-        elif name in cut_off:  # affected before the live window's loss shows it
-            state, peer, affected_by = AFFECTED, xlo_peer or lo_peer, list(cut_off[name])
         elif lo_all > th.red_loss:
             state, peer, affected_by = AFFECTED, xlo_peer or lo_peer, xlo_ids
         elif xq_peer and xq > th.amber_us:
@@ -235,6 +239,8 @@ def fleet(live: dict[str, Any], racks: dict[str, str], th: Thresholds | None = N
         because = ", ".join(where.get(i, i) for i in culprit_of or affected_by)
         if state == AMBER:
             because = "queue " + attribution.queue_text(q)
+        elif state == GREY and age <= silent_s:
+            because = "sends no probes"
         tile = Tile(name, _rack_of(name, racks), None if worst_owd is None else round(worst_owd, 2),
                     lo_all, peer, c.get("offset_ns"), c.get("uncertainty_ns"),
                     str(c.get("status", "")), age, state, culprit_of, affected_by,

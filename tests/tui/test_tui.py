@@ -892,3 +892,32 @@ def test_the_tui_and_clockmesh_live_judge_loss_and_freshness_alike() -> None:
     tui, cli = verdicts()
     assert {h for h, s in tui.items() if s == "loss"} == {one["src"], one["dst"]}
     assert {h for h, s in cli.items() if s == "lossy"} == {one["src"], one["dst"]}
+
+
+def test_a_host_that_ships_but_sends_no_probes_is_grey_in_the_tui_as_in_clockmesh_live() -> None:
+    """A collector whose batches arrive but whose prober sends nothing (its peers' probes
+    to it all arrive): ``clockmesh live`` says ``silent``. The TUI painted it green
+    ("ok", counted healthy) — a host not measured at all. Now grey, "sends no probes",
+    and counted failing in both."""
+    from analytics.detect import attribution
+    from analytics.ingest.live_cli import render, summarise
+    from tui.data import fleet
+
+    live = sample_live(anomalies=0)
+    for h in live["hosts"]:
+        h["last_batch_age_s"] = 0.4
+    quiet = live["hosts"][2]["host"]
+    live["pairs"] = [p for p in live["pairs"] if p["src"] != quiet]
+    for p in live["pairs"]:
+        p.update(loss=0.0, received=p["sent"], queue_us=None)
+    attribution.annotate(live["hosts"], live["pairs"], [], sample_racks(), {})
+    f = fleet(live, sample_racks())
+    tiles = {t.host: t for t in f.tiles}
+    assert tiles[quiet].state == "silent" and tiles[quiet].because == "sends no probes"
+    assert {t.state for h, t in tiles.items() if h != quiet} == {"ok"}
+    rows = {r.host: r for r in summarise(live)}
+    assert rows[quiet].status == "silent"
+    assert {r.status for h, r in rows.items() if h != quiet} == {"ok"}
+    assert f.failing == 1 and "11/12 hosts healthy, 1 failing" in render(
+        list(rows.values()), live, "http://x"
+    )
