@@ -49,6 +49,9 @@ A record counts once its request got 200 ``stored`` (= fsynced Parquet + commit 
 At the end the store is read back through the catalog and must hold exactly the
 acknowledged rows. Prints the machine, the load average, throughput, and the CPU seconds
 the daemon and the client used per million probe records.
+
+Over 500 lines: one benchmark; the fleet's traffic, its client and the daemon's figures
+are read together in one run (split, each half would be run alone by no one).
 """
 
 from __future__ import annotations
