@@ -119,6 +119,8 @@ def _because(r: HostHealth, where: dict[str, str], closed: frozenset[str] = froz
     if r.status == "slow":
         queue = attribution.queue_text(r.queue_us)
         return f"queued {queue} beyond its healthy delay (with {r.queue_peer})"
+    if r.status == "silent":
+        return "sends no probes (its batches arrive)"
     return ""
 
 
