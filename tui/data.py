@@ -212,6 +212,7 @@ def fleet(live: dict[str, Any], racks: dict[str, str], th: Thresholds | None = N
         xq, xq_peer, xq_ids = q_x.get(name, none)
         c = clock.get(name, {})
         age = float(h.get("last_batch_age_s") or 0.0)
+        probe_age = attribution.probe_age(h)
         culprit_of = list(h.get("culprit_of") or culprits.get(name, []))
         affected_by: list[str] = []
         peer = ""
@@ -223,7 +224,8 @@ def fleet(live: dict[str, Any], racks: dict[str, str], th: Thresholds | None = N
         elif name in cut_off:  # affected before the live window's loss shows it, whatever
             # it sends or not (attribution.verdict's order: a dead leaf gives no route)
             state, peer, affected_by = AFFECTED, xlo_peer or lo_peer, list(cut_off[name])
-        elif h.get("sent") == 0:  # ships batches, sends no probes: clockmesh live's silent
+        elif h.get("sent") == 0 or (probe_age or 0.0) > silent_s:  # ships batches, sends
+            # no probes (now): clockmesh live's silent
             state, peer = GREY, lo_peer or xlo_peer
         elif lo > th.red_loss:
             state, peer = RED, lo_peer or xlo_peer
@@ -241,6 +243,8 @@ def fleet(live: dict[str, Any], racks: dict[str, str], th: Thresholds | None = N
             because = "queue " + attribution.queue_text(q)
         elif state == GREY and age <= silent_s:
             because = "sends no probes"
+            if h.get("sent") and probe_age is not None:
+                because = f"no probes for {probe_age:.0f} s"
         tile = Tile(name, _rack_of(name, racks), None if worst_owd is None else round(worst_owd, 2),
                     lo_all, peer, c.get("offset_ns"), c.get("uncertainty_ns"),
                     str(c.get("status", "")), age, state, culprit_of, affected_by,

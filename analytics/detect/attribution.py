@@ -263,12 +263,23 @@ def stale_after(advised_roll_s: object) -> float:
     return max(STALE_S, STALE_ROLLS * roll)
 
 
-def verdict(loss: HostLoss, age_s: float, stale_s: float = STALE_S, lossy: float = LOSSY) -> str:
+def verdict(
+    loss: HostLoss,
+    age_s: float,
+    stale_s: float = STALE_S,
+    lossy: float = LOSSY,
+    probe_age_s: float | None = None,
+) -> str:
     """``culprit`` | ``stale`` | ``silent`` | ``lossy`` | ``slow`` | ``affected`` | ``ok``.
 
     The culprit first: an open anomaly names its own link, whatever its own probes say.
     A host an open anomaly cut off (its leaf gone whole) is affected from then on, before
     its loss reaches the live window, and whether it still sends probes or not.
+    ``probe_age_s``: seconds since the last batch that carried probes it sent
+    (``/v1/live``'s ``last_probe_age_s``; None: unknown). A host whose batches arrive
+    without them for ``stale_s`` is silent, although the live window still counts the
+    probes it sent before (a firewall dropping its probes fails their sends: they are
+    never recorded, so never lost).
     """
     if loss.culprit_of:
         return CULPRIT
@@ -276,7 +287,7 @@ def verdict(loss: HostLoss, age_s: float, stale_s: float = STALE_S, lossy: float
         return STALE
     if loss.cut_off_by:  # whatever it sends or not (a dead leaf: no route to send on)
         return AFFECTED
-    if not loss.sent:
+    if not loss.sent or (probe_age_s is not None and probe_age_s > stale_s):
         return SILENT
     if loss.unexplained > lossy:
         return LOSSY_
@@ -285,6 +296,12 @@ def verdict(loss: HostLoss, age_s: float, stale_s: float = STALE_S, lossy: float
     if loss.worst > lossy or loss.queue_explained_us > 0:
         return AFFECTED
     return OK
+
+
+def probe_age(host: Mapping[str, Any]) -> float | None:
+    """A ``/v1/live`` host row's ``last_probe_age_s`` (None: none yet, or an older daemon)."""
+    x = host.get("last_probe_age_s")
+    return float(x) if isinstance(x, int | float) else None
 
 
 def queue_text(us: float) -> str:
@@ -363,5 +380,6 @@ class LiveAttribution:
             p["explained_by"] = ids
         for h in hosts:
             loss = losses.get(str(h["host"])) or HostLoss()
-            h["verdict"] = verdict(loss, float(h.get("last_batch_age_s") or 0.0), stale_s)
+            h["verdict"] = verdict(loss, float(h.get("last_batch_age_s") or 0.0), stale_s,
+                                   probe_age_s=probe_age(h))  # fmt: skip
             h.update(loss.doc())

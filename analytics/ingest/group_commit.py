@@ -371,15 +371,17 @@ class GroupCommit:
         for b, seg, _, _ in segs:
             agg = per_host.get(seg.host_id)
             if agg is None:
-                agg = per_host[seg.host_id] = (seg.host, [b.received_ns, 0, seg.created_ns], {})
+                agg = per_host[seg.host_id] = (seg.host, [b.received_ns, 0, seg.created_ns, 0], {})
             agg[1][0] = max(agg[1][0], b.received_ns)
             agg[1][1] += 1
             agg[1][2] = min(agg[1][2], seg.created_ns)
+            if seg.rows.get("probe_tx"):
+                agg[1][3] = max(agg[1][3], b.received_ns)
             counts = agg[2]
             for name, n in seg.rows.items():
                 counts[name] = counts.get(name, 0) + n
         hosts = dict(self.view.hosts)
-        for hid, (host, (last_ns, nbatches, created_ns), added) in per_host.items():
+        for hid, (host, (last_ns, nbatches, created_ns, probes_ns), added) in per_host.items():
             h = hosts.get(hid)
             if h is None:
                 h = hosts[hid] = HostState(host, hid, last_ns, last_ns)
@@ -387,6 +389,7 @@ class GroupCommit:
             h.last_ns = max(h.last_ns, last_ns)
             h.since_ns = min(h.since_ns, created_ns)
             h.batches += nbatches
+            h.probes_ns = max(h.probes_ns, probes_ns)
             rows = dict(h.rows)
             for name, n in added.items():
                 rows[name] = rows.get(name, 0) + n

@@ -98,6 +98,10 @@ class LiveDocument:
                     "host": h.host,
                     "host_id": h.host_id,
                     "last_batch_age_s": round((now_ns - h.last_ns) / 1e9, 3),
+                    # since the last batch with probes it sent (null: none yet)
+                    "last_probe_age_s": round((now_ns - h.probes_ns) / 1e9, 3)
+                    if h.probes_ns
+                    else None,
                     "batches": h.batches,
                     "rows": h.rows,
                     "rates": {k: round(v, 2) for k, v in h.rates.items()},

@@ -43,6 +43,7 @@ class HostHealth:
     affected_by: list[str] = field(default_factory=list)  # open anomalies explaining its loss
     queue_us: float = 0.0  # its worst unexplained queue beyond a path's healthy delay
     queue_peer: str = ""  # ... on its pair with this host
+    probe_age_s: float | None = None  # since the last batch with probes it sent
 
     @property
     def healthy(self) -> bool:
@@ -73,6 +74,7 @@ def summarise(live: dict[str, Any], stale_s: float | None = None) -> list[HostHe
         loss = losses[name]
         delays = sorted(p["owd_raw_p50_us"] for p in mine if p.get("owd_raw_p50_us") is not None)
         age = float(host["last_batch_age_s"])
+        probe_age = attribution.probe_age(host)
         rows.append(
             HostHealth(
                 host=name,
@@ -84,11 +86,12 @@ def summarise(live: dict[str, Any], stale_s: float | None = None) -> list[HostHe
                 loss_sent=loss.loss_sent,
                 loss_received=loss.loss_received,
                 owd_raw_p50_us=delays[len(delays) // 2] if delays else None,
-                status=attribution.verdict(loss, age, stale_s),
+                status=attribution.verdict(loss, age, stale_s, probe_age_s=probe_age),
                 culprit_of=list(loss.culprit_of),
                 affected_by=sorted(loss.affected_by),
                 queue_us=loss.queue_us,
                 queue_peer=loss.queue_peer,
+                probe_age_s=probe_age,
             )
         )
     return rows
@@ -120,6 +123,8 @@ def _because(r: HostHealth, where: dict[str, str], closed: frozenset[str] = froz
         queue = attribution.queue_text(r.queue_us)
         return f"queued {queue} beyond its healthy delay (with {r.queue_peer})"
     if r.status == "silent":
+        if r.sent and r.probe_age_s is not None:  # its earlier probes are still counted
+            return f"has sent no probes for {r.probe_age_s:.0f} s (its batches arrive)"
         return "sends no probes (its batches arrive)"
     return ""
 

@@ -43,6 +43,10 @@ class HostState:
     since_ns: int = 2**63 - 1
     rows: dict[str, int] = field(default_factory=dict)
     rates: dict[str, float] = field(default_factory=dict)  # rows/s over the last refresh
+    # the last batch that carried probes it sent (probe_tx rows) arrived then (0: none
+    # yet): a host whose batches arrive without them sends no probes (a firewall, a
+    # socket that fails), though the live window still holds its earlier ones
+    probes_ns: int = 0
 
 
 @dataclass

@@ -922,3 +922,35 @@ def test_a_host_that_ships_but_sends_no_probes_is_grey_in_the_tui_as_in_clockmes
     assert f.failing == 1 and "11/12 hosts healthy, 1 failing" in text
     (line,) = [x for x in text.splitlines() if x.startswith(quiet)]
     assert line.endswith("sends no probes (its batches arrive)"), line
+
+
+def test_a_host_whose_probes_stopped_is_grey_before_the_live_window_forgets_them() -> None:
+    """nftables dropping all of a host's probes out of its NIC: the sends fail, so no probe
+    is recorded and none is lost, while its batches still arrive. Its probes of the last
+    minute kept it ``ok`` in ``clockmesh live`` and green in the TUI for ~77 s. Now both
+    call it silent once no batch has carried its probes for the stale time."""
+    from analytics.detect import attribution
+    from analytics.ingest.live_cli import render, summarise
+    from tui.data import fleet
+
+    live = sample_live(anomalies=0)
+    for h in live["hosts"]:
+        h["last_batch_age_s"], h["last_probe_age_s"] = 0.4, 0.4
+    for p in live["pairs"]:
+        p.update(loss=0.0, received=p["sent"], queue_us=None)
+    quiet = live["hosts"][2]
+    quiet["last_probe_age_s"] = 12.3  # its earlier probes are still in the window
+    attribution.annotate(live["hosts"], live["pairs"], [], sample_racks(), {})
+    assert quiet["sent"] > 0 and quiet["verdict"] == "silent"
+    tiles = {t.host: t for t in fleet(live, sample_racks()).tiles}
+    assert tiles[quiet["host"]].state == "silent"
+    assert tiles[quiet["host"]].because == "no probes for 12 s"
+    assert {t.state for h, t in tiles.items() if h != quiet["host"]} == {"ok"}
+    rows = summarise(live)
+    text = render(rows, live, "http://x")
+    (line,) = [x for x in text.splitlines() if x.startswith(quiet["host"])]
+    assert " silent " in line and line.endswith("has sent no probes for 12 s (its batches arrive)")
+    quiet["last_probe_age_s"] = 3.0  # within the stale time: a late batch, not a silence
+    attribution.annotate(live["hosts"], live["pairs"], [], sample_racks(), {})
+    assert quiet["verdict"] == "ok"
+    assert {r.status for r in summarise(live)} == {"ok"}

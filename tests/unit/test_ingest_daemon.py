@@ -369,3 +369,27 @@ def test_analysis_threads_yield_to_acknowledgements(daemon: Daemon) -> None:
     stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     process_cpu = (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
     assert sum(cpu.values()) <= process_cpu + 0.1, (cpu, process_cpu)
+
+
+def test_live_says_how_long_ago_a_host_last_shipped_the_probes_it_sent(daemon: Daemon) -> None:
+    """A firewall dropping a host's probes fails their sends: the collector records none,
+    while its batches (counters, health) still arrive. ``last_probe_age_s`` is how
+    ``clockmesh live`` and the TUI call it silent before the live window forgets the
+    probes it sent earlier."""
+    hid = int(IDS[8])
+    assert daemon.post(seg(8, 0))[1]["status"] == "stored"  # with its probe_tx rows
+    time.sleep(1.5)
+    health = np.zeros(1, records.HEALTH)
+    health["ts_ns"], health["host"], health["name"], health["value"] = T0, hid, b"x", 1
+    status, answer = daemon.post(wire.encode_header("gpu00008", hid, 99, T0 + 10**9)
+                                 + wire.encode_chunk("health", health))  # fmt: skip
+    assert status == 200 and answer["status"] == "stored", answer
+    only_health = np.zeros(1, records.HEALTH)
+    only_health["ts_ns"], only_health["host"], only_health["name"] = T0, int(IDS[9]), b"x"
+    assert daemon.post(wire.encode_header("gpu00009", int(IDS[9]), 1, T0)
+                       + wire.encode_chunk("health", only_health))[0] == 200  # fmt: skip
+    hosts = {h["host_id"]: h for h in json.loads(daemon.get("/v1/live"))["hosts"]}
+    me = hosts[hid]
+    # its last batch is 1.5 s younger than its last batch with probes
+    assert me["last_probe_age_s"] - me["last_batch_age_s"] >= 1.4, me
+    assert hosts[int(IDS[9])]["last_probe_age_s"] is None  # it never sent one
