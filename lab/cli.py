@@ -401,14 +401,28 @@ def saturate(
               help="Drop what SWITCH forwards to this host (repeatable).")  # fmt: skip
 @click.option("--share", type=click.FloatRange(0.0, 1.0, min_open=True), default=1.0,
               show_default=True, help="Share of the flows (5-tuple hash) dropped.")  # fmt: skip
+@click.option("--toward", metavar="NODE", default=None,
+              help="With --packets: the neighbour whose port loses them.")  # fmt: skip
+@click.option("--packets", type=click.FloatRange(0.0, 1.0, min_open=True, max_open=True),
+              default=None, help="Share of the packets SWITCH sends out its port --toward "
+              "NODE lost at random (a bad optic), e.g. 0.02.")  # fmt: skip
 @_user_errors
 def drop_cmd(name: str, state_dir: Path | None, switch: str, to: tuple[str, ...],
-             share: float) -> None:  # fmt: skip
+             share: float, toward: str | None, packets: float | None) -> None:  # fmt: skip
     """Make SWITCH silently drop traffic while its links and BGP stay up (stop with `lab
     heal`): everything towards --to HOST (a blackhole /32 in its kernel table), or --share
-    of the flows (towards HOST, or all), by nftables hashing the 5-tuple."""
+    of the flows (towards HOST, or all), by nftables hashing the 5-tuple; or --packets of
+    what it sends out its port --toward NODE, at random (nftables numgen)."""
     from lab import faults
 
+    if (toward is None) != (packets is None):
+        raise click.UsageError("--toward and --packets go together")
+    if packets is not None:
+        if to or share < 1.0:
+            raise click.UsageError("--packets drops at a port: not with --to or --share")
+        rec = faults.lossy_port(_make_lab(name, state_dir), switch, str(toward), packets)
+        click.echo(f"{switch} drops: {rec['how']}; links and BGP stay up")
+        return
     rec = faults.drop(_make_lab(name, state_dir), switch, list(to), share)
     towards = f" towards {', '.join(rec['to'])}" if rec["to"] else ""
     click.echo(f"{switch} drops{towards}: {rec['how']}; links and BGP stay up")

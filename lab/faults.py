@@ -391,6 +391,47 @@ def drop(
     return rec
 
 
+def lossy_port(lab: Lab, switch: str, toward: str, share: float) -> dict[str, Any]:
+    """Make ``switch`` (a leaf or spine) lose ``share`` of the packets it sends out its
+    port to ``toward`` (its neighbour: a spine, a leaf or a host), at random — a bad optic,
+    cable or port counting CRC errors: every flow through it loses some, none many in a
+    row. nftables ``numgen random`` in the switch's forward hook (what it forwards; its
+    own BGP and BFD are not), links and routing up. Recorded as a ``drop`` fault; ``heal``
+    removes it."""
+    topo = lab.topology
+    routers = {r.name: r for r in (*topo.leaves, *topo.spines)}
+    if switch not in routers:
+        raise LabError(f"SWITCH: no leaf or spine named {switch!r} (e.g. {', '.join(routers)})")
+    if not 0.0 < share < 1.0:
+        raise LabError(f"--packets: expected a share of packets in (0, 1), got {share}")
+    ends = [e for lk in topo.links for e, other in ((lk.a, lk.b), (lk.b, lk.a))
+            if e.node == switch and other.node == toward]  # fmt: skip
+    if not ends:
+        near = sorted({o.node for lk in topo.links for e, o in ((lk.a, lk.b), (lk.b, lk.a))
+                       if e.node == switch})  # fmt: skip
+        raise LabError(f"--toward: {switch} has no port to {toward!r} (its neighbours: "
+                       f"{', '.join(near)})")  # fmt: skip
+    ns, port = routers[switch].namespace, ends[0].interface
+    if _has_drop_table(ns):
+        raise LabError(f"{switch} drops a share of its traffic already: `lab heal` first")
+    cut = max(1, round(share * 10000))
+    rules = (
+        f"table ip {DROP_TABLE} {{\n"
+        "  chain forward {\n"
+        "    type filter hook forward priority -100; policy accept;\n"
+        f'    oifname "{port}" numgen random mod 10000 < {cut} counter drop\n'
+        "  }\n"
+        "}\n"
+    )
+    _run(ns, ["nft", "-f", "-"], f"nft on {switch}", rules)
+    rec: dict[str, Any] = {"kind": "drop", "switch": switch, "namespace": ns, "to": [],
+                           "addresses": [], "share": share, "toward": toward, "port": port,
+                           "how": f"nftables numgen, {share:.1%} of the packets out its port "
+                           f"to {toward}, at random"}  # fmt: skip
+    lab.state.add("faults", rec)
+    return rec
+
+
 def _has_drop_table(namespace: str) -> bool:
     res = subprocess.run(["ip", "netns", "exec", namespace, "nft", "list", "table", "ip",
                           DROP_TABLE], capture_output=True, text=True)  # fmt: skip

@@ -705,11 +705,13 @@ class _DetectCollector(Collector):
             "clockmesh_detect_silent_drop_held",
             "Places whose loss looked like a silent drop but were not named, by reason:"
             " one_source (all lossy paths from one sender), queue (loss came with a delay rise),"
-            " named (narrower places named in the last 15 s explain all its lossy paths)",
+            " named (narrower places named in the last 15 s explain all its lossy paths),"
+            " burst (a random share of its probes lost, but in a burst: passes)",
             labels=["reason"],
         )
         for reason, n in (("one_source", r.drops.one_source), ("queue", r.drops.held_as_queue),
-                          ("named", r.drops.held_as_named)):  # fmt: skip
+                          ("named", r.drops.held_as_named),
+                          ("burst", r.drops.held_as_burst)):  # fmt: skip
             c.add_metric([reason], n)
         yield c
 

@@ -103,6 +103,19 @@ PLACE_COST = 10.0  # nats: what naming one more place must earn (2 paths all los
 NAMED_HOLD_NS = 15_000_000_000
 
 
+def rate_evidence(lost: float, sent: float) -> float:
+    """What naming a place that drops a random share of its packets earns, in nats: how
+    much better its rate q = lost / sent explains ``lost`` of ``sent`` probes than
+    GRAY_BACKGROUND does (binomial), less GRAY_COST."""
+    if lost <= 0 or sent <= 0:
+        return -GRAY_COST
+    q = min(lost / sent, 1 - 1e-12)
+    b = GRAY_BACKGROUND
+    if q <= b:
+        return -GRAY_COST
+    return lost * math.log(q / b) + (sent - lost) * math.log((1 - q) / (1 - b)) - GRAY_COST
+
+
 def evidence(lossy: int, clean: int) -> float:
     """What naming a place earns, in nats: how much better "it drops a share q = lossy /
     (lossy + clean) of the flows through it" explains its paths than the background
@@ -116,6 +129,28 @@ def evidence(lossy: int, clean: int) -> float:
     null = lossy * math.log(BACKGROUND) + clean * math.log(1 - BACKGROUND)
     return fit - null - PLACE_COST
 
+
+# A place that drops a random share of the packets crossing it — a bad optic or cable, a
+# port counting CRC errors: every flow through it loses some, none loses many in a row, so
+# no path ever looks lossy above. Judged on the probes' loss rate per place over
+# GRAY_WINDOW_NS (shorter than the runner's FABRIC_SETTLE_S: a flap's lost probes have
+# left it when judging resumes), against GRAY_BACKGROUND, by the same tomography; named
+# once chosen for GRAY_HOLD_NS (no gap over GRAY_GAP_NS) with no queue on its paths — a
+# saturated shallow queue's onset drops what crosses it before the delay shows.
+GRAY_WINDOW_NS = 8_000_000_000
+GRAY_BACKGROUND = 1e-4  # a healthy place loses this share of the probes crossing it, at most
+GRAY_MIN_LOST = 10  # lost probes a place must explain ...
+GRAY_COST = 20.0  # ... and nats it must earn over the background
+GRAY_HOLD_NS = 6_000_000_000
+GRAY_GAP_NS = 3_000_000_000
+# ... and spread over the window: lost in GRAY_MIN_SECONDS of its seconds at least, no
+# second holding over GRAY_MAX_SECOND_SHARE of them. A burst (a rack's collectors
+# restarting, a control plane's hiccup of a few rounds, paths coming back unevenly after
+# a heal) loses many probes in a second or three: not a random share.
+GRAY_MIN_SECONDS = 5
+_GRAY_FIRST = {"link": 0, "to": 1, "switch": 2}  # of places that cannot be told apart
+GRAY_MAX_SECOND_SHARE = 0.4
+GRAY_MAX_PLACES = 4  # places named per pass, at most
 
 RISE_NS = 100_000.0  # received probes this much over their pair's floor: a queue, not a drop
 QUEUE_MEMORY_S = 10.0  # a link-direction that queued is not judged for drops this long
@@ -358,6 +393,7 @@ class SilentDrops:
         self.held_as_queue = 0  # passes whose loss came with a delay rise (contention)
         self.one_source = 0  # places whose lossy paths all came from one source host
         self.held_as_named = 0  # broader places whose lossy paths narrower named ones explain
+        self.held_as_burst = 0  # places losing a share of their probes, in a burst
         self._named: dict[Place, int] = {}  # place observed -> the newest pass it was
         self._queued: dict[Place, int] = {}  # link-direction -> queued (remembered) until
         self._floors = _Floors()  # each pair's least delay received, per second
@@ -365,6 +401,9 @@ class SilentDrops:
         self._places_of: dict[
             tuple[tuple[int, int, int], str | None], tuple[list[Place], list[Place]]
         ] = {}
+        # place losing a random share of its packets -> (first, newest) pass it was chosen
+        self._gray: dict[Place, tuple[int, int]] = {}
+        self._gray_twins: dict[Place, list[Place]] = {}  # ... and the places it cannot be told from
         self._paths_seen = np.zeros(0, np.uint64)  # paths judged (for _bound), sorted
         self._paths_since = 0  # ... since this send time (recounted every HISTORY_S)
 
@@ -654,8 +693,9 @@ class SilentDrops:
         for key in [k for k in self._lossy if k not in streaking]:
             del self._lossy[key]
         queues = self._queues(links, stats, now_ns)  # every pass: it remembers
+        gray = self._gray_places(crossing, streaking, queues, now_ns)
         if len(lossy) < MIN_PATHS:
-            return []
+            return gray
         claims: dict[Place, set[tuple[int, int, int]]] = collections.defaultdict(set)
         clean_of: collections.Counter[Place] = collections.Counter()
         for key, places in crossing.items():
@@ -719,7 +759,181 @@ class SilentDrops:
             else:
                 _merge(seen, obs)
         self._named.update(dict.fromkeys(named, now_ns))
-        return list(out.values())
+        return [*out.values(), *(g for g in gray if g.key not in out)]
+
+    def window_counts(
+        self, since_ns: int
+    ) -> dict[tuple[int, int, int], tuple[int, int, np.ndarray]]:
+        """Per path, its probes judged that were sent since ``since_ns``, of them lost, and
+        the lost per second of the window (a probe to a host not heard from is not
+        counted: :func:`_unheard`)."""
+        h = self._hist.data
+        if not len(self._hist):
+            return {}
+        m = (h["tx_ns"] >= since_ns) & ~_unheard(h, since_ns)
+        if not m.any():
+            return {}
+        keys = _key(h["src"][m], h["dst"][m], h["sport"][m])
+        uniq, first, inv = np.unique(keys, return_index=True, return_inverse=True)
+        sent = np.bincount(inv, minlength=len(uniq))
+        lost = h["lost"][m]
+        seconds = max(1, -(-(int(h["tx_ns"][m].max()) + 1 - since_ns) // 1_000_000_000))
+        per_s = np.zeros((len(uniq), seconds), np.int64)
+        sec = (h["tx_ns"][m][lost] - since_ns) // 1_000_000_000
+        np.add.at(per_s, (inv[lost], sec), 1)
+        src, dst, sport = (h[c][m][first].tolist() for c in ("src", "dst", "sport"))
+        return {
+            (a, b, c): (int(n), int(row.sum()), row)
+            for a, b, c, n, row in zip(src, dst, sport, sent.tolist(), per_s, strict=True)
+        }
+
+    def _gray_places(
+        self,
+        crossing: dict[tuple[int, int, int], list[Place]],
+        streaking: set[tuple[int, int, int]],
+        queues: dict[Place, float],
+        now_ns: int,
+    ) -> list[Observation]:
+        """Places dropping a random share of the packets crossing them (:data:`GRAY_WINDOW_NS`
+        and the rest above): greedily, the place whose probes' loss rate best explains
+        the lost probes of the paths through it, its paths then explained, while one
+        earns :data:`GRAY_COST`. A host's own place (all it sends or receives) is chosen
+        like any other and never reported: its NIC or socket, not a switch. Paths losing
+        everything in a row are the rule above's (``streaking``)."""
+        h = self._hist.data
+        if not len(self._hist):
+            self._gray.clear()
+            return []
+        counts = self.window_counts(int(h["tx_ns"].max()) - GRAY_WINDOW_NS)
+        paths = {k: c for k, c in counts.items() if k in crossing and k not in streaking}
+        sent: collections.Counter[Place] = collections.Counter()
+        lost: collections.Counter[Place] = collections.Counter()
+        through: dict[Place, list[tuple[int, int, int]]] = collections.defaultdict(list)
+        for k, (n, nl, _per_s) in paths.items():
+            for p in crossing[k]:
+                sent[p] += n
+                lost[p] += nl
+                through[p].append(k)
+        total_lost = sum(c[1] for c in paths.values())
+        self._gray_twins = {}
+        chosen: list[tuple[Place, list[tuple[int, int, int]], int, int]] = []
+        while lost and len(chosen) < GRAY_MAX_PLACES:
+            best = max(lost, key=lambda p: (rate_evidence(lost[p], sent[p]), -sent[p], repr(p)))
+            k_, n_ = lost[best], sent[best]
+            if k_ < GRAY_MIN_LOST or rate_evidence(k_, n_) <= 0:
+                break
+            mine = [k for k in through[best] if k in paths]
+            # places crossed by exactly these paths cannot be told apart (a spine towards
+            # the one host of a rack, and its link down to that rack): named together,
+            # the link first — taking it out routes round every one of them
+            same = set(mine)
+            twins = sorted((p for p in through if p.reported and lost[p] == k_
+                            and sent[p] == n_ and {k for k in through[p] if k in paths} == same),
+                           key=lambda p: (_GRAY_FIRST.get(p.what, 9), repr(p)))  # fmt: skip
+            if best.reported and twins:
+                best = twins[0]
+            self._gray_twins[best] = twins
+            chosen.append((best, mine, n_, k_))
+            for k in mine:  # explained: out of every other place's counts
+                n, nl, _per_s = paths.pop(k)
+                for p in crossing[k]:
+                    sent[p] -= n
+                    lost[p] -= nl
+            lost = +lost  # drop places left with no loss
+        out = []
+        seen: dict[Place, tuple[int, int]] = {}
+        for place, mine, n_, k_ in chosen:
+            if not place.reported:
+                continue  # a host's own loss: `clockmesh live` shows it, its port counts it
+            hops = {p for k in mine for p in crossing[k] if p.what == "link"}
+            rise = max((queues.get(p, 0.0) for p in hops), default=0.0)
+            if rise > RISE_NS or hops & self._queued.keys():
+                self.held_as_queue += 1
+                continue  # a full queue drops too, and delays what it lets through
+            losing = [k for k in mine if counts[k][1]]
+            if len(losing) < MIN_PATHS or len({s_ for s_, _d, _p in losing}) < MIN_SOURCES:
+                continue
+            per_s = np.sum([counts[k][2] for k in losing], axis=0)
+            if (np.count_nonzero(per_s) < GRAY_MIN_SECONDS
+                    or per_s.max() > GRAY_MAX_SECOND_SHARE * per_s.sum()):  # fmt: skip
+                self.held_as_burst += 1
+                continue  # lost in a burst, not at random
+            first, last = self._gray.get(place, (now_ns, now_ns))
+            if now_ns - last > GRAY_GAP_NS:
+                first = now_ns
+            seen[place] = (first, now_ns)
+            if now_ns - first < GRAY_HOLD_NS:
+                continue
+            out.append(self._gray_observation(place, mine, losing, n_, k_, total_lost, rise))
+        # a place not chosen this pass keeps its start for GRAY_GAP_NS (a rate near the
+        # threshold is chosen in most passes, not all)
+        self._gray = {p: v for p, v in self._gray.items() if now_ns - v[1] <= GRAY_GAP_NS}
+        self._gray.update(seen)
+        return out
+
+    def _gray_observation(
+        self,
+        place: Place,
+        mine: list[tuple[int, int, int]],
+        losing: list[tuple[int, int, int]],
+        sent: int,
+        lost: int,
+        total_lost: int,
+        rise: float,
+    ) -> Observation:
+        name = self.host_names.get
+        where = _words(place, name)
+        share = lost / sent if sent else 0.0
+        direction: dict[str, str] = {}
+        if place.what == "link":
+            sw, links, dests = "", [place.name], []
+            # one direction of one leaf–spine link, as contention names it: the pairs
+            # leaving (leaf→spine) or entering (spine→leaf) its leaf are its victims
+            leaf = next((lf for (lf, _sp), n in self.by_ends.items() if n == place.name), "")
+            direction = {"direction": place.detail, "leaf": leaf}
+        elif place.what == "to":
+            sw, dests = place.name, [name(int(place.detail), f"host {place.detail}")]
+            links = []
+        else:
+            sw, links, dests = place.name, [], []
+        sources = sorted({name(s, f"host {s}") for s, _, _ in losing})
+        summary = (
+            f"{where} silently drops {share:.2%} of the probes crossing it, spread over its "
+            f"flows ({len(losing)} of {len(mine)} paths through it lost some, none many in a "
+            "row: a bad optic, cable or port); links and routes up, paths unmoved, no queue"
+        )
+        if len(links) == 1:
+            summary += f"; out of service: {links[0]}"
+        pairs = sorted({f"{name(s, f'host {s}')}→{name(d, f'host {d}')}" for s, d, _ in losing})
+        return Observation(
+            kind=KIND,
+            key=f"{where} (random)",
+            score=round(min(1.0, 0.5 + 0.1 * math.log10(max(lost, 1))), 2),
+            summary=summary,
+            link=links[0] if len(links) == 1 else "",
+            evidence={
+                "switch": sw,
+                "links": links,
+                "destinations": dests,
+                "from_racks": sorted({self.host_rack[s] for s, _d, _p in losing}) if dests else [],
+                "candidates": [_words(p, name) for p in self._gray_twins.get(place) or [place]],
+                "confidence": round(lost / max(total_lost, 1), 2),
+                **direction,
+                "pattern": "random",
+                "packet_share": round(share, 5),
+                "lossy_paths": len(losing),
+                "clean_paths_through": len(mine) - len(losing),
+                "flow_share": round(len(losing) / len(mine), 3) if mine else 0.0,
+                "lost_probes": int(lost),
+                "sent_probes": int(sent),
+                "window_s": GRAY_WINDOW_NS / 1e9,
+                "sources": sources[:20],
+                "pairs": pairs[:20],
+                "delay_rise_us": round(rise / 1e3, 1),
+                "source": "probe loss rate per place over the window, paths from traces, "
+                "tomography",
+            },
+        )
 
     def _explained_by_named(
         self,

@@ -105,3 +105,37 @@ def test_a_spine_drops_one_host_and_a_share_of_flows_silently_and_heal_undoes_it
     assert res["drops_removed"] >= 1
     assert _send(lab, src, dst)[0] == set(PORTS)
     assert not lab.state.read().get("faults")
+
+
+def test_a_spine_port_loses_a_share_of_its_packets_at_random_and_heal_mends_it(
+    small_lab: Lab,
+) -> None:
+    """`lab drop SPINE --toward LEAF --packets SHARE`: a bad optic. Every flow through the
+    port loses some, by chance (not the same flows each time, as a hashed share); no ICMP,
+    no socket error, BGP up; `lab heal` mends it."""
+    lab = small_lab
+    topo = lab.topology
+    src = next(h for h in topo.hosts if h.rack == "leaf1").name
+    dst = next(h for h in topo.hosts if h.rack == "leaf2").name
+    spine = topo.spines[1]
+    with pytest.raises(LabError, match=r"--toward: spine2 has no port to 'h1-1' \(its "):
+        faults.lossy_port(lab, spine.name, "h1-1", 0.5)
+    try:
+        faults.lossy_port(lab, spine.name, "leaf2", 0.5)
+        runs = []
+        for _ in range(2):
+            got, errors, answers = _send(lab, src, dst)
+            assert errors == 0 and not answers, (errors, answers)
+            runs.append(set(PORTS) - got)
+        for lost in runs:  # half of the half that crosses spine2
+            assert 0.08 < len(lost) / len(PORTS) < 0.45, len(lost)
+        assert runs[0] != runs[1]  # chance, not a hash of the flow
+        sessions = [s for r in topo.spines for s in frr.sessions(lab.name, topo, r)]
+        assert sessions and all(s.up for s in sessions), sessions
+        with pytest.raises(LabError, match="already"):
+            faults.lossy_port(lab, spine.name, "leaf1", 0.1)
+    finally:
+        res = faults.heal(lab)
+    assert res["drops_removed"] == 1
+    assert _send(lab, src, dst)[0] == set(PORTS)
+    assert not lab.state.read().get("faults")
