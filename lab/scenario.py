@@ -31,6 +31,9 @@ box (``clockmesh ingest run``, store in ``DIR/store``) and a collector in every 
 - ``leaf_down``: a leaf loses power: every port of it (its hosts' and its uplinks) down
   at once for 3–10 s, by plain ``ip link set``; ``where`` is the leaf (a rack of two
   hosts or more: one host's rack is its host link);
+- ``lossy_port``: a leaf–spine port loses a random 4–10 % of the packets it sends, one
+  direction (``lab drop --toward --packets``: a bad optic, every flow loses some), for
+  20–30 s: ``where`` is the link, ``detail.direction`` its direction;
 - ``clean``: nothing, 20–40 s.
 
 Realistic buffers by default: every leaf–spine link gets ``CAPACITY`` (50 Mbit/s) and
@@ -73,8 +76,9 @@ KINDS = (
     "leaf_drop",
     "multi_drop",
     "leaf_down",
+    "lossy_port",
 )
-WEIGHTS = (3, 2, 2, 1, 2, 1, 1, 1, 1, 1, 1)
+WEIGHTS = (3, 2, 2, 1, 2, 1, 1, 1, 1, 1, 1, 1)
 CAPACITY = "50mbit"
 BUFFER_US = 500.0
 CLASS_OF = {
@@ -87,6 +91,7 @@ CLASS_OF = {
     "leaf_drop": "silent_drop",
     "multi_drop": "silent_drop",
     "leaf_down": "flapping_link",
+    "lossy_port": "silent_drop",
     "healthy_job": "none",
     "clean": "none",
 }
@@ -279,6 +284,21 @@ class Scenario:
             "switch": leaf, "to": rec["to"], "how": rec["how"], "seconds": round(seconds, 1)})  # fmt: skip
         return self._hold(f, seconds)
 
+    def _lossy_port(self) -> Fault:
+        topo = self.lab.topology
+        link = self.rng.choice([lk for lk in topo.links if lk.kind == "fabric"])
+        to_leaf = self.rng.random() < 0.5  # the spine's port to the leaf, or the leaf's up
+        switch, toward = (link.b.node, link.a.node) if to_leaf else (link.a.node, link.b.node)
+        share = round(self.rng.uniform(0.04, 0.10), 3)
+        seconds = self.rng.uniform(20, 30)
+        start = time.time_ns()
+        rec = faults.lossy_port(self.lab, switch, toward, share)
+        f = Fault("lossy_port", "silent_drop", link.name, start, detail={
+            "switch": switch, "toward": toward, "share": share, "how": rec["how"],
+            "direction": "spine→leaf" if to_leaf else "leaf→spine",
+            "seconds": round(seconds, 1)})  # fmt: skip
+        return self._hold(f, seconds)
+
     def _leaf_down(self) -> Fault:
         topo = self.lab.topology
         racks = sorted({h.rack for h in topo.hosts})
@@ -326,6 +346,8 @@ class Scenario:
             return self._multi_drop()
         if kind == "leaf_down":
             return self._leaf_down()
+        if kind == "lossy_port":
+            return self._lossy_port()
         return self._clean()
 
     # ---- the run ------------------------------------------------------------------------

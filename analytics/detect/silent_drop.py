@@ -116,6 +116,21 @@ def rate_evidence(lost: float, sent: float) -> float:
     return lost * math.log(q / b) + (sent - lost) * math.log((1 - q) / (1 - b)) - GRAY_COST
 
 
+def said_rate(q: float) -> float:
+    """The 1-2-5 step nearest ``q`` (in ratio)."""
+    return min(_SAID, key=lambda x: abs(math.log(x / max(q, 1e-6))))
+
+
+def interval95(lost: int, sent: int) -> tuple[float, float]:
+    """Wilson's 95 % interval of the rate ``lost / sent``."""
+    if sent <= 0:
+        return 0.0, 1.0
+    z, q = 1.96, lost / sent
+    mid = (q + z * z / (2 * sent)) / (1 + z * z / sent)
+    half = z * math.sqrt(q * (1 - q) / sent + z * z / (4 * sent * sent)) / (1 + z * z / sent)
+    return max(0.0, mid - half), min(1.0, mid + half)
+
+
 def evidence(lossy: int, clean: int) -> float:
     """What naming a place earns, in nats: how much better "it drops a share q = lossy /
     (lossy + clean) of the flows through it" explains its paths than the background
@@ -149,6 +164,10 @@ GRAY_GAP_NS = 3_000_000_000
 # a heal) loses many probes in a second or three: not a random share.
 GRAY_MIN_SECONDS = 5
 _GRAY_FIRST = {"link": 0, "to": 1, "switch": 2}  # of places that cannot be told apart
+# The rate a summary says, on a 1-2-5 scale: kept while the 95 % interval of the rate now
+# holds it (an 8-s window's count varies by ±20 % at the demo's 2 %: a summary that
+# followed it would store a row every pass, and say a different number every second)
+_SAID = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 GRAY_MAX_SECOND_SHARE = 0.4
 GRAY_MAX_PLACES = 4  # places named per pass, at most
 
@@ -404,6 +423,7 @@ class SilentDrops:
         # place losing a random share of its packets -> (first, newest) pass it was chosen
         self._gray: dict[Place, tuple[int, int]] = {}
         self._gray_twins: dict[Place, list[Place]] = {}  # ... and the places it cannot be told from
+        self._gray_said: dict[Place, float] = {}  # ... and the rate its summary says
         self._paths_seen = np.zeros(0, np.uint64)  # paths judged (for _bound), sorted
         self._paths_since = 0  # ... since this send time (recounted every HISTORY_S)
 
@@ -869,6 +889,7 @@ class SilentDrops:
         # threshold is chosen in most passes, not all)
         self._gray = {p: v for p, v in self._gray.items() if now_ns - v[1] <= GRAY_GAP_NS}
         self._gray.update(seen)
+        self._gray_said = {p: q for p, q in self._gray_said.items() if p in self._gray}
         return out
 
     def _gray_observation(
@@ -884,6 +905,10 @@ class SilentDrops:
         name = self.host_names.get
         where = _words(place, name)
         share = lost / sent if sent else 0.0
+        lo, hi = interval95(lost, sent)
+        said = self._gray_said.get(place)
+        if said is None or not lo <= said <= hi:
+            said = self._gray_said[place] = said_rate(share)
         direction: dict[str, str] = {}
         if place.what == "link":
             sw, links, dests = "", [place.name], []
@@ -897,10 +922,11 @@ class SilentDrops:
         else:
             sw, links, dests = place.name, [], []
         sources = sorted({name(s, f"host {s}") for s, _, _ in losing})
+        # no counts: they change every pass (in the evidence)
         summary = (
-            f"{where} silently drops {share:.2%} of the probes crossing it, spread over its "
-            f"flows ({len(losing)} of {len(mine)} paths through it lost some, none many in a "
-            "row: a bad optic, cable or port); links and routes up, paths unmoved, no queue"
+            f"{where} silently drops about {said * 100:g} % of the packets crossing it, at "
+            "random: every flow through it loses some, none many in a row (a bad optic, "
+            "cable or port); links and routes up, paths unmoved, no queue"
         )
         if len(links) == 1:
             summary += f"; out of service: {links[0]}"
@@ -908,7 +934,7 @@ class SilentDrops:
         return Observation(
             kind=KIND,
             key=f"{where} (random)",
-            score=round(min(1.0, 0.5 + 0.1 * math.log10(max(lost, 1))), 2),
+            score=round(min(1.0, 0.5 + 10 * said), 2),
             summary=summary,
             link=links[0] if len(links) == 1 else "",
             evidence={
@@ -921,6 +947,7 @@ class SilentDrops:
                 **direction,
                 "pattern": "random",
                 "packet_share": round(share, 5),
+                "packet_share_95": [round(lo, 5), round(hi, 5)],
                 "lossy_paths": len(losing),
                 "clean_paths_through": len(mine) - len(losing),
                 "flow_share": round(len(losing) / len(mine), 3) if mine else 0.0,

@@ -802,8 +802,14 @@ def test_a_link_direction_dropping_a_random_share_of_its_packets_is_named_with_i
         assert o.evidence["pattern"] == "random" and o.evidence["links"] == ["leaf2-spine1"]
         assert (o.evidence["direction"], o.evidence["leaf"]) == ("spine→leaf", "leaf2")
         assert 0.03 < o.evidence["packet_share"] < 0.07, o.evidence
-        assert o.summary.startswith("leaf2-spine1 (spine→leaf) silently drops "), o.summary
+        lo, hi = o.evidence["packet_share_95"]
+        assert lo < o.evidence["packet_share"] < hi, o.evidence
+        assert o.summary.startswith(
+            "leaf2-spine1 (spine→leaf) silently drops about 5 % of the packets crossing it, "
+            "at random"), o.summary  # fmt: skip
         assert o.summary.endswith("; out of service: leaf2-spine1"), o.summary
+    # one summary while it stands (its counts, in the evidence, change every pass)
+    assert len({o.summary for obs in every[first:] for o in obs}) == 1
     # its victims, in `clockmesh live` and the TUI: the pairs entering leaf2 from other racks
     seen = attribution.places([{"anomaly_id": "a", "link": o.link, "evidence": o.evidence}],
                               {"leaf2-spine1": "leaf2"})  # fmt: skip
@@ -827,3 +833,15 @@ def test_a_random_share_lost_with_a_queue_or_at_one_host_or_in_bursts_is_not_nam
     sparse = _random_share(0.001, lambda s, d, p, spine: True)  # a healthy fabric's strays
     every = _run(sparse, seconds=20)
     assert not any(every), [o.summary for obs in every for o in obs][:1]
+
+
+def test_the_rate_a_summary_says_is_a_1_2_5_step_kept_while_the_count_agrees() -> None:
+    """The demo's 1 % read 1.68 % in one 8-s window (41 of 2,434): "about 2 %" — and the
+    95 % interval beside the count says how far to trust it."""
+    from analytics.detect.silent_drop import interval95, said_rate
+
+    assert [said_rate(q) for q in (0.0168, 0.013, 0.02, 0.0248, 0.04, 0.17)] == [
+        0.02, 0.01, 0.02, 0.02, 0.05, 0.2]  # fmt: skip
+    lo, hi = interval95(41, 2434)
+    assert 0.012 < lo < 0.0169 < hi < 0.023, (lo, hi)
+    assert interval95(0, 100)[0] == 0.0 and interval95(100, 100)[1] == 1.0
