@@ -128,7 +128,8 @@ def interval95(lost: int, sent: int) -> tuple[float, float]:
     z, q = 1.96, lost / sent
     mid = (q + z * z / (2 * sent)) / (1 + z * z / sent)
     half = z * math.sqrt(q * (1 - q) / sent + z * z / (4 * sent * sent)) / (1 + z * z / sent)
-    return max(0.0, mid - half), min(1.0, mid + half)
+    return (0.0 if lost <= 0 else max(0.0, mid - half),
+            1.0 if lost >= sent else min(1.0, mid + half))  # fmt: skip
 
 
 def evidence(lossy: int, clean: int) -> float:
