@@ -98,6 +98,7 @@ def _run(
     late: int = 0,
     paths: dict[tuple[int, int, int], str] | None = None,
     port: Port | None = None,
+    contended: set[tuple[str, str]] | None = None,
 ) -> list:
     """Healthy for healthy_s, then `fault` for `seconds`: every pass's observations (the
     last pass's last). ``late``: the receivers ship their probe_rx
@@ -106,7 +107,8 @@ def _run(
     ``port``: the hosts' access-port counters, fed once a second (default none)."""
     paths = _paths() if paths is None else paths
     access = [(h, "bk0") for h in HOSTS] if port else []
-    drops = SilentDrops(HOSTS, BY_ENDS, paths, NAMES, access_ports=access)
+    drops = SilentDrops(HOSTS, BY_ENDS, paths, NAMES, access_ports=access,
+                        contended=(lambda: contended) if contended else None)  # fmt: skip
     every = []
     held: list[dict[str, np.ndarray]] = []
     for i in range(healthy_s + seconds):
@@ -817,7 +819,8 @@ def test_a_link_direction_dropping_a_random_share_of_its_packets_is_named_with_i
 
 
 def test_a_random_share_lost_with_a_queue_or_at_one_host_or_in_bursts_is_not_named() -> None:
-    """A full queue drops at random too, and delays what it lets through (contention's);
+    """A full queue drops at random too, and delays what it lets through (contention's), or
+    is named by contention on a link of the same spine;
     a host whose socket drops a share of what it receives is its own (``clockmesh live``
     shows it lossy); the same share lost in a burst of two seconds is a hiccup."""
     queue = _random_share(0.05, _spine1_down_to_leaf2, extra_ns=300_000.0)
@@ -830,6 +833,17 @@ def test_a_random_share_lost_with_a_queue_or_at_one_host_or_in_bursts_is_not_nam
     every = _run(lambda s, d, p, y, t: burst(s, d, p, y, t) if t < 12 else (False, 0.0),
                  seconds=12)  # fmt: skip
     assert not any(every), [o.summary for obs in every for o in obs][:1]
+    # contention named on a link-direction of that spine (the saturating bulk also fills
+    # its sources' uplinks to it, with little delay in the lab): the queue's loss
+    for named in (("leaf2-spine1", "spine→leaf"), ("leaf3-spine1", "leaf→spine")):
+        every = _run(_random_share(0.05, _spine1_down_to_leaf2), seconds=20, contended={named})
+        assert not any(every), (named, [o.summary for obs in every for o in obs][:1])
+    every = _run(
+        _random_share(0.05, _spine1_down_to_leaf2),
+        seconds=20,
+        contended={("leaf2-spine2", "spine→leaf")},
+    )  # the other spine's: no matter
+    assert every[-1] and every[-1][0].link == "leaf2-spine1", every[-1]
     sparse = _random_share(0.001, lambda s, d, p, spine: True)  # a healthy fabric's strays
     every = _run(sparse, seconds=20)
     assert not any(every), [o.summary for obs in every for o in obs][:1]
