@@ -55,6 +55,7 @@ import logging
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -171,6 +172,9 @@ _GRAY_FIRST = {"link": 0, "to": 1, "switch": 2}  # of places that cannot be told
 _SAID = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 GRAY_MAX_SECOND_SHARE = 0.4
 GRAY_MAX_PLACES = 4  # places named per pass, at most
+# judged this often, the last judgement repeated between (it costs 2-3x the rest of the
+# pass; its window, hold and gap are seconds long)
+GRAY_EVERY_NS = 1_000_000_000
 
 RISE_NS = 100_000.0  # received probes this much over their pair's floor: a queue, not a drop
 QUEUE_MEMORY_S = 10.0  # a link-direction that queued is not judged for drops this long
@@ -227,13 +231,13 @@ def _key(a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None) -> np.ndarra
     return k
 
 
-@dataclass(frozen=True)
-class Place:
+class Place(NamedTuple):
     """Where a loss can be: ``("switch", sw)``, ``("to", switch, host_id)`` (a spine, or
     the sender's leaf, towards one destination), ``("link",
     name, direction)``, or a host (``("out", host_id)`` all it sends, ``("in", host_id)``
     all it receives, ``("host", host_id)`` both: its link, its NIC, its socket, its
-    collector — not a switch's fault)."""
+    collector — not a switch's fault). A tuple: hashed and compared in C (a frozen
+    dataclass's Python ``__hash__``/``__eq__`` took two thirds of a pass's tomography)."""
 
     what: str
     name: str
@@ -429,6 +433,7 @@ class SilentDrops:
         self._gray: dict[Place, tuple[int, int]] = {}
         self._gray_twins: dict[Place, list[Place]] = {}  # ... and the places it cannot be told from
         self._gray_said: dict[Place, float] = {}  # ... and the rate its summary says
+        self._gray_last: tuple[int, list[Observation]] = (-(1 << 62), [])  # when, what
         self._paths_seen = np.zeros(0, np.uint64)  # paths judged (for _bound), sorted
         self._paths_since = 0  # ... since this send time (recounted every HISTORY_S)
 
@@ -718,7 +723,10 @@ class SilentDrops:
         for key in [k for k in self._lossy if k not in streaking]:
             del self._lossy[key]
         queues = self._queues(links, stats, now_ns)  # every pass: it remembers
-        gray = self._gray_places(crossing, streaking, queues, now_ns)
+        when, gray = self._gray_last
+        if not 0 <= now_ns - when < GRAY_EVERY_NS:
+            gray = self._gray_places(crossing, streaking, queues, now_ns)
+            self._gray_last = (now_ns, gray)
         if len(lossy) < MIN_PATHS:
             return gray
         claims: dict[Place, set[tuple[int, int, int]]] = collections.defaultdict(set)
