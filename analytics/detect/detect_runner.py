@@ -75,7 +75,7 @@ RULE_ONLY = ("silent_drop",)  # classes the model does not re-judge (docs/detect
 # FRR: ~6 s), the leaf's, not the links' own
 LEAF_SETTLE_NS = 30_000_000_000
 FABRIC_SETTLE_S = 10.0  # no silent drop is judged this long after a fabric link flapped
-CONTENDED_S = 20.0  # a link-direction contention named: no random share judged on it this long
+CONTENDED_S = 20.0  # contention named on a spine: no random share judged through it this long
 RECALL_S = 600.0  # at start, each 5-tuple's newest trace this recent is recalled from the store
 
 
