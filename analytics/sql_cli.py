@@ -1,8 +1,11 @@
-"""``clockmesh sql``: query the store through its read-only view catalog.
+"""``clockmesh sql``: query the store through its view catalog.
 
-Opens ``<store>/catalog.duckdb`` read-only, which is safe while the ingest daemon runs
-(the catalog holds only views; the daemon writes Parquet files, never the catalog a
-reader has open). docs/sql.md lists the views with example queries.
+The catalog's views over the store as this process sees it
+(:func:`analytics.store.catalog.connect_views`, in memory: only the views the query names,
+and what they read), so it is safe while the ingest daemon runs (it writes Parquet files,
+never a reader's views) and works on another mount or copy of the store: ``catalog.duckdb``
+holds the paths the daemon saw (``/var/lib/clockmesh/store`` inside the demo's ops box,
+``.lab/demo/nodes/ops/var/store`` from the lab's host). docs/sql.md lists the views.
 """
 
 from __future__ import annotations
@@ -61,20 +64,25 @@ def format_table(columns: list[str], rows: list[tuple]) -> str:
     return "\n".join(out)
 
 
-def run_query(store: Path, query: str) -> tuple[list[str], list[tuple]]:
-    """Run ``query`` against the store's catalog (read-only); raises click errors."""
+def run_query(store: Path, query: str, every: bool = False) -> tuple[list[str], list[tuple]]:
+    """Run ``query`` over the catalog's views of ``store`` (those it names; ``every``:
+    all); raises click errors."""
+    import re
+
     import duckdb  # heavy: import on use
 
+    from analytics.store.catalog import VIEW_NAMES, connect_views
     from analytics.store.layout import StoreError, require_store
 
     try:
         require_store(store)
     except StoreError as exc:
         raise click.ClickException(str(exc)) from None
+    named = [v for v in VIEW_NAMES if re.search(rf"\b{re.escape(v)}\b", query, re.IGNORECASE)]
     try:
-        con = duckdb.connect(str(store / "catalog.duckdb"), read_only=True)
-    except duckdb.Error as exc:
-        raise click.ClickException(f"{store}/catalog.duckdb: {str(exc).splitlines()[0]}") from None
+        con = connect_views(store, only=None if every else named)
+    except (OSError, duckdb.Error) as exc:
+        raise click.ClickException(f"{store}: {str(exc).splitlines()[0]}") from None
     try:
         rel = con.execute(query)
         if rel.description is None:
@@ -106,13 +114,10 @@ def sql(query: str | None, fmt: str, store: Path, list_views: bool) -> None:
     Example: clockmesh sql "SELECT * FROM link_health_now ORDER BY loss DESC LIMIT 10"
     """
     if list_views:
-        query = (
-            "SELECT view_name FROM duckdb_views() WHERE NOT internal "
-            "AND database_name = 'catalog' ORDER BY view_name"
-        )
+        query = "SELECT view_name FROM duckdb_views() WHERE NOT internal ORDER BY view_name"
     if not query:
         raise click.UsageError("give a QUERY (or --list-views)")
-    columns, rows = run_query(store, query)
+    columns, rows = run_query(store, query, every=list_views)
     if fmt == "json":
         data = [{c: _plain(v) for c, v in zip(columns, row, strict=True)} for row in rows]
         click.echo(json.dumps(data, indent=1, default=str))
