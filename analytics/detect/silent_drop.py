@@ -55,7 +55,7 @@ import logging
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -912,6 +912,15 @@ class SilentDrops:
         self._gray_said = {p: q for p, q in self._gray_said.items() if p in self._gray}
         return out
 
+    def _where(
+        self, sw: str, links: list[str], dests: list[str], paths: Iterable[tuple[int, int, int]]
+    ) -> dict[str, Any]:
+        """The place in an anomaly's evidence, as attribution and remediation read it: the
+        switch, the links to take out, the destinations and the racks whose pairs to them
+        it drops (who is a victim)."""
+        racks = sorted({self.host_rack[s] for s, _d, _p in paths}) if dests else []
+        return {"switch": sw, "links": links, "destinations": dests, "from_racks": racks}
+
     def _gray_observation(
         self,
         place: Place,
@@ -958,10 +967,7 @@ class SilentDrops:
             summary=summary,
             link=links[0] if len(links) == 1 else "",
             evidence={
-                "switch": sw,
-                "links": links,
-                "destinations": dests,
-                "from_racks": sorted({self.host_rack[s] for s, _d, _p in losing}) if dests else [],
+                **self._where(sw, links, dests, losing),
                 "candidates": [_words(p, name) for p in self._gray_twins.get(place) or [place]],
                 "confidence": round(lost / max(total_lost, 1), 2),
                 **direction,
@@ -1144,11 +1150,7 @@ class SilentDrops:
             summary=summary,
             link=links[0] if len(links) == 1 else "",
             evidence={
-                "switch": sw,
-                "links": links,
-                "destinations": dests,
-                # the racks whose pairs to those destinations it drops (who is a victim)
-                "from_racks": sorted({self.host_rack[s] for s, _d, _p in covered}) if dests else [],
+                **self._where(sw, links, dests, covered),
                 "candidates": alternatives,
                 "confidence": round(
                     len(covered)
