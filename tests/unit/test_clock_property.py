@@ -110,6 +110,35 @@ def test_known_error_at_moderate_load_with_short_queues_is_within_its_stated_unc
     ) == []  # fmt: skip
 
 
+# The draw Hypothesis 6.170.27 made of test_offsets_recovered_under_random_queueing on a
+# fresh clone (2026-12-04): at 37.5 % utilisation with 1-us queues six hosts are claimed
+# SOLVED 682-706 ns off. Their stated uncertainty covers it (honest), but the claim of
+# tens of ns does not hold: the weakness above, larger. Strict: it fails the day it holds.
+_AT_375 = dict(seed=420, offset_max=0.0, drift_max=0.0, util=0.375, queue_ns=1000.0, loss=0.0,
+               echo_every=1)  # fmt: skip
+
+
+def test_known_error_at_375_percent_load_is_within_its_stated_uncertainty() -> None:
+    assert _honesty_violations(**_AT_375) == []  # type: ignore[arg-type]
+
+
+@pytest.mark.xfail(strict=True, reason="solver weakness: hosts claimed SOLVED ~700 ns off at "
+                   "37.5 % load with 1-us queues (issue 25)")  # fmt: skip
+def test_known_error_at_375_percent_load_is_tens_of_ns() -> None:
+    cfg = SimConfig(
+        racks=3, hosts_per_rack=3, spines=2, buddies_random=2, ports=4, rate_per_port=4.0,
+        offset_max_ns=0.0, drift_max_ppm=0.0, ts_noise_ns=5.0, idle_util=0.375,
+        idle_queue_ns=1000.0, loss=0.0, seed=420, echo_every=1,
+    )  # fmt: skip
+    sim = MeshSimulator(cfg).run()
+    sol = solve_window(
+        sim.tx, sim.rx, sim.echoes, window_start_ns=cfg.start_ns,
+        window_ns=cfg.duration_ns, config=SolverConfig(spacing_tol_ns=50),
+    )  # fmt: skip
+    err = _errors(sim, sol, component=0)
+    assert len(err) and np.median(err) < 40.0, err
+
+
 # 200 derandomized draws. The parameters come from one 16-byte key, not from
 # st.floats/st.integers: Hypothesis (>= 6.131) sometimes draws numbers found in the
 # source of the local modules loaded so far, so those draws change with the test files
