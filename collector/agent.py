@@ -173,6 +173,9 @@ class Collector:
         self.mesh = ProbeMesh(cfg, chosen, PacketCodec(self.key), self.clock, self.buffers)
         self.mesh.rdma = self.rdma
         self.mesh.open()  # its sockets are drained every FLUSH_S, not selected
+        # from now on a probe sent to this host is heard: the ops box tells this run
+        # from the one before it (a restart) by this, in every segment's header
+        self.spool.run_ns = time.time_ns()
         mesh = self.mesh
         self.inband = InbandHook(cfg.inband.socket, self.host_id, self.clock)
         self._wake_sel.register(self.inband.sock, selectors.EVENT_READ, self._on_inband)
@@ -577,6 +580,9 @@ class Collector:
             self._scan_jobs()
             self._sample_counters()
             self._health()
+            # a run's first segment ships at once: the ops box learns of this run (its
+            # header's run_ns) before it judges the probes peers lost while none ran
+            self._urgent = True
             self.flush()
             self.write_status()
             log.info(

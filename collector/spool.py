@@ -116,6 +116,9 @@ class Spool:
         self.advised_roll_s = 0.0  # the ops box's advice (shipper thread sets it)
         self.roll_bytes = roll_bytes
         self._now_ns = now_ns
+        # when this collector began to listen for probes (its run; 0 until it says):
+        # written into each segment's header (collector.wire.encode_header)
+        self.run_ns = 0
         self.stats = SpoolStats()
         self.lock = threading.Lock()  # guards the closed-segment map (shipper vs. dropper)
         self._closed: dict[int, tuple[int, int]] = {}  # id -> (bytes, rows)
@@ -231,7 +234,7 @@ class Spool:
         seg_id = self._reserve_id()
         path = self.dir / segment_name(seg_id, "open")
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o640)
-        header = wire.encode_header(self.host, self.host_id, seg_id, self._now_ns())
+        header = wire.encode_header(self.host, self.host_id, seg_id, self._now_ns(), self.run_ns)
         os.write(fd, header)
         self._fd = fd
         self._open_id = seg_id

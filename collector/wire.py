@@ -7,7 +7,9 @@ Layout (all little-endian)::
 
     magic    8 bytes  b"CMSEG\\x00" + u16 format version (1)
     hlen     u32      length of the JSON header
-    header   hlen     UTF-8 JSON: {"host", "host_id", "segment", "schema", "created_ns"}
+    header   hlen     UTF-8 JSON: {"host", "host_id", "segment", "schema", "created_ns"},
+                      and "run_ns" (when the collector that wrote it began to listen for
+                      probes; absent from segments of collectors older than it)
     chunk*            repeated until end of file:
       table  u16      records.TABLE_IDS[...]
       flags  u16      0
@@ -55,6 +57,7 @@ class Segment:
     segment: int
     schema: int
     created_ns: int
+    run_ns: int = 0  # its collector began to listen for probes then (0: not said)
     tables: dict[str, list[np.ndarray]] = field(default_factory=dict)
     torn_bytes: int = 0  # bytes dropped from a torn tail (collector recovery only)
 
@@ -70,17 +73,20 @@ class Segment:
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
-def encode_header(host: str, host_id: int, segment: int, created_ns: int) -> bytes:
-    header = json.dumps(
-        {
-            "host": host,
-            "host_id": host_id,
-            "segment": segment,
-            "schema": SCHEMA_VERSION,
-            "created_ns": created_ns,
-        },
-        separators=(",", ":"),
-    ).encode("utf-8")
+def encode_header(host: str, host_id: int, segment: int, created_ns: int, run_ns: int = 0) -> bytes:
+    """``run_ns``: when the collector writing the segment began to listen for probes
+    (its run; 0: not said). The ops box tells a collector's restart from it: probes sent
+    to the host between its runs were lost to no listener, not to the fabric."""
+    fields: dict[str, object] = {
+        "host": host,
+        "host_id": host_id,
+        "segment": segment,
+        "schema": SCHEMA_VERSION,
+        "created_ns": created_ns,
+    }
+    if run_ns:
+        fields["run_ns"] = run_ns
+    header = json.dumps(fields, separators=(",", ":")).encode("utf-8")
     return _PREAMBLE.pack(MAGIC, FORMAT_VERSION, len(header)) + header
 
 
@@ -115,6 +121,7 @@ def decode(body: bytes | memoryview, *, allow_torn_tail: bool = False) -> Segmen
             segment=int(header["segment"]),
             schema=int(header["schema"]),
             created_ns=int(header["created_ns"]),
+            run_ns=int(header.get("run_ns", 0)),
         )
     except (ValueError, KeyError, TypeError) as exc:
         raise WireError(f"segment header is not valid: {exc!r}") from None

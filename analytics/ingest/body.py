@@ -41,6 +41,7 @@ class _Header(msgspec.Struct):
     segment: int
     schema: int
     created_ns: int
+    run_ns: int = 0  # when its collector began to listen for probes (0: not said)
 
 
 _header_decoder = msgspec.json.Decoder(_Header)
@@ -55,6 +56,7 @@ class SegmentView:
     segment: int
     created_ns: int
     nbytes: int
+    run_ns: int = 0  # when its collector began to listen for probes (0: not said)
     chunks: dict[str, list[memoryview]] = field(default_factory=dict)
     rows: dict[str, int] = field(default_factory=dict)
 
@@ -107,7 +109,9 @@ def _decode_one(view: memoryview, start: int, end: int) -> tuple[SegmentView, in
         raise wire.WireError(
             f"record schema {header.schema} is not supported (expected {records.SCHEMA_VERSION})"
         )
-    seg = SegmentView(header.host, header.host_id, header.segment, header.created_ns, 0)
+    seg = SegmentView(
+        header.host, header.host_id, header.segment, header.created_ns, 0, header.run_ns
+    )
     chunks, counts = seg.chunks, seg.rows
     pos += hlen
     while pos < end:

@@ -367,11 +367,16 @@ class GroupCommit:
             del ts
         now_ns = time.time_ns()
         # copy-on-write: the event loop and the live thread read these without a lock
-        per_host: dict[int, tuple[str, list[int], dict[str, int]]] = {}
+        per_host: dict[int, tuple[str, list[int], dict[str, int], dict[int, int]]] = {}
         for b, seg, _, _ in segs:
             agg = per_host.get(seg.host_id)
             if agg is None:
-                agg = per_host[seg.host_id] = (seg.host, [b.received_ns, 0, seg.created_ns, 0], {})
+                agg = per_host[seg.host_id] = (
+                    seg.host,
+                    [b.received_ns, 0, seg.created_ns, 0],
+                    {},
+                    {},
+                )
             agg[1][0] = max(agg[1][0], b.received_ns)
             agg[1][1] += 1
             agg[1][2] = min(agg[1][2], seg.created_ns)
@@ -380,14 +385,20 @@ class GroupCommit:
             counts = agg[2]
             for name, n in seg.rows.items():
                 counts[name] = counts.get(name, 0) + n
+            if seg.run_ns:  # the run it came from: its newest segment
+                runs = agg[3]
+                runs[seg.run_ns] = max(runs.get(seg.run_ns, 0), seg.created_ns)
         hosts = dict(self.view.hosts)
-        for hid, (host, (last_ns, nbatches, created_ns, probes_ns), added) in per_host.items():
+        for hid, (host, fig, added, runs) in per_host.items():
+            last_ns, nbatches, created_ns, probes_ns = fig
             h = hosts.get(hid)
             if h is None:
                 h = hosts[hid] = HostState(host, hid, last_ns, last_ns)
             h.host = host
             h.last_ns = max(h.last_ns, last_ns)
             h.since_ns = min(h.since_ns, created_ns)
+            if runs:
+                h.add_runs(runs)
             h.batches += nbatches
             h.probes_ns = max(h.probes_ns, probes_ns)
             rows = dict(h.rows)

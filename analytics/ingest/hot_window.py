@@ -346,8 +346,9 @@ class HotWindow:
 
     def _counted(self, tx: Cols, has_rx: np.ndarray) -> np.ndarray | None:
         """Per probe_tx: False for a probe not arrived whose destination's collector was
-        not known to run when it was sent (unknown yet, or started later); None when
-        every probe counts (no fleet view, or nothing missing)."""
+        not known to run when it was sent (unknown yet, started later, or between two
+        of its runs: ``deaf``); None when every probe counts (no fleet view, or nothing
+        missing)."""
         lost = ~has_rx
         if self._listening is None or not lost.any():
             return None
@@ -360,7 +361,13 @@ class HotWindow:
             len(uniq),
         )
         counted = np.ones(len(has_rx), bool)
-        counted[lost] = tx["tx_ns"][lost] >= since[inv]
+        tx_ns = tx["tx_ns"][lost]
+        ok = tx_ns >= since[inv]
+        # between two runs of its collector (a restart, a redeploy) nobody listened
+        for i, h in enumerate(uniq.tolist()):
+            for a, b in getattr(hosts.get(int(h)), "deaf", ()):
+                ok &= ~((inv == i) & (tx_ns >= a) & (tx_ns < b))
+        counted[lost] = ok
         return counted
 
     def _put_back(self, rx_left: Cols | None, wait: Cols | None) -> None:

@@ -102,6 +102,10 @@ class LiveDocument:
                     "last_probe_age_s": round((now_ns - h.probes_ns) / 1e9, 3)
                     if h.probes_ns
                     else None,
+                    # since its collector's current run began to listen (null: not said)
+                    "collector_run_age_s": round((now_ns - max(h.runs)) / 1e9, 3)
+                    if h.runs
+                    else None,
                     "batches": h.batches,
                     "rows": h.rows,
                     "rates": {k: round(v, 2) for k, v in h.rates.items()},

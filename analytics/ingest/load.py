@@ -69,8 +69,10 @@ def fleet_segment(
     jitter_ns: int = 2_000,
     loss: float = 0.0,
     rng: np.random.Generator | None = None,
+    run_ns: int = 0,
 ) -> bytes:
-    """Host ``i``'s segment for ``second``: its probe_tx and the probe_rx it recorded."""
+    """Host ``i``'s segment for ``second``: its probe_tx and the probe_rx it recorded
+    (``run_ns``: when its collector's run began to listen, in the header; 0: not said)."""
     rng = rng or np.random.default_rng(i * 1_000_003 + second)
     n = len(ids)
     tx = _tx_rows(i, ids, second, t0_ns, buddies, ports)
@@ -89,7 +91,7 @@ def fleet_segment(
     seg_id = second if segment is None else segment
     return (
         # opened when the second it covers began, as a collector opens a segment before its rows
-        wire.encode_header(name, int(ids[i]), seg_id, t0_ns + second * NS)
+        wire.encode_header(name, int(ids[i]), seg_id, t0_ns + second * NS, run_ns)
         + wire.encode_chunk("probe_tx", tx)
         + wire.encode_chunk("probe_rx", rx)
     )

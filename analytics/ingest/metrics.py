@@ -9,11 +9,12 @@ collector on :attr:`IngestMetrics.registry`.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +28,11 @@ from analytics.ingest.slabs import SlabPool
 
 # *_created series double the scrape size and no dashboard of ours reads them.
 prometheus_client.disable_created_metrics()
+
+RUNS_KEPT = 8  # a host's collector runs remembered (the live window spans a few at most)
+# a restarted collector's run_ns is its own clock; a sender's probe is stamped by the
+# sender's: probes sent this long after the restart still count as sent to no listener
+RESTART_MARGIN_NS = 500_000_000
 
 REJECT_REASONS = ("auth", "malformed", "schema", "too_large", "unavailable")
 
@@ -47,6 +53,25 @@ class HostState:
     # yet): a host whose batches arrive without them sends no probes (a firewall, a
     # socket that fails), though the live window still holds its earlier ones
     probes_ns: int = 0
+    # its collector's runs seen (segment header ``run_ns``: when each began to listen)
+    # -> the newest segment of each; the last RUNS_KEPT
+    runs: dict[int, int] = field(default_factory=dict)
+    # between two runs, (the older run's newest segment began, the newer run listened
+    # + RESTART_MARGIN_NS): probes sent to it then were lost to no listener (a restart,
+    # a redeploy), not to the fabric
+    deaf: tuple[tuple[int, int], ...] = ()
+
+    def add_runs(self, runs: Mapping[int, int]) -> None:
+        """Merge a commit's ``run_ns -> newest created_ns`` and recompute :attr:`deaf`
+        (copy-on-write: readers hold the old tuple)."""
+        merged = dict(self.runs)
+        for run, created in runs.items():
+            merged[run] = max(merged.get(run, 0), created)
+        keep = sorted(merged)[-RUNS_KEPT:]
+        self.runs = {r: merged[r] for r in keep}
+        self.deaf = tuple(
+            (self.runs[a], b + RESTART_MARGIN_NS) for a, b in itertools.pairwise(keep)
+        )
 
 
 @dataclass

@@ -397,3 +397,21 @@ def test_live_says_how_long_ago_a_host_last_shipped_the_probes_it_sent(daemon: D
     # its last batch is 1.5 s younger than its last batch with probes
     assert me["last_probe_age_s"] - me["last_batch_age_s"] >= 1.4, me
     assert hosts[int(IDS[9])]["last_probe_age_s"] is None  # it never sent one
+
+
+def test_live_says_when_a_host_s_collector_last_restarted(daemon: Daemon) -> None:
+    """A segment's header says when its collector's run began to listen (``run_ns``):
+    ``/v1/live`` shows a restart as ``collector_run_age_s`` (and the hot window leaves
+    out what peers lost to the host between its runs: test_store_writer); a segment of
+    a collector that does not say it (an older one) shows null."""
+    now = time.time_ns()
+    first, second = now - 40 * 10**9, now - 3 * 10**9
+    assert daemon.post(seg(10, 0, segment=1, run_ns=first))[1]["status"] == "stored"
+    assert daemon.post(seg(10, 1, segment=2, run_ns=second))[1]["status"] == "stored"
+    # a late segment of the first run changes nothing
+    assert daemon.post(seg(10, 2, segment=3, run_ns=first))[1]["status"] == "stored"
+    assert daemon.post(seg(11, 0, segment=1))[1]["status"] == "stored"
+    hosts = {h["host_id"]: h for h in json.loads(daemon.get("/v1/live"))["hosts"]}
+    age = hosts[int(IDS[10])]["collector_run_age_s"]
+    assert 3 <= age < 3 + 30, age
+    assert hosts[int(IDS[11])]["collector_run_age_s"] is None

@@ -18,6 +18,7 @@ import pytest
 from analytics.ingest import config as ingest_config
 from analytics.ingest import load as ingest_load
 from analytics.ingest.hot_window import HotWindow
+from analytics.ingest.metrics import RESTART_MARGIN_NS, HostState
 from analytics.store import layout
 from analytics.store.catalog import VIEW_NAMES, write_catalog
 from analytics.store.compactor import Compactor
@@ -510,3 +511,51 @@ def test_probes_to_a_collector_not_running_yet_are_no_loss_but_fabric_loss_is() 
         / sum(r["sent"] for r in rows if r["dst"] == ids[4])
         < 0.35
     )
+
+
+def test_probes_to_a_collector_restarting_are_no_loss_but_a_host_gone_deaf_is() -> None:
+    """A redeploy restarts each collector in turn: while one restarts nobody listens on
+    its host, and every peer's probes to it are lost — no loss on the fabric. Its segments
+    say when each run began to listen (``run_ns``), and the gap between two runs is left
+    out of the live view and the rollups. A host that hears nothing for as long, with no
+    restart in between (its link down), still shows the loss."""
+    start = (T0 // layout.NS_PER_MINUTE) * layout.NS_PER_MINUTE - 1
+    t0 = start + 1
+    ids = ingest_load.host_ids(12)
+    view: dict[int, HostState] = {}
+    hot = HotWindow(grace_s=20, lag_s=5, start_ns=start, listening=lambda: view)
+    restarts, deaf = 7, 3  # both hear nothing in seconds 20-23; only host 7 restarts
+    run1, run2 = t0 - 10**9, t0 + 24 * 10**9
+    snap = None
+    rolled = None
+    for now_s in range(0, 90):
+        arrival = t0 + now_s * 10**9
+        for i in range(12) if now_s < 60 else ():
+            if i in (restarts, deaf) and 20 <= now_s < 24:
+                continue
+            run = run2 if i == restarts and now_s >= 24 else run1
+            h = view.setdefault(int(ids[i]), HostState(f"h{i}", int(ids[i]), arrival, arrival))
+            h.since_ns = min(h.since_ns, t0 + now_s * 10**9)
+            h.add_runs({run: t0 + now_s * 10**9})
+            seg = wire.decode(ingest_load.fleet_segment(i, ids, now_s, t0_ns=t0, run_ns=run))
+            assert seg.run_ns == run
+            hot.add(arrival, {t: layout.records_to_arrow(t, seg.table(t)) for t in seg.tables})
+        if now_s == 59:
+            snap = hot.live(now_ns=arrival)
+        if now_s % 5 == 4:
+            rolled = hot.rollup(now_ns=arrival) or rolled
+    assert snap is not None and rolled is not None
+    assert view[int(ids[restarts])].deaf == ((t0 + 19 * 10**9, run2 + RESTART_MARGIN_NS),)
+    live = {(p.src, p.dst): p for p in snap.pairs}
+    to7 = [p for (_, dst), p in live.items() if dst == ids[restarts]]
+    assert to7 and all(p.loss == 0 for p in to7), [p.loss for p in to7]
+    # 4 seconds of what each peer sent to it lost (but host 7's: it sent nothing then)
+    to3 = [p for (src, dst), p in live.items() if dst == ids[deaf] and src != ids[restarts]]
+    assert to3 and all(0.05 < p.loss < 0.08 for p in to3), [p.loss for p in to3]
+    rows = rolled[1].to_pylist()
+    to7_rolled = [r for r in rows if r["dst"] == ids[restarts]]
+    # what was sent while it listened (seconds 0-18 and 24.5-59 of the minute): all received
+    assert to7_rolled and all(r["sent"] == r["received"] for r in to7_rolled)
+    assert all(r["sent"] < 480 for r in to7_rolled)
+    to3_rolled = [r for r in rows if r["dst"] == ids[deaf] and r["src"] != ids[restarts]]
+    assert to3_rolled and all(r["sent"] - r["received"] == 32 for r in to3_rolled)
