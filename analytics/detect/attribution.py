@@ -299,9 +299,15 @@ def verdict(
 
 
 def probe_age(host: Mapping[str, Any]) -> float | None:
-    """A ``/v1/live`` host row's ``last_probe_age_s`` (None: none yet, or an older daemon)."""
+    """Seconds a ``/v1/live`` host row has been without probes it sent, while its
+    collector ran: its ``last_probe_age_s``, or its ``collector_run_age_s`` when that is
+    younger — a collector restarted a moment ago has sent none yet, and is not silent
+    (None: none yet, or an older daemon)."""
     x = host.get("last_probe_age_s")
-    return float(x) if isinstance(x, int | float) else None
+    if not isinstance(x, int | float):
+        return None
+    run = host.get("collector_run_age_s")
+    return float(min(x, run)) if isinstance(run, int | float) else float(x)
 
 
 def queue_text(us: float) -> str:

@@ -924,6 +924,10 @@ def test_a_host_that_ships_but_sends_no_probes_is_grey_in_the_tui_as_in_clockmes
     assert line.endswith("sends no probes (its batches arrive)"), line
 
 
+def tiles_state(view: Any, host: str) -> str:
+    return next(t.state for t in view.tiles if t.host == host)
+
+
 def test_a_host_whose_probes_stopped_is_grey_before_the_live_window_forgets_them() -> None:
     """nftables dropping all of a host's probes out of its NIC: the sends fail, so no probe
     is recorded and none is lost, while its batches still arrive. Its probes of the last
@@ -954,3 +958,12 @@ def test_a_host_whose_probes_stopped_is_grey_before_the_live_window_forgets_them
     attribution.annotate(live["hosts"], live["pairs"], [], sample_racks(), {})
     assert quiet["verdict"] == "ok"
     assert {r.status for r in summarise(live)} == {"ok"}
+    # its collector restarted 1.2 s ago (a deploy): the new run has shipped no probe
+    # yet, and the old run's last were 12.3 s ago — a restart, not a silence; once the
+    # new run has gone as long without probes, it is silent again
+    for run_age, state in ((1.2, "ok"), (8.0, "silent")):
+        quiet["last_probe_age_s"], quiet["collector_run_age_s"] = 12.3, run_age
+        attribution.annotate(live["hosts"], live["pairs"], [], sample_racks(), {})
+        assert quiet["verdict"] == state
+        assert tiles_state(fleet(live, sample_racks()), quiet["host"]) == state
+        assert {r.status for r in summarise(live) if r.host == quiet["host"]} == {state}
