@@ -35,7 +35,7 @@ from collector import fleet_key, rdma_config, records
 from collector.config import CollectorConfig, box_key
 from collector.configfile import ConfigError
 from collector.inband import InbandHook
-from collector.lab_clock import RecordingClock
+from collector.lab_clock import RecordingClock, kept_t0
 from collector.link_watch import LinkWatch
 from collector.probe_mesh import ProbeMesh
 from collector.probe_packet import PacketCodec
@@ -119,7 +119,9 @@ class Collector:
         self.config_path = config_path
         self.key = fleet_key.read(cfg.fleet_key_file, config_path or "collector.yml")
         self.host_id = records.host_id(cfg.host)
-        self.clock = RecordingClock(cfg.lab_clock)
+        self.clock = RecordingClock(
+            cfg.lab_clock, kept_t0(cfg.spool.dir) if cfg.lab_clock else None
+        )
         self.started_unix = time.time()
         self.buffers = {name: RecordBuffer(name) for name in records.TABLES}
         self.spool = Spool(

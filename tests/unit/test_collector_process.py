@@ -205,3 +205,66 @@ def test_bad_config_and_missing_key_are_one_line_errors(tmp_path: Path) -> None:
     )  # fmt: skip
     assert out.returncode != 0 and "Traceback" not in out.stderr
     assert f"{cfg}: backend.probe_port: expected int" in out.stderr
+
+
+def test_each_run_says_when_it_began_to_listen_and_its_first_segment_ships_at_once(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    """A restarted collector's segments carry the new run's ``run_ns`` (when it began to
+    listen for probes; before its first probe), and the run's first segment ships at
+    once, not a roll interval later: the ops box learns of the restart before it judges
+    what peers lost to the host meanwhile (test_store_writer, test_ingest_daemon)."""
+    net = loopback_net()
+    port = free_udp_port(f"{net}.1")
+    peers = [{"name": "ha", "address": f"{net}.1", "rack": "r1"},
+             {"name": "hb", "address": f"{net}.2", "rack": "r1"}]  # fmt: skip
+    a = CollectorProcess(write_config(
+        tmp_path, "ha", f"{net}.1", peers, receiver.url, port=port,
+        base_sport=41000 + (port % 20000), spool={"roll_s": 6.0},
+        lab=True, lab_clock={"offset_ns": OFFSET_NS, "drift_ppm": DRIFT_PPM},
+    ))  # fmt: skip
+    runs: list[tuple[float, int]] = []  # (time.time() it was started, its run_ns)
+
+    def run_ns() -> set[int]:
+        with receiver.lock:
+            return {receiver.segments[i].run_ns for i in receiver.order if i[0] == "ha"}
+
+    try:
+        for _ in range(2):
+            started = time.time()
+            seen = run_ns()
+            a.start()
+            deadline = time.monotonic() + 4.0  # well inside the 6-s roll
+            while not run_ns() - seen and time.monotonic() < deadline:
+                time.sleep(0.05)
+            new = run_ns() - seen
+            assert len(new) == 1, (new, a.log.read_text()[-2000:])
+            first = min(
+                t for i, t in receiver.arrived.items() if receiver.segments[i].run_ns in new
+            )
+            assert first - started < 4.0
+            runs.append((started, new.pop()))
+            time.sleep(1.0)
+            assert a.stop() == 0
+    finally:
+        with contextlib.suppress(Exception):
+            a.stop()
+    (s1, r1), (s2, r2) = runs
+    assert s1 * 1e9 < r1 < s2 * 1e9 < r2 < time.time_ns()
+    with receiver.lock:
+        segs = [receiver.segments[i] for i in receiver.order if i[0] == "ha"]
+    for seg in segs:  # every segment of a run carries it, and no probe precedes it
+        tx = seg.table("probe_tx")
+        assert seg.run_ns in (r1, r2)
+        # (tx_ns is the lab clock's: up to OFFSET_NS + drift ahead of the real one)
+        assert not len(tx) or int(tx["tx_ns"].min()) >= seg.run_ns + OFFSET_NS
+    # the lab clock's error goes on across the restart, as a real clock's does: the
+    # second run reports the first run's t0 (its drift term does not jump back)
+    t0s = {
+        (seg.run_ns, int(h["value"]))
+        for seg in segs
+        for h in seg.table("health")
+        if h["name"] == b"lab_clock_t0_ns"
+    }
+    assert {r for r, _ in t0s} == {r1, r2} and len({t for _, t in t0s}) == 1, t0s
+    assert s1 * 1e9 < next(iter(t0s))[1] < r1
