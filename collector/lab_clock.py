@@ -8,9 +8,8 @@ synthetic skew so the clock solver has ground truth to be checked against::
 
 ``t0`` is the unskewed CLOCK_REALTIME at which the host's first collector process
 started (read once, before any record is made, and kept in the spool directory across
-restarts: :func:`kept_t0` — a real clock's error does not jump back when a process
-restarts, and a jump of the drift term, up to 50 ppm of the time since, read as a
-queue on the restarted host's paths). It is reported in the status file and
+restarts: :func:`kept_t0` — a real clock's error does not step back when a process
+restarts; the drift term would, by up to 50 ppm of the run's age). It is reported in the status file and
 as the HEALTH record ``lab_clock_t0_ns`` so analysis can reconstruct the exact
 skew. Without ``lab_clock`` the mapping is the identity.
 """
