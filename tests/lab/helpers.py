@@ -104,8 +104,10 @@ def opsbox_fleet(
 
         n = len(lab.topology.hosts)
         wait_for(lambda: len(live()["hosts"]) == n, ship_timeout_s, "every host shipping")
+        # "procs": host -> its collector process (a test that restarts one puts the new
+        # process here: it is stopped on the way out with the rest)
         yield {"lab": lab, "url": url, "live": live, "store": base / "store",
-               "hosts": base / "hosts"}  # fmt: skip
+               "hosts": base / "hosts", "procs": procs}  # fmt: skip
     finally:
         fleet.stop(procs)
         fleet.stop_opsbox(box)
