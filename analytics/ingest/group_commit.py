@@ -373,13 +373,14 @@ class GroupCommit:
             if agg is None:
                 agg = per_host[seg.host_id] = (
                     seg.host,
-                    [b.received_ns, 0, seg.created_ns, 0],
+                    [b.received_ns, 0, seg.created_ns, 0, seg.created_ns],
                     {},
                     {},
                 )
             agg[1][0] = max(agg[1][0], b.received_ns)
             agg[1][1] += 1
             agg[1][2] = min(agg[1][2], seg.created_ns)
+            agg[1][4] = max(agg[1][4], seg.created_ns)
             if seg.rows.get("probe_tx"):
                 agg[1][3] = max(agg[1][3], b.received_ns)
             counts = agg[2]
@@ -390,13 +391,14 @@ class GroupCommit:
                 runs[seg.run_ns] = max(runs.get(seg.run_ns, 0), seg.created_ns)
         hosts = dict(self.view.hosts)
         for hid, (host, fig, added, runs) in per_host.items():
-            last_ns, nbatches, created_ns, probes_ns = fig
+            last_ns, nbatches, created_ns, probes_ns, newest_ns = fig
             h = hosts.get(hid)
             if h is None:
                 h = hosts[hid] = HostState(host, hid, last_ns, last_ns)
             h.host = host
             h.last_ns = max(h.last_ns, last_ns)
             h.since_ns = min(h.since_ns, created_ns)
+            h.newest_ns = max(h.newest_ns, newest_ns)
             if runs:
                 h.add_runs(runs)
             h.batches += nbatches

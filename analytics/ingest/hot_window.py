@@ -11,6 +11,11 @@ probes per second (docs/store.md, "Performance"):
   kept aside and joined only with probe_rx that arrive later, until ``grace_s`` after its
   own arrival (then it is lost). The joined rows (src, dst, sport, delay), kept per
   minute, wait for their minute's rollup; per-pair stats of the slice go to the live view.
+  A probe without its probe_rx goes into a slice (as lost) only once its destination
+  has shipped a segment begun after it was sent, or at ``grace_s``: until then its
+  probe_rx may be on its way (a large fleet ships every 30 s). With the daemon's fleet
+  view, a probe sent to a host whose collector did not run then (not yet, or between
+  two of its runs) counts nowhere.
 * the **live** per-pair picture for ``/v1/live`` and ``/metrics`` combines the slices of
   the last ``live_s``: sent/received/loss and the minimum are exact; p50 is the median of
   the slices' medians and p99 the largest slice p99 (a slice is ``live_refresh_s`` of
@@ -43,7 +48,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from analytics.clock import probe_samples
-from analytics.clock.key_index import KeyIndex
+from analytics.clock.key_index import KeyIndex, dense_ids
 from analytics.store import layout
 
 NS = 1_000_000_000
@@ -117,6 +122,9 @@ class LiveSnapshot:
 
 
 _NEVER = np.iinfo(np.int64).max  # a destination not known to run: since never
+# A probe's probe_rx is in a segment its destination began at most one drain (~0.45 s)
+# after the probe was sent; its tx_ns is the sender's clock, created_ns the receiver's
+HEARD_MARGIN_NS = 1_000_000_000
 _TX_FIELDS = ("src", "dst", "seq", "sport", "tx_ns")
 _RX_FIELDS = ("src", "seq", "rx_ns")
 _MIN = layout.NS_PER_MINUTE
@@ -301,11 +309,16 @@ class HotWindow:
         has_rx = rx_ns != _NONE
         d = rx_ns - tx["tx_ns"]  # meaningful where has_rx (null elsewhere)
         counted = self._counted(tx, has_rx)  # None: every probe counts
-        if new:
-            fresh = tx["new"]
-            if counted is not None:
-                fresh = fresh & counted
-            everything = old is None and counted is None
+        decided = self._decided(tx, has_rx, final)  # None: every probe is decided
+        # "new": not in a live slice yet (arrived since the last settle, or kept aside
+        # undecided); it goes into this one once decided and counted
+        fresh = tx["new"]
+        if counted is not None:
+            fresh = fresh & counted
+        if decided is not None:
+            fresh = fresh & decided
+        everything = old is None and counted is None and decided is None
+        if everything or fresh.any():
             s_ = pa.table(
                 {
                     "src": tx["src"] if everything else tx["src"][fresh],
@@ -315,9 +328,9 @@ class HotWindow:
             )
             (stats,) = query_over(self._con, "s_", s_, _PAIR_STATS)
             self._slices.append((now_ns, stats))
-            horizon = now_ns - int(self.live_s * NS)
-            while self._slices and self._slices[0][0] <= horizon:
-                self._slices.popleft()
+        horizon = now_ns - int(self.live_s * NS)
+        while self._slices and self._slices[0][0] <= horizon:
+            self._slices.popleft()
         # matched, or lost for good: to their minute's rollup
         done = has_rx | (tx["arrival"] < final)
         # lost to no listener: out of the rollups as well
@@ -336,7 +349,15 @@ class HotWindow:
                 self._joined.setdefault(m, []).append(part)
                 self._rows += part.num_rows
                 self._bytes += part.nbytes
-        wait = _take(tx, ~has_rx & (tx["arrival"] >= final), drop=("new",))
+        waiting = ~has_rx & (tx["arrival"] >= final)
+        wait = _take(tx, waiting, drop=("new",))
+        # kept aside undecided: still to go into a live slice (the rest are in one already,
+        # or count nowhere)
+        if decided is None:
+            wait["new"] = np.zeros(len(wait["src"]), bool)
+        else:
+            # (whether it counts is judged once decided: what says so may not be here)
+            wait["new"] = (tx["new"] & ~decided)[waiting]
         rx_left = None
         if rx is not None:
             rx_left = _take(
@@ -354,7 +375,7 @@ class HotWindow:
             return None
         hosts = self._listening()
         dst = tx["dst"][lost]
-        uniq, inv = np.unique(dst, return_inverse=True)
+        inv, uniq = dense_ids(dst)  # (np.unique sorts: ~2 s for 10 M rows)
         since = np.fromiter(
             (getattr(hosts.get(int(h)), "since_ns", _NEVER) for h in uniq.tolist()),
             np.int64,
@@ -363,12 +384,43 @@ class HotWindow:
         counted = np.ones(len(has_rx), bool)
         tx_ns = tx["tx_ns"][lost]
         ok = tx_ns >= since[inv]
-        # between two runs of its collector (a restart, a redeploy) nobody listened
-        for i, h in enumerate(uniq.tolist()):
-            for a, b in getattr(hosts.get(int(h)), "deaf", ()):
-                ok &= ~((inv == i) & (tx_ns >= a) & (tx_ns < b))
+        # between two runs of its collector (a restart, a redeploy) nobody listened:
+        # per destination its gaps as columns (a whole fleet redeployed: every host has
+        # one), each row checked against its destination's, O(rows x gaps)
+        deaf = [getattr(hosts.get(int(h)), "deaf", ()) for h in uniq.tolist()]
+        width = max(map(len, deaf), default=0)
+        if width:
+            a = np.zeros((len(uniq), width), np.int64)
+            b = np.zeros((len(uniq), width), np.int64)
+            for i, gaps in enumerate(deaf):
+                for j, (lo, hi) in enumerate(gaps):
+                    a[i, j], b[i, j] = lo, hi
+            for j in range(width):
+                ok &= ~((tx_ns >= a[inv, j]) & (tx_ns < b[inv, j]))
         counted[lost] = ok
         return counted
+
+    def _decided(self, tx: Cols, has_rx: np.ndarray, final: int) -> np.ndarray | None:
+        """Per probe_tx: False for a probe not arrived (yet) whose destination has
+        shipped nothing begun since it was sent (plus :data:`HEARD_MARGIN_NS`): its
+        probe_rx may be on its way — a collector ships every ``roll_s``, 30 s on a large
+        fleet, and a 5-s ``lag_s`` would call most probes lost. Decided once the
+        destination's newest segment began later (it ships oldest first: the probe_rx
+        would have come with it or before), or at ``final``. None when every probe is
+        decided (no fleet view, or nothing missing)."""
+        missing = ~has_rx & (tx["arrival"] >= final)
+        if self._listening is None or not missing.any():
+            return None
+        hosts = self._listening()
+        inv, uniq = dense_ids(tx["dst"][missing])
+        newest = np.fromiter(
+            (getattr(hosts.get(int(h)), "newest_ns", 0) for h in uniq.tolist()),
+            np.int64,
+            len(uniq),
+        )
+        decided = np.ones(len(has_rx), bool)
+        decided[missing] = tx["tx_ns"][missing] + HEARD_MARGIN_NS < newest[inv]
+        return decided
 
     def _put_back(self, rx_left: Cols | None, wait: Cols | None) -> None:
         with self._lock:
@@ -567,7 +619,7 @@ def _gather(items: list, names: tuple[str, ...]) -> Cols:
             for name in names:
                 out[name][pos:end] = it[name]
             out["arrival"][pos:end] = it["arrival"]
-            out["new"][pos:end] = False
+            out["new"][pos:end] = it.get("new", False)
         else:
             arrival, data = it
             if isinstance(data, np.ndarray):  # the fields copied straight into place

@@ -47,6 +47,9 @@ class HostState:
     # its collector is known to run since (the earliest segment it shipped began, its
     # clock): probes to it lost before then were lost to no listener, not to the fabric
     since_ns: int = 2**63 - 1
+    # the newest segment it shipped began then (its clock; 0: none yet): a probe sent to
+    # it before then whose probe_rx has not come is lost, not on its way
+    newest_ns: int = 0
     rows: dict[str, int] = field(default_factory=dict)
     rates: dict[str, float] = field(default_factory=dict)  # rows/s over the last refresh
     # the last batch that carried probes it sent (probe_tx rows) arrived then (0: none

@@ -559,3 +559,44 @@ def test_probes_to_a_collector_restarting_are_no_loss_but_a_host_gone_deaf_is() 
     assert all(r["sent"] < 480 for r in to7_rolled)
     to3_rolled = [r for r in rows if r["dst"] == ids[deaf] and r["src"] != ids[restarts]]
     assert to3_rolled and all(r["sent"] - r["received"] == 32 for r in to3_rolled)
+
+
+def test_a_probe_whose_receiver_ships_late_is_not_lost_until_its_receiver_has_shipped() -> None:
+    """A large fleet ships every 30 s (the ops box's advice): a probe's probe_tx comes
+    with its sender's segment and its probe_rx with the receiver's, up to 30 s later. The
+    live view settles a probe 5 s after it arrived; a probe without its probe_rx then was
+    counted lost, so every pair to a host that ships late read ~100 % loss. Now it waits
+    until its receiver has shipped a segment begun after it was sent (then it is lost),
+    or the rollups' grace. Host 4 really loses 25 %: that still shows."""
+    start = (T0 // layout.NS_PER_MINUTE) * layout.NS_PER_MINUTE - 1
+    t0 = start + 1
+    ids = ingest_load.host_ids(12)
+    view: dict[int, HostState] = {}
+    hot = HotWindow(grace_s=40, lag_s=5, start_ns=start, listening=lambda: view)
+    slow = 7  # ships its segments 20 s after they begin
+    late: dict[int, list[tuple[int, dict]]] = {}
+    snaps = {}
+    for now_s in range(0, 100):
+        arrival = t0 + now_s * 10**9
+        for i in range(12) if now_s < 60 else ():
+            seg = wire.decode(
+                ingest_load.fleet_segment(i, ids, now_s, t0_ns=t0, loss=0.25 if i == 4 else 0)
+            )
+            tables = {t: layout.records_to_arrow(t, seg.table(t)) for t in seg.tables}
+            late.setdefault(now_s + (20 if i == slow else 0), []).append((i, seg, tables))
+        for i, seg, tables in late.pop(now_s, []):
+            h = view.setdefault(int(ids[i]), HostState(f"h{i}", int(ids[i]), arrival, arrival))
+            h.since_ns = min(h.since_ns, seg.created_ns)
+            h.newest_ns = max(h.newest_ns, seg.created_ns)
+            hot.add(arrival, tables)
+        if now_s % 5 == 4:
+            snaps[now_s] = hot.live(now_ns=arrival)
+            hot.rollup(now_ns=arrival)
+    for at in (29, 59, 79):  # the slow host's first probe_rx came at second 20
+        pairs = snaps[at].pairs
+        to_slow = [p for p in pairs if p.dst == ids[slow]]
+        assert to_slow and all(p.loss == 0 for p in to_slow), (at, [p.loss for p in to_slow])
+        to4 = [p for p in pairs if p.dst == ids[4]]
+        assert 0.15 < sum(p.loss for p in to4) / len(to4) < 0.35, at
+    # every probe sent to it in the minute reached the live view, none lost
+    assert sum(p.sent for p in snaps[79].pairs if p.dst == ids[slow]) >= 8 * 55 * 8
