@@ -697,6 +697,11 @@ def main() -> None:
         last_w = (t0 + args.seconds * 10**9 - 1) // window_ns
         expected = int(last_w - first_w + 1)
         health = pipeline_health(url, expected, live_clock["lateness_s"])
+        # the fleet's traffic loses no probe: every loss the live picture counts is false
+        pairs = read_live(url)["pairs"]
+        live_sent = sum(p["sent"] for p in pairs)
+        live_lost = sum(p["sent"] - p["received"] for p in pairs)
+        live_lossy = sum(p["loss"] > 0.01 for p in pairs)
         after = read_metrics(url)
         daemon_rss = peak_rss_gib(daemon.pid)
 
@@ -824,6 +829,11 @@ def main() -> None:
             f"{health['solved']} solved, {health['skipped']} skipped, {health['failed']} "
             f"failed, {health['judged']} judged by the detector; lateness in force "
             f"{live_clock['lateness_s']:.1f} s (collectors ship every {args.span} s)"
+        )
+        print(
+            f"live picture after the run (the traffic loses nothing): {len(pairs)} pairs, "
+            f"{live_sent} probes, {live_lost} counted lost "
+            f"({live_lost / max(live_sent, 1):.2%}), {live_lossy} pairs over 1 % lost"
         )
         print(
             "  lag from a window's end: to its solution "
