@@ -308,8 +308,8 @@ class HotWindow:
         rx_ns = _match(tx, rx)  # per probe_tx: its rx_ns, _NONE where no probe_rx yet
         has_rx = rx_ns != _NONE
         d = rx_ns - tx["tx_ns"]  # meaningful where has_rx (null elsewhere)
-        counted = self._counted(tx, has_rx)  # None: every probe counts
-        decided = self._decided(tx, has_rx, final)  # None: every probe is decided
+        # None: every probe counts / is decided
+        counted, decided = self._missing(tx, has_rx, final)
         # "new": not in a live slice yet (arrived since the last settle, or kept aside
         # undecided); it goes into this one once decided and counted
         fresh = tx["new"]
@@ -365,29 +365,35 @@ class HotWindow:
             )
         self._put_back(rx_left, wait if len(wait["src"]) else None)
 
-    def _counted(self, tx: Cols, has_rx: np.ndarray) -> np.ndarray | None:
-        """Per probe_tx: False for a probe not arrived whose destination's collector was
-        not known to run when it was sent (unknown yet, started later, or between two
-        of its runs: ``deaf``); None when every probe counts (no fleet view, or nothing
-        missing)."""
+    def _missing(
+        self, tx: Cols, has_rx: np.ndarray, final: int
+    ) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """Per probe_tx, for the probes not arrived (yet), from their destinations' state
+        in the daemon's fleet view (one lookup per destination); (None, None) when every
+        probe counts and is decided (no fleet view, or nothing missing).
+
+        ``counted``: False where the destination's collector was not known to run when
+        the probe was sent (unknown yet, started later, or between two of its runs:
+        ``deaf``). ``decided``: False where the destination has shipped nothing begun
+        since the probe was sent (plus :data:`HEARD_MARGIN_NS`) and ``final`` is not
+        reached: its probe_rx may be on its way — a collector ships every ``roll_s``, 30 s
+        on a large fleet, and a 5-s ``lag_s`` would call most probes lost. Decided once
+        the destination's newest segment began later (it ships oldest first: the
+        probe_rx would have come with it or before)."""
         lost = ~has_rx
         if self._listening is None or not lost.any():
-            return None
+            return None, None
         hosts = self._listening()
-        dst = tx["dst"][lost]
-        inv, uniq = dense_ids(dst)  # (np.unique sorts: ~2 s for 10 M rows)
-        since = np.fromiter(
-            (getattr(hosts.get(int(h)), "since_ns", _NEVER) for h in uniq.tolist()),
-            np.int64,
-            len(uniq),
-        )
-        counted = np.ones(len(has_rx), bool)
+        inv, uniq = dense_ids(tx["dst"][lost])  # (np.unique sorts: ~2 s for 10 M rows)
+        states = [hosts.get(int(h)) for h in uniq.tolist()]
+        since = np.fromiter((getattr(h, "since_ns", _NEVER) for h in states), np.int64, len(uniq))
+        newest = np.fromiter((getattr(h, "newest_ns", 0) for h in states), np.int64, len(uniq))
         tx_ns = tx["tx_ns"][lost]
         ok = tx_ns >= since[inv]
         # between two runs of its collector (a restart, a redeploy) nobody listened:
         # per destination its gaps as columns (a whole fleet redeployed: every host has
         # one), each row checked against its destination's, O(rows x gaps)
-        deaf = [getattr(hosts.get(int(h)), "deaf", ()) for h in uniq.tolist()]
+        deaf = [getattr(h, "deaf", ()) for h in states]
         width = max(map(len, deaf), default=0)
         if width:
             a = np.zeros((len(uniq), width), np.int64)
@@ -397,30 +403,11 @@ class HotWindow:
                     a[i, j], b[i, j] = lo, hi
             for j in range(width):
                 ok &= ~((tx_ns >= a[inv, j]) & (tx_ns < b[inv, j]))
+        counted = np.ones(len(has_rx), bool)
         counted[lost] = ok
-        return counted
-
-    def _decided(self, tx: Cols, has_rx: np.ndarray, final: int) -> np.ndarray | None:
-        """Per probe_tx: False for a probe not arrived (yet) whose destination has
-        shipped nothing begun since it was sent (plus :data:`HEARD_MARGIN_NS`): its
-        probe_rx may be on its way — a collector ships every ``roll_s``, 30 s on a large
-        fleet, and a 5-s ``lag_s`` would call most probes lost. Decided once the
-        destination's newest segment began later (it ships oldest first: the probe_rx
-        would have come with it or before), or at ``final``. None when every probe is
-        decided (no fleet view, or nothing missing)."""
-        missing = ~has_rx & (tx["arrival"] >= final)
-        if self._listening is None or not missing.any():
-            return None
-        hosts = self._listening()
-        inv, uniq = dense_ids(tx["dst"][missing])
-        newest = np.fromiter(
-            (getattr(hosts.get(int(h)), "newest_ns", 0) for h in uniq.tolist()),
-            np.int64,
-            len(uniq),
-        )
         decided = np.ones(len(has_rx), bool)
-        decided[missing] = tx["tx_ns"][missing] + HEARD_MARGIN_NS < newest[inv]
-        return decided
+        decided[lost] = (tx["arrival"][lost] < final) | (tx_ns + HEARD_MARGIN_NS < newest[inv])
+        return counted, decided
 
     def _put_back(self, rx_left: Cols | None, wait: Cols | None) -> None:
         with self._lock:
