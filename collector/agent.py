@@ -35,7 +35,7 @@ from collector import fleet_key, rdma_config, records
 from collector.config import CollectorConfig, box_key
 from collector.configfile import ConfigError
 from collector.inband import InbandHook
-from collector.lab_clock import RecordingClock, kept_t0
+from collector.lab_clock import RecordingClock
 from collector.link_watch import LinkWatch
 from collector.probe_mesh import ProbeMesh
 from collector.probe_packet import PacketCodec
@@ -107,6 +107,21 @@ def _atomic_write(path: Path, data: str) -> None:
     os.replace(tmp, path)
 
 
+def _kept_lab_t0(directory: Path) -> int:
+    """The lab clock's ``t0`` kept in ``directory/lab_clock_t0`` by an earlier run of this
+    host's collector, or now (written there) when there is none or it is unreadable: a
+    real clock's error does not step back when a process restarts."""
+    path = directory / "lab_clock_t0"
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        pass
+    now = time.time_ns()
+    directory.mkdir(parents=True, exist_ok=True)
+    _atomic_write(path, f"{now}\n")
+    return now
+
+
 class Collector:
     """Everything one host's collector does; :meth:`run` blocks until stopped."""
 
@@ -120,7 +135,7 @@ class Collector:
         self.key = fleet_key.read(cfg.fleet_key_file, config_path or "collector.yml")
         self.host_id = records.host_id(cfg.host)
         self.clock = RecordingClock(
-            cfg.lab_clock, kept_t0(cfg.spool.dir) if cfg.lab_clock else None
+            cfg.lab_clock, _kept_lab_t0(Path(cfg.spool.dir)) if cfg.lab_clock else None
         )
         self.started_unix = time.time()
         self.buffers = {name: RecordBuffer(name) for name in records.TABLES}

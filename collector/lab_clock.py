@@ -7,18 +7,16 @@ synthetic skew so the clock solver has ground truth to be checked against::
     t' = t + offset_ns + drift_ppm * 1e-6 * (t - t0)
 
 ``t0`` is the unskewed CLOCK_REALTIME at which the host's first collector process
-started (read once, before any record is made, and kept in the spool directory across
-restarts: :func:`kept_t0` — a real clock's error does not step back when a process
-restarts; the drift term would, by up to 50 ppm of the run's age). It is reported in the status file and
-as the HEALTH record ``lab_clock_t0_ns`` so analysis can reconstruct the exact
-skew. Without ``lab_clock`` the mapping is the identity.
+started (read once, before any record is made; ``collector.agent`` keeps it in
+``spool.dir/lab_clock_t0`` across restarts — a real clock's error does not step back
+when a process restarts; the drift term would, by up to 50 ppm of the run's age). It is
+reported in the status file and as the HEALTH record ``lab_clock_t0_ns`` so analysis
+can reconstruct the exact skew. Without ``lab_clock`` the mapping is the identity.
 """
 
 from __future__ import annotations
 
-import os
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -53,20 +51,3 @@ class RecordingClock:
     def now(self) -> int:
         """The recorded time now (user-space CLOCK_REALTIME, skewed)."""
         return self.skew(time.time_ns())
-
-
-def kept_t0(directory: str | Path) -> int:
-    """The lab clock's ``t0`` kept in ``directory/lab_clock_t0`` by an earlier run of this
-    host's collector, or now (written there, atomically) when there is none or it is
-    unreadable."""
-    path = Path(directory) / "lab_clock_t0"
-    try:
-        return int(path.read_text().strip())
-    except (OSError, ValueError):
-        pass
-    now = time.time_ns()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(f"{now}\n")
-    os.replace(tmp, path)
-    return now
