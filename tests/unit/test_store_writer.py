@@ -7,7 +7,9 @@ import os
 import random
 import time
 import types
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import numpy as np
@@ -465,6 +467,31 @@ def test_a_store_from_before_a_column_was_added_still_opens(tmp_path: Path) -> N
     assert got == [("flap-old", None)]
 
 
+def _drive_a_minute(
+    hot: HotWindow, t0: int, segment: Callable[[int, int], bytes | None]
+) -> tuple[Any, tuple[int, pa.Table, pa.Table]]:
+    """As the daemon drives the hot window: each of 12 hosts' segments of seconds 0-59
+    arrives in its second (``segment(host, second)``: the body, None when the host ships
+    nothing then), live() at second 59, rollup() every 5 s up to second 89. Returns the
+    live snapshot of second 59 and the last rollup."""
+    snap = None
+    rolled = None
+    for now_s in range(0, 90):
+        arrival = t0 + now_s * 10**9
+        for i in range(12) if now_s < 60 else ():
+            body = segment(i, now_s)
+            if body is None:
+                continue
+            seg = wire.decode(body)
+            hot.add(arrival, {t: layout.records_to_arrow(t, seg.table(t)) for t in seg.tables})
+        if now_s == 59:
+            snap = hot.live(now_ns=arrival)
+        if now_s % 5 == 4:
+            rolled = hot.rollup(now_ns=arrival) or rolled
+    assert snap is not None and rolled is not None
+    return snap, rolled
+
+
 def test_probes_to_a_collector_not_running_yet_are_no_loss_but_fabric_loss_is() -> None:
     """A deploy starts collectors one after another: the probes sent to a host before its
     collector ran never arrive, and that is no loss on the fabric — the live view and the
@@ -477,23 +504,14 @@ def test_probes_to_a_collector_not_running_yet_are_no_loss_but_fabric_loss_is() 
     view: dict[int, object] = {}
     hot = HotWindow(grace_s=20, lag_s=5, start_ns=start, listening=lambda: view)
     late_start, never = 9, 11  # host 9's collector starts at second 20; host 11's never
-    snap = None
-    rolled = None
-    for now_s in range(0, 90):
-        arrival = t0 + now_s * 10**9
-        for i in range(12) if now_s < 60 else ():
-            if i == never or (i == late_start and now_s < 20):
-                continue
-            view.setdefault(int(ids[i]), types.SimpleNamespace(since_ns=t0 + now_s * 10**9))
-            seg = wire.decode(
-                ingest_load.fleet_segment(i, ids, now_s, t0_ns=t0, loss=0.25 if i == 4 else 0)
-            )
-            hot.add(arrival, {t: layout.records_to_arrow(t, seg.table(t)) for t in seg.tables})
-        if now_s == 59:
-            snap = hot.live(now_ns=arrival)
-        if now_s % 5 == 4:
-            rolled = hot.rollup(now_ns=arrival) or rolled
-    assert snap is not None and rolled is not None
+
+    def segment(i: int, now_s: int) -> bytes | None:
+        if i == never or (i == late_start and now_s < 20):
+            return None
+        view.setdefault(int(ids[i]), types.SimpleNamespace(since_ns=t0 + now_s * 10**9))
+        return ingest_load.fleet_segment(i, ids, now_s, t0_ns=t0, loss=0.25 if i == 4 else 0)
+
+    snap, rolled = _drive_a_minute(hot, t0, segment)
     live = {(p.src, p.dst): p for p in snap.pairs}
     to9 = [p for (_, dst), p in live.items() if dst == ids[late_start]]
     assert to9 and all(p.loss == 0 for p in to9), [p.loss for p in to9]
@@ -526,25 +544,19 @@ def test_probes_to_a_collector_restarting_are_no_loss_but_a_host_gone_deaf_is() 
     hot = HotWindow(grace_s=20, lag_s=5, start_ns=start, listening=lambda: view)
     restarts, deaf = 7, 3  # both hear nothing in seconds 20-23; only host 7 restarts
     run1, run2 = t0 - 10**9, t0 + 24 * 10**9
-    snap = None
-    rolled = None
-    for now_s in range(0, 90):
-        arrival = t0 + now_s * 10**9
-        for i in range(12) if now_s < 60 else ():
-            if i in (restarts, deaf) and 20 <= now_s < 24:
-                continue
-            run = run2 if i == restarts and now_s >= 24 else run1
-            h = view.setdefault(int(ids[i]), HostState(f"h{i}", int(ids[i]), arrival, arrival))
-            h.since_ns = min(h.since_ns, t0 + now_s * 10**9)
-            h.add_runs({run: t0 + now_s * 10**9})
-            seg = wire.decode(ingest_load.fleet_segment(i, ids, now_s, t0_ns=t0, run_ns=run))
-            assert seg.run_ns == run
-            hot.add(arrival, {t: layout.records_to_arrow(t, seg.table(t)) for t in seg.tables})
-        if now_s == 59:
-            snap = hot.live(now_ns=arrival)
-        if now_s % 5 == 4:
-            rolled = hot.rollup(now_ns=arrival) or rolled
-    assert snap is not None and rolled is not None
+
+    def segment(i: int, now_s: int) -> bytes | None:
+        if i in (restarts, deaf) and 20 <= now_s < 24:
+            return None
+        run, at = run2 if i == restarts and now_s >= 24 else run1, t0 + now_s * 10**9
+        h = view.setdefault(int(ids[i]), HostState(f"h{i}", int(ids[i]), at, at))
+        h.since_ns = min(h.since_ns, at)
+        h.add_runs({run: at})
+        body = ingest_load.fleet_segment(i, ids, now_s, t0_ns=t0, run_ns=run)
+        assert wire.decode(body).run_ns == run
+        return body
+
+    snap, rolled = _drive_a_minute(hot, t0, segment)
     assert view[int(ids[restarts])].deaf == ((t0 + 19 * 10**9, run2 + RESTART_MARGIN_NS),)
     live = {(p.src, p.dst): p for p in snap.pairs}
     to7 = [p for (_, dst), p in live.items() if dst == ids[restarts]]
