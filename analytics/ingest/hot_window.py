@@ -318,16 +318,12 @@ class HotWindow:
         if decided is not None:
             fresh = fresh & decided
         everything = old is None and counted is None and decided is None
-        if everything or fresh.any():
-            s_ = pa.table(
-                {
-                    "src": tx["src"] if everything else tx["src"][fresh],
-                    "dst": tx["dst"] if everything else tx["dst"][fresh],
-                    "d": _nullable(d, has_rx) if everything else _nullable(d[fresh], has_rx[fresh]),
-                }
+        if everything:
+            self._slice(now_ns, tx["src"], tx["dst"], _nullable(d, has_rx))
+        elif fresh.any():
+            self._slice(
+                now_ns, tx["src"][fresh], tx["dst"][fresh], _nullable(d[fresh], has_rx[fresh])
             )
-            (stats,) = query_over(self._con, "s_", s_, _PAIR_STATS)
-            self._slices.append((now_ns, stats))
         horizon = now_ns - int(self.live_s * NS)
         while self._slices and self._slices[0][0] <= horizon:
             self._slices.popleft()
@@ -409,6 +405,12 @@ class HotWindow:
         decided[lost] = (tx["arrival"][lost] < final) | (tx_ns + HEARD_MARGIN_NS < newest[inv])
         return counted, decided
 
+    def _slice(self, now_ns: int, src: np.ndarray, dst: np.ndarray, d: pa.Array) -> None:
+        """Probes settled now (``d`` null: lost) into the live view, as per-pair stats."""
+        s_ = pa.table({"src": src, "dst": dst, "d": d})
+        (stats,) = query_over(self._con, "s_", s_, _PAIR_STATS)
+        self._slices.append((now_ns, stats))
+
     def _put_back(self, rx_left: Cols | None, wait: Cols | None) -> None:
         with self._lock:
             if rx_left is not None and len(rx_left["src"]):
@@ -452,6 +454,7 @@ class HotWindow:
             return None
         self.settle(now_ns)
         minutes: dict[int, list[pa.Table]] = {}
+        lost = None
         with self._lock:
             # probes of these minutes still waiting for their probe_rx are lost now
             wait = self._unmatched
@@ -462,23 +465,15 @@ class HotWindow:
                     self._unmatched = rest if len(rest["src"]) else None
                     self._rows -= int(np.count_nonzero(late))
                     self._bytes -= _cols_bytes(wait) - _cols_bytes(rest)
-                    lost = _take(wait, late & (wait["tx_ns"] >= lo))
-                    lost_minute = lost["tx_ns"] // _MIN * _MIN
-                    for m in np.unique(lost_minute).tolist():
-                        sel = lost_minute == m
-                        n = int(np.count_nonzero(sel))
-                        minutes.setdefault(m, []).append(
-                            _joined_part(
-                                lost["src"][sel], lost["dst"][sel], lost["sport"][sel],
-                                pa.nulls(n, pa.int64()),
-                            )
-                        )  # fmt: skip
+                    lost = _take(wait, late)
             self.next_minute_ns = final_end
             for m in [m for m in self._joined if m < final_end]:
                 parts = self._joined.pop(m)
                 self._rows -= sum(t.num_rows for t in parts)
                 self._bytes -= sum(t.nbytes for t in parts)
                 minutes.setdefault(m, []).extend(parts)
+        if lost is not None and len(lost["src"]):
+            self._lost_at_rollup(now_ns, lost, lo, minutes)
         pairs, paths = [], []
         for m in sorted(minutes):
             pair, path = rollup_minute(self._con, m, _concat(minutes.pop(m)))
@@ -491,6 +486,31 @@ class HotWindow:
             pa.concat_tables(pairs) if pairs else pair_schema.empty_table(),
             pa.concat_tables(paths) if paths else path_schema.empty_table(),
         )
+
+    def _lost_at_rollup(
+        self, now_ns: int, lost: Cols, lo: int, minutes: dict[int, list[pa.Table]]
+    ) -> None:
+        """Probes still without probe_rx when their minute became final (their sender's
+        segment came late): lost, as settle() would judge them — not where their
+        destination's collector was not running when they were sent — into the rollups
+        of the minutes from ``lo`` on, and into the live view where they were not yet
+        (undecided until now)."""
+        counted, _ = self._missing(lost, np.zeros(len(lost["src"]), bool), final=0)
+        if counted is not None:
+            lost = _take(lost, counted)
+        fresh = lost["new"]
+        if fresh.any():
+            n = int(np.count_nonzero(fresh))
+            self._slice(now_ns, lost["src"][fresh], lost["dst"][fresh], pa.nulls(n, pa.int64()))
+        lost_minute = lost["tx_ns"] // _MIN * _MIN
+        for m in np.unique(lost_minute[lost_minute >= lo]).tolist():
+            sel = lost_minute == m
+            n = int(np.count_nonzero(sel))
+            minutes.setdefault(m, []).append(
+                _joined_part(
+                    lost["src"][sel], lost["dst"][sel], lost["sport"][sel], pa.nulls(n, pa.int64())
+                )
+            )
 
 
 def rollup_minute(

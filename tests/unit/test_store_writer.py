@@ -7,7 +7,7 @@ import os
 import random
 import time
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -468,26 +468,33 @@ def test_a_store_from_before_a_column_was_added_still_opens(tmp_path: Path) -> N
 
 
 def _drive_a_minute(
-    hot: HotWindow, t0: int, segment: Callable[[int, int], bytes | None]
+    hot: HotWindow,
+    t0: int,
+    segment: Callable[[int, int], bytes | None],
+    *,
+    late_s: Mapping[int, int] | None = None,
+    live_at: int = 59,
 ) -> tuple[Any, tuple[int, pa.Table, pa.Table]]:
     """As the daemon drives the hot window: each of 12 hosts' segments of seconds 0-59
-    arrives in its second (``segment(host, second)``: the body, None when the host ships
-    nothing then), live() at second 59, rollup() every 5 s up to second 89. Returns the
-    live snapshot of second 59 and the last rollup."""
+    arrives in its second, or ``late_s[host]`` seconds later (``segment(host, second)``:
+    the body, None when the host ships nothing then), rollup() every 5 s up to second 89,
+    then live() at second ``live_at``. Returns that live snapshot and the last rollup."""
     snap = None
     rolled = None
+    due: dict[int, list[bytes]] = {}
     for now_s in range(0, 90):
         arrival = t0 + now_s * 10**9
         for i in range(12) if now_s < 60 else ():
             body = segment(i, now_s)
-            if body is None:
-                continue
+            if body is not None:
+                due.setdefault(now_s + (late_s or {}).get(i, 0), []).append(body)
+        for body in due.pop(now_s, []):
             seg = wire.decode(body)
             hot.add(arrival, {t: layout.records_to_arrow(t, seg.table(t)) for t in seg.tables})
-        if now_s == 59:
-            snap = hot.live(now_ns=arrival)
         if now_s % 5 == 4:
             rolled = hot.rollup(now_ns=arrival) or rolled
+        if now_s == live_at:
+            snap = hot.live(now_ns=arrival)
     assert snap is not None and rolled is not None
     return snap, rolled
 
@@ -571,6 +578,41 @@ def test_probes_to_a_collector_restarting_are_no_loss_but_a_host_gone_deaf_is() 
     assert all(r["sent"] < 480 for r in to7_rolled)
     to3_rolled = [r for r in rows if r["dst"] == ids[deaf] and r["src"] != ids[restarts]]
     assert to3_rolled and all(r["sent"] - r["received"] == 32 for r in to3_rolled)
+
+
+def test_a_minute_rolled_up_before_a_late_senders_probes_are_due_counts_them_as_live_does() -> None:
+    """A sender whose segments come 15 s late has probes still waiting for their
+    probe_rx when their minute is rolled up (20 s after it ends); the rollup calls them
+    lost. Those sent while their receiver's collector restarted are no loss there either
+    (they counted as lost), and those to a host whose link died count in the live view as
+    in the rollup (they reached neither)."""
+    start = (T0 // layout.NS_PER_MINUTE) * layout.NS_PER_MINUTE - 1
+    t0 = start + 1
+    ids = ingest_load.host_ids(12)
+    view: dict[int, HostState] = {}
+    hot = HotWindow(grace_s=20, lag_s=5, start_ns=start, listening=lambda: view)
+    late, restarts, dead = 2, 7, 3  # host 2 sends to both (its 8 buddies: 3 to 10)
+    run1, run2 = t0 - 10**9, t0 + 54 * 10**9
+
+    def segment(i: int, now_s: int) -> bytes | None:
+        if (i == restarts and 50 <= now_s < 54) or (i == dead and now_s >= 50):
+            return None
+        run, at = run2 if i == restarts and now_s >= 54 else run1, t0 + now_s * 10**9
+        h = view.setdefault(int(ids[i]), HostState(f"h{i}", int(ids[i]), at, at))
+        h.since_ns, h.newest_ns = min(h.since_ns, at), max(h.newest_ns, at)
+        h.add_runs({run: at})
+        return ingest_load.fleet_segment(i, ids, now_s, t0_ns=t0, run_ns=run)
+
+    snap, rolled = _drive_a_minute(hot, t0, segment, late_s={late: 15}, live_at=89)
+    rows = {(r["src"], r["dst"]): r for r in rolled[1].to_pylist()}
+    to7 = rows[(ids[late], ids[restarts])]
+    assert to7["sent"] - to7["received"] == 0, to7
+    to3 = rows[(ids[late], ids[dead])]
+    assert to3["sent"] - to3["received"] == 80, to3  # seconds 50-59, 8 probes each
+    live = {(p.src, p.dst): p for p in snap.pairs}
+    assert live[(ids[late], ids[restarts])].loss == 0
+    to3_live = live[(ids[late], ids[dead])]
+    assert round(to3_live.loss * to3_live.sent) == 80, (to3_live.loss, to3_live.sent)
 
 
 def test_a_probe_whose_receiver_ships_late_is_not_lost_until_its_receiver_has_shipped() -> None:
