@@ -824,16 +824,41 @@ class PathDelays:
         second, three times in 10 minutes, never named)."""
         return dict(self._pair_queues)
 
-    def _hold_pairs(self, every: Windows) -> None:
+    def _hold_pairs(
+        self,
+        every: Windows,
+        trips: dict[int, tuple[float, float]],
+        leads: dict[tuple[int, str], float],
+    ) -> None:
         """Note, after a pass, which pairs have a slow route and since when
-        (:meth:`pair_queues`); ``every``: the judged, settled routes the naming reads."""
+        (:meth:`pair_queues`); ``every``: the judged, settled routes the naming reads,
+        ``trips`` and ``leads`` their :func:`_round_trips` and :func:`_clock_leads`.
+
+        A route late by what its ends' clocks explain is not slow: a host whose routes
+        one way are early and whose round trips hold no queue has a clock the solver
+        holds wrong — stepped (a PTP servo re-locking, chrony or ntpd stepping), and
+        until the solver's next window its routes the other way read late by as much,
+        though nothing waited. The naming discounts the same (a fabric link is not paged
+        for it, a host's port only on its round trips); a host whose round trips hold a
+        queue keeps its routes' delay whole."""
         now = self.newest_ns
         slow = every.slow
         queue: dict[tuple[int, int], float] = {}
         dropping: set[tuple[int, int]] = set()
-        for s, d, q, drop in zip(every.src[slow].tolist(), every.dst[slow].tolist(),
-                                 every.queue[slow].tolist(), every.dropping[slow].tolist(),
-                                 strict=True):  # fmt: skip
+
+        def lead(host: int, way: str) -> float:
+            trip = trips.get(host)
+            return 0.0 if trip is not None and trip[0] > trip[1] else leads.get((host, way), 0.0)
+
+        for s, d, q, thr, drop in zip(every.src[slow].tolist(), every.dst[slow].tolist(),
+                                      every.queue[slow].tolist(),
+                                      every.thresholds[slow, 0].tolist(),
+                                      every.dropping[slow].tolist(), strict=True):  # fmt: skip
+            explained = (lead(s, "in") + lead(d, "out")) if leads else 0.0
+            if explained and not drop:
+                if q - explained <= thr + RESIDUAL * explained:
+                    continue
+                q -= explained
             queue[(s, d)] = max(queue.get((s, d), 0.0), q)
             if drop:
                 dropping.add((s, d))
@@ -1147,9 +1172,9 @@ class PathDelays:
         wins = self._last_windows = wins if isinstance(wins, Windows) else Windows.of(list(wins))
         own = self._port_held(wins)
         every = own.take(own.judged & own.settled)
-        self._hold_pairs(every)
         trips = _round_trips(every)  # once per pass: the naming, holding and saying
         leads = _clock_leads(every)
+        self._hold_pairs(every, trips, leads)
         judged = self._looked_at(every)
         hops, a, q = queues(judged)
         found: list[tuple[tuple[str, str], list[RouteWindow], float, float]] = []

@@ -654,6 +654,38 @@ def test_routes_out_of_a_host_late_by_what_its_routes_in_are_early_name_no_link(
         assert links == ([("leaf3-spine2", "leaf→spine")] if said else []), (late_us, links)
 
 
+def test_a_hosts_clock_stepping_makes_no_pair_slow_but_a_queue_at_its_port_does() -> None:
+    """A clock steps (a PTP servo re-locking, chrony or ntpd stepping): until the clock
+    solver's next window, every route into the host reads late by the step and every route
+    out early by as much. Seen on the demo lab (2026-12-05, h2-1 stepped 300 µs either
+    way): `clockmesh live` showed 10 hosts `slow`, each pair to (or from) h2-1 "300 µs"
+    queued, for 2-4 s, and nothing had waited — the host's round trips held no queue. The
+    pairs whose delay the routes' early other way explains are not slow; a queue at the
+    host's port (its routes in late, those out on time) still makes them slow."""
+    d, route = _one_host_racks()
+
+    def windows(into_us: float, out_us: float) -> list[RouteWindow]:
+        return [
+            route(s, t, y, into_us if t == 2 else out_us if s == 2 else 0.0)
+            for s in (1, 2, 3) for t in (1, 2, 3) if s != t for y in ("spine1", "spine2")
+        ]  # fmt: skip
+
+    for into_us, out_us, slow in (
+        (300.0, -300.0, set()),  # stepped ahead
+        (-300.0, 300.0, set()),  # stepped back
+        (300.0, 0.0, {(1, 2), (3, 2)}),  # its downlink queued
+        (0.0, 300.0, {(2, 1), (2, 3)}),  # its uplink queued
+    ):
+        d._pair_since.clear()
+        for step in range(3):
+            d.newest_ns = (step + 1) * S
+            d.windows = lambda into_us=into_us, out_us=out_us: windows(into_us, out_us)
+            d.observations(0)
+        got = d.pair_queues()
+        assert set(got) == slow, (into_us, out_us, got)
+        assert all(abs(q - 300e3) < 1e3 for q in got.values()), got
+
+
 def test_a_routes_baseline_is_its_last_two_minutes_of_healthy_windows() -> None:
     """Each route's baseline is the median and robust σ (1.4826 × MAD) of its last
     BASE_KEEP (120) healthy windows — refitted at every window while it holds fewer than
