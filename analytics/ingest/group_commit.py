@@ -16,7 +16,7 @@ import concurrent.futures
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -44,6 +44,20 @@ class PendingBatch:
     rows: int
     received_ns: int
     future: asyncio.Future
+
+
+@dataclass
+class _HostCommit:
+    """What one commit's segments say of one host, merged into its :class:`HostState`."""
+
+    host: str
+    last_ns: int  # the newest of its batches arrived then
+    since_ns: int  # its oldest segment began then
+    newest_ns: int  # its newest segment began then
+    batches: int = 0
+    probes_ns: int = 0  # the newest of its batches with probes it sent arrived then
+    rows: dict[str, int] = field(default_factory=dict)
+    runs: dict[int, int] = field(default_factory=dict)  # run_ns -> its newest segment
 
 
 def join_chunks(
@@ -367,44 +381,38 @@ class GroupCommit:
             del ts
         now_ns = time.time_ns()
         # copy-on-write: the event loop and the live thread read these without a lock
-        per_host: dict[int, tuple[str, list[int], dict[str, int], dict[int, int]]] = {}
+        per_host: dict[int, _HostCommit] = {}
         for b, seg, _, _ in segs:
             agg = per_host.get(seg.host_id)
             if agg is None:
-                agg = per_host[seg.host_id] = (
-                    seg.host,
-                    [b.received_ns, 0, seg.created_ns, 0, seg.created_ns],
-                    {},
-                    {},
+                agg = per_host[seg.host_id] = _HostCommit(
+                    seg.host, b.received_ns, seg.created_ns, seg.created_ns
                 )
-            agg[1][0] = max(agg[1][0], b.received_ns)
-            agg[1][1] += 1
-            agg[1][2] = min(agg[1][2], seg.created_ns)
-            agg[1][4] = max(agg[1][4], seg.created_ns)
+            agg.last_ns = max(agg.last_ns, b.received_ns)
+            agg.batches += 1
+            agg.since_ns = min(agg.since_ns, seg.created_ns)
+            agg.newest_ns = max(agg.newest_ns, seg.created_ns)
             if seg.rows.get("probe_tx"):
-                agg[1][3] = max(agg[1][3], b.received_ns)
-            counts = agg[2]
+                agg.probes_ns = max(agg.probes_ns, b.received_ns)
             for name, n in seg.rows.items():
-                counts[name] = counts.get(name, 0) + n
+                agg.rows[name] = agg.rows.get(name, 0) + n
             if seg.run_ns:  # the run it came from: its newest segment
-                runs = agg[3]
-                runs[seg.run_ns] = max(runs.get(seg.run_ns, 0), seg.created_ns)
+                agg.runs[seg.run_ns] = max(agg.runs.get(seg.run_ns, 0), seg.created_ns)
         hosts = dict(self.view.hosts)
-        for hid, (host, fig, added, runs) in per_host.items():
-            last_ns, nbatches, created_ns, probes_ns, newest_ns = fig
+        for hid, agg in per_host.items():
             h = hosts.get(hid)
             if h is None:
-                h = hosts[hid] = HostState(host, hid, last_ns, last_ns)
-            h.host = host
-            h.last_ns = max(h.last_ns, last_ns)
-            h.since_ns = min(h.since_ns, created_ns)
-            h.newest_ns = max(h.newest_ns, newest_ns)
-            if runs:
-                h.add_runs(runs)
-            h.batches += nbatches
-            h.probes_ns = max(h.probes_ns, probes_ns)
+                h = hosts[hid] = HostState(agg.host, hid, agg.last_ns, agg.last_ns)
+            h.host = agg.host
+            h.last_ns = max(h.last_ns, agg.last_ns)
+            h.since_ns = min(h.since_ns, agg.since_ns)
+            h.newest_ns = max(h.newest_ns, agg.newest_ns)
+            if agg.runs:
+                h.add_runs(agg.runs)
+            h.batches += agg.batches
+            h.probes_ns = max(h.probes_ns, agg.probes_ns)
             rows = dict(h.rows)
-            for name, n in added.items():
+            for name, n in agg.rows.items():
                 rows[name] = rows.get(name, 0) + n
             h.rows = rows
         self.view.hosts = hosts
