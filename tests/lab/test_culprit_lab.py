@@ -107,6 +107,52 @@ def test_collectors_restarting_make_no_host_lossy_or_silent(opsbox: dict[str, An
     print({h: sorted(v) for h, v in seen.items()})
 
 
+def test_a_hosts_clock_stepping_makes_no_host_slow(opsbox: dict[str, Any]) -> None:
+    """A host's clock steps (a PTP servo re-locking, chrony or ntpd stepping): until the
+    clock solver's next window every probe into it reads late by the step and every probe
+    out early by as much, though nothing waited. h3-2's lab clock steps 300 µs ahead, then
+    back (its collector's config reloaded, as the scenario kind ``clock_step`` does): no
+    host may read ``slow`` (or worse) in any answer, and no anomaly opens (on the demo lab
+    before the fix: 10 hosts ``slow``, "queued 300 µs", for 2-4 s each time)."""
+    import signal
+    from functools import partial
+
+    import yaml
+
+    live, procs = opsbox["live"], opsbox["procs"]
+    host = "h3-2"
+    config = opsbox["hosts"] / host / "collector.yml"
+    original = config.read_text()
+
+    def stepped(offset_ns: int) -> bool:  # the collector's status says it took the step
+        clock = json.loads((config.parent / "status.json").read_text()).get("lab_clock") or {}
+        return bool(clock.get("offset_ns") == offset_ns)
+
+    wait_for(lambda: {h["verdict"] for h in live()["hosts"]} == {"ok"}, 150, "every host ok")
+    before = {a["anomaly_id"] for a in live()["anomalies"]["open"]}
+    opened: set[str] = set()
+    seen: dict[str, set[str]] = {}
+    try:
+        for offset_ns in (300_000, 0):
+            cfg = yaml.safe_load(original)
+            cfg["lab_clock"] = {"offset_ns": offset_ns, "drift_ppm": 0.0}
+            config.write_text(yaml.safe_dump(cfg))
+            procs[host].send_signal(signal.SIGHUP)
+            wait_for(partial(stepped, offset_ns), 10, "the step taken")
+            deadline = time.monotonic() + 15.0  # the solver catches up within ~5 s
+            while time.monotonic() < deadline:
+                doc = live()
+                for h in doc["hosts"]:
+                    seen.setdefault(h["host"], set()).add(h["verdict"])
+                opened |= {a["anomaly_id"] for a in doc["anomalies"]["open"]}
+                time.sleep(0.5)
+    finally:
+        config.write_text(original)
+        procs[host].send_signal(signal.SIGHUP)
+    assert not {h: v for h, v in seen.items() if v - {"ok"}}, seen
+    assert not opened - before, opened - before
+
+
 def test_a_host_whose_own_link_flaps_is_the_culprit_and_its_peers_are_affected(
     opsbox: dict[str, Any],
 ) -> None:
