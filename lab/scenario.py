@@ -34,6 +34,11 @@ box (``clockmesh ingest run``, store in ``DIR/store``) and a collector in every 
 - ``lossy_port``: a leaf–spine port loses a random 4–10 % of the packets it sends, one
   direction (``lab drop --toward --packets``: a bad optic, every flow loses some), for
   20–30 s: ``where`` is the link, ``detail.direction`` its direction;
+- ``clock_step``: a host's clock steps 20 µs–2 ms ahead or back (log-uniform) and stays
+  so — a PTP servo re-locking, chrony or ntpd stepping: its collector's lab clock offset
+  moves by that much (its config rewritten and reloaded, SIGHUP) — then 20–40 s; nothing
+  waited or was lost, so it must raise nothing (``where`` is the host, ``detail.step_ns``
+  the step);
 - ``clean``: nothing, 20–40 s.
 
 Realistic buffers by default: every leaf–spine link gets ``CAPACITY`` (50 Mbit/s) and
@@ -50,9 +55,11 @@ timestamped: what explains a routing event once the lab is gone).
 from __future__ import annotations
 
 import json
+import math
 import random
 import secrets
 import shutil
+import signal
 import subprocess
 import time
 import urllib.request
@@ -60,6 +67,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from lab import capacity, faults, fleet, jobgen, loadgen
 from lab.fabric import Lab
@@ -77,8 +86,9 @@ KINDS = (
     "multi_drop",
     "leaf_down",
     "lossy_port",
+    "clock_step",
 )
-WEIGHTS = (3, 2, 2, 1, 2, 1, 1, 1, 1, 1, 1, 1)
+WEIGHTS = (3, 2, 2, 1, 2, 1, 1, 1, 1, 1, 1, 1, 1)
 CAPACITY = "50mbit"
 BUFFER_US = 500.0
 CLASS_OF = {
@@ -93,8 +103,10 @@ CLASS_OF = {
     "leaf_down": "flapping_link",
     "lossy_port": "silent_drop",
     "healthy_job": "none",
+    "clock_step": "none",
     "clean": "none",
 }
+STEP_NS = (20_000, 2_000_000)  # a clock_step's size, log-uniform, either way
 WARMUP_S = 20.0
 GAP_S = 25.0  # quiet time after each fault: its anomaly closes (detect_clear_s) before the next
 DETECT_CLEAR_S = 10.0
@@ -131,6 +143,7 @@ class Scenario:
         self.log = log
         self.faults: list[Fault] = []
         self._jobs = 0
+        self._collectors: dict[str, subprocess.Popen[bytes]] = {}  # host -> its collector
 
     # ---- the faults -------------------------------------------------------------------
     def _flap(self, kind: str, link_names: list[str]) -> Fault:
@@ -318,6 +331,26 @@ class Scenario:
             f.end_ns = time.time_ns()
         return f
 
+    def _clock_step(self) -> Fault:
+        host = self.rng.choice(self.lab.topology.hosts).name
+        lo, hi = (math.log10(x) for x in STEP_NS)
+        step = round(self.rng.choice((-1, 1)) * 10 ** self.rng.uniform(lo, hi))
+        config = self.out / "hosts" / host / "collector.yml"
+        cfg = yaml.safe_load(config.read_text())
+        clock = cfg.get("lab_clock") or {"offset_ns": 0, "drift_ppm": 0.0}
+        clock["offset_ns"] = int(clock["offset_ns"]) + step
+        cfg["lab_clock"] = clock
+        tmp = config.with_suffix(".tmp")
+        tmp.write_text(yaml.safe_dump(cfg))
+        tmp.replace(config)
+        f = Fault("clock_step", "none", host, time.time_ns(), detail={
+            "step_ns": step, "offset_ns": clock["offset_ns"],
+            "how": "lab clock offset, collector reloaded (SIGHUP)"})  # fmt: skip
+        self._collectors[host].send_signal(signal.SIGHUP)
+        time.sleep(self.rng.uniform(20, 40))
+        f.end_ns = time.time_ns()
+        return f
+
     def _clean(self) -> Fault:
         f = Fault("clean", "none", "", time.time_ns())
         time.sleep(self.rng.uniform(20, 40))
@@ -348,6 +381,8 @@ class Scenario:
             return self._leaf_down()
         if kind == "lossy_port":
             return self._lossy_port()
+        if kind == "clock_step":
+            return self._clock_step()
         return self._clean()
 
     # ---- the run ------------------------------------------------------------------------
@@ -366,7 +401,7 @@ class Scenario:
             # The ops box and collectors at their default rates (probes, traces, detector
             # passes): the latency a scenario measures is the one a user gets.
             opsbox, url = fleet.start_opsbox(self.lab, self.out, key, detect_clear_s=DETECT_CLEAR_S)
-            procs = fleet.start(self.lab, self.out / "hosts", key, url)
+            procs = self._collectors = fleet.start(self.lab, self.out / "hosts", key, url)
             self._wait_shipping(url, len(self.lab.topology.hosts))
             self.log(f"fleet shipping; warm-up {WARMUP_S:.0f} s")
             time.sleep(WARMUP_S)
