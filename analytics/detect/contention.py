@@ -614,6 +614,13 @@ def _clock_leads(judged: list[RouteWindow] | Windows) -> dict[tuple[int, str], f
     return leads
 
 
+def _clock_explained(leads: dict[tuple[int, str], float], src: int, dst: int) -> float:
+    """What the ends' clocks explain of a route's delay (ns), from :func:`_clock_leads`:
+    the source's routes in early by e put its routes out e late, and the destination's
+    routes out early put its routes in late."""
+    return leads.get((src, "in"), 0.0) + leads.get((dst, "out"), 0.0)
+
+
 def _loss(routes: list[RouteWindow]) -> float:
     lost = sum(w.lost for w in routes)
     sent = lost + sum(w.received for w in routes)
@@ -845,16 +852,13 @@ class PathDelays:
         slow = every.slow
         queue: dict[tuple[int, int], float] = {}
         dropping: set[tuple[int, int]] = set()
-
-        def lead(host: int, way: str) -> float:
-            trip = trips.get(host)
-            return 0.0 if trip is not None and trip[0] > trip[1] else leads.get((host, way), 0.0)
-
+        queued = {h for h, (rt, rt_thr) in trips.items() if rt > rt_thr}  # its delay stays whole
+        held = {k: v for k, v in leads.items() if k[0] not in queued}
         for s, d, q, thr, drop in zip(every.src[slow].tolist(), every.dst[slow].tolist(),
                                       every.queue[slow].tolist(),
                                       every.thresholds[slow, 0].tolist(),
                                       every.dropping[slow].tolist(), strict=True):  # fmt: skip
-            explained = (lead(s, "in") + lead(d, "out")) if leads else 0.0
+            explained = _clock_explained(held, s, d)
             if explained and not drop:
                 if q - explained <= thr + RESIDUAL * explained:
                     continue
@@ -1232,7 +1236,7 @@ class PathDelays:
                 if hop[1] not in (HOST_UP, HOST_DOWN):  # (a port's round trips decided)
                     # what its ends' clocks explain: the source's routes in early by e
                     # put its routes out e late (the destination's routes out, its in)
-                    explained += leads.get((w.src, "in"), 0.0) + leads.get((w.dst, "out"), 0.0)
+                    explained += _clock_explained(leads, w.src, w.dst)
                 if w.queue - explained <= thr + RESIDUAL * explained:
                     first_short = first_short or w
                 else:
