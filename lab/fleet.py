@@ -10,6 +10,7 @@ deploys the same programs with Ansible instead.
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import subprocess
 import sys
@@ -90,6 +91,21 @@ def start(
         stop(procs)
         raise
     return procs
+
+
+def step_clock(config: Path, proc: subprocess.Popen[bytes], step_ns: int) -> int:
+    """Step a lab host's clock by ``step_ns`` (a PTP servo re-locking, chrony or ntpd
+    stepping): its collector's ``lab_clock.offset_ns`` in ``config`` (written whole, then
+    renamed) and a reload (SIGHUP). Returns the new offset."""
+    cfg = yaml.safe_load(config.read_text())
+    clock = cfg.get("lab_clock") or {"offset_ns": 0, "drift_ppm": 0.0}
+    clock["offset_ns"] = int(clock["offset_ns"]) + step_ns
+    cfg["lab_clock"] = clock
+    tmp = config.with_suffix(".tmp")
+    tmp.write_text(yaml.safe_dump(cfg))
+    tmp.replace(config)
+    proc.send_signal(signal.SIGHUP)
+    return int(clock["offset_ns"])
 
 
 def stop(procs: dict[str, subprocess.Popen[bytes]]) -> None:

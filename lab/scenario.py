@@ -59,7 +59,6 @@ import math
 import random
 import secrets
 import shutil
-import signal
 import subprocess
 import time
 import urllib.request
@@ -67,8 +66,6 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from lab import capacity, faults, fleet, jobgen, loadgen
 from lab.fabric import Lab
@@ -335,18 +332,13 @@ class Scenario:
         host = self.rng.choice(self.lab.topology.hosts).name
         lo, hi = (math.log10(x) for x in STEP_NS)
         step = round(self.rng.choice((-1, 1)) * 10 ** self.rng.uniform(lo, hi))
-        config = self.out / "hosts" / host / "collector.yml"
-        cfg = yaml.safe_load(config.read_text())
-        clock = cfg.get("lab_clock") or {"offset_ns": 0, "drift_ppm": 0.0}
-        clock["offset_ns"] = int(clock["offset_ns"]) + step
-        cfg["lab_clock"] = clock
-        tmp = config.with_suffix(".tmp")
-        tmp.write_text(yaml.safe_dump(cfg))
-        tmp.replace(config)
-        f = Fault("clock_step", "none", host, time.time_ns(), detail={
-            "step_ns": step, "offset_ns": clock["offset_ns"],
+        start = time.time_ns()
+        offset = fleet.step_clock(
+            self.out / "hosts" / host / "collector.yml", self._collectors[host], step
+        )
+        f = Fault("clock_step", "none", host, start, detail={
+            "step_ns": step, "offset_ns": offset,
             "how": "lab clock offset, collector reloaded (SIGHUP)"})  # fmt: skip
-        self._collectors[host].send_signal(signal.SIGHUP)
         time.sleep(self.rng.uniform(20, 40))
         f.end_ns = time.time_ns()
         return f

@@ -114,15 +114,13 @@ def test_a_hosts_clock_stepping_makes_no_host_slow(opsbox: dict[str, Any]) -> No
     back (its collector's config reloaded, as the scenario kind ``clock_step`` does): no
     host may read ``slow`` (or worse) in any answer, and no anomaly opens (on the demo lab
     before the fix: 10 hosts ``slow``, "queued 300 µs", for 2-4 s each time)."""
-    import signal
     from functools import partial
 
-    import yaml
+    from lab import fleet
 
     live, procs = opsbox["live"], opsbox["procs"]
     host = "h3-2"
     config = opsbox["hosts"] / host / "collector.yml"
-    original = config.read_text()
 
     def stepped(offset_ns: int) -> bool:  # the collector's status says it took the step
         clock = json.loads((config.parent / "status.json").read_text()).get("lab_clock") or {}
@@ -132,12 +130,10 @@ def test_a_hosts_clock_stepping_makes_no_host_slow(opsbox: dict[str, Any]) -> No
     before = {a["anomaly_id"] for a in live()["anomalies"]["open"]}
     opened: set[str] = set()
     seen: dict[str, set[str]] = {}
+    offset_ns = 0
     try:
-        for offset_ns in (300_000, 0):
-            cfg = yaml.safe_load(original)
-            cfg["lab_clock"] = {"offset_ns": offset_ns, "drift_ppm": 0.0}
-            config.write_text(yaml.safe_dump(cfg))
-            procs[host].send_signal(signal.SIGHUP)
+        for step_ns in (300_000, -300_000):
+            offset_ns = fleet.step_clock(config, procs[host], step_ns)
             wait_for(partial(stepped, offset_ns), 10, "the step taken")
             deadline = time.monotonic() + 15.0  # the solver catches up within ~5 s
             while time.monotonic() < deadline:
@@ -147,8 +143,8 @@ def test_a_hosts_clock_stepping_makes_no_host_slow(opsbox: dict[str, Any]) -> No
                 opened |= {a["anomaly_id"] for a in doc["anomalies"]["open"]}
                 time.sleep(0.5)
     finally:
-        config.write_text(original)
-        procs[host].send_signal(signal.SIGHUP)
+        if offset_ns:  # (a step not taken back: back to the fleet's clock)
+            fleet.step_clock(config, procs[host], -offset_ns)
     assert not {h: v for h, v in seen.items() if v - {"ok"}}, seen
     assert not opened - before, opened - before
 
