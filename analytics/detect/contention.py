@@ -1269,7 +1269,7 @@ class PathDelays:
                 ports[link] = host
                 named.update({(link, HOST_UP): rt[0], (link, HOST_DOWN): rt[0]})
         contended = set(named)
-        self._learn(wins, contended)
+        self._learn(wins, contended, leads)
         # Said once it held PERSIST_NS of probe time: a queue still filling (or draining)
         # makes routes disagree for a moment, and tomography with them.
         now = self.newest_ns
@@ -1427,26 +1427,43 @@ class PathDelays:
             return HOST_UP, words
         return None, ""
 
-    def _learn(self, wins: Windows, contended: set[tuple[str, str]]) -> None:
+    def _learn(
+        self,
+        wins: Windows,
+        contended: set[tuple[str, str]],
+        leads: dict[tuple[int, str], float] | None = None,
+    ) -> None:
         """Healthy windows feed their route's baseline (one per window length). A window
         far above what the fleet's other routes show now is not learnt as healthy: every
         inter-rack route crosses the same number of hops, so a route congested since
-        before its baseline was fitted stands out against the others."""
+        before its baseline was fitted stands out against the others.
+
+        Nor is one far *below* them, or one into or out of a host with a clock lead
+        (``leads``, :func:`_clock_leads`): a queue only delays, so a route earlier than
+        the fleet's says the clock solver holds one of its ends' clocks wrong — a clock
+        stepped, until the solver's next window (3-5 s). Seen in the lab (2026-12-05): a
+        fleet a few seconds old, whose baselines held three windows, learnt five seconds
+        of a stepped host's routes out 300 µs early; once the solver caught up they read
+        300 µs late against that baseline for good, and its port was paged."""
         st = wins.stats
         fin = np.isfinite(st).all(axis=1)
         lows = st[fin, 0]
-        ceiling = float("inf")
+        ceiling, floor = float("inf"), -float("inf")
         if len(lows) >= 4:
             mid = float(np.median(lows))
-            ceiling = mid + max(FLOOR_NS, K_SIGMA * 1.4826 * float(np.median(np.abs(lows - mid))))
+            spread = max(FLOOR_NS, K_SIGMA * 1.4826 * float(np.median(np.abs(lows - mid))))
+            ceiling, floor = mid + spread, mid - spread
         bases = self._bases
         ix = wins.base_rows  # (windows made by hand: their routes' rows looked up here)
         if ix is None:
             ix = bases.rows(
                 list(zip(wins.src.tolist(), wins.dst.tolist(), wins.spine, strict=True))
             )
-        ok = fin & (st[:, 0] <= ceiling) & (wins.lost == 0) & ~wins.slow
+        ok = fin & (st[:, 0] <= ceiling) & (st[:, 0] >= floor) & (wins.lost == 0) & ~wins.slow
         ok &= wins.newest - bases.last_ns[ix] >= WINDOW_NS
+        if leads:
+            led = np.fromiter({h for h, _ in leads}, np.int64)
+            ok &= ~(np.isin(wins.src, led) | np.isin(wins.dst, led))
         if contended:
             ok &= ~wins.crosses(contended)
         rows = np.flatnonzero(ok)

@@ -3,6 +3,7 @@ queue size, on hand-made probe rows with real clock offsets between the hosts.""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 
@@ -900,3 +901,31 @@ def test_a_send_is_lost_0_3_s_after_on_its_receivers_clock() -> None:
 
     assert receives(0.2, 1) == 0  # 0.2 s after the send: it may still be in a queue
     assert receives(0.4, 2) == 1  # 0.4 s after: lost
+
+
+def test_a_clock_step_on_a_young_fleet_leaves_no_route_slow_once_the_solver_catches_up() -> None:
+    """Seen in the lab (2026-12-05, a fleet whose baselines held ~5 windows): h3-2's
+    clock stepped 300 µs ahead; for the second until the clock solver's next window its
+    routes out read 300 µs early, and those early windows were learnt as healthy. With a
+    baseline of a few windows that moved it: once the solver caught up, every route out of
+    h3-2 read 300 µs late against it, for good — its port was paged a queue it never had.
+    A queue only delays: what a clock held wrong makes early is no healthy delay."""
+    for ahead in (True, False):
+        f = _Fleet(seed=3, every=True)
+        f.warm(3)  # baselines of a few windows, as a fleet a few seconds old holds
+        host = sorted(f.host_rack)[2]
+        step = 300e3 if ahead else -300e3
+        f.offset[host] += step  # the host's clock steps; the solver holds the old one...
+        said = []
+        for _ in range(6):
+            f.second({})
+            said += f.delays.observations(0)
+        c = f.clocks  # ...until its next window solved (3-5 s in the lab)
+        f.clocks = dataclasses.replace(
+            c, offset_ns=np.array([f.offset[h] for h in c.hosts.tolist()])
+        )
+        for _ in range(8):
+            f.second({})
+            said += f.delays.observations(0)
+            assert f.delays.pair_queues() == {}, (ahead, f.delays.pair_queues())
+        assert said == [], (ahead, [o.summary for o in said])
