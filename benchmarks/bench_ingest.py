@@ -484,9 +484,9 @@ def main() -> None:
         default=0,
         help="seconds per segment (the collector's spool.roll_s); 0 (default): what the "
         "daemon advises for this fleet, read from its acks after every host announced itself. "
-        "Longer than the advice (which the daemon's lateness follows), a probe's two rows "
-        "arrive after its window was due: those windows are skipped, as with a collector "
-        "configured so",
+        "Each segment says its span (header roll_s), as a collector's does: the daemon's "
+        "clock lateness and rollup grace follow the longest said, so a span longer than the "
+        "advice delays the solution instead of skipping windows",
     )
     ap.add_argument("--procs", type=int, default=1, help="client processes")
     ap.add_argument("--connections", type=int, default=64, help="connections per client process")

@@ -234,7 +234,9 @@ class Spool:
         seg_id = self._reserve_id()
         path = self.dir / segment_name(seg_id, "open")
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o640)
-        header = wire.encode_header(self.host, self.host_id, seg_id, self._now_ns(), self.run_ns)
+        header = wire.encode_header(
+            self.host, self.host_id, seg_id, self._now_ns(), self.run_ns, self.effective_roll_s()
+        )
         os.write(fd, header)
         self._fd = fd
         self._open_id = seg_id

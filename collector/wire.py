@@ -9,7 +9,9 @@ Layout (all little-endian)::
     hlen     u32      length of the JSON header
     header   hlen     UTF-8 JSON: {"host", "host_id", "segment", "schema", "created_ns"},
                       and "run_ns" (when the collector that wrote it began to listen for
-                      probes; absent from segments of collectors older than it)
+                      probes) and "roll_s" (how long it was to stay open: the interval at
+                      which that collector ships), both absent from segments of
+                      collectors older than them
     chunk*            repeated until end of file:
       table  u16      records.TABLE_IDS[...]
       flags  u16      0
@@ -58,6 +60,7 @@ class Segment:
     schema: int
     created_ns: int
     run_ns: int = 0  # its collector began to listen for probes then (0: not said)
+    roll_s: float = 0.0  # its collector ships every that many seconds (0: not said)
     tables: dict[str, list[np.ndarray]] = field(default_factory=dict)
     torn_bytes: int = 0  # bytes dropped from a torn tail (collector recovery only)
 
@@ -73,10 +76,15 @@ class Segment:
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
-def encode_header(host: str, host_id: int, segment: int, created_ns: int, run_ns: int = 0) -> bytes:
+def encode_header(
+    host: str, host_id: int, segment: int, created_ns: int, run_ns: int = 0, roll_s: float = 0.0
+) -> bytes:
     """``run_ns``: when the collector writing the segment began to listen for probes
     (its run; 0: not said). The ops box tells a collector's restart from it: probes sent
-    to the host between its runs were lost to no listener, not to the fabric."""
+    to the host between its runs were lost to no listener, not to the fabric.
+    ``roll_s``: how long the segment is to stay open (the collector's shipping interval;
+    0: not said). The ops box waits that long for its rows before it solves a window and
+    before it calls the host silent."""
     fields: dict[str, object] = {
         "host": host,
         "host_id": host_id,
@@ -86,6 +94,8 @@ def encode_header(host: str, host_id: int, segment: int, created_ns: int, run_ns
     }
     if run_ns:
         fields["run_ns"] = run_ns
+    if roll_s:
+        fields["roll_s"] = round(roll_s, 3)
     header = json.dumps(fields, separators=(",", ":")).encode("utf-8")
     return _PREAMBLE.pack(MAGIC, FORMAT_VERSION, len(header)) + header
 
@@ -122,6 +132,7 @@ def decode(body: bytes | memoryview, *, allow_torn_tail: bool = False) -> Segmen
             schema=int(header["schema"]),
             created_ns=int(header["created_ns"]),
             run_ns=int(header.get("run_ns", 0)),
+            roll_s=float(header.get("roll_s", 0.0)),
         )
     except (ValueError, KeyError, TypeError) as exc:
         raise WireError(f"segment header is not valid: {exc!r}") from None

@@ -166,7 +166,7 @@ def fleet(live: dict[str, Any], racks: dict[str, str], th: Thresholds | None = N
     is the *culprit*."""
     th = th or Thresholds()
     ingest = live.get("ingest") or {}
-    silent_s = th.silent_s or attribution.stale_after(ingest.get("advised_roll_s"))
+    fleet_silent_s = attribution.stale_after(ingest.get("advised_roll_s"))
     clock = {h["host"]: h for h in (live.get("clock") or {}).get("hosts", [])}
     clocks = Clocks.of(live)
     anomalies = live.get("anomalies") or {}
@@ -213,6 +213,8 @@ def fleet(live: dict[str, Any], racks: dict[str, str], th: Thresholds | None = N
         c = clock.get(name, {})
         age = float(h.get("last_batch_age_s") or 0.0)
         probe_age = attribution.probe_age(h)
+        # (a silent_s set by hand holds for every host; else each host's own interval)
+        silent_s = th.silent_s or attribution.host_stale_after(h, fleet_silent_s)
         culprit_of = list(h.get("culprit_of") or culprits.get(name, []))
         affected_by: list[str] = []
         peer = ""

@@ -263,6 +263,15 @@ def stale_after(advised_roll_s: object) -> float:
     return max(STALE_S, STALE_ROLLS * roll)
 
 
+def host_stale_after(host: Mapping[str, Any], stale_s: float) -> float:
+    """``stale_s`` (:func:`stale_after` the advised interval), or :data:`STALE_ROLLS` of
+    the interval this host ships at (``/v1/live``'s ``roll_s``, its collector's own
+    ``spool.roll_s`` when longer than the advice) when that is longer: a collector set to
+    ship every 10 s is not silent 5 s after each batch."""
+    roll = host.get("roll_s")
+    return max(stale_s, STALE_ROLLS * float(roll)) if isinstance(roll, int | float) else stale_s
+
+
 def verdict(
     loss: HostLoss,
     age_s: float,
@@ -386,6 +395,6 @@ class LiveAttribution:
             p["explained_by"] = ids
         for h in hosts:
             loss = losses.get(str(h["host"])) or HostLoss()
-            h["verdict"] = verdict(loss, float(h.get("last_batch_age_s") or 0.0), stale_s,
-                                   probe_age_s=probe_age(h))  # fmt: skip
+            h["verdict"] = verdict(loss, float(h.get("last_batch_age_s") or 0.0),
+                                   host_stale_after(h, stale_s), probe_age_s=probe_age(h))  # fmt: skip
             h.update(loss.doc())

@@ -42,6 +42,7 @@ class _Header(msgspec.Struct):
     schema: int
     created_ns: int
     run_ns: int = 0  # when its collector began to listen for probes (0: not said)
+    roll_s: float = 0.0  # its collector ships every that many seconds (0: not said)
 
 
 _header_decoder = msgspec.json.Decoder(_Header)
@@ -57,6 +58,7 @@ class SegmentView:
     created_ns: int
     nbytes: int
     run_ns: int = 0  # when its collector began to listen for probes (0: not said)
+    roll_s: float = 0.0  # its collector ships every that many seconds (0: not said)
     chunks: dict[str, list[memoryview]] = field(default_factory=dict)
     rows: dict[str, int] = field(default_factory=dict)
 
@@ -109,9 +111,8 @@ def _decode_one(view: memoryview, start: int, end: int) -> tuple[SegmentView, in
         raise wire.WireError(
             f"record schema {header.schema} is not supported (expected {records.SCHEMA_VERSION})"
         )
-    seg = SegmentView(
-        header.host, header.host_id, header.segment, header.created_ns, 0, header.run_ns
-    )
+    seg = SegmentView(header.host, header.host_id, header.segment, header.created_ns, 0,
+                      header.run_ns, header.roll_s)  # fmt: skip
     chunks, counts = seg.chunks, seg.rows
     pos += hlen
     while pos < end:

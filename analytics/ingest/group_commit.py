@@ -58,6 +58,7 @@ class _HostCommit:
     probes_ns: int = 0  # the newest of its batches with probes it sent arrived then
     rows: dict[str, int] = field(default_factory=dict)
     runs: dict[int, int] = field(default_factory=dict)  # run_ns -> its newest segment
+    roll_s: float = 0.0  # its newest segment's shipping interval (0: not said)
 
 
 def join_chunks(
@@ -391,7 +392,8 @@ class GroupCommit:
             agg.last_ns = max(agg.last_ns, b.received_ns)
             agg.batches += 1
             agg.since_ns = min(agg.since_ns, seg.created_ns)
-            agg.newest_ns = max(agg.newest_ns, seg.created_ns)
+            if seg.created_ns >= agg.newest_ns:
+                agg.newest_ns, agg.roll_s = seg.created_ns, seg.roll_s
             if seg.rows.get("probe_tx"):
                 agg.probes_ns = max(agg.probes_ns, b.received_ns)
             for name, n in seg.rows.items():
@@ -406,7 +408,8 @@ class GroupCommit:
             h.host = agg.host
             h.last_ns = max(h.last_ns, agg.last_ns)
             h.since_ns = min(h.since_ns, agg.since_ns)
-            h.newest_ns = max(h.newest_ns, agg.newest_ns)
+            if agg.newest_ns >= h.newest_ns:
+                h.newest_ns, h.roll_s = agg.newest_ns, agg.roll_s
             if agg.runs:
                 h.add_runs(agg.runs)
             h.batches += agg.batches

@@ -106,6 +106,9 @@ class LiveDocument:
                     "collector_run_age_s": round((now_ns - max(h.runs)) / 1e9, 3)
                     if h.runs
                     else None,
+                    # the interval it ships at, from its newest segment (null: not said);
+                    # stale after attribution.host_stale_after of it
+                    "roll_s": h.roll_s or None,
                     "batches": h.batches,
                     "rows": h.rows,
                     "rates": {k: round(v, 2) for k, v in h.rates.items()},

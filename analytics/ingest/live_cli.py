@@ -86,7 +86,9 @@ def summarise(live: dict[str, Any], stale_s: float | None = None) -> list[HostHe
                 loss_sent=loss.loss_sent,
                 loss_received=loss.loss_received,
                 owd_raw_p50_us=delays[len(delays) // 2] if delays else None,
-                status=attribution.verdict(loss, age, stale_s, probe_age_s=probe_age),
+                status=attribution.verdict(
+                    loss, age, attribution.host_stale_after(host, stale_s), probe_age_s=probe_age
+                ),
                 culprit_of=list(loss.culprit_of),
                 affected_by=sorted(loss.affected_by),
                 queue_us=loss.queue_us,

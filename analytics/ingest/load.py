@@ -313,7 +313,8 @@ def host_seconds(
         e = min(s + span, seconds)
         a, z = s * per_s, e * per_s
         parts = [
-            wire.encode_header(name, hid, s // span, t0_ns + e * NS),
+            # (its header says the interval, as a collector's does: the daemon waits for it)
+            wire.encode_header(name, hid, s // span, t0_ns + e * NS, roll_s=float(span)),
             wire.encode_chunk("probe_tx", tx[a:z]),
             wire.encode_chunk("probe_rx", rx[s * rx_per_s : e * rx_per_s]),
         ]

@@ -63,6 +63,9 @@ class HostState:
     # + RESTART_MARGIN_NS): probes sent to it then were lost to no listener (a restart,
     # a redeploy), not to the fabric
     deaf: tuple[tuple[int, int], ...] = ()
+    # its newest segment's shipping interval (segment header ``roll_s``; 0: not said,
+    # a collector older than it): the host ships every that many seconds
+    roll_s: float = 0.0
 
     def add_runs(self, runs: Mapping[int, int]) -> None:
         """Merge a commit's ``run_ns -> newest created_ns`` and recompute :attr:`deaf`

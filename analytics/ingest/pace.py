@@ -17,6 +17,12 @@ per active host per second), held against the budget::
 collector's own ``spool.roll_s``, so the advice never overrides a collector's setting
 until the fleet's request rate needs it to.
 
+A collector may ship less often than advised (its own ``spool.roll_s`` is longer): each
+segment says the interval it was written for (header ``roll_s``), and
+:attr:`Pacer.slowest_roll_s` is the longest an active host said, up to ``max_s`` — the
+daemon waits that long, not only the advice, for a probe's other half before it solves
+a window or rolls up a minute.
+
 ``active_hosts`` = hosts that sent a segment in the last ``window_s`` (60 s, at least
 2.5 x ``max_s``; pruned every ``window_s / 8``). The request rate
 actually seen is measured and published too (``/metrics``), but not fed back: collectors
@@ -31,6 +37,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 
 
 class Pacer:
@@ -52,17 +59,36 @@ class Pacer:
         self.roll_s = min_s  # the advice sent with every acknowledgement
         self.request_rate = 0.0
         self.active_hosts = 0
+        # the longest interval an active host's segments said it ships at (up to max_s)
+        self.slowest_roll_s = 0.0
         self._hosts: dict[int, float] = {}  # host id -> last request (monotonic)
+        self._rolls: dict[int, float] = {}  # host id -> the interval its newest segment said
+        # called (event loop) with slowest_roll_s when a segment raises it: the daemon
+        # waits longer before the windows its rows belong to are due
+        self.on_slower: Callable[[float], None] | None = None
         self._requests = 0  # since the last update
         self._last = time.monotonic()
         self._next_prune = 0.0
 
-    def seen(self, host_ids: list[int] | tuple[int, ...], now: float) -> None:
-        """One request carrying segments of ``host_ids`` (event loop, per request)."""
+    def seen(
+        self,
+        host_ids: list[int] | tuple[int, ...],
+        now: float,
+        rolls: list[float] | tuple[float, ...] = (),
+    ) -> None:
+        """One request carrying segments of ``host_ids`` (event loop, per request), each
+        written for the interval in ``rolls`` (0: not said)."""
         self._requests += 1
         hosts = self._hosts
         for hid in host_ids:
             hosts[hid] = now
+        for hid, roll in zip(host_ids, rolls, strict=False):
+            if roll > 0:
+                roll = self._rolls[hid] = min(roll, self.max_s)
+                if roll > self.slowest_roll_s:
+                    self.slowest_roll_s = roll
+                    if self.on_slower is not None:
+                        self.on_slower(roll)
 
     def update(self, now: float | None = None) -> float:
         """Recompute the advice (about once a second); returns it."""
@@ -76,6 +102,9 @@ class Pacer:
             stale = [h for h, t in self._hosts.items() if t < horizon]
             for h in stale:
                 del self._hosts[h]
+                self._rolls.pop(h, None)
+            # (a host that now ships more often lowers it here, within window_s / 8)
+            self.slowest_roll_s = max(self._rolls.values(), default=0.0)
         self.active_hosts = len(self._hosts)
         wanted = self.active_hosts / self.budget
         # whole tenths of a second: stable figures in acks, logs and metrics

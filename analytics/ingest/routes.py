@@ -131,7 +131,7 @@ class Routes:
             if "not supported" in text:
                 return self._reject(422, "schema", text, request)
             return self._reject(400, "malformed", text, request)
-        self.pacer.seen([seg.host_id for seg in segs], received)
+        self.pacer.seen([seg.host_id for seg in segs], received, [seg.roll_s for seg in segs])
         for seg in segs:
             if seg.host_id != self._host_id(seg.host):
                 return self._reject(

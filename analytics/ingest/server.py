@@ -121,6 +121,8 @@ class IngestServer:
                   "Batch requests per second (last second).", registry=reg),
         )  # fmt: skip
         self._pace_gauges[0].set(self.pacer.roll_s)
+        self._interval = 0.0  # the interval the rollup grace and clock lateness were set for
+        self.pacer.on_slower = lambda roll: self._wait_for(max(self.pacer.roll_s, roll))
         self.slabs = SlabPool()  # the records handed to the hot window and clock runner
         self.body_slabs = SlabPool(64 << 20)  # request bodies, until their commit is done
         reg.register(SlabCollector({"records": self.slabs, "bodies": self.body_slabs}))
@@ -311,17 +313,29 @@ class IngestServer:
         self._pace_gauges[0].set(after)
         self._pace_gauges[1].set(self.pacer.active_hosts)
         self._pace_gauges[2].set(self.pacer.request_rate)
-        if after != before:
+        # the interval hosts ship at: the advice, or a collector's own longer spool.roll_s
+        self._wait_for(max(after, self.pacer.slowest_roll_s), before)
+
+    def _wait_for(self, interval: float, before: float | None = None) -> None:
+        """Rollups and clock windows wait for rows ``interval`` seconds apart (event loop:
+        once a second, and at once when a segment says a longer interval than any before
+        — its rows may belong to windows that are due already)."""
+        after = self.pacer.roll_s
+        before = after if before is None else before
+        if after != before or interval != self._interval:
+            self._interval = interval
             # rows of one probe (probe_tx at the sender, probe_rx at the receiver) now
             # arrive up to one interval apart: the rollups wait that much longer
-            self.hot.set_grace(max(self.config.rollup_grace_s, after + 10.0))
+            self.hot.set_grace(max(self.config.rollup_grace_s, interval + 10.0))
             # ... and so does the clock solver before it solves a window
-            self.clock.set_min_lateness(after + 2.0)
+            self.clock.set_min_lateness(interval + 2.0)
             log.info(
-                "event=pace roll_s=%.1f previous=%.1f active_hosts=%d requests_per_s=%.0f "
-                "max_requests_per_s=%.0f rollup_grace_s=%.1f clock_lateness_s=%.1f",
+                "event=pace roll_s=%.1f previous=%.1f slowest_host_roll_s=%.1f active_hosts=%d "
+                "requests_per_s=%.0f max_requests_per_s=%.0f rollup_grace_s=%.1f "
+                "clock_lateness_s=%.1f",
                 after,
                 before,
+                self.pacer.slowest_roll_s,
                 self.pacer.active_hosts,
                 self.pacer.request_rate,
                 self.config.max_requests_per_s,

@@ -967,3 +967,34 @@ def test_a_host_whose_probes_stopped_is_grey_before_the_live_window_forgets_them
         assert quiet["verdict"] == state
         assert tiles_state(fleet(live, sample_racks()), quiet["host"]) == state
         assert {r.status for r in summarise(live) if r.host == quiet["host"]} == {state}
+
+
+def test_a_host_shipping_every_10_s_by_its_own_setting_is_stale_only_after_25_s() -> None:
+    """A collector set to ship less often than the ops box advises (its ``spool.roll_s``
+    10 s; ``/v1/live``'s host ``roll_s``): 8 s after its last batch it is on time, not
+    stale — in ``/v1/live``, ``clockmesh live`` and the TUI alike — and 26 s after, stale.
+    Only a ``silent_s`` set by hand (``clockmesh tui --silent-s``) holds for every host."""
+    from analytics.detect import attribution
+    from analytics.ingest.live_cli import summarise
+    from tui.data import Thresholds, fleet
+
+    live = sample_live(anomalies=0)
+    for h in live["hosts"]:
+        h["last_batch_age_s"], h["last_probe_age_s"] = 0.4, 0.4
+    for p in live["pairs"]:
+        p.update(loss=0.0, received=p["sent"], queue_us=None)
+    slow = live["hosts"][1]
+    slow["roll_s"] = 10.0
+    for age, verdict, tile in ((8.0, "ok", "ok"), (26.0, "stale", "silent")):
+        slow["last_batch_age_s"] = slow["last_probe_age_s"] = age
+        attribution.annotate(live["hosts"], live["pairs"], [], sample_racks(), {})
+        assert slow["verdict"] == verdict, age
+        assert {r.status for r in summarise(live) if r.host == slow["host"]} == {verdict}
+        assert tiles_state(fleet(live, sample_racks()), slow["host"]) == tile, age
+    slow["last_batch_age_s"] = slow["last_probe_age_s"] = 8.0
+    by_hand = fleet(live, sample_racks(), Thresholds(silent_s=5.0))
+    assert tiles_state(by_hand, slow["host"]) == "silent"
+    # a host whose collector does not say (older than the header field): the fleet's 5 s
+    del slow["roll_s"]
+    attribution.annotate(live["hosts"], live["pairs"], [], sample_racks(), {})
+    assert slow["verdict"] == "stale"

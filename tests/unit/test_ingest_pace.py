@@ -27,7 +27,9 @@ from tests.unit.collector_procs import (
 from tests.unit.ingest_daemon import KEY, Daemon
 
 
-def _collectors(tmp: Path, url: str, caps: dict[str, float]) -> list[CollectorProcess]:
+def _collectors(
+    tmp: Path, url: str, caps: dict[str, float], roll_s: float = 0.5
+) -> list[CollectorProcess]:
     net = loopback_net()
     addrs = {h: f"{net}.{i + 1}" for i, h in enumerate(caps)}
     port = free_udp_port(next(iter(addrs.values())))
@@ -36,7 +38,7 @@ def _collectors(tmp: Path, url: str, caps: dict[str, float]) -> list[CollectorPr
     key.write_bytes(KEY + b"\n")  # the daemon's fleet key (write_config keeps an existing one)
     out = []
     for h, cap in caps.items():
-        extra: dict = {"spool": {"roll_s": 0.5}}
+        extra: dict = {"spool": {"roll_s": roll_s}}
         if cap:
             extra["spool"]["max_roll_s"] = cap
         cfg = write_config(
@@ -193,3 +195,75 @@ def test_pacer_advice_follows_active_hosts() -> None:
         p.seen([h], 2.0)
     assert p.update(2.0) == 30.0  # clamped at max_s
     assert p.update(2.0 + p.window_s + 1) == 0.0  # everyone went quiet
+
+
+def test_the_pacer_knows_the_longest_interval_an_active_host_ships_at() -> None:
+    """Each segment says the interval it was written for; the longest of the active hosts'
+    (up to ``max_s``) is what the daemon waits for, whatever the advice — from the request
+    that raised it: its rows may belong to windows already due at the shorter lateness."""
+    p = Pacer(1250, max_s=30.0)
+    raised: list[float] = []  # the daemon raises its lateness at once (not at its next tick)
+    p.on_slower = raised.append
+    p.seen([1, 2], 0.0, [1.0, 0.0])  # host 2: an older collector, which does not say
+    p.update(0.0)
+    assert p.slowest_roll_s == 1.0
+    p.seen([3], 0.5, [8.0])
+    assert p.slowest_roll_s == 8.0
+    p.seen([4], 1.0, [600.0])  # never beyond the longest interval the acks may advise
+    assert p.slowest_roll_s == 30.0
+    # hosts 3 and 4 ship more often now, and 1 goes quiet: at the next pass over the hosts
+    p.seen([3, 4], 20.0, [2.0, 2.0])
+    p.update(p.window_s + 1)
+    assert p.slowest_roll_s == 2.0
+    assert raised == [1.0, 8.0, 30.0]
+
+
+def test_a_collector_shipping_less_often_than_advised_is_waited_for_and_not_called_stale(
+    tmp_path: Path,
+) -> None:
+    """A collector may be set to ship less often than the ops box advises (its own
+    ``spool.roll_s``: here 7 s, against an advice of 0.1 s on a fleet of two). Its segments
+    say so (header ``roll_s``): the clock solver waits that long plus 2 s for a probe's
+    other half, and the host is not called stale 5 s after each batch — before, its
+    verdict flipped to ``stale`` for the last 2 s of every interval, and the solver
+    solved each window 3 s after its end, without the rows still on their way."""
+    from analytics.detect import attribution
+
+    (tmp_path / "ops").mkdir()
+    d = Daemon(tmp_path / "ops")
+    d.start()
+    procs = _collectors(tmp_path, d.url, {"pa": 0.0, "pb": 0.0}, roll_s=7.0)
+    try:
+        for p in procs:
+            p.start()
+
+        def live() -> dict:
+            return json.loads(d.get("/v1/live"))
+
+        deadline = time.monotonic() + 60
+        doc = live()
+        while time.monotonic() < deadline:
+            doc = live()
+            hosts = doc["hosts"]
+            if len(hosts) == 2 and {h["verdict"] for h in hosts} == {"ok"}:
+                break
+            time.sleep(0.5)
+        assert {h["host"]: h["verdict"] for h in doc["hosts"]} == {"pa": "ok", "pb": "ok"}, doc
+        assert [h["roll_s"] for h in doc["hosts"]] == [7.0, 7.0]
+        assert doc["ingest"]["advised_roll_s"] < 1.0
+        assert doc["clock"]["lateness_s"] == 9.0  # 7 s + 2 s (the configured 3 s before)
+        assert "slowest_host_roll_s=7.0" in d.log.read_text()
+        verdicts, oldest = set(), 0.0
+        until = time.monotonic() + 16  # two intervals and more
+        while time.monotonic() < until:
+            for h in live()["hosts"]:
+                verdicts.add(h["verdict"])
+                oldest = max(oldest, h["last_batch_age_s"])
+            time.sleep(0.5)
+        assert oldest > attribution.STALE_S  # the fleet-wide 5 s was passed...
+        assert verdicts == {"ok"}, verdicts  # ...and nobody was called stale for it
+    finally:
+        for p in procs:
+            with contextlib.suppress(Exception):
+                p.stop()
+        d.stop()

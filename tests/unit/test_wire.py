@@ -51,3 +51,18 @@ def test_host_id_is_stable_and_positive() -> None:
     assert records.host_id("h01") == records.host_id("h01")
     assert records.host_id("h01") != records.host_id("h02")
     assert 0 <= records.host_id("gpu-node-9999") < 2**63
+
+
+def test_a_segment_says_the_interval_its_collector_ships_at_and_an_older_one_reads_as_unsaid() -> (
+    None
+):
+    from analytics.ingest import body as ingest_body
+
+    rows = np.zeros(3, records.TABLES["probe_tx"])
+    chunk = wire.encode_chunk("probe_tx", rows)
+    said = wire.encode_header("h1", 7, 1, 10**18, run_ns=5, roll_s=7.25) + chunk
+    unsaid = wire.encode_header("h1", 7, 2, 10**18) + chunk
+    assert wire.decode(said).roll_s == 7.25 and wire.decode(unsaid).roll_s == 0.0
+    (seg,) = ingest_body.decode(said)
+    assert (seg.roll_s, seg.run_ns, seg.rows) == (7.25, 5, {"probe_tx": 3})
+    assert ingest_body.decode(unsaid)[0].roll_s == 0.0
