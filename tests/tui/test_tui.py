@@ -928,6 +928,17 @@ def tiles_state(view: Any, host: str) -> str:
     return next(t.state for t in view.tiles if t.host == host)
 
 
+def _fresh_healthy_live() -> dict[str, Any]:
+    """The sample ``/v1/live`` answer with every host's batch and probes 0.4 s old and
+    no pair losing or queued."""
+    live = sample_live(anomalies=0)
+    for h in live["hosts"]:
+        h["last_batch_age_s"], h["last_probe_age_s"] = 0.4, 0.4
+    for p in live["pairs"]:
+        p.update(loss=0.0, received=p["sent"], queue_us=None)
+    return live
+
+
 def test_a_host_whose_probes_stopped_is_grey_before_the_live_window_forgets_them() -> None:
     """nftables dropping all of a host's probes out of its NIC: the sends fail, so no probe
     is recorded and none is lost, while its batches still arrive. Its probes of the last
@@ -937,11 +948,7 @@ def test_a_host_whose_probes_stopped_is_grey_before_the_live_window_forgets_them
     from analytics.ingest.live_cli import render, summarise
     from tui.data import fleet
 
-    live = sample_live(anomalies=0)
-    for h in live["hosts"]:
-        h["last_batch_age_s"], h["last_probe_age_s"] = 0.4, 0.4
-    for p in live["pairs"]:
-        p.update(loss=0.0, received=p["sent"], queue_us=None)
+    live = _fresh_healthy_live()
     quiet = live["hosts"][2]
     quiet["last_probe_age_s"] = 12.3  # its earlier probes are still in the window
     attribution.annotate(live["hosts"], live["pairs"], [], sample_racks(), {})
@@ -978,11 +985,7 @@ def test_a_host_shipping_every_10_s_by_its_own_setting_is_stale_only_after_25_s(
     from analytics.ingest.live_cli import summarise
     from tui.data import Thresholds, fleet
 
-    live = sample_live(anomalies=0)
-    for h in live["hosts"]:
-        h["last_batch_age_s"], h["last_probe_age_s"] = 0.4, 0.4
-    for p in live["pairs"]:
-        p.update(loss=0.0, received=p["sent"], queue_us=None)
+    live = _fresh_healthy_live()
     slow = live["hosts"][1]
     slow["roll_s"] = 10.0
     for age, verdict, tile in ((8.0, "ok", "ok"), (26.0, "stale", "silent")):
