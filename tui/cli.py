@@ -30,7 +30,8 @@ from analytics.ingest import endpoints
 @click.option("--silent-s", type=click.FloatRange(min=1), default=None,
               help="Seconds without a batch after which a NIC is grey (silent). Default: "
                    "clockmesh live's 'stale' — 5 s, or 2.5 times the shipping interval the "
-                   "ops box advises when longer (a large fleet ships less often).")  # fmt: skip
+                   "ops box advises or the host's own when longer (a large fleet ships less "
+                   "often).")  # fmt: skip
 def tui(url: str, store: Path, topology: Path, inventory: Path | None, refresh_s: float,
         amber_us: float, red_loss: float, silent_s: float | None) -> None:  # fmt: skip
     """The fleet at a glance: NICs by rack, anomalies, jobs, audit, drill-downs (host,
