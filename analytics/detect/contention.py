@@ -1431,7 +1431,7 @@ class PathDelays:
         self,
         wins: Windows,
         contended: set[tuple[str, str]],
-        leads: dict[tuple[int, str], float] | None = None,
+        leads: dict[tuple[int, str], float],
     ) -> None:
         """Healthy windows feed their route's baseline (one per window length). A window
         far above what the fleet's other routes show now is not learnt as healthy: every

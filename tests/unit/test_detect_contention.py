@@ -904,8 +904,8 @@ def test_a_send_is_lost_0_3_s_after_on_its_receivers_clock() -> None:
 
 
 def test_a_clock_step_on_a_young_fleet_leaves_no_route_slow_once_the_solver_catches_up() -> None:
-    """Seen in the lab (2026-12-05, a fleet whose baselines held ~5 windows): h3-2's
-    clock stepped 300 µs ahead; for the second until the clock solver's next window its
+    """Seen in the lab (2026-12-05, a fleet whose baselines held ~3 windows): h3-2's
+    clock stepped 300 µs ahead; for the seconds until the clock solver's next window its
     routes out read 300 µs early, and those early windows were learnt as healthy. With a
     baseline of a few windows that moved it: once the solver caught up, every route out of
     h3-2 read 300 µs late against it, for good — its port was paged a queue it never had.

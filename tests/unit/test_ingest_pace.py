@@ -18,6 +18,7 @@ from analytics.ingest.pace import Pacer
 from collector import records
 from collector.shipper import Shipper
 from collector.spool import Spool
+from tests.lab.helpers import wait_for
 from tests.unit.collector_procs import (
     CollectorProcess,
     free_udp_port,
@@ -240,15 +241,12 @@ def test_a_collector_shipping_less_often_than_advised_is_waited_for_and_not_call
         def live() -> dict:
             return json.loads(d.get("/v1/live"))
 
-        deadline = time.monotonic() + 60
-        doc = live()
-        while time.monotonic() < deadline:
+        def both_ok() -> dict | None:
             doc = live()
-            hosts = doc["hosts"]
-            if len(hosts) == 2 and {h["verdict"] for h in hosts} == {"ok"}:
-                break
-            time.sleep(0.5)
-        assert {h["host"]: h["verdict"] for h in doc["hosts"]} == {"pa": "ok", "pb": "ok"}, doc
+            verdicts = {h["host"]: h["verdict"] for h in doc["hosts"]}
+            return doc if verdicts == {"pa": "ok", "pb": "ok"} else None
+
+        doc = wait_for(both_ok, 60, "pa and pb ok in /v1/live", every=0.5)
         assert [h["roll_s"] for h in doc["hosts"]] == [7.0, 7.0]
         assert doc["ingest"]["advised_roll_s"] < 1.0
         assert doc["clock"]["lateness_s"] == 9.0  # 7 s + 2 s (the configured 3 s before)
