@@ -465,17 +465,22 @@ class FabricPaths:
             if key and key not in emitted:
                 emitted.add(key)
                 out.append(self._observation(lead[twins], twins, key, n))
+        # ended: observed while its newest outage of its own (not its leaf's gone whole,
+        # DetectRunner._with_leaves) is recent; a leaf's outage ending is the leaf's news
+        own_up: dict[str, int] = {}
         by_key: dict[str, list[str]] = collections.defaultdict(list)
         for name, st in self.state.items():
-            if (st.outages and st.key not in emitted and name not in suspected
-                    and not all(o.whole_leaf for o in st.outages)):  # fmt: skip
-                by_key[st.key or name].append(name)
-        for key, names in by_key.items():  # ended: observed while recent
-            name = max(names, key=lambda n: (self.state[n].outages[-1].up_ns, n))
+            if st.outages and st.key not in emitted and name not in suspected:
+                own = [o.up_ns for o in st.outages if not o.whole_leaf]
+                own_up[name] = own[-1] if own else 0
+                if own_up[name]:
+                    by_key[st.key or name].append(name)
+        for key, names in by_key.items():
+            name = max(names, key=lambda n: (own_up[n], n))
             st = self.state[name]
             # or once more after a twin's outage was taken back, if its anomaly said
             # "down now" last (so that it says no longer)
-            last = st.outages[-1].up_ns
+            last = own_up[name]
             said = self._said_down.get(key, 0)
             if st.touched_ns > last and said and st.touched_ns - said < SAID_DOWN_NS:
                 last = st.touched_ns

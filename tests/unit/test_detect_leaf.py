@@ -74,6 +74,7 @@ def _run(runner: DetectRunner, down: dict[int, tuple[int, int]], seconds: range,
             st.outages.append(Outage(T0 + a * S))
             st.down_since = st.evidence_ns = T0 + a * S
             st.back_ns = T0 + b * S
+        runner.paths.newest_ns = T0 + sec * S  # the traces seen up to now
         runner.feed({"counter": layout.records_to_arrow("counter", _samples(sec, down))})
         runner.step(T0 + sec * S + 500_000_000)
 
@@ -195,3 +196,22 @@ def test_an_uplinks_outage_that_was_its_leafs_is_not_counted_when_it_flaps_later
     e = own["evidence"]
     assert e["flaps"] == 1 and [d for d, _up in e["outages_ns"]] == [T0 + 75 * S], e
     assert own["summary"].startswith("leaf2-spine2 flapped 1 time in 10 min"), own["summary"]
+
+
+def test_a_leaf_gone_whole_does_not_page_again_an_uplink_whose_own_flap_was_long_closed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # held-out seed 1259: leaf1-spine2 flapped on its own (anomaly closed); 2 min later
+    # leaf1 lost power, and 1 s after it was back "leaf1-spine2 flapped 4 times in 10 min"
+    # was paged again — the four old outages, opened by the leaf's outage ending
+    runner = _runner(tmp_path, monkeypatch)
+    down = {21: (100, 110), 22: (100, 110)}
+    uplink = {2: ("leaf2-spine2", 1, 3), 101: ("leaf2-spine2", 100, 111)}
+    _run(runner, down, range(0, 95), uplink, seen={"leaf2-spine2": 98})
+    (own,) = [a for a in runner.live()["recently_closed"] if a["link"] == "leaf2-spine2"]
+    _run(runner, down, range(95, 130), uplink, seen={"leaf2-spine2": 98})
+    live = runner.live()
+    assert {a["link"] for a in live["open"]} == {"leaf2"}, live["open"]
+    again = [a for a in live["recently_closed"]
+             if a["link"] == "leaf2-spine2" and a["anomaly_id"] != own["anomaly_id"]]  # fmt: skip
+    assert not again, again
