@@ -529,6 +529,14 @@ class ClockRunner:
                 log.exception("event=owd_consumer_failed window_start_ns=%d", start_ns)
         self.counters.windows_solved += 1
         self._publish(sol, solve_s)
+        for host, step_ns in sol.stepped.items():  # chrony's makestep, a PTP servo re-locking
+            log.warning(
+                "event=clock_stepped window_start_ns=%d host_id=%d step_ns=%.0f (its one-way "
+                "delays in the window not stored)",
+                start_ns,
+                host,
+                step_ns,
+            )
         log.info(
             "event=clock_window_solved window_start_ns=%d hosts=%d pairs=%d disagree=%d "
             "owd_rows=%d solve_s=%.3f",

@@ -24,6 +24,12 @@ class ClockState:
     last_seen_ns: np.ndarray  # int64
     # the network solves' graphs (network.solve's cache), handed on from window to window
     cache: dict = field(default_factory=dict, repr=False, compare=False)
+    # each probed pair's clean round trip, tracked over windows (steps.track_rtt):
+    # keys ``i * len(hosts) + j`` (i < j index ``hosts``; any order) and the round trips
+    pair_keys: np.ndarray = field(
+        default_factory=lambda: np.empty(0, np.int64), repr=False, compare=False
+    )
+    pair_rtt_ns: np.ndarray = field(default_factory=lambda: np.empty(0), repr=False, compare=False)
 
     def predict(self, ref_ns: int) -> tuple[np.ndarray, np.ndarray]:
         """Offsets and sigmas carried forward to ``ref_ns`` (drift assumed constant)."""

@@ -31,15 +31,22 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import numpy as np
+
+from analytics.clock import steps
 
 T = TypeVar("T")
 # Fewer samples / pairs than this: one thread (a second would cost more than it saves).
 _MIN_SPLIT_ROWS = 200_000
 _MIN_SPLIT_PAIRS = 20_000
+
+
+def _none() -> np.ndarray:
+    """No rows: the default of the fields fit_pairs always fills."""
+    return np.empty(0)
 
 
 @dataclass
@@ -64,6 +71,19 @@ class PairFit:
     # bins' excess over the window's least clean round trip (:func:`_clean_rtt`), the
     # most their offset could be off if every probe they kept queued alike; 0 else.
     bound_ns: np.ndarray | None = None
+    # The pair's round trips per bin (both directions' envelope points; clocks cancel):
+    # the least, the bin it is in (-1: none), and the second least where the pair has 3
+    # bins (its clean round trip, NaN else). A clock stepping inside a bin takes one
+    # direction's point from before the step and the other's from after, and the bin's
+    # round trip reads short by the step: no queue does that (steps.stepped_hosts).
+    rtt_least: np.ndarray = field(default_factory=_none)
+    rtt_least_bin: np.ndarray = field(default_factory=_none)
+    rtt_clean: np.ndarray = field(default_factory=_none)
+    # A pair whose midpoints no line fits within what queueing allows, but two lines of
+    # one slope do, split between bin ``jump_at - 1`` and ``jump_at``: the jump between
+    # them (b's clock less a's; ns); 0 and -1 elsewhere (:func:`steps.jumps`).
+    jump_ns: np.ndarray = field(default_factory=_none)
+    jump_at: np.ndarray = field(default_factory=_none)
 
 
 def _kth_smallest(v: np.ndarray, k: np.ndarray) -> np.ndarray:
@@ -192,8 +212,11 @@ def fit_pairs(
         return _fit_lines(rows, slope_guess[sl], noise, few_sigma)
 
     parts_l = _row_halves(pool, n_pairs, _pair_blocks(lines), _MIN_SPLIT_PAIRS)
-    alpha, slope, sigma_alpha, sigma_slope, used, x_mid, sigma_mid = (
+    alpha, slope, sigma_alpha, sigma_slope, used, x_mid, sigma_mid, jump, jump_at = (
         parts_l[0] if len(parts_l) == 1 else [np.concatenate(p) for p in zip(*parts_l, strict=True)]
+    )
+    rtt_least, rtt_least_bin, rtt_clean = _pair_blocks(lambda sl: steps.rtt_summary(points[:, sl]))(
+        slice(0, n_pairs)
     )
     counts = _row_sum(counts.reshape(2 * n_pairs, n_bins)).reshape(2, n_pairs)
     # Pairs with fewer than 3 bins: how far their midpoints could be off if all their
@@ -223,6 +246,11 @@ def fit_pairs(
         x_mid=x_mid,
         sigma_mid=sigma_mid,
         bound_ns=bound,
+        rtt_least=rtt_least,
+        rtt_least_bin=rtt_least_bin,
+        rtt_clean=rtt_clean,
+        jump_ns=jump,
+        jump_at=jump_at,
     )
 
 
@@ -234,7 +262,8 @@ def _fit_lines(
 ) -> tuple[np.ndarray, ...]:
     """Weights and the weighted line with one rejection pass, for the pairs of ``bins``
     (:func:`_bin_points` of their points): alpha, slope, their sigmas, bins used, the
-    weighted mean x of the bins and the sigma of the offset there. Pairs with fewer than
+    weighted mean x of the bins, the sigma of the offset there, and the jump of pairs
+    whose bins a step fits but no line (:func:`steps.jumps`). Pairs with fewer than
     3 valid bins have no clean round trip to measure their bins' excess against (it
     reads 0), so ``few_sigma_ns`` (the window's typical half excess,
     :func:`_few_bin_sigma`) is added to their bins' variance."""
@@ -247,6 +276,7 @@ def _fit_lines(
     # Reject bins that are further from the line than their excess allows.
     bound = excess / 2 + 6 * noise_ns
     bad = valid & (np.abs(resid) > bound)
+    jump, jump_at = steps.jumps(mid, xm, w, valid, nvalid, bound, bad)
     if bad.any():
         w = np.where(bad, 0.0, w)
         alpha, slope, s0, sxxc, resid = _wls(w, xm, mid)
@@ -268,6 +298,8 @@ def _fit_lines(
         used,
         xbar,
         np.sqrt(var_m * scale),
+        jump,
+        jump_at,
     )
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from analytics.clock import network
+from analytics.clock import network, steps
 from analytics.clock.clock_state import ClockState
 from analytics.clock.key_index import KeyIndex, dense_ids
 from analytics.clock.pair_fit import PairFit, fit_pairs, in_blocks
@@ -69,6 +69,9 @@ class WindowSolution:
     noise_ns: float
     stats: dict[str, float] = field(default_factory=dict)
     gauge_host: int | None = None
+    # host id -> how far its clock stepped inside the window (ns): stated uncertain by
+    # that much, its one-way delays not ok (steps.stepped_hosts)
+    stepped: dict[int, float] = field(default_factory=dict)
 
     def offsets(self) -> dict[int, float]:
         """host id -> offset_ns (solved or predicted hosts only)."""
@@ -291,6 +294,16 @@ def _solve(
     o_sig = np.where(pred, p_sig, o_sig)
     drift = np.where(pred, p_drift, drift)
     d_sig = np.where(pred, p_dsig, d_sig)
+    # a clock that stepped inside the window (solved, or carried from the previous one
+    # when its pairs disagreed): uncertain by the step, its delays not kept
+    hist = steps.prior_rtt(prior, prior_i, pa, pb)
+    step = steps.stepped_hosts(
+        fit.jump_ns, fit.jump_at, fit.rtt_least, fit.rtt_least_bin, fit.rtt_clean,
+        pa, pb, n, hist, noise,
+    )  # fmt: skip
+    stepped = (status != HostStatus.UNSOLVED) & (step > 0)
+    o_sig = np.where(stepped, np.maximum(o_sig, step), o_sig)
+    stats["hosts_stepped"] = int(stepped.sum())
 
     # ---- output tables ---------------------------------------------------------------
     has_est = np.isfinite(fit.alpha)
@@ -325,13 +338,22 @@ def _solve(
     pairs["flags"] = flags[e]
 
     owd = _owd(rx, ps, theta, drift, ref, pool)
+    if stepped.any():
+        # (an unknown host, -1, reads the last host's flag: such rows are not ok anyway)
+        gone = np.take(stepped, ps.rx_src_i, mode="wrap") | np.take(
+            stepped, ps.rx_dst_i, mode="wrap"
+        )
+        owd["ok"] &= ~gone
+        owd["owd_ns"][gone] = np.nan
     clock_t.lap("t_owd_s")
     # a host seen but not solved keeps the age of its last solution (so it expires)
     seen = np.full(n, ref, np.int64)
     if prior is not None and pred.any():
         seen[pred] = prior.last_seen_ns[prior_i[pred]]
-    state = _next_state(prior, hosts, theta, drift, o_sig, d_sig, status, seen, ref, cfg)
+    kept = (status != HostStatus.UNSOLVED) & (ref - seen <= cfg.state_max_age_ns)
+    state = _next_state(prior, hosts, theta, drift, o_sig, d_sig, kept, seen, ref, cfg)
     state.cache = graphs
+    steps.track_rtt(state, kept, pa, pb, hist, fit.rtt_clean)
     stats["hosts"] = n
     stats["hosts_solved"] = int(solved.sum())
     stats["components"] = int(comp.max()) + 1 if (comp >= 0).any() else 0
@@ -348,6 +370,7 @@ def _solve(
         noise_ns=noise,
         stats=stats,
         gauge_host=cfg.gauge_host,
+        stepped=dict(zip(hosts[stepped].tolist(), step[stepped].tolist(), strict=True)),
     )
 
 
@@ -711,12 +734,13 @@ def _next_state(
     drift: np.ndarray,
     o_sig: np.ndarray,
     d_sig: np.ndarray,
-    status: np.ndarray,
+    keep: np.ndarray,
     seen: np.ndarray,
     ref: int,
     cfg: SolverConfig,
 ) -> ClockState:
-    keep = (status != HostStatus.UNSOLVED) & (ref - seen <= cfg.state_max_age_ns)
+    """The state handed to the next window: the hosts ``keep`` (solved or predicted, seen
+    recently) first, in this window's order, then the prior's hosts not seen, carried."""
     ids = [hosts[keep]]
     off = [theta[keep]]
     dr = [np.nan_to_num(drift[keep])]
