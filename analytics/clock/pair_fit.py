@@ -276,7 +276,7 @@ def _fit_lines(
     # Reject bins that are further from the line than their excess allows.
     bound = excess / 2 + 6 * noise_ns
     bad = valid & (np.abs(resid) > bound)
-    jump, jump_at = steps.jumps(mid, xm, w, valid, nvalid, bound, bad)
+    jump, jump_at = steps.jumps(mid, xm, w, valid, nvalid, excess, noise_ns, bad)
     if bad.any():
         w = np.where(bad, 0.0, w)
         alpha, slope, s0, sxxc, resid = _wls(w, xm, mid)

@@ -51,17 +51,26 @@ def jumps(
     w: np.ndarray,
     valid: np.ndarray,
     nvalid: np.ndarray,
-    bound: np.ndarray,
+    excess: np.ndarray,
+    noise: float,
     bad: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per pair (rows of the pair fit's bins: midpoints, their x, weights, validity, valid
-    bins per pair, how far queueing allows a midpoint off, bins beyond that from the
-    line): the jump of its midpoints where a step explains them and a line does not.
+    bins per pair, excess round trips, the midpoints' noise, bins the line left beyond
+    what queueing allows): the jump of its midpoints where a step explains them and a
+    line does not.
 
     For pairs of at least 3 bins with a ``bad`` bin, try each split k: two lines of one
-    slope, bins < k and >= k. The split whose every bin lies within ``bound`` and whose
-    weighted squared residual is least gives the jump (second intercept less the first:
-    b's clock less a's) and k; 0 and -1 where no split does."""
+    slope, bins < k and >= k. The split whose every bin lies within half its excess plus
+    6 noise units of them, whose jump is more than half the excess of either side (of
+    the bins that place it, as weighted) plus 6 noise units, whose sides have alike excess (within 6
+    noise units and a quarter of the jump: a queue forming or ending lengthens the round
+    trips of one side and moves its midpoints by half of that; a step moves them with
+    the round trips unchanged), whose slope moves no bin by more than 12 noise units
+    (the midpoints come detrended with the pair's slope), and whose weighted squared
+    residual is least gives the
+    jump (second intercept less the first: b's clock less a's) and k; 0 and -1 where no
+    split does."""
     rows, nb = mid.shape
     jump = np.zeros(rows)
     at = np.full(rows, -1, np.intp)
@@ -69,7 +78,8 @@ def jumps(
     if not len(sus) or nb < 2:
         return jump, at
     y, x, ws = mid[sus], xm[sus], w[sus]
-    tol = np.where(valid[sus], bound[sus], np.inf)
+    ex = np.where(valid[sus], excess[sus], np.nan)
+    tol = np.where(valid[sus], ex / 2 + 6 * noise, np.inf)
     # before-sums for every split k = 1..nb-1 at once (cumulative over bins)
     terms = [ws, ws * x, ws * y, ws * x * x, ws * x * y]
     cum = [np.cumsum(t, axis=1)[:, :-1] for t in terms]  # (m, nb-1): bins < k
@@ -88,6 +98,19 @@ def jumps(
     fit = np.where(after[None], a2[..., None], a1[..., None]) + s[..., None] * x[:, None, :]
     r = np.where(np.isfinite(tol)[:, None, :], y[:, None, :] - fit, 0.0)
     fits = two & np.all(np.abs(r) <= tol[:, None, :], axis=2)
+    # the excess of the bins that place each side (weighted as the fit weighs them)
+    we = np.cumsum(ws * np.nan_to_num(ex), axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        e1 = we[:, :-1] / cum[0]
+        e2 = (we[:, -1:] - we[:, :-1]) / aft[0]
+    # a step leaves the round trips alike on both sides; a queue forming or ending
+    # lengthens them on one side, and moves the midpoints by half of that
+    d = np.abs(a2 - a1)
+    fits &= (d > np.fmax(e1, e2) / 2 + 6 * noise) & (np.abs(e1 - e2) <= 6 * noise + d / 4)
+    # the midpoints are detrended with the pair's slope already: a step needs no slope of
+    # its own (a steep one, set by bins the fit hardly weighs, bends a queue into a step)
+    span = np.max(np.where(valid[sus], np.abs(x), 0.0), axis=1)
+    fits &= np.abs(s) * span[:, None] <= 12 * noise
     chi2 = np.where(fits, (ws[:, None, :] * r * r).sum(axis=2), np.inf)
     best = np.argmin(chi2, axis=1)
     ok = np.isfinite(chi2[np.arange(len(sus)), best])

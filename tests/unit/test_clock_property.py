@@ -409,7 +409,7 @@ def test_a_clock_step_within_a_window_leaves_no_one_way_delay_marked_ok_beyond_i
     assert o["ok"][others].mean() > 0.95, "the other hosts' delays are kept"
 
 
-@pytest.mark.parametrize("at", [0.5, 0.9])
+@pytest.mark.parametrize("at", [0.2, 0.3, 0.5, 0.9])
 def test_a_queue_forming_in_front_of_a_host_is_not_taken_for_a_clock_step(at: float) -> None:
     """A queue only lengthens a round trip: 200 µs of incast into host 4 from ``at`` of
     the window on leaves every host's clock stated as tight as before and its delays
@@ -424,3 +424,23 @@ def test_a_queue_forming_in_front_of_a_host_is_not_taken_for_a_clock_step(at: fl
     host = int(sim.truth.hosts[4])
     mine = sol.owd["dst"] == host
     assert sol.owd["ok"][mine].mean() > 0.95
+
+
+@pytest.mark.xfail(strict=True, reason="solver weakness: a queue standing in front of a host "
+                   "through most of a window biases its clock by half the queue, stated tight")  # fmt: skip
+def test_a_queue_standing_through_most_of_a_window_leaves_no_delay_marked_ok_beyond_its_uncertainty() -> (
+    None
+):
+    """Seen while testing the clock-step finder (2026-12-05): 200 µs of incast into host 4
+    from 10 % of the window on (7 of its 8 bins queued). Each of its pairs takes its
+    second-least round trip as clean, a queued one, so the queue is not seen as excess;
+    the midpoints sit half the queue off, alike on every pair of the host, and the loops
+    agree: the host is SOLVED ~100 µs off with ~3 ns stated, its 704 delays stored ``ok``
+    100 µs off (two-way time transfer's asymmetry, unseen). From 20 % on (two clean
+    bins) it holds. The fix wanted: the excess measured against the pair's clean round
+    trip of earlier windows (the solver state tracks it for the step finder)."""
+    sim, sol, cfg = _stepped_window(0, 0.1, seed=3, queue_ns=200_000)
+    off, err = _off_rows(sim, sol, cfg)
+    assert not off.any(), (
+        f"{off.sum()} of {sol.owd['ok'].sum()} ok rows, up to {err[off].max():.0f} ns"
+    )
