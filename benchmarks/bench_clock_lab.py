@@ -116,6 +116,19 @@ def load(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, np.ndarray, 
     return out[0], out[1], out[2], out[3]
 
 
+def window_rows(
+    tx: np.ndarray, rx: np.ndarray, echoes: np.ndarray, w0: int, win: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The records of the window ``[w0, w0 + win)`` on the senders' clocks: probes sent
+    in it, arrivals with 10 ms either side (in flight across its edges), echoes begun in
+    it."""
+    return (
+        tx[(tx["tx_ns"] >= w0) & (tx["tx_ns"] < w0 + win)],
+        rx[(rx["rx_ns"] >= w0 - 10_000_000) & (rx["rx_ns"] < w0 + win + 10_000_000)],
+        echoes[(echoes["t1_ns"] >= w0) & (echoes["t1_ns"] < w0 + win)],
+    )
+
+
 def t0_per_host(health: np.ndarray) -> dict[int, int]:
     names = np.char.rstrip(health["name"].astype("S40"), b"\x00")
     sel = health[names == b"lab_clock_t0_ns"]
@@ -183,9 +196,7 @@ def main() -> int:
           f"{'RTT/2 med':>9} {'ratio':>6} {'minRTT/2':>9}")  # fmt: skip
     result = None
     for w0 in range(start, end - win + 1, win):
-        sel_tx = tx[(tx["tx_ns"] >= w0) & (tx["tx_ns"] < w0 + win)]
-        sel_rx = rx[(rx["rx_ns"] >= w0 - 10_000_000) & (rx["rx_ns"] < w0 + win + 10_000_000)]
-        sel_ec = echoes[(echoes["t1_ns"] >= w0) & (echoes["t1_ns"] < w0 + win)]
+        sel_tx, sel_rx, sel_ec = window_rows(tx, rx, echoes, w0, win)
         sol = solve_window(sel_tx, sel_rx, sel_ec, window_start_ns=w0, window_ns=win,
                            prior=prior, config=cfg)  # fmt: skip
         prior = sol.state

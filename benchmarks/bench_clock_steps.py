@@ -28,7 +28,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_clock_lab import _from_store
+from bench_clock_lab import _from_store, window_rows
 from machine import describe
 
 from analytics.clock import SolverConfig, solve_window
@@ -72,11 +72,9 @@ def run(path: Path) -> tuple[int, int, int, int]:
     walls: list[float] = []
     windows = 0
     for w0 in range(start - start % WINDOW_NS, end - WINDOW_NS + 1, WINDOW_NS):
-        s_tx = tx[(tx["tx_ns"] >= w0) & (tx["tx_ns"] < w0 + WINDOW_NS)]
+        s_tx, s_rx, s_ec = window_rows(tx, rx, ec, w0, WINDOW_NS)
         if not len(s_tx):
             continue
-        s_rx = rx[(rx["rx_ns"] >= w0 - 10_000_000) & (rx["rx_ns"] < w0 + WINDOW_NS + 10_000_000)]
-        s_ec = ec[(ec["t1_ns"] >= w0) & (ec["t1_ns"] < w0 + WINDOW_NS)]
         t = time.perf_counter()
         sol = solve_window(s_tx, s_rx, s_ec, window_start_ns=w0, window_ns=WINDOW_NS,
                            prior=prior, config=SolverConfig())  # fmt: skip

@@ -31,6 +31,14 @@ STEP_SIGMAS = 10.0  # a round trip this many noise units short of the pair's cle
 RTT_RISE = 32  # a clean round trip seen longer moves 1/RTT_RISE of the way per window
 
 
+def _pair_key(ia: np.ndarray, ib: np.ndarray, m: int) -> np.ndarray:
+    """The key of each pair of host indices (either order) among ``m`` hosts."""
+    key = np.minimum(ia, ib).astype(np.int64)
+    key *= m
+    key += np.maximum(ia, ib)
+    return key
+
+
 def rtt_summary(points: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per pair of ``points`` (both directions' envelope points, shape (2, pairs, bins)):
     the least round trip over its bins with both directions (inf: none), that bin (-1:
@@ -129,9 +137,7 @@ def prior_rtt(
         return out
     ia, ib = np.take(prior_i, pa), np.take(prior_i, pb)
     known = (ia >= 0) & (ib >= 0)
-    key = np.minimum(ia, ib).astype(np.int64)
-    key *= len(prior.hosts)
-    key += np.maximum(ia, ib)
+    key = _pair_key(ia, ib, len(prior.hosts))
     pos = KeyIndex(prior.pair_keys).lookup(np.where(known, key, -1))
     hit = known & (pos >= 0)
     out[hit] = prior.pair_rtt_ns[pos[hit]]
@@ -207,9 +213,5 @@ def track_rtt(
     rtt = np.where(np.isfinite(rtt), rtt, hist)
     at = np.cumsum(kept) - 1
     use = np.isfinite(rtt) & np.take(kept, pa) & np.take(kept, pb)
-    ia, ib = at[pa[use]], at[pb[use]]
-    key = np.minimum(ia, ib).astype(np.int64)
-    key *= len(state.hosts)
-    key += np.maximum(ia, ib)
-    state.pair_keys = key
+    state.pair_keys = _pair_key(at[pa[use]], at[pb[use]], len(state.hosts))
     state.pair_rtt_ns = rtt[use]
