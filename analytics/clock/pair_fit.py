@@ -84,6 +84,14 @@ class PairFit:
     # them (b's clock less a's; ns); 0 and -1 elsewhere (:func:`steps.jumps`).
     jump_ns: np.ndarray = field(default_factory=_none)
     jump_at: np.ndarray = field(default_factory=_none)
+    # Pairs given a reference cap (``ref_cap``: a queue standing in front of one of
+    # their hosts): half of how far their least round trip exceeds it, every bin queued
+    # and the midpoints all off alike by up to this (0: a bin under the cap); NaN where
+    # no cap was given.
+    queued_ns: np.ndarray = field(default_factory=_none)
+
+
+RefCap = Callable[[np.ndarray, np.ndarray, float], "np.ndarray | None"]
 
 
 def _kth_smallest(v: np.ndarray, k: np.ndarray) -> np.ndarray:
@@ -105,9 +113,13 @@ def fit_pairs(
     noise_floor_ns: float,
     band: float = 0.0,
     pool: ThreadPoolExecutor | None = None,
+    ref_cap: RefCap | None = None,
 ) -> PairFit:
     """Fit every pair. ``pid`` pair index, ``rev`` True for b -> a samples,
     ``x`` float ns on a's clock relative to the reference, ``y = rx - tx`` in ns.
+    ``ref_cap(rtt_least, rtt_clean, noise_ns)`` may return, per pair, a round trip
+    (NaN: none) that its bins' excess is measured against where its second-least is
+    longer: a queue standing through most of the window still counts as excess.
     With a ``pool``, half of the per-sample passes run in its thread."""
     n = len(pid)
     size = n_pairs * 2 * n_bins
@@ -202,8 +214,14 @@ def fit_pairs(
     else:
         points, xs = zmin3, xsel.reshape(shape)
 
+    rtt_least, rtt_least_bin, rtt_clean = _pair_blocks(lambda sl: steps.rtt_summary(points[:, sl]))(
+        slice(0, n_pairs)
+    )
+    cap = None if ref_cap is None else ref_cap(rtt_least, rtt_clean, noise)
     # the bin points once: the few-bin sigma, the lines and the bounds share them
-    bins = _pair_blocks(lambda sl: _bin_points(points[:, sl], xs[:, sl]))(slice(0, n_pairs))
+    bins = _pair_blocks(
+        lambda sl: _bin_points(points[:, sl], xs[:, sl], ref_cap=None if cap is None else cap[sl])
+    )(slice(0, n_pairs))
     few_sigma = _few_bin_sigma(bins)
     clean_rtt = _clean_rtt(points)
 
@@ -215,10 +233,11 @@ def fit_pairs(
     alpha, slope, sigma_alpha, sigma_slope, used, x_mid, sigma_mid, jump, jump_at = (
         parts_l[0] if len(parts_l) == 1 else [np.concatenate(p) for p in zip(*parts_l, strict=True)]
     )
-    rtt_least, rtt_least_bin, rtt_clean = _pair_blocks(lambda sl: steps.rtt_summary(points[:, sl]))(
-        slice(0, n_pairs)
-    )
     counts = _row_sum(counts.reshape(2 * n_pairs, n_bins)).reshape(2, n_pairs)
+    queued = np.full(n_pairs, np.nan)
+    if cap is not None:
+        with np.errstate(invalid="ignore"):
+            queued = np.where(np.isfinite(cap), np.maximum(rtt_least - cap, 0.0) / 2, np.nan)
     # Pairs with fewer than 3 bins: how far their midpoints could be off if all their
     # least round trips queued (half their excess over the window's clean round trip).
     nvalid = bins[3]
@@ -251,6 +270,7 @@ def fit_pairs(
         rtt_clean=rtt_clean,
         jump_ns=jump,
         jump_at=jump_at,
+        queued_ns=queued,
     )
 
 
@@ -396,12 +416,16 @@ def _clean_rtt(points: np.ndarray) -> float:
 
 
 def _bin_points(
-    points: np.ndarray, xsel: np.ndarray | None, clean_rtt_ns: float = np.inf
+    points: np.ndarray,
+    xsel: np.ndarray | None,
+    clean_rtt_ns: float = np.inf,
+    ref_cap: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per (pair, bin) from the per-direction points (shape (2, pairs, bins)): midpoint,
     its x (zeros when ``xsel`` is None), validity, valid bins per pair, excess round trip
-    (over the pair's reference; for pairs with fewer than 3 bins over the lower of their
-    least round trip and ``clean_rtt_ns``)."""
+    (over the pair's reference: its second-least round trip, for pairs with fewer than 3
+    bins the lower of their least and ``clean_rtt_ns``; at most ``ref_cap`` per pair,
+    where finite)."""
     zf, zr = points[0], points[1]
     valid = np.isfinite(zf) & np.isfinite(zr)
     with np.errstate(invalid="ignore"):
@@ -411,6 +435,8 @@ def _bin_points(
     nvalid = np.count_nonzero(valid, axis=1)
     k = np.where(nvalid >= 3, 1, 0)
     ref = _kth_smallest(rtt, k)
+    if ref_cap is not None:
+        ref = np.fmin(ref, ref_cap)
     if np.isfinite(clean_rtt_ns):
         ref = np.where(nvalid < 3, np.minimum(ref, clean_rtt_ns), ref)
     with np.errstate(invalid="ignore"):

@@ -250,8 +250,13 @@ def _solve(
         s1 = s_guess.copy()
         s1[todo] = np.where(np.isfinite(coarse.sigma_slope), coarse.slope, s_guess[todo])
     clock_t.lap("t_coarse_s")
+    # the pairs' clean round trips of earlier windows: the step finder's reference, and
+    # against which a queue standing in front of a host through most of this window is
+    # still excess
+    hist = steps.prior_rtt(prior, prior_i, pa, pb)
+    standing = steps.StandingQueue(hist, pa, pb, n)
     fit = fit_pairs(
-        pid, rev, x, y, n_pairs, slope_guess=s1,
+        pid, rev, x, y, n_pairs, slope_guess=s1, ref_cap=standing.cap,
         noise_ns=None, noise_floor_ns=cfg.noise_floor_ns, band=cfg.envelope_band,
         window_ns=float(window_ns), n_bins=cfg.n_bins, pool=pool,
     )  # fmt: skip
@@ -296,7 +301,6 @@ def _solve(
     d_sig = np.where(pred, p_dsig, d_sig)
     # a clock that stepped inside the window (solved, or carried from the previous one
     # when its pairs disagreed): uncertain by the step, its delays not kept
-    hist = steps.prior_rtt(prior, prior_i, pa, pb)
     step = steps.stepped_hosts(
         fit.jump_ns, fit.jump_at, fit.rtt_least, fit.rtt_least_bin, fit.rtt_clean,
         pa, pb, n, hist, noise,
@@ -304,6 +308,12 @@ def _solve(
     stepped = (status != HostStatus.UNSOLVED) & (step > 0)
     o_sig = np.where(stepped, np.maximum(o_sig, step), o_sig)
     stats["hosts_stepped"] = int(stepped.sum())
+    # a host every one of whose pairs read queued through the window (a queue standing
+    # in front of it: incast) is off by up to half the queue, alike on every pair, which
+    # no loop sees: uncertain by the least of them
+    queued = standing.uncertainty(fit.queued_ns, np.isfinite(fit.alpha))
+    o_sig = np.where(status == HostStatus.SOLVED, np.maximum(o_sig, queued), o_sig)
+    stats["hosts_queued"] = int(((status == HostStatus.SOLVED) & (queued > 0)).sum())
 
     # ---- output tables ---------------------------------------------------------------
     has_est = np.isfinite(fit.alpha)

@@ -28,7 +28,7 @@ from analytics.clock.clock_state import ClockState
 from analytics.clock.key_index import KeyIndex
 
 STEP_SIGMAS = 10.0  # a round trip this many noise units short of the pair's clean one
-RTT_RISE = 32  # a clean round trip seen longer moves 1/RTT_RISE of the way per window
+RTT_RISE = 256  # a clean round trip seen longer moves 1/RTT_RISE of the way per window
 
 
 def _pair_key(ia: np.ndarray, ib: np.ndarray, m: int) -> np.ndarray:
@@ -215,3 +215,51 @@ def track_rtt(
     use = np.isfinite(rtt) & np.take(kept, pa) & np.take(kept, pb)
     state.pair_keys = _pair_key(at[pa[use]], at[pb[use]], len(state.hosts))
     state.pair_rtt_ns = rtt[use]
+
+
+class StandingQueue:
+    """A queue standing in front of a host through most of a window (sustained incast)
+    queues every bin of every pair of it: each pair's second-least round trip, its
+    clean reference within the window, is queued too, and the midpoints sit half the
+    queue off, alike on every pair, which no loop sees. Told by the host's pairs all
+    reading longer than their clean round trips of earlier windows (``hist``) by more
+    than ``STEP_SIGMAS`` noise units — one pair alone varies by more than that, with the
+    paths its few probes took; all of a host's at once do not. Those pairs' excess is
+    then measured against ``hist`` plus that slack (:meth:`cap`), and the host is
+    uncertain by at least half of what its least queued pair still reads over it
+    (:meth:`uncertainty`)."""
+
+    MIN_PAIRS = 4  # a host needs this many pairs with a history to be judged
+
+    def __init__(self, hist: np.ndarray, pa: np.ndarray, pb: np.ndarray, n: int) -> None:
+        self.hist, self.pa, self.pb, self.n = hist, pa, pb, n
+        self.hosts = np.zeros(n, bool)  # the hosts judged queued (set by cap)
+
+    def _per_host(self, mask: np.ndarray) -> np.ndarray:
+        return np.bincount(self.pa[mask], minlength=self.n) + np.bincount(
+            self.pb[mask], minlength=self.n
+        )
+
+    def cap(self, rtt_least: np.ndarray, rtt_clean: np.ndarray, noise: float) -> np.ndarray | None:
+        """Per pair, the reference cap (NaN: none) for :func:`pair_fit.fit_pairs`."""
+        ref = self.hist + STEP_SIGMAS * noise
+        with np.errstate(invalid="ignore"):
+            known = np.isfinite(ref) & np.isfinite(rtt_clean)
+            raised = known & (rtt_clean > ref)
+        if not raised.any():
+            return None
+        n_known = self._per_host(known)
+        self.hosts = (n_known >= self.MIN_PAIRS) & (self._per_host(raised) == n_known)
+        use = known & (np.take(self.hosts, self.pa) | np.take(self.hosts, self.pb))
+        return np.where(use, ref, np.nan) if use.any() else None
+
+    def uncertainty(self, queued_ns: np.ndarray, has: np.ndarray) -> np.ndarray:
+        """Per host: at least how uncertain its clock is (0: not queued) from its pairs'
+        ``queued_ns`` (those with an estimate, ``has``)."""
+        out = np.full(self.n, np.inf)
+        if not self.hosts.any() or not len(queued_ns):
+            return np.zeros(self.n)
+        use = has & np.isfinite(queued_ns)
+        np.minimum.at(out, self.pa[use], queued_ns[use])
+        np.minimum.at(out, self.pb[use], queued_ns[use])
+        return np.where(self.hosts & np.isfinite(out), out, 0.0)
