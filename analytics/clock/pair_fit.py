@@ -227,7 +227,8 @@ def fit_pairs(
 
     def lines(sl: slice) -> tuple[np.ndarray, ...]:
         rows = tuple(a[sl] for a in bins)
-        return _fit_lines(rows, slope_guess[sl], noise, few_sigma)
+        fixed = None if cap is None else np.isfinite(cap[sl])
+        return _fit_lines(rows, slope_guess[sl], noise, few_sigma, fixed)
 
     parts_l = _row_halves(pool, n_pairs, _pair_blocks(lines), _MIN_SPLIT_PAIRS)
     alpha, slope, sigma_alpha, sigma_slope, used, x_mid, sigma_mid, jump, jump_at = (
@@ -279,6 +280,7 @@ def _fit_lines(
     slope_guess: np.ndarray,
     noise_ns: float,
     few_sigma_ns: float = 0.0,
+    fixed: np.ndarray | None = None,
 ) -> tuple[np.ndarray, ...]:
     """Weights and the weighted line with one rejection pass, for the pairs of ``bins``
     (:func:`_bin_points` of their points): alpha, slope, their sigmas, bins used, the
@@ -286,8 +288,14 @@ def _fit_lines(
     whose bins a step fits but no line (:func:`steps.jumps`). Pairs with fewer than
     3 valid bins have no clean round trip to measure their bins' excess against (it
     reads 0), so ``few_sigma_ns`` (the window's typical half excess,
-    :func:`_few_bin_sigma`) is added to their bins' variance."""
+    :func:`_few_bin_sigma`) is added to their bins' variance. Pairs ``fixed`` (a queue
+    standing in front of one of their hosts: a clean bin or two among queued ones) keep
+    ``slope_guess`` (the previous window's drifts) and fit the offset alone: a line
+    would tilt through the few clean bins toward the many queued ones."""
     mid, xm, valid, nvalid, excess = bins
+    xj = xm  # the jump search keeps the bins' own x
+    if fixed is not None and fixed.any():
+        xm = np.where(fixed[:, None], 0.0, xm)
     var = noise_ns**2 + excess**2
     if few_sigma_ns > 0:
         var += np.where(nvalid < 3, few_sigma_ns**2, 0.0)[:, None]
@@ -296,7 +304,7 @@ def _fit_lines(
     # Reject bins that are further from the line than their excess allows.
     bound = excess / 2 + 6 * noise_ns
     bad = valid & (np.abs(resid) > bound)
-    jump, jump_at = steps.jumps(mid, xm, w, valid, nvalid, excess, noise_ns, bad)
+    jump, jump_at = steps.jumps(mid, xj, w, valid, nvalid, excess, noise_ns, bad)
     if bad.any():
         w = np.where(bad, 0.0, w)
         alpha, slope, s0, sxxc, resid = _wls(w, xm, mid)

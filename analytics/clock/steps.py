@@ -160,16 +160,20 @@ def stepped_hosts(
 
     Per pair (the pair fit's ``jump_*`` and ``rtt_*``; ``hist`` from :func:`prior_rtt`) a
     sign is a jump, or its least round trip short of ``hist`` by more than
-    ``STEP_SIGMAS`` noise units while its clean one is not. A host stepped when its
-    pairs of 3 bins or more show one — at least half of them, more than any other end of
-    them has — at the same place within a bin (a jump at a bin boundary, a short bin at
-    its middle), jumping the same way; the step is the signs' median size."""
+    ``STEP_SIGMAS`` noise units while its clean one is within that of ``hist``. A host
+    stepped when its pairs of 3 bins or more show one — at least half of them, more than
+    any other end of them has — at the same place within a bin (a jump at a bin
+    boundary, a short bin at its middle), jumping the same way; the step is the signs'
+    median size."""
     step = np.zeros(n)
     with np.errstate(invalid="ignore"):
-        # one bin short, not the pair's clean round trip too (a queue that had stood
-        # since before the window ending leaves every bin after it short)
+        # one bin short, the pair's clean round trip neither short too (a queue that had
+        # stood since before the window ending leaves every bin after it short) nor
+        # long (one ending in the window's last bin leaves that bin clean and the rest
+        # queued: short of ``hist`` where it rose while the queue stood)
         low = hist - STEP_SIGMAS * noise
-        short = np.isfinite(hist) & (rtt_least < low) & (rtt_clean >= low)
+        high = hist + STEP_SIGMAS * noise
+        short = np.isfinite(hist) & (rtt_least < low) & (rtt_clean >= low) & (rtt_clean <= high)
     jumped = jump_at >= 0
     judged = np.isfinite(rtt_clean)  # pairs of 3 bins or more
     sign = (jumped | short) & judged
@@ -243,9 +247,11 @@ class StandingQueue:
     def cap(self, rtt_least: np.ndarray, rtt_clean: np.ndarray, noise: float) -> np.ndarray | None:
         """Per pair, the reference cap (NaN: none) for :func:`pair_fit.fit_pairs`."""
         ref = self.hist + STEP_SIGMAS * noise
+        # the pair's round trip: its clean one, or its least where it has fewer than 3 bins
+        rtt = np.where(np.isfinite(rtt_clean), rtt_clean, rtt_least)
         with np.errstate(invalid="ignore"):
-            known = np.isfinite(ref) & np.isfinite(rtt_clean)
-            raised = known & (rtt_clean > ref)
+            known = np.isfinite(ref) & np.isfinite(rtt)
+            raised = known & (rtt > ref)
         if not raised.any():
             return None
         n_known = self._per_host(known)
