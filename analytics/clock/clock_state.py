@@ -30,6 +30,10 @@ class ClockState:
         default_factory=lambda: np.empty(0, np.int64), repr=False, compare=False
     )
     pair_rtt_ns: np.ndarray = field(default_factory=lambda: np.empty(0), repr=False, compare=False)
+    # the hosts judged under a standing queue in this window (steps.StandingQueue): ids
+    queued_hosts: np.ndarray = field(
+        default_factory=lambda: np.empty(0, np.int64), repr=False, compare=False
+    )
 
     def predict(self, ref_ns: int) -> tuple[np.ndarray, np.ndarray]:
         """Offsets and sigmas carried forward to ``ref_ns`` (drift assumed constant)."""

@@ -117,9 +117,10 @@ def fit_pairs(
 ) -> PairFit:
     """Fit every pair. ``pid`` pair index, ``rev`` True for b -> a samples,
     ``x`` float ns on a's clock relative to the reference, ``y = rx - tx`` in ns.
-    ``ref_cap(rtt_least, rtt_clean, noise_ns)`` may return, per pair, a round trip
-    (NaN: none) that its bins' excess is measured against where its second-least is
-    longer: a queue standing through most of the window still counts as excess.
+    ``ref_cap(rtt_least, rtt_second, noise_ns)`` (each pair's least and second-least
+    round trips over its bins, inf / NaN where none) may return, per pair, a round trip (NaN: none) that its
+    bins' excess is measured against where its second-least is longer: a queue standing
+    through most of the window still counts as excess.
     With a ``pool``, half of the per-sample passes run in its thread."""
     n = len(pid)
     size = n_pairs * 2 * n_bins
@@ -214,10 +215,10 @@ def fit_pairs(
     else:
         points, xs = zmin3, xsel.reshape(shape)
 
-    rtt_least, rtt_least_bin, rtt_clean = _pair_blocks(lambda sl: steps.rtt_summary(points[:, sl]))(
-        slice(0, n_pairs)
-    )
-    cap = None if ref_cap is None else ref_cap(rtt_least, rtt_clean, noise)
+    rtt_least, rtt_least_bin, rtt_clean, rtt_second = _pair_blocks(
+        lambda sl: steps.rtt_summary(points[:, sl])
+    )(slice(0, n_pairs))
+    cap = None if ref_cap is None else ref_cap(rtt_least, rtt_second, noise)
     # the bin points once: the few-bin sigma, the lines and the bounds share them
     bins = _pair_blocks(
         lambda sl: _bin_points(points[:, sl], xs[:, sl], ref_cap=None if cap is None else cap[sl])

@@ -254,7 +254,10 @@ def _solve(
     # against which a queue standing in front of a host through most of this window is
     # still excess
     hist = steps.prior_rtt(prior, prior_i, pa, pb)
-    standing = steps.StandingQueue(hist, pa, pb, n)
+    was = np.zeros(n, bool)
+    if prior is not None and len(prior.queued_hosts):
+        was = KeyIndex(prior.queued_hosts).lookup(hosts) >= 0
+    standing = steps.StandingQueue(hist, pa, pb, n, was)
     fit = fit_pairs(
         pid, rev, x, y, n_pairs, slope_guess=s1, ref_cap=standing.cap,
         noise_ns=None, noise_floor_ns=cfg.noise_floor_ns, band=cfg.envelope_band,
@@ -269,11 +272,22 @@ def _solve(
     )
     clock_t.lap("t_pair_fit_s")
     stats["pairs"] = n_pairs
+    # a host under a queue that stood through every bin of every pair of it: its pairs
+    # read its clock half the queue off, alike, and no loop sees that. Left out of the
+    # network and carried on its previous solution (PREDICTED) while that is recent;
+    # after, solved with the rest and uncertain by half the queue
+    queued = standing.buried(fit.queued_ns, np.isfinite(fit.alpha))
+    fresh = np.zeros(n, bool)
+    if prior is not None and has_prior.any():
+        fresh[has_prior] = ref - prior.last_seen_ns[prior_i[has_prior]] <= cfg.state_max_age_ns
+    buried = (queued > 0) & fresh
+    stats["hosts_queued"] = int((queued > 0).sum())
 
     # ---- network effect ------------------------------------------------------------
     theta, drift, flags, _residual, comp, _o_wsum, d_wsum, scales, o_rvar, o_mvar = _network(
-        fit, pa, pb, n, cfg, noise, p_off, drift_solve, graphs
-    )
+        fit, pa, pb, n, cfg, noise, p_off, drift_solve, graphs,
+        ignore=np.take(buried, pa) | np.take(buried, pb) if buried.any() else None,
+    )  # fmt: skip
     stats["chi2_scale_offset"], stats["chi2_scale_drift"] = scales
     clock_t.lap("t_network_s")
 
@@ -308,12 +322,7 @@ def _solve(
     stepped = (status != HostStatus.UNSOLVED) & (step > 0)
     o_sig = np.where(stepped, np.maximum(o_sig, step), o_sig)
     stats["hosts_stepped"] = int(stepped.sum())
-    # a host every one of whose pairs read queued through the window (a queue standing
-    # in front of it: incast) is off by up to half the queue, alike on every pair, which
-    # no loop sees: uncertain by the least of them
-    queued = standing.uncertainty(fit.queued_ns, np.isfinite(fit.alpha))
     o_sig = np.where(status == HostStatus.SOLVED, np.maximum(o_sig, queued), o_sig)
-    stats["hosts_queued"] = int(((status == HostStatus.SOLVED) & (queued > 0)).sum())
 
     # ---- output tables ---------------------------------------------------------------
     has_est = np.isfinite(fit.alpha)
@@ -364,6 +373,7 @@ def _solve(
     state = _next_state(prior, hosts, theta, drift, o_sig, d_sig, kept, seen, ref, cfg)
     state.cache = graphs
     steps.track_rtt(state, kept, pa, pb, hist, fit.rtt_clean)
+    state.queued_hosts = hosts[standing.hosts & kept]
     stats["hosts"] = n
     stats["hosts_solved"] = int(solved.sum())
     stats["components"] = int(comp.max()) + 1 if (comp >= 0).any() else 0
@@ -447,6 +457,7 @@ def _network(
     p_off: np.ndarray,
     drift_solve: list | None = None,
     graphs: dict | None = None,
+    ignore: np.ndarray | None = None,
 ) -> tuple[
     np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
     tuple[float, float], np.ndarray, np.ndarray,
@@ -454,11 +465,14 @@ def _network(
     """Offsets and drifts over the probe graph; flags for disagreeing pairs; per host
     the offset variance from the loop residuals and the model variance (pair sigmas).
     The drift solve is ``drift_solve``'s (the re-anchoring's) when its weights and
-    slopes are the ones here (no pair disagrees): the same solve, made once."""
+    slopes are the ones here (no pair disagrees): the same solve, made once. Pairs
+    in ``ignore`` count as pairs without an estimate."""
     flags = np.zeros(len(pa), np.uint8)
     one_way = ((fit.n_fwd == 0) | (fit.n_rev == 0)) & ((fit.n_fwd + fit.n_rev) > 0)
     flags[one_way] |= np.uint8(PairFlag.ONE_WAY)
     est = np.isfinite(fit.alpha) & np.isfinite(fit.sigma_alpha)
+    if ignore is not None:
+        est &= ~ignore
     flags[np.isfinite(fit.alpha) & ~np.isfinite(fit.sigma_slope)] |= np.uint8(PairFlag.NO_DRIFT)
     sig = np.maximum(np.where(est, fit.sigma_alpha, np.inf), 0.1 * max(noise, 1e-3))
     w = np.where(est, 1.0 / sig**2, 0.0)

@@ -39,18 +39,23 @@ def _pair_key(ia: np.ndarray, ib: np.ndarray, m: int) -> np.ndarray:
     return key
 
 
-def rtt_summary(points: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def rtt_summary(points: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per pair of ``points`` (both directions' envelope points, shape (2, pairs, bins)):
     the least round trip over its bins with both directions (inf: none), that bin (-1:
-    none), and the second least where it has at least 3 such bins (NaN else)."""
+    none), the second least where it has at least 3 such bins (NaN else: its clean one),
+    and the second least where it has at least 2 (NaN else)."""
     rtt = points[0] + points[1]  # inf where a direction is missing (never NaN)
     s = np.sort(rtt, axis=1)  # (a row sort of 8 is faster than a partition or a min)
     least = s[:, 0]
     known = np.isfinite(least)
     least_bin = np.where(known, np.argmax(rtt == least[:, None], axis=1), -1)
+    none = np.full(len(least), np.nan)
+    if s.shape[1] < 2:
+        return least, least_bin, none, none
+    second = np.where(np.isfinite(s[:, 1]), s[:, 1], np.nan)
     if s.shape[1] < 3:
-        return least, least_bin, np.full(len(least), np.nan)
-    return least, least_bin, np.where(np.isfinite(s[:, 2]), s[:, 1], np.nan)
+        return least, least_bin, none, second
+    return least, least_bin, np.where(np.isfinite(s[:, 2]), second, np.nan), second
 
 
 def jumps(
@@ -226,17 +231,23 @@ class StandingQueue:
     queues every bin of every pair of it: each pair's second-least round trip, its
     clean reference within the window, is queued too, and the midpoints sit half the
     queue off, alike on every pair, which no loop sees. Told by the host's pairs all
-    reading longer than their clean round trips of earlier windows (``hist``) by more
-    than ``STEP_SIGMAS`` noise units — one pair alone varies by more than that, with the
+    reading longer (all their bins but one) than their clean round trips of earlier
+    windows (``hist``) by more than ``STEP_SIGMAS`` noise units — one pair alone varies by more than that, with the
     paths its few probes took; all of a host's at once do not. Those pairs' excess is
-    then measured against ``hist`` plus that slack (:meth:`cap`), and the host is
-    uncertain by at least half of what its least queued pair still reads over it
-    (:meth:`uncertainty`)."""
+    then measured against ``hist`` plus that slack (:meth:`cap`); a host none of whose
+    pairs has a bin under it (:meth:`buried`) has nothing left to read its clock by:
+    the solver carries it on its previous solution while that is recent, else states it
+    uncertain by half the queue."""
 
-    MIN_PAIRS = 4  # a host needs this many pairs with a history to be judged
+    MIN_PAIRS = 4  # a host needs this many pairs with a history to be judged first
 
-    def __init__(self, hist: np.ndarray, pa: np.ndarray, pb: np.ndarray, n: int) -> None:
-        self.hist, self.pa, self.pb, self.n = hist, pa, pb, n
+    def __init__(
+        self, hist: np.ndarray, pa: np.ndarray, pb: np.ndarray, n: int, was: np.ndarray
+    ) -> None:
+        """``was``: per host, judged queued in the previous window (then most of its
+        pairs with a history reading it suffice: the queue is followed while it stands,
+        and to its last bins)."""
+        self.hist, self.pa, self.pb, self.n, self.was = hist, pa, pb, n, was
         self.hosts = np.zeros(n, bool)  # the hosts judged queued (set by cap)
 
     def _per_host(self, mask: np.ndarray) -> np.ndarray:
@@ -244,27 +255,33 @@ class StandingQueue:
             self.pb[mask], minlength=self.n
         )
 
-    def cap(self, rtt_least: np.ndarray, rtt_clean: np.ndarray, noise: float) -> np.ndarray | None:
-        """Per pair, the reference cap (NaN: none) for :func:`pair_fit.fit_pairs`."""
+    def cap(self, rtt_least: np.ndarray, rtt_second: np.ndarray, noise: float) -> np.ndarray | None:
+        """Per pair, the reference cap (NaN: none) for :func:`pair_fit.fit_pairs`, from
+        its least and second-least round trips over its bins (NaN: fewer than 2): all
+        its bins but one (its one bin) read longer than its clean round trip of earlier
+        windows."""
         ref = self.hist + STEP_SIGMAS * noise
-        # the pair's round trip: its clean one, or its least where it has fewer than 3 bins
-        rtt = np.where(np.isfinite(rtt_clean), rtt_clean, rtt_least)
+        rtt = np.where(np.isfinite(rtt_second), rtt_second, rtt_least)
         with np.errstate(invalid="ignore"):
             known = np.isfinite(ref) & np.isfinite(rtt)
             raised = known & (rtt > ref)
         if not raised.any():
             return None
-        n_known = self._per_host(known)
-        self.hosts = (n_known >= self.MIN_PAIRS) & (self._per_host(raised) == n_known)
+        n_known, n_raised = self._per_host(known), self._per_host(raised)
+        self.hosts = ((n_known >= self.MIN_PAIRS) & (n_raised == n_known)) | (
+            self.was & (2 * n_raised > n_known)
+        )
         use = known & (np.take(self.hosts, self.pa) | np.take(self.hosts, self.pb))
         return np.where(use, ref, np.nan) if use.any() else None
 
-    def uncertainty(self, queued_ns: np.ndarray, has: np.ndarray) -> np.ndarray:
-        """Per host: at least how uncertain its clock is (0: not queued) from its pairs'
-        ``queued_ns`` (those with an estimate, ``has``)."""
-        out = np.full(self.n, np.inf)
+    def buried(self, queued_ns: np.ndarray, has: np.ndarray) -> np.ndarray:
+        """Per host: how far (ns) its clock may read off, judged queued with every bin of
+        every pair of it (with an estimate, ``has``) over the cap: half of what its least
+        queued pair still reads over it (``queued_ns``); 0: a clean bin left to read its
+        clock by, or not queued."""
         if not self.hosts.any() or not len(queued_ns):
             return np.zeros(self.n)
+        out = np.full(self.n, np.inf)
         use = has & np.isfinite(queued_ns)
         np.minimum.at(out, self.pa[use], queued_ns[use])
         np.minimum.at(out, self.pb[use], queued_ns[use])
