@@ -118,9 +118,9 @@ def fit_pairs(
     """Fit every pair. ``pid`` pair index, ``rev`` True for b -> a samples,
     ``x`` float ns on a's clock relative to the reference, ``y = rx - tx`` in ns.
     ``ref_cap(rtt_least, rtt_second, noise_ns)`` (each pair's least and second-least
-    round trips over its bins, inf / NaN where none) may return, per pair, a round trip (NaN: none) that its
-    bins' excess is measured against where its second-least is longer: a queue standing
-    through most of the window still counts as excess.
+    round trips over its bins, inf / NaN where none) may return, per pair, a round trip
+    (NaN: none) that its bins' excess is measured against where its second-least is
+    longer: a queue standing through most of the window still counts as excess.
     With a ``pool``, half of the per-sample passes run in its thread."""
     n = len(pid)
     size = n_pairs * 2 * n_bins

@@ -232,12 +232,12 @@ class StandingQueue:
     clean reference within the window, is queued too, and the midpoints sit half the
     queue off, alike on every pair, which no loop sees. Told by the host's pairs all
     reading longer (all their bins but one) than their clean round trips of earlier
-    windows (``hist``) by more than ``STEP_SIGMAS`` noise units — one pair alone varies by more than that, with the
-    paths its few probes took; all of a host's at once do not. Those pairs' excess is
-    then measured against ``hist`` plus that slack (:meth:`cap`); a host none of whose
-    pairs has a bin under it (:meth:`buried`) has nothing left to read its clock by:
-    the solver carries it on its previous solution while that is recent, else states it
-    uncertain by half the queue."""
+    windows (``hist``) by more than ``STEP_SIGMAS`` noise units — one pair alone varies
+    by more than that, with the paths its few probes took; all of a host's at once do
+    not. Those pairs' excess is then measured against ``hist`` plus that slack
+    (:meth:`cap`); a host none of whose pairs has a bin under it (:meth:`buried`) has
+    nothing left to read its clock by: the solver carries it on its previous solution
+    while that is recent, else states it uncertain by half the queue."""
 
     MIN_PAIRS = 4  # a host needs this many pairs with a history to be judged first
 
