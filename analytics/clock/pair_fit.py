@@ -84,11 +84,6 @@ class PairFit:
     # them (b's clock less a's; ns); 0 and -1 elsewhere (:func:`steps.jumps`).
     jump_ns: np.ndarray = field(default_factory=_none)
     jump_at: np.ndarray = field(default_factory=_none)
-    # Pairs given a reference cap (``ref_cap``: a queue standing in front of one of
-    # their hosts): half of how far their least round trip exceeds it, every bin queued
-    # and the midpoints all off alike by up to this (0: a bin under the cap); NaN where
-    # no cap was given.
-    queued_ns: np.ndarray = field(default_factory=_none)
 
 
 RefCap = Callable[[np.ndarray, np.ndarray, float], "np.ndarray | None"]
@@ -236,10 +231,6 @@ def fit_pairs(
         parts_l[0] if len(parts_l) == 1 else [np.concatenate(p) for p in zip(*parts_l, strict=True)]
     )
     counts = _row_sum(counts.reshape(2 * n_pairs, n_bins)).reshape(2, n_pairs)
-    queued = np.full(n_pairs, np.nan)
-    if cap is not None:
-        with np.errstate(invalid="ignore"):
-            queued = np.where(np.isfinite(cap), np.maximum(rtt_least - cap, 0.0) / 2, np.nan)
     # Pairs with fewer than 3 bins: how far their midpoints could be off if all their
     # least round trips queued (half their excess over the window's clean round trip).
     nvalid = bins[3]
@@ -272,7 +263,6 @@ def fit_pairs(
         rtt_clean=rtt_clean,
         jump_ns=jump,
         jump_at=jump_at,
-        queued_ns=queued,
     )
 
 

@@ -276,7 +276,7 @@ def _solve(
     # read its clock half the queue off, alike, and no loop sees that. Left out of the
     # network and carried on its previous solution (PREDICTED) while that is recent;
     # after, solved with the rest and uncertain by half the queue
-    queued = standing.buried(fit.queued_ns, np.isfinite(fit.alpha))
+    queued = standing.buried(fit.rtt_least, np.isfinite(fit.alpha))
     fresh = np.zeros(n, bool)
     if prior is not None and has_prior.any():
         fresh[has_prior] = ref - prior.last_seen_ns[prior_i[has_prior]] <= cfg.state_max_age_ns

@@ -249,6 +249,7 @@ class StandingQueue:
         and to its last bins)."""
         self.hist, self.pa, self.pb, self.n, self.was = hist, pa, pb, n, was
         self.hosts = np.zeros(n, bool)  # the hosts judged queued (set by cap)
+        self.ref_cap: np.ndarray | None = None  # what cap returned
 
     def _per_host(self, mask: np.ndarray) -> np.ndarray:
         return np.bincount(self.pa[mask], minlength=self.n) + np.bincount(
@@ -272,17 +273,20 @@ class StandingQueue:
             self.was & (2 * n_raised > n_known)
         )
         use = known & (np.take(self.hosts, self.pa) | np.take(self.hosts, self.pb))
-        return np.where(use, ref, np.nan) if use.any() else None
+        self.ref_cap = np.where(use, ref, np.nan) if use.any() else None
+        return self.ref_cap
 
-    def buried(self, queued_ns: np.ndarray, has: np.ndarray) -> np.ndarray:
+    def buried(self, rtt_least: np.ndarray, has: np.ndarray) -> np.ndarray:
         """Per host: how far (ns) its clock may read off, judged queued with every bin of
-        every pair of it (with an estimate, ``has``) over the cap: half of what its least
-        queued pair still reads over it (``queued_ns``); 0: a clean bin left to read its
-        clock by, or not queued."""
-        if not self.hosts.any() or not len(queued_ns):
+        every pair of it (with an estimate, ``has``) over the cap: half of what the least
+        round trip of its least queued pair still reads over the cap; 0: a clean bin left
+        to read its clock by, or not queued."""
+        if self.ref_cap is None:
             return np.zeros(self.n)
+        use = has & np.isfinite(self.ref_cap)
+        with np.errstate(invalid="ignore"):
+            queued = np.maximum(rtt_least[use] - self.ref_cap[use], 0.0) / 2
         out = np.full(self.n, np.inf)
-        use = has & np.isfinite(queued_ns)
-        np.minimum.at(out, self.pa[use], queued_ns[use])
-        np.minimum.at(out, self.pb[use], queued_ns[use])
+        np.minimum.at(out, self.pa[use], queued)
+        np.minimum.at(out, self.pb[use], queued)
         return np.where(self.hosts & np.isfinite(out), out, 0.0)
