@@ -325,6 +325,15 @@ def test_solution_does_not_depend_on_the_block_sizes(monkeypatch: pytest.MonkeyP
     assert big.drops == small.drops
 
 
+def _nine_host_mesh(seed: int) -> tuple[SimConfig, MeshSimulator, SolverConfig]:
+    """The 9-host mesh (3 racks, 2 spines, 4 ports, 5 ns timestamp noise) of the clock
+    step and standing-queue tests, and its solver configuration."""
+    cfg = SimConfig(racks=3, hosts_per_rack=3, spines=2, buddies_random=2, ports=4,
+                    rate_per_port=4.0, offset_max_ns=1e6, drift_max_ppm=10, ts_noise_ns=5.0,
+                    seed=seed)  # fmt: skip
+    return cfg, MeshSimulator(cfg), SolverConfig(spacing_tol_ns=50)
+
+
 def _stepped_window(
     step_ns: int, at: float, seed: int = 3, queue_ns: int = 0
 ) -> tuple[Any, Any, SimConfig]:
@@ -333,12 +342,8 @@ def _stepped_window(
     of the window — or, with ``queue_ns``, a queue that deep forms then in front of it
     (every packet it receives after, incast). Returns the second window's records and
     solution."""
-    cfg = SimConfig(racks=3, hosts_per_rack=3, spines=2, buddies_random=2, ports=4,
-                    rate_per_port=4.0, offset_max_ns=1e6, drift_max_ppm=10, ts_noise_ns=5.0,
-                    seed=seed)  # fmt: skip
-    mesh = MeshSimulator(cfg)
+    cfg, mesh, config = _nine_host_mesh(seed)
     w = cfg.duration_ns
-    config = SolverConfig(spacing_tol_ns=50)
     warm = mesh.run(duration_ns=w)
     prior = solve_window(warm.tx, warm.rx, warm.echoes, window_start_ns=cfg.start_ns,
                          window_ns=w, config=config).state  # fmt: skip
@@ -460,12 +465,8 @@ def test_a_queue_standing_through_whole_windows_is_carried_then_stated_and_its_e
     taken for a clock step (before: ~3 ns stated and 576-704 delays half the queue off
     from the queue's first window on; its end late in a window logged a step of the 18
     µs the tracked round trip had risen)."""
-    cfg = SimConfig(racks=3, hosts_per_rack=3, spines=2, buddies_random=2, ports=4,
-                    rate_per_port=4.0, offset_max_ns=1e6, drift_max_ppm=10, ts_noise_ns=5.0,
-                    seed=seed)  # fmt: skip
-    mesh = MeshSimulator(cfg)
+    cfg, mesh, config = _nine_host_mesh(seed)
     w = cfg.duration_ns
-    config = SolverConfig(spacing_tol_ns=50)
     prior = None
     for i in range(40):
         sim = mesh.run(start_offset_ns=i * w, duration_ns=w)
