@@ -341,12 +341,19 @@ def flap(
     show_default=True,
     help="a2b = host->leaf / leaf->spine egress; b2a the reverse.",
 )
+@click.option("--buffer", "buffer_", default=None,
+              help="The queue's depth in time (e.g. 500us): a switch's shallow buffer, "
+              "filled and drained by the load's bursts, dropping beyond. Default 50 ms.")  # fmt: skip
 @_user_errors
-def congest(name: str, state_dir: Path | None, link: str, rate: str, direction: str) -> None:
+def congest(
+    name: str, state_dir: Path | None, link: str, rate: str, direction: str, buffer_: str | None
+) -> None:
     """Shape LINK with tbf and push UDP load hashed onto it (stop with `lab heal`)."""
     from lab import faults
 
-    for rec in faults.congest(_make_lab(name, state_dir), link, rate, direction):
+    buffer_us = parse_duration(buffer_, "--buffer") * 1e6 if buffer_ else None
+    for rec in faults.congest(_make_lab(name, state_dir), link, rate, direction,
+                              buffer_us=buffer_us):  # fmt: skip
         click.echo(
             f"{rec['link']} {rec['direction']}: tbf {rec['rate']} on {rec['node']}:{rec['interface']}, "
             f"load {rec['src']}->{rec['dst']} sport {rec['sport']} at {rec['pps']} pkt/s (pid {rec['pid']})"

@@ -242,10 +242,23 @@ def find_source_port(
 
 
 def congest(
-    lab: Lab, link_name: str, rate: str, direction: str = "a2b", overload: float = 1.5
+    lab: Lab,
+    link_name: str,
+    rate: str,
+    direction: str = "a2b",
+    overload: float = 1.5,
+    buffer_us: float | None = None,
 ) -> list[dict[str, Any]]:
-    """Shape ``link`` with tbf and start load hashed onto it. Returns the fault records."""
+    """Shape ``link`` with tbf and start load hashed onto it. Returns the fault records.
+    ``buffer_us``: the tbf's queue holds that long at ``rate`` (a switch's shallow
+    buffer: the load fills it, drains it between its bursts and drops beyond), instead
+    of 50 ms."""
+    if buffer_us is not None and buffer_us <= 0:
+        raise LabError(f"--buffer: expected a time above 0, got {buffer_us:g} µs")
     bps = parse_rate(rate)
+    # tbf's queue in bytes: at least two full frames (one in service, one waiting)
+    size = ["latency", "50ms"] if buffer_us is None else [
+        "limit", str(max(int(bps / 8 * buffer_us * 1e-6), 2 * 1514))]  # fmt: skip
     topo = lab.topology
     link = _get_link(topo, link_name)
     directions = ["a2b", "b2a"] if direction == "both" else [direction]
@@ -258,7 +271,7 @@ def congest(
             egress.namespace,
             [
                 *("qdisc", "replace", "dev", egress.interface, "root", "tbf"),
-                *("rate", rate, "burst", str(burst), "latency", "50ms"),
+                *("rate", rate, "burst", str(burst), *size),
             ],
         )
         if res.returncode != 0:

@@ -34,6 +34,10 @@ box (``clockmesh ingest run``, store in ``DIR/store``) and a collector in every 
 - ``lossy_port``: a leaf–spine port loses a random 4–10 % of the packets it sends, one
   direction (``lab drop --toward --packets``: a bad optic, every flow loses some), for
   20–30 s: ``where`` is the link, ``detail.direction`` its direction;
+- ``port_incast``: the leaf's port towards one random host (its access link, leaf→host)
+  holds a shallow buffer (``BUFFER_US`` at ``CAPACITY``), fed 1.5 × its rate by bulk
+  from another host for 20–30 s: a queue the load's bursts fill and drain, dropping
+  beyond — incast into one receiver (``where`` is its access link);
 - ``clock_step``: a host's clock steps 20 µs–2 ms ahead or back (log-uniform) and stays
   so — a PTP servo re-locking, chrony or ntpd stepping: its collector's lab clock offset
   moves by that much (its config rewritten and reloaded, SIGHUP) — then 20–40 s; nothing
@@ -84,8 +88,9 @@ KINDS = (
     "leaf_down",
     "lossy_port",
     "clock_step",
+    "port_incast",
 )
-WEIGHTS = (3, 2, 2, 1, 2, 1, 1, 1, 1, 1, 1, 1, 1)
+WEIGHTS = (3, 2, 2, 1, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1)
 CAPACITY = "50mbit"
 BUFFER_US = 500.0
 CLASS_OF = {
@@ -102,6 +107,7 @@ CLASS_OF = {
     "healthy_job": "none",
     "clock_step": "none",
     "clean": "none",
+    "port_incast": "contention",
 }
 STEP_NS = (20_000, 2_000_000)  # a clock_step's size, log-uniform, either way
 WARMUP_S = 20.0
@@ -201,6 +207,16 @@ class Scenario:
                 "how": "lab saturate"})  # fmt: skip
             loadgen.saturate(self.lab, link, direction, CAPACITY)
             f.start_ns = time.time_ns()  # onset: the load runs (its port search took seconds)
+        return self._hold(f, seconds)
+
+    def _port_incast(self, access: list[str]) -> Fault:
+        port = self.rng.choice(access)
+        seconds = self.rng.uniform(20, 30)
+        f = Fault("port_incast", "contention", port, time.time_ns(), detail={
+            "rate": CAPACITY, "buffer_us": BUFFER_US, "seconds": round(seconds, 1),
+            "direction": "leaf→host", "how": "lab congest --buffer"})  # fmt: skip
+        faults.congest(self.lab, port, CAPACITY, "b2a", buffer_us=BUFFER_US)
+        f.start_ns = time.time_ns()  # onset: the load runs
         return self._hold(f, seconds)
 
     def _hold(self, f: Fault, seconds: float) -> Fault:
@@ -375,6 +391,8 @@ class Scenario:
             return self._lossy_port()
         if kind == "clock_step":
             return self._clock_step()
+        if kind == "port_incast":
+            return self._port_incast(access)
         return self._clean()
 
     # ---- the run ------------------------------------------------------------------------

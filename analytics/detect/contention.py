@@ -593,6 +593,54 @@ def _round_trips(judged: list[RouteWindow] | Windows) -> dict[int, tuple[float, 
             for h, a, b in zip(hosts[enough], q[enough], thr[enough], strict=True)}  # fmt: skip
 
 
+def _tail_trips(cols: Windows) -> dict[int, tuple[float, float, float]]:
+    """Every host's round trip at the tail: host -> (the least of its routes in's median
+    tail by spine plus the least of its routes out's; the median in plus the median out;
+    median tail threshold in plus median out), for the hosts with
+    ``MIN_SLOW_PATHS`` judged routes each way. A route's tail is its window's p90 excess,
+    or its span's for a queue that drops (:attr:`RouteWindow.tail_excess`).
+
+    :func:`_round_trips` at the lower quartile misses a shallow queue that fills and
+    drains with the load: at a host's port fed faster than it drains, through a 6-kB
+    buffer, the lab's probes in waited 5 µs at their lower quartile and 800 µs at their
+    tail while a quarter of them were dropped — no queue stood, and nothing was named
+    (the losses went to a false silent drop instead). By spine: a port holds up the
+    routes through every spine and from its rack-mates, a fabric link only those through
+    its own — but a second's tail is a few probes, and one route's can miss a queue that
+    half its probes meet empty, so each spine's routes count by their median (groups of
+    ``MIN_SLOW_PATHS`` routes or more). Clock-free: a wrong offset moves every route in
+    one way and every route out the other by as much."""
+    if not len(cols):
+        return {}
+    tail = np.where(cols.dropping, np.fmax(cols.excess[:, 1], cols.span_excess), cols.excess[:, 1])
+    hosts, ends = np.unique(np.stack([cols.src, cols.dst], axis=1), return_inverse=True)
+    ends = ends.reshape(-1, 2)
+    n = len(hosts)
+    _, spine = np.unique(np.array(cols.spine, dtype=object).astype(str), return_inverse=True)
+    spine = spine.reshape(-1)
+    mids, thrs, least = [], [], []
+    enough = np.ones(n, bool)
+    for side in (1, 0):  # into each host (by dst), away from it (by src)
+        mid, count = _group_quantiles(ends[:, side], tail, n, (50.0,))
+        t_mid, _ = _group_quantiles(ends[:, side], cols.thresholds[:, 1], n, (50.0,))
+        mids.append(mid[:, 0])
+        thrs.append(t_mid[:, 0])
+        enough &= count >= MIN_SLOW_PATHS
+        # each (host, spine) group's median tail; the least of the groups large enough
+        keys, inv = np.unique(ends[:, side] * (spine.max() + 1) + spine, return_inverse=True)
+        g_mid, g_count = _group_quantiles(inv.reshape(-1), tail, len(keys), (50.0,))
+        g_host = keys // (spine.max() + 1)
+        big = g_count >= MIN_SLOW_PATHS
+        lo = np.full(n, np.inf)
+        np.minimum.at(lo, g_host[big], g_mid[big, 0])
+        groups = np.bincount(g_host[big], minlength=n)
+        least.append(np.where(groups >= 2, lo, -np.inf))  # one spine's routes: no port
+    way = least[0] + least[1]
+    typical, thr = mids[0] + mids[1], thrs[0] + thrs[1]
+    return {int(h): (float(a), float(b), float(c)) for h, a, b, c in zip(
+        hosts[enough], way[enough], typical[enough], thr[enough], strict=True)}  # fmt: skip
+
+
 def _clock_leads(judged: list[RouteWindow] | Windows) -> dict[tuple[int, str], float]:
     """(host, "in" or "out") -> how early (ns) the host's routes that way are, where the
     median of their standing queues' excess is below minus their median threshold.
@@ -1178,6 +1226,7 @@ class PathDelays:
         every = own.take(own.judged & own.settled)
         trips = _round_trips(every)  # once per pass: the naming, holding and saying
         leads = _clock_leads(every)
+        full = self._full_ports(own.take(own.judged), trips)
         self._hold_pairs(every, trips, leads)
         judged = self._looked_at(every)
         hops, a, q = queues(judged)
@@ -1193,7 +1242,18 @@ class PathDelays:
 
         def round_trip(host: int) -> RoundTrip | None:
             trip = trips.get(host)
+            if host in full and (trip is None or trip[0] <= trip[1]):
+                return full[host]
             return None if trip is None else (*trip, into_of[host], away_of[host])
+
+        # A port whose queue fills and drops, no queue standing (:meth:`_full_ports`), is
+        # named first: the routes through it wait at their tails only, too little at
+        # their lower quartile for the tomography below to place it — and the hops it
+        # names explain the routes it holds up.
+        for host, (tq, *_) in sorted(full.items()):
+            link = self._port(host)
+            ports[link] = host
+            named.update({(link, HOST_UP): tq, (link, HOST_DOWN): tq})
 
         # Largest estimated queue first: a hop is named when NAME_SHARE of the routes
         # across it (every one, below five) waited more than its threshold beyond what
@@ -1300,11 +1360,52 @@ class PathDelays:
                 if direction is None:
                     direction, told = self._one_way_side(host, rt[2], rt[3])
             said_ports[link] = (host, direction, told)
-            out.append(self._port_observation(link, host, direction, told, *rt))
+            out.append(self._port_observation(link, host, direction, told, *rt,
+                                              standing=rt is not full.get(host)))  # fmt: skip
         self._ports = said_ports
         self._port_said.update({host: now for host, *_ in said_ports.values()})
         busy = set(ports.values()) | {h for h, *_ in said_ports.values()}
         self._note_healthy(trips, busy, leads)
+        return out
+
+    def _full_ports(
+        self, judged: Windows, trips: dict[int, tuple[float, float]]
+    ) -> dict[int, RoundTrip]:
+        """Hosts whose port holds a queue that fills and drops rather than stands: their
+        round trips at the tail (:func:`_tail_trips`) above its threshold while those at
+        the lower quartile (``trips``) are not, and the probes one way of the port lost
+        (:func:`_loss_side`: a full queue drops, clock-free) — host -> its tail round trip,
+        the threshold, its judged routes in and out. Every route in (or out) waits in a
+        port's queue, those from the host's rack-mates too: a fabric link holds up only
+        the routes through its spine, and the least tail of a host's routes leaves it
+        out; a silent drop loses probes without the wait; a busy port without loss is
+        busy, not full."""
+        out: dict[int, RoundTrip] = {}
+        said = {h for h, *_ in self._ports.values()}
+        # hosts whose port holds a queue already (standing, said, or named here): their
+        # routes are theirs — a peer's routes to a full port wait and lose in it
+        busy = said | {h for h, (q, thr) in trips.items() if q > thr}
+        tails = _tail_trips(judged)
+
+        def passes(trip: tuple[float, float, float] | None, host: int) -> bool:
+            # named when every spine's routes wait; once said, held while the typical does
+            return trip is not None and (trip[1] if host in said else trip[0]) > trip[2]
+
+        for host in sorted(tails, key=lambda h: -tails[h][0]):
+            if (host in busy and host not in said) or not passes(tails[host], host):
+                continue
+            cols = judged
+            others = np.fromiter(busy - {host}, np.int64)
+            if len(others):
+                cols = judged.take(~(np.isin(judged.src, others) | np.isin(judged.dst, others)))
+                if not passes(_tail_trips(cols).get(host), host):
+                    continue
+            _, typical, thr = _tail_trips(cols)[host]
+            into = [cols.route(i) for i in np.flatnonzero(cols.dst == host).tolist()]
+            away = [cols.route(i) for i in np.flatnonzero(cols.src == host).tolist()]
+            if _loss_side(into, away) is not None:
+                out[host] = (typical, thr, into, away)  # the size: the typical route's
+                busy.add(host)
         return out
 
     def _port_held(self, wins: Windows) -> Windows:
@@ -1542,12 +1643,14 @@ class PathDelays:
 
     def _port_observation(
         self, link: str, host: int, direction: str | None, told: str, queue: float, thr: float,
-        into: list[RouteWindow], away: list[RouteWindow],
+        into: list[RouteWindow], away: list[RouteWindow], standing: bool = True,
     ) -> Observation:  # fmt: skip
         """A queue at ``host``'s own port (:func:`_round_trip`): its size from the host's
         round trips, its direction from where the probes are lost or where they waited
         (``told``, in words; None: unknown), each route's excess as its own one-way excess
-        plus the other way's median (the host's clock error cancels)."""
+        plus the other way's median (the host's clock error cancels). ``standing``: the
+        round trips are at the lower quartile (a queue that stands), else at the tail (one
+        that fills and drops, :meth:`_full_ports`)."""
         side, other = (away, into) if direction == HOST_UP else (into, away)
         back = float(np.median([w.excess[1] for w in other]))
         excesses = sorted(float(w.excess[1]) + back for w in side)
@@ -1570,8 +1673,13 @@ class PathDelays:
             f"{name}'s from while its routes were healthy to tell it by their delays: a queue "
             f"every probe one way waits in looks like {name}'s clock to any clock sync"
         )
+        what = (
+            f"a standing queue of ≥{queue / 1e3:.0f} µs"
+            if standing
+            else f"a full queue that drops, its tail ≥{queue / 1e3:.0f} µs"
+        )
         summary = (
-            f"{label} is contended: a standing queue of ≥{queue / 1e3:.0f} µs in {name}'s "
+            f"{label} is contended: {what} in {name}'s "
             f"round trips ({len(into)} route(s) in, {len(away)} out; threshold "
             f"{thr / 1e3:.0f} µs); {how}"
             + (f"; jobs between these hosts: {', '.join(jobs[:6])}" if jobs else "")
@@ -1606,8 +1714,10 @@ class PathDelays:
                 "loss_in": round(loss_in, 3),
                 "loss_out": round(loss_out, 3),
                 "counters_behind": {"hosts": [name], "per_s": rates},
+                "queue_at": "lower quartile" if standing else "tail",
                 "source": "the host's round trips (the least standing queue of its routes "
-                "in plus the least out, clock-free), tomography of one-way delays for the place, "
+                "in plus the least out, clock-free; at the tail for a queue that fills and "
+                "drops), tomography of one-way delays for the place, "
                 "probe loss (else the one-way delays on the host's healthy clock) for the "
                 "direction",
             },

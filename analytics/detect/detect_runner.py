@@ -203,7 +203,7 @@ class DetectRunner:
                   if topo.host_access.get(h) == name]  # fmt: skip
         self.drops = SilentDrops(topo.host_rack, self.paths.by_ends, self.paths.spine_of, names,
                                  self._links_not_judged, self.paths.recalled, access,
-                                 self._contended)  # fmt: skip
+                                 self._contended, self._full_ports)  # fmt: skip
         self.job_delays = JobDelays(names)
         self.delays.jobs_between = self.job_delays.jobs_between
         self._names = names  # shared with the rules, refreshed every pass
@@ -603,6 +603,19 @@ class DetectRunner:
                 continue
             out.add((a.link, str(a.evidence["direction"])))
         return out
+
+    def _full_ports(self) -> set[int]:
+        """Hosts whose own port a ``contention`` anomaly names (``evidence.host``), open or
+        closed in the last CONTENDED_S: the probes a full queue there drops are its own,
+        not a switch's silent drop (:meth:`SilentDrops._port_queued`)."""
+        now = self.paths.newest_ns
+        names = {a.evidence.get("host") for a in [*self.book.open.values(),
+                                                   *self.book.closed[-50:]]
+                 if a.kind == "contention" and a.evidence.get("host")
+                 and not (a.closed_ns and now - a.closed_ns > int(CONTENDED_S * 1e9))}  # fmt: skip
+        if not names:
+            return set()
+        return {h for h, n in self._names.items() if n in names}
 
     def _links_not_judged(self) -> set[str]:
         """Leaf-spine links whose paths' loss is someone else's: suspected by the path

@@ -659,6 +659,48 @@ def test_a_full_queue_at_one_hosts_port_stays_named_until_it_drains(
         time.sleep(2.0)
 
 
+def test_a_shallow_full_queue_at_one_hosts_port_is_named_there_not_as_a_silent_drop(
+    opsbox: dict[str, Any],
+) -> None:
+    """Incast into a shallow buffer, as found by hand in the demo lab (2026-12-05): the
+    leaf's port towards one host holds 400 µs, filled three times faster than it drains,
+    so it drains between the load's bursts and drops a share of everything. Its probes'
+    lower quartile barely waits — no queue stands — and before this, nothing was named
+    while a false "spine1 towards h2-3 silently drops traffic … no queue" paged and
+    `clockmesh live` called the host and its rack-mates lossy. It is named at that port,
+    leaf→host, from its tail and its losses; no silent drop; the host is the culprit and
+    no host is lossy."""
+    lab, live = opsbox["lab"], opsbox["live"]
+    host = random.Random(time.time_ns()).choice(lab.topology.hosts).name
+    port = next(lk.name for lk in lab.topology.links if lk.kind == "access" and lk.a.node == host)
+
+    def at_port() -> list[dict[str, Any]]:
+        return [a for a in _open(live, "contention") if a["link"] == port]
+
+    _wait(lambda: not _open(live, "contention"), 60, "no contention open before")
+    faults.congest(lab, port, "50mbit", direction="b2a", buffer_us=400)
+    try:
+        t0 = time.monotonic()
+        (a,) = _wait(at_port, 30, f"contention naming {port} (leaf→host)")
+        print(f"{port} leaf→host: named in {time.monotonic() - t0:.1f} s: {a['summary']}")
+        ev = a["evidence"]
+        assert (ev["direction"], ev["host"]) == ("leaf→host", host), a
+        assert 40 <= ev["queue_us"] < 1000 and ev["loss_in"] > 0.01, ev
+        while time.monotonic() - t0 < 40:
+            doc = live()
+            assert not [x for x in doc["anomalies"]["open"] if x["kind"] == "silent_drop"], doc[
+                "anomalies"
+            ]["open"]
+            assert [x["anomaly_id"] for x in at_port()] == [a["anomaly_id"]], at_port()
+            verdicts = {h["host"]: h["verdict"] for h in doc["hosts"]}
+            assert verdicts[host] == "culprit", verdicts
+            assert "lossy" not in verdicts.values(), verdicts
+            time.sleep(2.0)
+    finally:
+        faults.heal(lab)
+    _wait(lambda: not at_port(), 90, f"{port} closed after the queue drained")
+
+
 def test_healthy_roce_v2_jobs_on_shallow_buffers_raise_no_contention(
     opsbox: dict[str, Any],
 ) -> None:

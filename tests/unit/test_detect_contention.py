@@ -234,6 +234,46 @@ def test_a_queue_at_one_hosts_port_is_named_there_not_on_the_fabric_links_before
         assert obs.summary.startswith("h1-1-leaf1 (leaf→host) is contended"), obs.summary
 
 
+def test_a_full_port_queue_that_drains_between_bursts_is_named_from_its_tail_and_loss() -> None:
+    """Seen in the demo lab (2026-12-05): the leaf's port towards h2-3, 6 kB of buffer fed
+    three times faster than it drains. Half the probes to h2-3 met it empty between bursts
+    (their lower quartile waited 5 µs), the rest waited up to 0.8 ms, and a quarter were
+    dropped; no queue stood in h2-3's round trips at the lower quartile and nothing was
+    named for 90 s while a false silent drop paged instead. The tail's round trip and the
+    losses into the host name its port, whatever the solver made of h2-3's clock."""
+    for seed, absorbed in ((0, 0.0), (1, 200_000.0), (2, -150_000.0)):
+        f = _Fleet(seed=seed, every=True)
+        f.warm()
+        k = int(np.flatnonzero(f.clocks.hosts == records.host_id("h1-1"))[0])
+        f.clocks.offset_ns[k] += absorbed
+        incast = {("h1-1-leaf1", "leaf→host"): 800.0}
+        said = []
+        for _ in range(10):  # its losses over 4 s decide (a second's tail is a few probes)
+            f.second(incast, loss=0.4, empty=0.5)
+            said += f.delays.observations(0)
+        assert said, (seed, f.delays.unsure_total)
+        assert {(o.link, o.evidence["direction"], o.evidence["host"]) for o in said} == {
+            ("h1-1-leaf1", "leaf→host", "h1-1")
+        }, (seed, [o.summary for o in said])  # fmt: skip
+        obs = said[-1]
+        assert obs.evidence["queue_at"] == "tail", obs.evidence
+        assert "a full queue that drops, its tail ≥" in obs.summary, obs.summary
+        assert 500 <= obs.evidence["queue_us"] <= 820, (seed, obs.evidence)
+        assert obs.evidence["loss_in"] > 0.1 and obs.evidence["loss_out"] == 0, obs.evidence
+
+
+def test_a_busy_port_that_loses_nothing_and_stands_no_queue_is_not_named() -> None:
+    """The same bursts into one host through a buffer deep enough to take them: the tail
+    of its probes waits, half meet the port empty, nothing is lost — a busy port, not a
+    full one (the lab's healthy jobs on shallow buffers): nothing is said."""
+    for seed in range(3):
+        f = _Fleet(seed=seed, every=True)
+        f.warm()
+        for _ in range(6):
+            f.second({("h1-1-leaf1", "leaf→host"): 800.0}, empty=0.5)
+            assert f.delays.observations(0) == [], seed
+
+
 def test_a_host_whose_clock_the_solver_is_unsure_of_is_not_judged() -> None:
     """A full queue in front of one host's port delays every probe to it: to any clock
     sync that looks like the host's clock running ahead, and the solver moves the host's
