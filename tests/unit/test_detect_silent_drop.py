@@ -99,6 +99,7 @@ def _run(
     paths: dict[tuple[int, int, int], str] | None = None,
     port: Port | None = None,
     contended: set[tuple[str, str]] | None = None,
+    full_ports: set[int] | None = None,
 ) -> list:
     """Healthy for healthy_s, then `fault` for `seconds`: every pass's observations (the
     last pass's last). ``late``: the receivers ship their probe_rx
@@ -108,7 +109,8 @@ def _run(
     paths = _paths() if paths is None else paths
     access = [(h, "bk0") for h in HOSTS] if port else []
     drops = SilentDrops(HOSTS, BY_ENDS, paths, NAMES, access_ports=access,
-                        contended=(lambda: contended) if contended else None)  # fmt: skip
+                        contended=(lambda: contended) if contended else None,
+                        full_ports=(lambda: full_ports) if full_ports else None)  # fmt: skip
     every = []
     held: list[dict[str, np.ndarray]] = []
     for i in range(healthy_s + seconds):
@@ -297,6 +299,21 @@ def test_a_full_queue_drops_and_delays_so_it_is_contention_not_a_silent_drop() -
         return False, 0.0
 
     assert not any(_run(queue, seconds=20))
+
+
+def test_losses_into_a_host_whose_port_contention_names_are_its_queue_not_a_switch_s() -> None:
+    """Seen in the demo lab (2026-12-05): a shallow queue at the leaf's port towards h2-3
+    dropped a quarter of what went to it, and two paths through spine1 happened to lose
+    five in a row; the links' median delay rise (over every path through them) was 0.5
+    µs, and "spine1 towards h2-3 silently drops traffic … no queue" was paged. Once
+    ``contention`` names h3-1's port, the same losses into h3-1 are its queue's: nothing
+    is said — the same losses with no port named are a silent drop."""
+    (obs,) = _run(blackhole("spine2", 31))[-1]
+    assert obs.kind == "silent_drop" and obs.evidence["destinations"] == ["h3-1"]
+    assert not any(_run(blackhole("spine2", 31), full_ports={31}))
+    # another host's port named leaves h3-1's drop judged
+    (obs,) = _run(blackhole("spine2", 31), full_ports={21})[-1]
+    assert obs.evidence["destinations"] == ["h3-1"], obs.evidence
 
 
 def test_a_host_whose_link_is_down_is_its_own_fault_not_a_switch_s() -> None:
