@@ -1226,7 +1226,7 @@ class PathDelays:
         every = own.take(own.judged & own.settled)
         trips = _round_trips(every)  # once per pass: the naming, holding and saying
         leads = _clock_leads(every)
-        full = self._full_ports(own.take(own.judged), trips)
+        full = self._full_ports(own, trips)
         self._hold_pairs(every, trips, leads)
         judged = self._looked_at(every)
         hops, a, q = queues(judged)
@@ -1369,7 +1369,7 @@ class PathDelays:
         return out
 
     def _full_ports(
-        self, judged: Windows, trips: dict[int, tuple[float, float]]
+        self, wins: Windows, trips: dict[int, tuple[float, float]]
     ) -> dict[int, RoundTrip]:
         """Hosts whose port holds a queue that fills and drops rather than stands: their
         round trips at the tail (:func:`_tail_trips`) above its threshold while those at
@@ -1377,10 +1377,25 @@ class PathDelays:
         (:func:`_loss_side`: a full queue drops, clock-free) — host -> its tail round trip,
         the threshold, its judged routes in and out. Every route in (or out) waits in a
         port's queue, those from the host's rack-mates too: a fabric link holds up only
-        the routes through its spine, and the least tail of a host's routes leaves it
-        out; a silent drop loses probes without the wait; a busy port without loss is
-        busy, not full."""
+        the routes through its spine, and the least of the spines' (:func:`_tail_trips`)
+        leaves it out; a silent drop loses probes without the wait; a busy port without
+        loss is busy, not full. Routes to or from a host whose port is full already are
+        left out: its peers' routes to it wait and lose in its queue."""
         out: dict[int, RoundTrip] = {}
+        # Only hosts whose probes one way are lost (:func:`_loss_side` decides below): a
+        # healthy fleet has none, and its pass pays for nothing more.
+        ok = wins.judged
+        hosts = np.union1d(wins.src, wins.dst)
+        lost, got = np.where(ok, wins.lost, 0), np.where(ok, wins.received, 0)
+        lossy = np.zeros(len(hosts), bool)
+        for ends in (wins.src, wins.dst):
+            at = np.searchsorted(hosts, ends)
+            n_lost = np.bincount(at, lost, len(hosts))
+            lossy |= n_lost >= PORT_LOSS * np.maximum(n_lost + np.bincount(at, got, len(hosts)), 1)
+        if not lossy.any():
+            return out
+        near = hosts[lossy]
+        judged = wins.take(ok & (np.isin(wins.src, near) | np.isin(wins.dst, near)))
         said = {h for h, *_ in self._ports.values()}
         # hosts whose port holds a queue already (standing, said, or named here): their
         # routes are theirs — a peer's routes to a full port wait and lose in it
