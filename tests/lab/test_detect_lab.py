@@ -614,6 +614,17 @@ def test_sub_millisecond_contention_is_named_with_link_and_direction(
     _wait(lambda: on_link() is None, 60, f"seed {seed}: contention closed after heal")
 
 
+def _a_hosts_port(
+    lab: Any, live: Callable[[], dict[str, Any]]
+) -> tuple[str, str, Callable[[], list[dict[str, Any]]]]:
+    """A random host, its access link, and what reads the contention open on that link —
+    once no contention is open at all."""
+    host = random.Random(time.time_ns()).choice(lab.topology.hosts).name
+    port = next(lk.name for lk in lab.topology.links if lk.kind == "access" and lk.a.node == host)
+    _wait(lambda: not _open(live, "contention"), 60, "no contention open before")
+    return host, port, lambda: [a for a in _open(live, "contention") if a["link"] == port]
+
+
 def test_a_full_queue_at_one_hosts_port_stays_named_until_it_drains(
     opsbox: dict[str, Any],
 ) -> None:
@@ -623,13 +634,7 @@ def test_a_full_queue_at_one_hosts_port_stays_named_until_it_drains(
     the host's clock running ahead (its round trips still show it); once drained, it
     closes and the clock's way back names nothing."""
     lab, live = opsbox["lab"], opsbox["live"]
-    host = random.Random(time.time_ns()).choice(lab.topology.hosts).name
-    port = next(lk.name for lk in lab.topology.links if lk.kind == "access" and lk.a.node == host)
-
-    def at_port() -> list[dict[str, Any]]:
-        return [a for a in _open(live, "contention") if a["link"] == port]
-
-    _wait(lambda: not _open(live, "contention"), 60, "no contention open before")
+    host, port, at_port = _a_hosts_port(lab, live)
     faults.congest(lab, port, "20mbit", direction="b2a")
     try:
         t0 = time.monotonic()
@@ -671,13 +676,7 @@ def test_a_shallow_full_queue_at_one_hosts_port_is_named_there_not_as_a_silent_d
     leaf→host, from its tail and its losses; no silent drop; the host is the culprit and
     no host is lossy."""
     lab, live = opsbox["lab"], opsbox["live"]
-    host = random.Random(time.time_ns()).choice(lab.topology.hosts).name
-    port = next(lk.name for lk in lab.topology.links if lk.kind == "access" and lk.a.node == host)
-
-    def at_port() -> list[dict[str, Any]]:
-        return [a for a in _open(live, "contention") if a["link"] == port]
-
-    _wait(lambda: not _open(live, "contention"), 60, "no contention open before")
+    host, port, at_port = _a_hosts_port(lab, live)
     faults.congest(lab, port, "50mbit", direction="b2a", buffer_us=400)
     try:
         t0 = time.monotonic()
