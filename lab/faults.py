@@ -242,17 +242,12 @@ def find_source_port(
 
 
 def congest(
-    lab: Lab,
-    link_name: str,
-    rate: str,
-    direction: str = "a2b",
-    overload: float = 1.5,
+    lab: Lab, link_name: str, rate: str, direction: str = "a2b", overload: float = 1.5,
     buffer_us: float | None = None,
-) -> list[dict[str, Any]]:
+) -> list[dict[str, Any]]:  # fmt: skip
     """Shape ``link`` with tbf and start load hashed onto it. Returns the fault records.
-    ``buffer_us``: the tbf's queue holds that long at ``rate`` (a switch's shallow
-    buffer: the load fills it, drains it between its bursts and drops beyond), instead
-    of 50 ms."""
+    ``buffer_us``: the queue holds that long at ``rate``, not 50 ms (a switch's shallow
+    buffer the load's bursts fill and drain, dropping beyond)."""
     if buffer_us is not None and buffer_us <= 0:
         raise LabError(f"--buffer: expected a time above 0, got {buffer_us:g} µs")
     bps = parse_rate(rate)
