@@ -1407,15 +1407,18 @@ class PathDelays:
             return trip is not None and (trip[1] if host in said else trip[0]) > trip[2]
 
         for host in sorted(tails, key=lambda h: -tails[h][0]):
-            if (host in busy and host not in said) or not passes(tails[host], host):
+            trip = tails[host]
+            if (host in busy and host not in said) or not passes(trip, host):
                 continue
             cols = judged
             others = np.fromiter(busy - {host}, np.int64)
             if len(others):
                 cols = judged.take(~(np.isin(judged.src, others) | np.isin(judged.dst, others)))
-                if not passes(_tail_trips(cols).get(host), host):
+                again = _tail_trips(cols).get(host)
+                if again is None or not passes(again, host):
                     continue
-            _, typical, thr = _tail_trips(cols)[host]
+                trip = again
+            _, typical, thr = trip
             into = [cols.route(i) for i in np.flatnonzero(cols.dst == host).tolist()]
             away = [cols.route(i) for i in np.flatnonzero(cols.src == host).tolist()]
             if _loss_side(into, away) is not None:
