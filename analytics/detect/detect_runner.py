@@ -588,31 +588,29 @@ class DetectRunner:
                     log.info("event=anomaly_closed id=%s kind=%s by=%s", a.anomaly_id, a.kind,
                              r.remediation_id)  # fmt: skip
 
-    def _contended(self) -> set[tuple[str, str]]:
-        """Leaf–spine link-directions ``(link, direction)`` a ``contention`` anomaly names,
-        open or closed in the last CONTENDED_S: a saturated shallow queue drops a share of
-        every flow through it while what gets through barely waits (held-out seed 1251: the
-        drops of leaf3-spine2's queue, 2–5 µs of delay rise, were paged as "spine2 silently
-        drops about 2 %" three times), so their loss is the queue's, not a bad optic's."""
+    def _recent_contention(self) -> list[Anomaly]:
+        """The ``contention`` anomalies open, or closed in the last CONTENDED_S: the loss
+        on the paths through a queue they name is that queue's (:meth:`_contended`,
+        :meth:`_full_ports`)."""
         now = self.paths.newest_ns
-        out = set()
-        for a in [*self.book.open.values(), *self.book.closed[-50:]]:
-            if a.kind != "contention" or not a.link or not a.evidence.get("direction"):
-                continue
-            if a.closed_ns and now - a.closed_ns > int(CONTENDED_S * 1e9):
-                continue
-            out.add((a.link, str(a.evidence["direction"])))
-        return out
+        return [a for a in [*self.book.open.values(), *self.book.closed[-50:]]
+                if a.kind == "contention"
+                and not (a.closed_ns and now - a.closed_ns > int(CONTENDED_S * 1e9))]  # fmt: skip
+
+    def _contended(self) -> set[tuple[str, str]]:
+        """Leaf–spine link-directions ``(link, direction)`` a recent ``contention`` names:
+        a saturated shallow queue drops a share of every flow through it while what gets
+        through barely waits (held-out seed 1251: the drops of leaf3-spine2's queue, 2–5 µs
+        of delay rise, were paged as "spine2 silently drops about 2 %" three times), so
+        their loss is the queue's, not a bad optic's."""
+        return {(a.link, str(a.evidence["direction"])) for a in self._recent_contention()
+                if a.link and a.evidence.get("direction")}  # fmt: skip
 
     def _full_ports(self) -> set[int]:
-        """Hosts whose own port a ``contention`` anomaly names (``evidence.host``), open or
-        closed in the last CONTENDED_S: the probes a full queue there drops are its own,
-        not a switch's silent drop (:meth:`SilentDrops._port_queued`)."""
-        now = self.paths.newest_ns
-        names = {a.evidence.get("host") for a in [*self.book.open.values(),
-                                                   *self.book.closed[-50:]]
-                 if a.kind == "contention" and a.evidence.get("host")
-                 and not (a.closed_ns and now - a.closed_ns > int(CONTENDED_S * 1e9))}  # fmt: skip
+        """Hosts whose own port a recent ``contention`` names (``evidence.host``): the
+        probes a full queue there drops are its own, not a switch's silent drop
+        (:meth:`SilentDrops._port_queued`)."""
+        names = {a.evidence["host"] for a in self._recent_contention() if a.evidence.get("host")}
         if not names:
             return set()
         return {h for h, n in self._names.items() if n in names}
