@@ -251,9 +251,10 @@ def congest(
     if buffer_us is not None and buffer_us <= 0:
         raise LabError(f"--buffer: expected a time above 0, got {buffer_us:g} µs")
     bps = parse_rate(rate)
-    # tbf's queue in bytes: at least two full frames (one in service, one waiting)
+    # tbf's queue in bytes: at least capacity's least queue of full frames
     size = ["latency", "50ms"] if buffer_us is None else [
-        "limit", str(max(int(bps / 8 * buffer_us * 1e-6), 2 * 1514))]  # fmt: skip
+        "limit", str(max(int(bps / 8 * buffer_us * 1e-6),
+                         capacity.MIN_QUEUE * capacity.MTU_BITS // 8))]  # fmt: skip
     topo = lab.topology
     link = _get_link(topo, link_name)
     directions = ["a2b", "b2a"] if direction == "both" else [direction]

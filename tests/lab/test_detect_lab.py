@@ -668,7 +668,8 @@ def test_a_shallow_full_queue_at_one_hosts_port_is_named_there_not_as_a_silent_d
     opsbox: dict[str, Any],
 ) -> None:
     """Incast into a shallow buffer, as found by hand in the demo lab (2026-12-05): the
-    leaf's port towards one host holds 400 µs, filled three times faster than it drains,
+    leaf's port towards one host holds two full frames (400 µs asked: ~480 µs at 50 Mbit/s,
+    the least the lab's tbf takes), filled three times faster than it drains,
     so it drains between the load's bursts and drops a share of everything. Its probes'
     lower quartile barely waits — no queue stands — and before this, nothing was named
     while a false "spine1 towards h2-3 silently drops traffic … no queue" paged and
