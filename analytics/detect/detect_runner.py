@@ -514,21 +514,21 @@ class DetectRunner:
             # earlier ones, in its flap window, are its own history)
             done = e.get("outages_ns") or []
             start = e.get("down_since_ns") or (done[-1][0] if done else 0)
-            # the newest trace across it before this outage: one after the leaf was back
-            # means its BGP had come back too, and this outage is the link's own
-            seen = max((self.paths.state[c].last_ok_ns for c in e.get("candidates") or ()
-                        if c in self.paths.state), default=0)  # fmt: skip
-            found = next(((str(x), o) for x in leaves
+            candidates = [c for c in e.get("candidates") or () if c in self.paths.state]
+            found = next(((str(x), o, seen) for x in leaves
+                          for seen in [self._seen_from(str(x), candidates)]
                           for o in self.flaps.leaves.get(str(x), ())
                           if _of_leaf(o, start, seen)), None)  # fmt: skip
             if found is None:
                 out.append(obs)
                 continue
-            leaf, event = found
-            # the outage stays the leaf's: not counted as a flap of the link later on
-            for c in e.get("candidates") or ():
-                st = self.paths.state.get(c)
-                if st and st.outages and _of_leaf(event, st.outages[-1].down_ns, st.last_ok_ns):
+            leaf, event, seen = found
+            # the outage stays the leaf's: not counted as a flap of the link later on (nor
+            # of a twin on another leaf: no trace told it apart, it is the same outage)
+            for c in candidates:
+                st = self.paths.state[c]
+                own = seen if self.paths.links[c].leaf != leaf else st.last_ok_ns
+                if st.outages and _of_leaf(event, st.outages[-1].down_ns, own):
                     st.outages[-1].whole_leaf = leaf
             # an anomaly of its own opened before the leaf went stays its own (it closes
             # once not observed for its clear time); one opened with the leaf folds into it
@@ -536,6 +536,14 @@ class DetectRunner:
             if a is not None and a.opened_ns >= event.down_ns - LEAF_SKEW_NS:
                 self._leaf_folded.append((obs.key, leaf))
         return out
+
+    def _seen_from(self, leaf: str, candidates: list[str]) -> int:
+        """The newest trace, before their outage, across those of ``candidates`` that are
+        ``leaf``'s uplinks: one after the leaf was back means its BGP had come back too,
+        and the outage is the link's own. A twin on another leaf (no trace told them
+        apart) carried traffic all along whatever ``leaf`` did: it tells nothing."""
+        return max((self.paths.state[c].last_ok_ns for c in candidates
+                    if self.paths.links[c].leaf == leaf), default=0)  # fmt: skip
 
     def _fold(self, now_ns: int) -> None:
         """A link named on its own, then found to be one of a spine's that went as a whole

@@ -63,17 +63,22 @@ def _runner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> DetectRunner:
 def _run(runner: DetectRunner, down: dict[int, tuple[int, int]], seconds: range,
          uplink: dict[int, tuple[str, int, int]] | None = None,
          seen: dict[str, int] | None = None) -> None:  # fmt: skip
-    """A pass a second; ``uplink``: at second k, an outage of a leaf–spine link from
-    second a to b, as the path traces would have placed it; ``seen``: link -> the second
+    """A pass a second; ``uplink``: at second k, an outage of a leaf–spine link (or of
+    links no trace told apart, "A or B") from second a to b, as the path traces would have
+    placed it; ``seen``: link -> the second
     of the newest trace across it before that outage (none: not since it was first)."""
     for sec in seconds:
         if uplink and sec in uplink:
-            name, a, b = uplink[sec]
-            st = runner.paths.state[name]
-            st.last_ok_ns = T0 + (seen or {}).get(name, 0) * S
-            st.outages.append(Outage(T0 + a * S))
-            st.down_since = st.evidence_ns = T0 + a * S
-            st.back_ns = T0 + b * S
+            key, a, b = uplink[sec]
+            twins = tuple(key.split(" or "))  # links no trace told apart: one outage
+            for name in twins:
+                st = runner.paths.state[name]
+                st.last_ok_ns = T0 + (seen or {}).get(name, 0) * S
+                st.outages.append(Outage(T0 + a * S))
+                st.down_since = st.evidence_ns = T0 + a * S
+                st.back_ns = T0 + b * S
+                if len(twins) > 1:
+                    st.group, st.key = twins, key
         runner.paths.newest_ns = T0 + sec * S  # the traces seen up to now
         runner.feed({"counter": layout.records_to_arrow("counter", _samples(sec, down))})
         runner.step(T0 + sec * S + 500_000_000)
@@ -215,3 +220,23 @@ def test_a_leaf_gone_whole_does_not_page_again_an_uplink_whose_own_flap_was_long
     again = [a for a in live["recently_closed"]
              if a["link"] == "leaf2-spine2" and a["anomaly_id"] != own["anomaly_id"]]  # fmt: skip
     assert not again, again
+
+
+def test_a_leafs_uplink_told_apart_from_no_other_leafs_link_is_still_the_leafs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # held-out seed 1261: 0.7 s after leaf2 was back, "leaf2-spine2 or leaf3-spine2" lost
+    # its paths for 1 ms (leaf2's BGP session coming back) and, once it had ended, was
+    # paged as a flap for 17 s: leaf3-spine2 — another leaf's link, carrying traces all
+    # along — had been seen after leaf2 was back, which was read as leaf2-spine2's BGP
+    # being back before the outage began
+    runner = _runner(tmp_path, monkeypatch)
+    down = {21: (5, 15), 22: (5, 15)}
+    uplink = {18: ("leaf2-spine2 or leaf3-spine2", 17, 18)}
+    _run(runner, down, range(0, 60), uplink, seen={"leaf2-spine2": 4, "leaf3-spine2": 16})
+    live = runner.live()
+    seen = {a["link"] for a in [*live["open"], *live["recently_closed"]]}
+    assert seen == {"leaf2"}, seen
+    # and the outage is the leaf's for both: not counted when either flaps on its own later
+    assert all(runner.paths.state[n].outages[-1].whole_leaf == "leaf2"
+               for n in ("leaf2-spine2", "leaf3-spine2"))  # fmt: skip
