@@ -343,7 +343,8 @@ def flap(
 )
 @click.option("--buffer", "buffer_", default=None,
               help="The queue's depth in time (e.g. 500us): a switch's shallow buffer, "
-              "filled and drained by the load's bursts, dropping beyond. Default 50 ms.")  # fmt: skip
+              "filled and drained by the load's bursts, dropping beyond; at least two full frames "
+              "(a shorter one is raised to that, and said so). Default 50 ms.")  # fmt: skip
 @_user_errors
 def congest(
     name: str, state_dir: Path | None, link: str, rate: str, direction: str, buffer_: str | None
@@ -354,8 +355,14 @@ def congest(
     buffer_us = parse_duration(buffer_, "--buffer") * 1e6 if buffer_ else None
     for rec in faults.congest(_make_lab(name, state_dir), link, rate, direction,
                               buffer_us=buffer_us):  # fmt: skip
+        # the queue tbf holds: at least two full frames, so a --buffer under that is raised
+        held = rec.get("queue_us")
+        least = (
+            " (raised to the least: 2 full frames)" if held and held > (buffer_us or 0) + 1 else ""
+        )
         click.echo(
-            f"{rec['link']} {rec['direction']}: tbf {rec['rate']} on {rec['node']}:{rec['interface']}, "
+            f"{rec['link']} {rec['direction']}: tbf {rec['rate']} on {rec['node']}:{rec['interface']}"
+            f"{f', queue {held} µs' if held else ''}{least}, "
             f"load {rec['src']}->{rec['dst']} sport {rec['sport']} at {rec['pps']} pkt/s (pid {rec['pid']})"
         )
 

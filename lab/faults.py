@@ -252,9 +252,9 @@ def congest(
         raise LabError(f"--buffer: expected a time above 0, got {buffer_us:g} µs")
     bps = parse_rate(rate)
     # tbf's queue in bytes: at least capacity's least queue of full frames
-    size = ["latency", "50ms"] if buffer_us is None else [
-        "limit", str(max(int(bps / 8 * buffer_us * 1e-6),
-                         capacity.MIN_QUEUE * capacity.MTU_BITS // 8))]  # fmt: skip
+    least = capacity.MIN_QUEUE * capacity.MTU_BITS // 8
+    limit = None if buffer_us is None else max(int(bps / 8 * buffer_us * 1e-6), least)
+    size = ["latency", "50ms"] if limit is None else ["limit", str(limit)]  # fmt: skip
     topo = lab.topology
     link = _get_link(topo, link_name)
     directions = ["a2b", "b2a"] if direction == "both" else [direction]
@@ -275,7 +275,7 @@ def congest(
         rec = _start_load(
             lab, src, dst, sport, bps * overload, kind="congest", link=link.name,
             direction=d, rate=rate, node=egress.node, namespace=egress.namespace,
-            interface=egress.interface,
+            interface=egress.interface, queue_us=limit and round(limit * 8 / bps * 1e6),
         )  # fmt: skip
         records.append(rec)
     return records

@@ -191,6 +191,36 @@ def test_congest_shapes_the_link_and_heal_removes_it(small_lab: Lab) -> None:
     assert not processes.alive(rec)
 
 
+def test_congest_says_the_queue_it_holds_and_raises_a_buffer_under_two_frames(
+    small_lab: Lab,
+) -> None:
+    from click.testing import CliRunner
+
+    from lab.cli import lab
+
+    args = ["congest", "--name", small_lab.name, "--state-dir", str(small_lab.dir)]
+    try:
+        # 100 µs at 50 Mbit/s is 625 bytes, under one full frame: tbf gets two (484 µs)
+        res = CliRunner().invoke(lab, [*args, "leaf2-spine1", "--rate", "50mbit",
+                                       "--buffer", "100us"])  # fmt: skip
+        assert res.exit_code == 0, res.output
+        assert "tbf 50mbit" in res.output, res.output
+        assert "queue 484 µs (raised to the least: 2 full frames)" in res.output, res.output
+        end = small_lab.topology.link("leaf2-spine1").a
+        out = subprocess.run(
+            ["ip", "netns", "exec", end.namespace, "tc", "qdisc", "show", "dev", end.interface],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        assert "limit 3028b" in out, out
+        faults.heal(small_lab)
+        res = CliRunner().invoke(lab, [*args, "leaf2-spine1", "--rate", "50mbit",
+                                       "--buffer", "1ms"])  # fmt: skip
+        assert res.exit_code == 0, res.output
+        assert "queue 1000 µs, load" in res.output, res.output
+    finally:
+        faults.heal(small_lab)
+
+
 def test_cli_help_everywhere() -> None:
     from click.testing import CliRunner
 
