@@ -65,8 +65,8 @@ def _run(runner: DetectRunner, down: dict[int, tuple[int, int]], seconds: range,
          seen: dict[str, int] | None = None) -> None:  # fmt: skip
     """A pass a second; ``uplink``: at second k, an outage of a leaf–spine link (or of
     links no trace told apart, "A or B") from second a to b, as the path traces would have
-    placed it; ``seen``: link -> the second
-    of the newest trace across it before that outage (none: not since it was first)."""
+    placed it; ``seen``: link -> the second of the newest trace across it before that
+    outage (none: not since it was first)."""
     for sec in seconds:
         if uplink and sec in uplink:
             key, a, b = uplink[sec]
