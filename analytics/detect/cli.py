@@ -81,3 +81,87 @@ def train_(runs: tuple[Path, ...], out: Path, sim_per_class: int, seed: int) -> 
         f"from {len(card['run_seeds'])} run(s), {sum(card['sim_candidates'].values())} simulated, "
         f"{card['healthy_vectors']} healthy vectors"
     )
+
+
+@detector.command("replay")
+@click.argument("run", type=click.Path(file_okay=False, path_type=Path))
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="New directory for the replay's store (anomalies, clocks) and truth.json.",
+)
+@click.option(
+    "--topology",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="The fabric's topology.json (default: RUN/topology.json).",
+)
+@click.option(
+    "--step",
+    "step_s",
+    type=click.FloatRange(min=0.05),
+    default=0.5,
+    show_default=True,
+    help="Seconds between detector passes (the daemon's detect_interval_s).",
+)
+@click.option(
+    "--lag",
+    "lag_s",
+    type=click.FloatRange(min=0),
+    default=0.6,
+    show_default=True,
+    help="Seconds from a row's own time to its arrival at the ops box (segment and trip).",
+)
+@click.option(
+    "--urgent-lag",
+    "urgent_lag_s",
+    type=click.FloatRange(min=0),
+    default=0.15,
+    show_default=True,
+    help="The same for link counters and path traces (a link event ships them at once).",
+)
+@click.option(
+    "--minutes",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Replay only this much of the run from its start.",
+)
+def replay_(
+    run: Path,
+    out: Path,
+    topology: Path | None,
+    step_s: float,
+    lag_s: float,
+    urgent_lag_s: float,
+    minutes: float | None,
+) -> None:
+    """Replay a stored RUN through today's clock solver and detector, on the run's time.
+
+    Prints each anomaly as it opens (seconds from the run's start); writes what the
+    replay's detector wrote to OUT, which `clockmesh detector eval OUT` judges against the
+    run's truth as it judges the live run. Remediations run live are not replayed.
+    """
+    import logging
+
+    from analytics.detect.replay import ReplayError, replay
+
+    # the daemon's own log lines (anomaly opened, closed, …): what this command prints
+    logging.getLogger("clockmesh").setLevel(logging.ERROR)
+
+    def opened(at_s: float, row: dict) -> None:
+        place = row.get("link") or row.get("job_id") or ""
+        click.echo(f"{at_s:9.2f} s  {row['kind']:<14} {place}: {row['summary']}")
+
+    try:
+        result = replay(run, out, topology=topology, step_s=step_s, lag_s=lag_s,
+                        urgent_lag_s=urgent_lag_s, minutes=minutes, on_open=opened)  # fmt: skip
+    except ReplayError as exc:
+        raise click.ClickException(str(exc)) from None
+    span = (result.end_ns - result.start_ns) / 1e9
+    click.echo(
+        f"replayed {span:.0f} s in {result.wall_s:.0f} s ({result.passes} passes): "
+        f"{len(result.opened)} anomalies opened; written to {out}"
+        + (f"; {result.rejected} input batches refused" if result.rejected else "")
+        + (f" (clockmesh detector eval {out})" if (out / "truth.json").exists() else "")
+    )
