@@ -98,12 +98,20 @@ def train_(runs: tuple[Path, ...], out: Path, sim_per_class: int, seed: int) -> 
     help="The fabric's topology.json (default: RUN/topology.json).",
 )
 @click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="The run's ingest.yml: the detector's and clock solver's settings "
+    "(default: RUN/ingest.yml if there, else the daemon's defaults).",
+)
+@click.option(
     "--step",
     "step_s",
     type=click.FloatRange(min=0.05),
-    default=0.5,
-    show_default=True,
-    help="Seconds between detector passes (the daemon's detect_interval_s).",
+    default=None,
+    help="Seconds between detector passes (default: the config's roll_s: the daemon "
+    "runs a pass soon after each group commit).",
 )
 @click.option(
     "--lag",
@@ -131,7 +139,8 @@ def replay_(
     run: Path,
     out: Path,
     topology: Path | None,
-    step_s: float,
+    config_file: Path | None,
+    step_s: float | None,
     lag_s: float,
     urgent_lag_s: float,
     minutes: float | None,
@@ -144,7 +153,10 @@ def replay_(
     """
     import logging
 
+    from analytics.detect.detect_runner import DetectConfig
     from analytics.detect.replay import ReplayError, replay
+    from analytics.ingest.config import IngestConfig
+    from collector import configfile
 
     # the daemon's own log lines (anomaly opened, closed, …): what this command prints
     logging.getLogger("clockmesh").setLevel(logging.ERROR)
@@ -153,9 +165,20 @@ def replay_(
         place = row.get("link") or row.get("job_id") or ""
         click.echo(f"{at_s:9.2f} s  {row['kind']:<14} {place}: {row['summary']}")
 
+    path = config_file or run / "ingest.yml"
     try:
-        result = replay(run, out, topology=topology, step_s=step_s, lag_s=lag_s,
-                        urgent_lag_s=urgent_lag_s, minutes=minutes, on_open=opened)  # fmt: skip
+        ingest = configfile.load(path, IngestConfig) if config_file or path.exists() else None
+    except configfile.ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    ingest = ingest or IngestConfig()
+    detect = DetectConfig(interval_s=ingest.detect_interval_s, clear_s=ingest.detect_clear_s,
+                          flap_window_s=ingest.detect_flap_window_s,
+                          model_file=ingest.detect_model_file)  # fmt: skip
+    clock = {"window_s": ingest.clock_window_s, "lateness_s": ingest.clock_lateness_s}
+    try:
+        result = replay(run, out, topology=topology, detect=detect, clock=clock,
+                        step_s=step_s or ingest.roll_s, lag_s=lag_s, urgent_lag_s=urgent_lag_s,
+                        minutes=minutes, on_open=opened)  # fmt: skip
     except ReplayError as exc:
         raise click.ClickException(str(exc)) from None
     span = (result.end_ns - result.start_ns) / 1e9

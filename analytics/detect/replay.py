@@ -11,11 +11,14 @@ clocks and one-way delays — goes to a new store under ``out``; with the run's
 ``truth.json`` copied beside it, ``clockmesh detector eval OUT`` judges the replay as it
 judges the live run. Not replayed: remediations run during the run, and the arrival
 order within one segment interval (a faster or slower shipper shifts latencies by up to
-``lag_s``).
+``lag_s``). The detector's and solver's settings are the run's (its ingest.yml, read by
+the command): an anomaly closes after the run's ``detect_clear_s``, a pass follows each
+group commit (``roll_s``), as in the daemon.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import time
@@ -130,6 +133,8 @@ def replay(
     out: Path,
     *,
     topology: Path | None = None,
+    detect: DetectConfig | None = None,
+    clock: dict[str, float] | None = None,
     step_s: float = 0.5,
     lag_s: float = 0.6,
     urgent_lag_s: float = 0.15,
@@ -137,8 +142,10 @@ def replay(
     on_open: Callable[[float, dict[str, Any]], None] | None = None,
 ) -> Replayed:
     """Replay ``run`` (a `clockmesh lab scenario run` directory, or any directory with a
-    ``store/``) into ``out``, which must not exist. ``on_open(seconds_since_start, row)``
-    is told of each anomaly as it opens."""
+    ``store/``) into ``out``, which must not exist: the detector with ``detect`` (its
+    topology ``topology``), the clock runner with ``clock`` (``window_s``,
+    ``lateness_s``). ``on_open(seconds_since_start, row)`` is told of each anomaly as it
+    opens."""
     store = run / "store"
     if not store.is_dir():
         raise ReplayError(f"{run}: no store/ (expected a `clockmesh lab scenario run` directory)")
@@ -153,7 +160,9 @@ def replay(
     (tmp / "store").mkdir(parents=True)
     try:
         lags = (round(lag_s * 1e9), round(urgent_lag_s * 1e9))
-        result = _run(store, tmp / "store", topology, start, end, step_s, lags, on_open)
+        config = dataclasses.replace(detect or DetectConfig(), topology_file=str(topology))
+        result = _run(store, tmp / "store", config, clock or {}, (start, end), step_s, lags,
+                      on_open)  # fmt: skip
         shutil.copy(topology, tmp / "topology.json")
         if (run / "truth.json").exists():  # `detector eval OUT` judges the replay
             doc = json.loads((run / "truth.json").read_text(encoding="utf-8"))
@@ -171,22 +180,23 @@ def replay(
 def _run(
     store: Path,
     into: Path,
-    topology: Path,
-    start: int,
-    end: int,
+    config: DetectConfig,
+    clock_settings: dict[str, float],
+    span: tuple[int, int],
     step_s: float,
     lags: tuple[int, int],
     on_open: Callable[[float, dict[str, Any]], None] | None,
 ) -> Replayed:
     started = time.monotonic()
+    start, end = span
     now = [start]
     writer = StoreWriter(into)
     for table in ("anomalies", "owd", "clock"):  # typed even if nothing is written
         writer.ensure_placeholder(table)
-    clock = ClockRunner(writer, now_ns=lambda: now[0])
+    clock = ClockRunner(writer, now_ns=lambda: now[0], **clock_settings)  # type: ignore[arg-type]
     names = _host_names(store)
-    detect = DetectRunner(writer, DetectConfig(topology_file=str(topology)),
-                          host_names=lambda: names, clock_state=lambda: clock.state)  # fmt: skip
+    detect = DetectRunner(writer, config, host_names=lambda: names,
+                          clock_state=lambda: clock.state)  # fmt: skip
     clock.on_owd = detect.feed_owd
     result = Replayed(start, end)
     step, (lag, urgent_lag) = round(step_s * 1e9), lags
