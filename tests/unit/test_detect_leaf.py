@@ -15,27 +15,16 @@ from analytics.detect.flaps import LinkFlaps, Outage
 from analytics.remediate import plan
 from analytics.store import layout
 from collector import records
+from tests.unit.topologies import leaf_spine
 
 S = 1_000_000_000
 T0 = 1_800_000_000 * S
-RACKS = ("leaf1", "leaf2", "leaf3")
 HOSTS = {10 * r + i: f"leaf{r}" for r in (1, 2, 3) for i in (1, 2)}
 NAMES = {h: f"h{h // 10}-{h % 10}" for h in HOSTS}
 
 
 def _topology(path: Path) -> Path:
-    hosts = [{"name": NAMES[h], "rack": HOSTS[h]} for h in HOSTS]
-    links = []
-    for i, (leaf, s) in enumerate((leaf, s) for leaf in RACKS for s in ("spine1", "spine2")):
-        links.append({"name": f"{leaf}-{s}", "kind": "fabric",
-                      "a": {"node": leaf, "interface": s, "address": f"198.18.128.{2 * i}"},
-                      "b": {"node": s, "interface": leaf,
-                            "address": f"198.18.128.{2 * i + 1}"}})  # fmt: skip
-    for h in HOSTS:
-        links.append({"name": f"{NAMES[h]}-{HOSTS[h]}", "kind": "access",
-                      "a": {"node": NAMES[h], "interface": "bk0"},
-                      "b": {"node": HOSTS[h], "interface": NAMES[h]}})  # fmt: skip
-    path.write_text(json.dumps({"hosts": hosts, "links": links}))
+    path.write_text(json.dumps(leaf_spine({NAMES[h]: HOSTS[h] for h in HOSTS})))
     return path
 
 

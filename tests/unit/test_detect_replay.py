@@ -16,26 +16,11 @@ from analytics.detect.evaluate import evaluate
 from analytics.store import layout
 from analytics.store.store_writer import StoreWriter
 from collector import records
+from tests.unit.topologies import leaf_spine
 
 S = 1_000_000_000
 T0 = 1_800_000_000 * S
-RACKS = ("leaf1", "leaf2")
 NAMES = [f"h{r}-{i}" for r in (1, 2) for i in (1, 2)]
-
-
-def _topology() -> dict:
-    hosts = [{"name": n, "rack": f"leaf{n[1]}"} for n in NAMES]
-    links = []
-    for i, (leaf, s) in enumerate((leaf, s) for leaf in RACKS for s in ("spine1", "spine2")):
-        links.append({"name": f"{leaf}-{s}", "kind": "fabric",
-                      "a": {"node": leaf, "interface": s, "address": f"198.18.128.{2 * i}"},
-                      "b": {"node": s, "interface": leaf,
-                            "address": f"198.18.128.{2 * i + 1}"}})  # fmt: skip
-    for n in NAMES:
-        links.append({"name": f"{n}-leaf{n[1]}", "kind": "access",
-                      "a": {"node": n, "interface": "bk0"},
-                      "b": {"node": f"leaf{n[1]}", "interface": n}})  # fmt: skip
-    return {"hosts": hosts, "links": links}
 
 
 def _run_dir(tmp_path: Path, down: tuple[int, int]) -> Path:
@@ -55,7 +40,7 @@ def _run_dir(tmp_path: Path, down: tuple[int, int]) -> Path:
     StoreWriter(run / "store").write_partitioned(
         "counter", layout.records_to_arrow("counter", counter), "c.parquet"
     )
-    (run / "topology.json").write_text(json.dumps(_topology()))
+    (run / "topology.json").write_text(json.dumps(leaf_spine({n: f"leaf{n[1]}" for n in NAMES})))
     fault = {"kind": "host_flap", "label": "flapping_link", "where": "h2-1-leaf2",
              "start_ns": T0 + down[0] * S, "end_ns": T0 + down[1] * S, "detail": {}}  # fmt: skip
     truth = {"seed": 1, "started_ns": T0, "ended_ns": T0 + 60 * S, "faults": [fault]}
