@@ -6,7 +6,7 @@ in-band messages) are fed in the order they were taken, each ``lag_s`` after its
 timestamp (what shipping costs: a segment interval and the trip; link counters and path
 traces ``urgent_lag_s``, as a link event or a moved path ships them at once), to the same
 :class:`ClockRunner` and :class:`DetectRunner` the ingest daemon runs, with a pass every
-``step_s`` (the daemon's ``detect_interval_s``). What they write — anomalies, solved
+``step_s``. What they write — anomalies, solved
 clocks and one-way delays — goes to a new store under ``out``; with the run's
 ``truth.json`` copied beside it, ``clockmesh detector eval OUT`` judges the replay as it
 judges the live run. Not replayed: remediations run during the run, and the arrival
