@@ -158,9 +158,6 @@ def replay_(
     from analytics.ingest.config import IngestConfig
     from collector import configfile
 
-    # the daemon's own log lines (anomaly opened, closed, …): what this command prints
-    logging.getLogger("clockmesh").setLevel(logging.ERROR)
-
     def opened(at_s: float, row: dict) -> None:
         place = row.get("link") or row.get("job_id") or ""
         click.echo(f"{at_s:9.2f} s  {row['kind']:<14} {place}: {row['summary']}")
@@ -175,12 +172,19 @@ def replay_(
                           flap_window_s=ingest.detect_flap_window_s,
                           model_file=ingest.detect_model_file)  # fmt: skip
     clock = {"window_s": ingest.clock_window_s, "lateness_s": ingest.clock_lateness_s}
+    # the daemon's own log lines (anomaly opened, closed, …) say what this command prints:
+    # quiet while it runs, as they were after (the command may run inside another process)
+    logger = logging.getLogger("clockmesh")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
     try:
         result = replay(run, out, topology=topology, detect=detect, clock=clock,
                         step_s=step_s or ingest.roll_s, lag_s=lag_s, urgent_lag_s=urgent_lag_s,
                         minutes=minutes, on_open=opened)  # fmt: skip
     except ReplayError as exc:
         raise click.ClickException(str(exc)) from None
+    finally:
+        logger.setLevel(level)
     span = (result.end_ns - result.start_ns) / 1e9
     click.echo(
         f"replayed {span:.0f} s in {result.wall_s:.0f} s ({result.passes} passes): "

@@ -5,6 +5,7 @@ the run's own time, judged by ``clockmesh detector eval`` as the live run is
 from __future__ import annotations
 
 import json
+import logging
 import re
 from pathlib import Path
 
@@ -65,6 +66,9 @@ def test_a_stored_flap_replayed_is_named_when_it_was_and_eval_judges_the_replay(
     report = evaluate([out])
     assert report.recall("flapping_link") == 1.0 and report.false_alarms() == 0
     assert report.latencies_s["flapping_link"] == [round(at - 20.0, 2)]
+    # the daemon's log lines, quiet while it replayed, are as they were after (the
+    # command ran in this process: a later test's caplog saw no warning once)
+    assert logging.getLogger("clockmesh").getEffectiveLevel() <= logging.WARNING
     assert json.loads((out / "truth.json").read_text())["replayed_from"] == str(run)
 
 
