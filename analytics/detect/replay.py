@@ -34,6 +34,7 @@ import pyarrow as pa
 from analytics.clock.clock_runner import SOURCES as CLOCK_TABLES
 from analytics.clock.clock_runner import ClockRunner
 from analytics.detect.detect_runner import DetectConfig, DetectRunner
+from analytics.store.catalog import connect_views
 from analytics.store.store_writer import StoreWriter
 
 # each table the daemon hands its clock runner or detector, and its time column
@@ -69,7 +70,9 @@ class Replayed:
     rejected: int = 0  # input the detector refused (one log line each)
 
 
-def _span(run: Path, store: Path, minutes: float | None) -> tuple[int, int]:
+def _span(
+    run: Path, con: duckdb.DuckDBPyConnection, store: Path, minutes: float | None
+) -> tuple[int, int]:
     truth = run / "truth.json"
     if truth.exists():
         try:
@@ -78,54 +81,35 @@ def _span(run: Path, store: Path, minutes: float | None) -> tuple[int, int]:
         except (ValueError, KeyError, TypeError) as exc:
             raise ReplayError(f"{truth}: expected started_ns and ended_ns ({exc})") from None
     else:
-        start, end = _stored_span(store)
+        start, end = _stored_span(con, store)
     if minutes is not None:
         end = min(end, start + int(minutes * 60e9))
     return start, end
 
 
-def _stored_span(store: Path) -> tuple[int, int]:
-    if not any((store / "counter").glob("**/*.parquet")):
-        raise ReplayError(f"{store}: no counter rows to take the run's span from")
-    with duckdb.connect() as con:
-        lo, hi = con.execute(
-            f"SELECT min(ts_ns), max(ts_ns) FROM read_parquet('{store}/counter/**/*.parquet')"
-        ).fetchone() or (None, None)
+def _stored_span(con: duckdb.DuckDBPyConnection, store: Path) -> tuple[int, int]:
+    lo, hi = con.execute("SELECT min(ts_ns), max(ts_ns) FROM counter").fetchone() or (None, None)
     if lo is None:
         raise ReplayError(f"{store}: no counter rows to take the run's span from")
     return int(lo) + int(WARM_UP_S * 1e9), int(hi)
 
 
 def _chunks(
-    store: Path, lo: int, hi: int
+    con: duckdb.DuckDBPyConnection, lo: int, hi: int
 ) -> Iterator[tuple[int, dict[str, tuple[pa.Table, np.ndarray]]]]:
     """The store's rows from ``lo`` to ``hi``, a chunk at a time (up to where it ends),
-    each table in time order."""
-    present = {t: c for t, c in TIME_COLUMNS.items() if any((store / t).glob("**/*.parquet"))}
-    with duckdb.connect() as con:
-        for a in range(lo, hi, CHUNK_NS):
-            b = min(a + CHUNK_NS, hi)
-            out = {}
-            for table, col in present.items():
-                data = con.sql(
-                    f"SELECT * EXCLUDE (date, hour) FROM read_parquet("
-                    f"'{store}/{table}/**/*.parquet', union_by_name=true) "
-                    f"WHERE {col} >= {a} AND {col} < {b} ORDER BY {col}"
-                ).to_arrow_table()
-                if data.num_rows:
-                    out[table] = (data, data.column(col).to_numpy())
-            yield b, out
-
-
-def _host_names(store: Path) -> dict[int, str]:
-    if not any((store / "host_names").glob("**/*.parquet")):
-        return {}
-    with duckdb.connect() as con:
-        rows = con.execute(
-            f"SELECT host_id, arg_max(host, ts_ns) FROM "
-            f"read_parquet('{store}/host_names/**/*.parquet') GROUP BY 1"
-        ).fetchall()
-    return {int(h): str(n) for h, n in rows}
+    each table in time order (the catalog's views: a table with no file is empty)."""
+    for a in range(lo, hi, CHUNK_NS):
+        b = min(a + CHUNK_NS, hi)
+        out = {}
+        for table, col in TIME_COLUMNS.items():
+            data = con.sql(
+                f"SELECT * EXCLUDE (date, hour) FROM {table} "
+                f"WHERE {col} >= {a} AND {col} < {b} ORDER BY {col}"
+            ).to_arrow_table()
+            if data.num_rows:
+                out[table] = (data, data.column(col).to_numpy())
+        yield b, out
 
 
 def replay(
@@ -154,31 +138,36 @@ def replay(
         raise ReplayError(f"{topology}: not found (the fabric's topology; give --topology)")
     if out.exists():
         raise ReplayError(f"{out}: exists (expected a new directory for the replay)")
-    start, end = _span(run, store, minutes)
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    (tmp / "store").mkdir(parents=True)
     try:
-        lags = (round(lag_s * 1e9), round(urgent_lag_s * 1e9))
-        config = dataclasses.replace(detect or DetectConfig(), topology_file=str(topology))
-        result = _run(store, tmp / "store", config, clock or {}, (start, end), step_s, lags,
-                      on_open)  # fmt: skip
-        shutil.copy(topology, tmp / "topology.json")
-        if (run / "truth.json").exists():  # `detector eval OUT` judges the replay
-            doc = json.loads((run / "truth.json").read_text(encoding="utf-8"))
-            doc["ended_ns"] = min(int(doc["ended_ns"]), end)
-            doc["faults"] = [f for f in doc.get("faults", []) if int(f["start_ns"]) < end]
-            doc["replayed_from"] = str(run)
-            (tmp / "truth.json").write_text(json.dumps(doc, indent=1), encoding="utf-8")
-        tmp.rename(out)
-    except BaseException:
+        con = connect_views(store, only=[*TIME_COLUMNS, "hosts"])
+    except FileNotFoundError as exc:
+        raise ReplayError(str(exc)) from None
+    with con:
+        start, end = _span(run, con, store, minutes)
+        tmp = out.with_name(out.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        (tmp / "store").mkdir(parents=True)
+        try:
+            lags = (round(lag_s * 1e9), round(urgent_lag_s * 1e9))
+            config = dataclasses.replace(detect or DetectConfig(), topology_file=str(topology))
+            result = _run(con, tmp / "store", config, clock or {}, (start, end), step_s, lags,
+                          on_open)  # fmt: skip
+            shutil.copy(topology, tmp / "topology.json")
+            if (run / "truth.json").exists():  # `detector eval OUT` judges the replay
+                doc = json.loads((run / "truth.json").read_text(encoding="utf-8"))
+                doc["ended_ns"] = min(int(doc["ended_ns"]), end)
+                doc["faults"] = [f for f in doc.get("faults", []) if int(f["start_ns"]) < end]
+                doc["replayed_from"] = str(run)
+                (tmp / "truth.json").write_text(json.dumps(doc, indent=1), encoding="utf-8")
+            tmp.rename(out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     return result
 
 
 def _run(
-    store: Path,
+    con: duckdb.DuckDBPyConnection,
     into: Path,
     config: DetectConfig,
     clock_settings: dict[str, float],
@@ -194,7 +183,7 @@ def _run(
     for table in ("anomalies", "owd", "clock"):  # typed even if nothing is written
         writer.ensure_placeholder(table)
     clock = ClockRunner(writer, now_ns=lambda: now[0], **clock_settings)  # type: ignore[arg-type]
-    names = _host_names(store)
+    names = {int(h): str(n) for h, n in con.execute("SELECT host_id, host FROM hosts").fetchall()}
     detect = DetectRunner(writer, config, host_names=lambda: names,
                           clock_state=lambda: clock.state)  # fmt: skip
     clock.on_owd = detect.feed_owd
@@ -224,7 +213,7 @@ def _run(
                         on_open((t - start) / 1e9, row)
 
     # a pass takes rows up to its time less a lag: every such row must have been read
-    for read_to, chunk in _chunks(store, t - max(lags), end):
+    for read_to, chunk in _chunks(con, t - max(lags), end):
         for table, part in chunk.items():
             pending.setdefault(table, []).append(part)
         advance(min(read_to + min(lags), end))
