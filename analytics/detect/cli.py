@@ -153,9 +153,8 @@ def replay_(
     """
     import logging
 
-    from analytics.detect.detect_runner import DetectConfig
     from analytics.detect.replay import ReplayError, replay
-    from analytics.ingest.config import IngestConfig
+    from analytics.ingest.config import IngestConfig, detect_config
     from collector import configfile
 
     def opened(at_s: float, row: dict) -> None:
@@ -168,9 +167,7 @@ def replay_(
     except configfile.ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     ingest = ingest or IngestConfig()
-    detect = DetectConfig(interval_s=ingest.detect_interval_s, clear_s=ingest.detect_clear_s,
-                          flap_window_s=ingest.detect_flap_window_s,
-                          model_file=ingest.detect_model_file)  # fmt: skip
+    detect = detect_config(ingest)  # its topology_file: the run's, given to replay()
     clock = {"window_s": ingest.clock_window_s, "lateness_s": ingest.clock_lateness_s}
     # the daemon's own log lines (anomaly opened, closed, …) say what this command prints:
     # quiet while it runs, as they were after (the command may run inside another process)

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from analytics.store import layout
 from collector import configfile, fleet_key
+
+if TYPE_CHECKING:
+    from analytics.detect.detect_runner import DetectConfig
 
 DEFAULT_PATH = Path("/etc/clockmesh/ingest.yml")
 
@@ -61,6 +65,20 @@ class ResolvedIngest(msgspec.Struct, kw_only=True):
     port: int
     retention_s: dict[str, float]
     dedup_window_s: float
+
+
+def detect_config(config: IngestConfig) -> DetectConfig:
+    """The detector's settings in ``config``: the daemon's, and a replay's of a run
+    (``clockmesh detector replay``)."""
+    from analytics.detect.detect_runner import DetectConfig
+
+    return DetectConfig(
+        interval_s=config.detect_interval_s,
+        clear_s=config.detect_clear_s,
+        flap_window_s=config.detect_flap_window_s,
+        topology_file=config.topology_file,
+        model_file=config.detect_model_file,
+    )
 
 
 def load(path: str | Path = DEFAULT_PATH) -> tuple[IngestConfig, ResolvedIngest]:

@@ -31,8 +31,14 @@ from aiohttp import web
 from prometheus_client import Gauge
 
 from analytics.clock.clock_runner import ClockRunner
-from analytics.detect.detect_runner import DetectConfig, DetectRunner
-from analytics.ingest.config import IngestConfig, ResolvedIngest, auto_max_rows, memory_budget
+from analytics.detect.detect_runner import DetectRunner
+from analytics.ingest.config import (
+    IngestConfig,
+    ResolvedIngest,
+    auto_max_rows,
+    detect_config,
+    memory_budget,
+)
 from analytics.ingest.group_commit import GroupCommit
 from analytics.ingest.hot_window import HotWindow
 from analytics.ingest.live import LiveDocument
@@ -96,13 +102,7 @@ class IngestServer:
         self.metrics.registry.register(self.clock.collector(self._host_names))
         self.detect = DetectRunner(
             self.writer,
-            DetectConfig(
-                interval_s=config.detect_interval_s,
-                clear_s=config.detect_clear_s,
-                flap_window_s=config.detect_flap_window_s,
-                topology_file=config.topology_file,
-                model_file=config.detect_model_file,
-            ),
+            detect_config(config),
             host_names=self._host_names,
             nice=config.analysis_nice,
             clock_state=lambda: self.clock.state,
