@@ -350,16 +350,15 @@ def congest(
     name: str, state_dir: Path | None, link: str, rate: str, direction: str, buffer_: str | None
 ) -> None:
     """Shape LINK with tbf and push UDP load hashed onto it (stop with `lab heal`)."""
-    from lab import faults
+    from lab import capacity, faults
 
     buffer_us = parse_duration(buffer_, "--buffer") * 1e6 if buffer_ else None
     for rec in faults.congest(_make_lab(name, state_dir), link, rate, direction,
                               buffer_us=buffer_us):  # fmt: skip
-        # the queue tbf holds: at least two full frames, so a --buffer under that is raised
+        # the queue tbf holds: at least capacity's least, so a --buffer under that is raised
         held = rec.get("queue_us")
-        least = (
-            " (raised to the least: 2 full frames)" if held and held > (buffer_us or 0) + 1 else ""
-        )
+        raised = held and held > (buffer_us or 0) + 1
+        least = f" (raised to the least: {capacity.MIN_QUEUE} full frames)" if raised else ""
         click.echo(
             f"{rec['link']} {rec['direction']}: tbf {rec['rate']} on {rec['node']}:{rec['interface']}"
             f"{f', queue {held} µs' if held else ''}{least}, "
