@@ -225,8 +225,8 @@ def test_pairs_are_slow_only_while_a_route_of_theirs_queues_beyond_its_own_noise
 def test_the_pairs_through_a_link_are_slow_in_the_pass_it_is_said() -> None:
     """Amber and the anomaly agree: judged every half second, a 300-µs queue into rack 2
     is said once it held half a second, and in that very pass the pairs entering rack 2
-    are slow with it — though a pair alone (a burst on one route, no hop said) turns
-    amber only once a route of it held a second."""
+    are slow with it (a pair on its own, no hop said, turns amber only once a route of it
+    held a second: the test above)."""
     f = _Fleet(seed=3)
     for _ in range(20):
         f.second({})
