@@ -12,8 +12,9 @@ one spine cross the same links and are one *route*.
 
 **Each route against its own healthy noise.** Per route, the judged statistics are the
 lower quartile and the p90 (``QUANTILES``) of the corrected delay over its newest
-``WINDOW_NS`` (1 s) of probes. Its healthy baseline is the last ``BASE_KEEP`` such values
-from windows judged healthy (one per second): their median and robust σ (1.4826 × MAD).
+``WINDOW_NS`` (0.5 s) of probes. Its healthy baseline is the last ``BASE_KEEP`` such
+values from windows judged healthy (one per window length): their median and robust σ
+(1.4826 × MAD).
 A route is *slow* when both exceed the baseline median by more than ``K_SIGMA`` robust σ,
 and never by less than ``FLOOR_NS`` (20 µs): what this route's own jitter cannot explain. A route that
 lost ``LOSSY_SHARE`` of its probes over ``LOSS_SPAN_NS`` while the tail of those received
@@ -71,27 +72,41 @@ import numpy as np
 from analytics.clock.clock_state import ClockState
 from analytics.detect.anomalies import Observation
 
-WINDOW_NS = 1_000_000_000  # a route's newest second of probes is judged
+WINDOW_NS = 500_000_000  # a route's newest half second of probes is judged
 STALE_NS = 4_000_000_000  # a route whose newest probe is this much older is not judged
 LOSS_SPAN_NS = 4_000_000_000  # losses (known up to KNOWN_WITHIN_NS late) counted over this long
 HOLD_NS = LOSS_SPAN_NS  # probes kept
 QUANTILES = (25.0, 90.0)  # a window's lower quartile (standing queue) and tail
 K_SIGMA = 6.0  # robust σ of the healthy baseline
 FLOOR_NS = 20_000.0  # never a smaller excess: below the lab's and a fabric's jitter
-BASE_KEEP = 120  # healthy windows kept per route (two minutes)
+BASE_KEEP = 120  # healthy windows kept per route (one minute)
 REFIT_EVERY = 4  # a baseline of 20 windows or more is refitted every this many
-MIN_BASE = 5  # healthy windows (seconds) before a route is judged on its own baseline
+MIN_BASE = 5  # healthy windows (2.5 s) before a route is judged on its own baseline
 LOSSY_SHARE = 0.2  # a route losing this share of its probes has a full queue (pair_excess)
 MIN_PEERS = 4  # fitted routes whose baselines judge a route not fitted yet
 MIN_PROBES = 3  # probes (received or lost) in a window to judge it
 MIN_SLOW_PATHS = 2
 # A hop is named when this share of the judged routes across it waited beyond what named
 # hops explain (not every one: with 16 routes or more across a link, one whose few probes
-# in a second all met a bursty queue empty held the naming back 4-9 s)
-NAME_SHARE = 0.8
+# in a second all met a bursty queue empty held the naming back 4-9 s; 0.8 until
+# 2026-12-05, when a route whose newest window predated the onset held it back too)
+NAME_SHARE = 0.6
 RESIDUAL = 0.25  # a queue varies this much of itself within a window
 UNSETTLED = 0.2  # lower quartile below this share of the tail's excess: not settled
-PERSIST_NS = 1_000_000_000  # a hop contended this long (probe time) is said
+# A hop contended this long (probe time) is said. 1 s and 1-s windows until 2026-12-05;
+# shorter still, the ports of a host whose link had just flapped, and of a host whose
+# probes crossed a named link, were paged for what they lost (held-out seeds 1259, 1261,
+# replayed with a hold of 0.25 s and of none): docs/detect.md.
+PERSIST_NS = 500_000_000
+# A host's port is said once it held this long: its queue is one host's, and a moment of
+# real incast under healthy jobs (two jobs into one host on shallow buffers) can fill it
+# for a moment. On the fabric's 0.5 s, a fresh-clone CI paged h3-1's port under two
+# healthy jobs (2026-12-05; most likely that, not reproduced): docs/detect.md.
+PORT_PERSIST_NS = 1_000_000_000
+# A pair is slow (the TUI's amber) once a route of it held this long, or at once when it
+# drops or crosses a hop said: a micro-burst under healthy jobs holds one route for about
+# a second, and no hop is said for it.
+PAIR_HOLD_NS = 1_000_000_000
 # A send not received is lost once its receiver shipped receives this much later on the
 # receiver's clock (the solver's skew put on the send time): a queue holds a probe for
 # milliseconds, not this long. 2 s on the sender's clock until 2026-12-01 (any NTP offset
@@ -378,7 +393,7 @@ class RouteWindow:
     @property
     def tail_excess(self) -> float:
         """The tail's excess (ns): this window's, or for a queue that drops its span's when
-        larger (a second whose few probes passed unqueued does not say the queue is gone)."""
+        larger (a window whose few probes passed unqueued does not say the queue is gone)."""
         if self.dropping:
             return max(float(self.excess[1]), float(self.span_excess))
         return float(self.excess[1])
@@ -871,12 +886,13 @@ class PathDelays:
         healthy delay (ns), for each pair with a route the detector holds slow: judged slow
         against that route's own healthy baseline (:attr:`Windows.slow`, never under
         ``FLOOR_NS``) and settled, as the naming reads them, in every pass of the last
-        ``PERSIST_NS`` of probe time — as long as a hop must hold to be said — or dropping
-        (a full queue). The value is the most its slow routes waited (:attr:`Windows.queue`).
-        A healthy fleet gives ``{}``, whatever its paths' delays are (the TUI's amber is this
-        verdict, not a fixed delay), and so does a micro-burst that fills a queue for one
-        pass (seen under healthy jobs on 500-µs buffers: one route 25–31 µs slow for a
-        second, three times in 10 minutes, never named)."""
+        ``PAIR_HOLD_NS`` of probe time, or dropping (a full queue), or crossing a hop said
+        in this pass (the pairs an open anomaly names are amber with it). The value is the
+        most its slow routes waited (:attr:`Windows.queue`). A healthy fleet gives ``{}``,
+        whatever its paths' delays are (the TUI's amber is this verdict, not a fixed
+        delay), and so does a micro-burst that fills a queue for a moment (seen under
+        healthy jobs on 500-µs buffers: one route 25–31 µs slow for a second, three times
+        in 10 minutes, never named)."""
         return dict(self._pair_queues)
 
     def _hold_pairs(
@@ -884,10 +900,12 @@ class PathDelays:
         every: Windows,
         trips: dict[int, tuple[float, float]],
         leads: dict[tuple[int, str], float],
+        said: set[tuple[str, str]],
     ) -> None:
         """Note, after a pass, which pairs have a slow route and since when
         (:meth:`pair_queues`); ``every``: the judged, settled routes the naming reads,
-        ``trips`` and ``leads`` their :func:`_round_trips` and :func:`_clock_leads`.
+        ``trips`` and ``leads`` their :func:`_round_trips` and :func:`_clock_leads`,
+        ``said``: the hops (link, direction) this pass said.
 
         A route late by what its ends' clocks explain is not slow: a host whose routes
         one way are early and whose round trips hold no queue has a clock the solver
@@ -899,13 +917,14 @@ class PathDelays:
         now = self.newest_ns
         slow = every.slow
         queue: dict[tuple[int, int], float] = {}
-        dropping: set[tuple[int, int]] = set()
+        dropping: set[tuple[int, int]] = set()  # (and crossing a hop said)
         queued = {h for h, (rt, rt_thr) in trips.items() if rt > rt_thr}  # its delay stays whole
         held = {k: v for k, v in leads.items() if k[0] not in queued}
+        at_once = every.dropping[slow] | every.crosses(said)[slow]
         for s, d, q, thr, drop in zip(every.src[slow].tolist(), every.dst[slow].tolist(),
                                       every.queue[slow].tolist(),
                                       every.thresholds[slow, 0].tolist(),
-                                      every.dropping[slow].tolist(), strict=True):  # fmt: skip
+                                      at_once.tolist(), strict=True):  # fmt: skip
             explained = _clock_explained(held, s, d)
             if explained and not drop:
                 if q - explained <= thr + RESIDUAL * explained:
@@ -916,7 +935,7 @@ class PathDelays:
                 dropping.add((s, d))
         since = self._pair_since = {p: self._pair_since.get(p, now) for p in queue}
         self._pair_queues = {p: q for p, q in queue.items()
-                             if now - since[p] >= PERSIST_NS or p in dropping}  # fmt: skip
+                             if now - since[p] >= PAIR_HOLD_NS or p in dropping}  # fmt: skip
 
     # ---- streamed probes -------------------------------------------------------------------
     def feed_probes(self, tx: np.ndarray, rx: np.ndarray, clocks: ClockState | None) -> None:
@@ -1093,7 +1112,7 @@ class PathDelays:
         if not nr:
             return Windows.empty()
         # Each probe's route, in the order held; each route's newest probe, its probes
-        # over the loss span and lost, and the quantiles of its newest second's (only
+        # over the loss span and lost, and the quantiles of its newest window's (only
         # those sorted, by (route, delay): one sort for all routes, not a call per route)
         rid = route_of_path[path]
         on = rid >= 0
@@ -1227,7 +1246,6 @@ class PathDelays:
         trips = _round_trips(every)  # once per pass: the naming, holding and saying
         leads = _clock_leads(every)
         full = self._full_ports(own, trips)
-        self._hold_pairs(every, trips, leads)
         judged = self._looked_at(every)
         hops, a, q = queues(judged)
         found: list[tuple[tuple[str, str], list[RouteWindow], float, float]] = []
@@ -1337,8 +1355,9 @@ class PathDelays:
         self._since = {h: self._since.get(h, now) for h in said}
         # A hop whose every slow route is a full queue that drops (:attr:`RouteWindow.
         # dropping`) is not filling: its losses, known up to KNOWN_WITHIN_NS late, held already.
-        out = [self._observation(*f) for f in found
-               if now - self._since[f[0]] >= PERSIST_NS or all(w.dropping for w in f[1])]  # fmt: skip
+        held_on = [f for f in found
+                   if now - self._since[f[0]] >= PERSIST_NS or all(w.dropping for w in f[1])]  # fmt: skip
+        out = [self._observation(*f) for f in held_on]
         # A port's direction: where its probes are lost (a full queue drops), clock-free;
         # else where they wait, against the host's clock as it stood while its routes were
         # healthy (a byte-limited queue full of 1400-byte datagrams still takes most small
@@ -1355,7 +1374,9 @@ class PathDelays:
                 _, direction, told = self._ports[link]
             else:
                 direction, told = _loss_side(rt[2], rt[3]), "probe loss"
-                if held < PERSIST_NS or (direction is None and held < PERSIST_NS + KNOWN_WITHIN_NS):
+                if held < PORT_PERSIST_NS or (
+                    direction is None and held < PORT_PERSIST_NS + KNOWN_WITHIN_NS
+                ):
                     continue
                 if direction is None:
                     direction, told = self._one_way_side(host, rt[2], rt[3])
@@ -1364,6 +1385,9 @@ class PathDelays:
                                               standing=rt is not full.get(host)))  # fmt: skip
         self._ports = said_ports
         self._port_said.update({host: now for host, *_ in said_ports.values()})
+        said_hops = {t for f in held_on for t in self._twins[f[0]]}
+        said_hops |= {(link, way) for link in said_ports for way in (HOST_UP, HOST_DOWN)}
+        self._hold_pairs(every, trips, leads, said_hops)
         busy = set(ports.values()) | {h for h, *_ in said_ports.values()}
         self._note_healthy(trips, busy, leads)
         return out
@@ -1654,7 +1678,7 @@ class PathDelays:
                     "hosts": [self.host_names.get(h, str(h)) for h in behind],
                     "per_s": rates,
                 },
-                "source": "corrected one-way delays per route (p90 per second) against its "
+                "source": "corrected one-way delays per route (p90 per half second) against its "
                 "healthy baseline, paths from traces, tomography by queue size",
             },
         )

@@ -46,14 +46,18 @@ class _Fleet:
         self.t = 10 * S
 
     def second(
-        self, queue_us: dict[tuple[str, str], float], loss: float = 0.0, empty: float = 0.0
+        self,
+        queue_us: dict[tuple[str, str], float],
+        loss: float = 0.0,
+        empty: float = 0.0,
+        halves: int = 2,
     ) -> None:
-        """One second of probes; ``queue_us``: (link, direction) -> queue it holds, lost
-        with probability ``loss``; ``empty``: the share of probes that meet the queues
-        empty (bursty senders: a shallow queue drains between bursts), neither waiting
-        nor lost."""
+        """One second of probes (``halves``: of half seconds); ``queue_us``: (link,
+        direction) -> queue it holds, lost with probability ``loss``; ``empty``: the share
+        of probes that meet the queues empty (bursty senders: a shallow queue drains
+        between bursts), neither waiting nor lost."""
         tx, rx = [], []
-        for _ in range(2):
+        for _ in range(halves):
             for (s, d, sport), spine in sorted(self.paths.spine_of.items()):
                 x, z = self.host_rack[s], self.host_rack[d]
                 hops = [
@@ -87,7 +91,7 @@ class _Fleet:
         loss: float = 0.0,
         empty: float = 0.0,
     ):
-        """``seconds`` of this queue, judged after each (a hop is said once it held 1 s)."""
+        """``seconds`` of this queue, judged after each (a hop is said once it held 0.5 s)."""
         for _ in range(seconds):
             self.second(queue_us, loss, empty)
             got = self.delays.observations(0)
@@ -218,6 +222,28 @@ def test_pairs_are_slow_only_while_a_route_of_theirs_queues_beyond_its_own_noise
     assert f.delays.pair_queues() == {}
 
 
+def test_the_pairs_through_a_link_are_slow_in_the_pass_it_is_said() -> None:
+    """Amber and the anomaly agree: judged every half second, a 300-µs queue into rack 2
+    is said once it held half a second, and in that very pass the pairs entering rack 2
+    are slow with it (a pair on its own, no hop said, turns amber only once a route of it
+    held a second: the test above)."""
+    f = _Fleet(seed=3)
+    for _ in range(20):
+        f.second({})
+        f.delays.observations(0)
+    queue = {("leaf2-spine1", "spine→leaf"): 300.0}
+    said, halves = [], 0
+    while not said and halves < 8:
+        f.second(queue, halves=1)
+        said = f.delays.observations(0)
+        halves += 1
+    assert [(o.link, o.evidence["direction"]) for o in said] == [
+        ("leaf2-spine1", "spine→leaf")
+    ], (halves, [o.summary for o in said])  # fmt: skip
+    slow = f.delays.pair_queues()
+    assert slow and {f.host_rack[d] for _, d in slow} == {"leaf2"}, slow
+
+
 def test_a_queue_at_one_hosts_port_is_named_there_not_on_the_fabric_links_before_it() -> None:
     """Incast: many senders into one host fill the leaf's port towards it. Every route
     into that host waits, through both spines; the routes into its rack neighbour do not,
@@ -232,6 +258,27 @@ def test_a_queue_at_one_hosts_port_is_named_there_not_on_the_fabric_links_before
         assert obs.evidence["host"] == "h1-1"  # the place: its peers are shown affected
         assert 200 <= obs.evidence["queue_us"] <= 320, obs.evidence
         assert obs.summary.startswith("h1-1-leaf1 (leaf→host) is contended"), obs.summary
+
+
+def test_a_hosts_port_is_said_once_it_held_a_second_a_fabric_link_at_half_a_second() -> None:
+    """Judged every half second: a 300-µs queue on a fabric link is said in the pass it
+    has held half a second (the third), a full queue at one host's port only once it held
+    a whole second (the fourth) — a moment of incast into one host under healthy jobs on
+    shallow buffers fills its port for about half a second (a fresh-clone CI, 2026-12-05)."""
+    port = ({("h1-1-leaf1", "leaf→host"): 300.0}, 0.2)
+    link = ({("leaf2-spine1", "spine→leaf"): 300.0}, 0.0)
+    for seed in range(3):
+        first = {}
+        for name, (queue, loss) in (("port", port), ("link", link)):
+            f = _Fleet(seed=seed, every=True)
+            f.warm()
+            for half in range(1, 9):
+                f.second(queue, loss=loss, halves=1)
+                said = f.delays.observations(0)
+                if said:
+                    first[name] = (half, [o.link for o in said])
+                    break
+        assert first == {"port": (4, ["h1-1-leaf1"]), "link": (3, ["leaf2-spine1"])}, seed
 
 
 def test_a_full_port_queue_that_drains_between_bursts_is_named_from_its_tail_and_loss() -> None:
