@@ -917,25 +917,26 @@ class PathDelays:
         now = self.newest_ns
         slow = every.slow
         queue: dict[tuple[int, int], float] = {}
-        dropping: set[tuple[int, int]] = set()  # (and crossing a hop said)
+        # amber without the hold: a full queue that drops, or a route across a hop said
+        at_once_pairs: set[tuple[int, int]] = set()
         queued = {h for h, (rt, rt_thr) in trips.items() if rt > rt_thr}  # its delay stays whole
         held = {k: v for k, v in leads.items() if k[0] not in queued}
         at_once = every.dropping[slow] | every.crosses(said)[slow]
-        for s, d, q, thr, drop in zip(every.src[slow].tolist(), every.dst[slow].tolist(),
-                                      every.queue[slow].tolist(),
-                                      every.thresholds[slow, 0].tolist(),
-                                      at_once.tolist(), strict=True):  # fmt: skip
+        for s, d, q, thr, at_once_route in zip(every.src[slow].tolist(), every.dst[slow].tolist(),
+                                               every.queue[slow].tolist(),
+                                               every.thresholds[slow, 0].tolist(),
+                                               at_once.tolist(), strict=True):  # fmt: skip
             explained = _clock_explained(held, s, d)
-            if explained and not drop:
+            if explained and not at_once_route:
                 if q - explained <= thr + RESIDUAL * explained:
                     continue
                 q -= explained
             queue[(s, d)] = max(queue.get((s, d), 0.0), q)
-            if drop:
-                dropping.add((s, d))
+            if at_once_route:
+                at_once_pairs.add((s, d))
         since = self._pair_since = {p: self._pair_since.get(p, now) for p in queue}
         self._pair_queues = {p: q for p, q in queue.items()
-                             if now - since[p] >= PAIR_HOLD_NS or p in dropping}  # fmt: skip
+                             if now - since[p] >= PAIR_HOLD_NS or p in at_once_pairs}  # fmt: skip
 
     # ---- streamed probes -------------------------------------------------------------------
     def feed_probes(self, tx: np.ndarray, rx: np.ndarray, clocks: ClockState | None) -> None:
