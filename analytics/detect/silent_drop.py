@@ -177,6 +177,13 @@ GRAY_MAX_PLACES = 4  # places named per pass, at most
 GRAY_EVERY_NS = 1_000_000_000
 
 RISE_NS = 100_000.0  # received probes this much over their pair's floor: a queue, not a drop
+# A probe lost while its coded twin (same path, sent ~0.1 ms apart) waited this long over
+# its pair's floor was lost at a full queue, not at random: a random share is judged
+# without it. Healthy jobs on shallow buffers drop a few probes at their queue's brief
+# peaks, with the path's median flat (the detect lab module, 2026-12-05: 8 of the 13
+# probes lost through one busy leaf in 8 s had a twin 135-224 µs late, and it was paged
+# as a bad optic); a bad optic's losses have twins as late as any probe on the path.
+TWIN_QUEUED_NS = 50_000.0
 QUEUE_MEMORY_S = 10.0  # a link-direction that queued is not judged for drops this long
 MAX_PATHS = 5_000  # paths judged; beyond, a stable hash-sample of them
 FORGET_S = 3600.0  # a pair that delivered nothing this long may be forgotten (_started)
@@ -505,6 +512,7 @@ class SilentDrops:
                 "src": tx["src"][judged], "dst": tx["dst"][judged],
                 "sport": tx["sport"][judged], "tx_ns": tx["tx_ns"][judged],
                 "lost": ~matched[judged], "delay": delay[judged], "key": key[judged],
+                "twin": _key(tx["src"][judged], tx["seq"][judged] >> 1),
             })  # fmt: skip
         self._late()
         newest = int(tx["tx_ns"].max())
@@ -804,11 +812,11 @@ class SilentDrops:
     ) -> dict[tuple[int, int, int], tuple[int, int, np.ndarray]]:
         """Per path, its probes judged that were sent since ``since_ns``, of them lost, and
         the lost per second of the window (a probe to a host not heard from is not
-        counted: :func:`_unheard`)."""
+        counted: :func:`_unheard`; nor one lost beside a queue: :data:`TWIN_QUEUED_NS`)."""
         h = self._hist.data
         if not len(self._hist):
             return {}
-        m = (h["tx_ns"] >= since_ns) & ~_unheard(h, since_ns)
+        m = (h["tx_ns"] >= since_ns) & ~_unheard(h, since_ns) & ~self._lost_at_queue(since_ns)
         if not m.any():
             return {}
         keys = _key(h["src"][m], h["dst"][m], h["sport"][m])
@@ -824,6 +832,26 @@ class SilentDrops:
             (a, b, c): (int(n), int(row.sum()), row)
             for a, b, c, n, row in zip(src, dst, sport, sent.tolist(), per_s, strict=True)
         }
+
+    def _lost_at_queue(self, since_ns: int) -> np.ndarray:
+        """Rows of the history that are probes sent since ``since_ns``, lost, whose coded
+        twin was received :data:`TWIN_QUEUED_NS` or more over its pair's floor."""
+        h = self._hist.data
+        out = np.zeros(len(h["tx_ns"]), bool)
+        lost = np.flatnonzero(h["lost"] & (h["tx_ns"] >= since_ns))
+        if not len(lost):
+            return out
+        # the lost probes' received twins: as few as the lost
+        twins = np.flatnonzero(~h["lost"] & (h["tx_ns"] >= since_ns)
+                               & np.isin(h["twin"], h["twin"][lost]))  # fmt: skip
+        if not len(twins):
+            return out
+        floor = self._floors.floors(int(h["tx_ns"].max()) - int(HISTORY_S * 1e9))
+        pairs = zip(h["src"][twins].tolist(), h["dst"][twins].tolist(), strict=True)
+        low = np.array([floor.get(p, np.inf) for p in pairs])
+        late = h["twin"][twins][h["delay"][twins] - low >= TWIN_QUEUED_NS]
+        out[lost[np.isin(h["twin"][lost], late)]] = True
+        return out
 
     def _gray_places(
         self,

@@ -866,6 +866,48 @@ def test_a_random_share_lost_with_a_queue_or_at_one_host_or_in_bursts_is_not_nam
     assert not any(every), [o.summary for obs in every for o in obs][:1]
 
 
+def _queue_peaks(share: float, where: Callable[[int, int, int, str], bool], late_ns: float,
+                 optic: float = 0.0, seed: int = 7) -> Fault:  # fmt: skip
+    """Healthy jobs on a shallow buffer: a ``share`` of the coded pairs crossing ``where``
+    meet its queue at a peak — one probe waits ``late_ns``, the other is dropped (the
+    buffer is full) — the path's median flat. ``optic``: a bad optic there too, losing
+    that share of every probe at random."""
+    import random
+
+    rng = random.Random(seed)
+    peak: dict[tuple[int, int, int, float], bool] = {}
+
+    def f(s: int, d: int, p: int, spine: str, t: float) -> tuple[bool, float]:
+        if not where(s, d, p, spine):
+            return False, 0.0
+        k = (s, d, p, t)
+        if k not in peak:  # the pair's first probe: it waits in the queue at its peak
+            peak[k] = rng.random() < share
+            return rng.random() < optic, late_ns if peak[k] else 0.0
+        return peak.pop(k) or rng.random() < optic, 0.0  # ... and the queue drops its twin
+
+    return f
+
+
+def test_probes_lost_beside_a_queue_s_peak_are_not_a_random_share() -> None:
+    """The detect lab module, healthy RoCE v2 jobs on 500-µs buffers (2026-12-05): leaf2
+    lost 13 of 518 probes in 8 s, the paths' medians flat, and was paged as dropping
+    "about 2 % at random (a bad optic)". 8 of the 13 had a twin — its coded pair, sent
+    0.1 ms apart on the same path — received 135-224 µs late: the buffer was full. A bad
+    optic on a link as busy is still named, with its rate."""
+    every = _run(_queue_peaks(0.1, _spine1_down_to_leaf2, 150_000.0), seconds=20)
+    assert not any(every), [o.summary for obs in every for o in obs][:1]
+    # under the floor: a healthy path's jitter, not a queue — the share is named
+    every = _run(_queue_peaks(0.1, _spine1_down_to_leaf2, 20_000.0), seconds=20)
+    assert every[-1] and every[-1][0].link == "leaf2-spine1", every[-1]
+    # a bad optic on the busy link: its losses have twins as late as any other probe's
+    every = _run(_queue_peaks(0.1, _spine1_down_to_leaf2, 150_000.0, optic=0.05), seconds=20)
+    (o,) = every[-1]
+    assert o.link == "leaf2-spine1" and o.evidence["pattern"] == "random", o.summary
+    assert (o.evidence["direction"], o.evidence["leaf"]) == ("spine→leaf", "leaf2")
+    assert 0.03 < o.evidence["packet_share"] < 0.08, o.evidence
+
+
 def test_the_rate_a_summary_says_is_a_1_2_5_step_kept_while_the_count_agrees() -> None:
     """The demo's 1 % read 1.68 % in one 8-s window (41 of 2,434): "about 2 %" — and the
     95 % interval beside the count says how far to trust it."""
