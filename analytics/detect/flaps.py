@@ -37,6 +37,15 @@ DOWN_COUNTERS = {b"carrier_down_count", b"link_downed"}
 # A leaf that goes as a whole: every host link under it seen down at once, the first and
 # the last going down within this (collectors sample their ports once a second, unaligned)
 LEAF_SKEW_NS = 2_500_000_000
+# A host link's outage in a rack of two hosts or more is named on its own once every other
+# host link of the rack has been sampled LEAF_HEARD_NS or more after it went down (up, or
+# down: then its leaf's), or LEAF_WAIT_NS after it went down. The hosts of a dead leaf
+# see their links go within milliseconds, but their collectors' reports reach the ops box
+# up to a few tenths of a second apart: held-out seed 1267 named h1-1-leaf1 0.14 s after
+# leaf1 died and folded it into the leaf's anomaly 0.18 s later (7 of 19 dead leaves in
+# seeds 1259-1266 were first paged as a host link so).
+LEAF_WAIT_NS = 400_000_000
+LEAF_HEARD_NS = 100_000_000
 NAMES = {b"operstate", *DOWN_COUNTERS}
 
 
@@ -68,6 +77,7 @@ class _Port:
     down_since: int = 0
     pending: int = 0  # carrier losses counted while operstate still read "up"
     pending_ts: int = 0
+    seen_ns: int = 0  # its newest sample with an operstate
     outages: collections.deque[Outage] = field(default_factory=collections.deque)
 
 
@@ -103,6 +113,7 @@ class LinkFlaps:
             if rack and access.get(host) == link:
                 racks.setdefault(rack, []).append((host, dev))
         self.rack_ports = {r: ports for r, ports in racks.items() if len(ports) > 1}
+        self.rack_of = {k: r for r, ports in self.rack_ports.items() for k in ports}
         self.leaves: dict[str, collections.deque[Outage]] = {}
         self.folded: list[tuple[str, str]] = []
 
@@ -166,6 +177,7 @@ class LinkFlaps:
             port.down_since = 0
         if up is not None:
             port.oper_up = up
+            port.seen_ns = max(port.seen_ns, ts)
 
     def observations(self, now_ns: int) -> list[Observation]:
         out = []
@@ -181,7 +193,7 @@ class LinkFlaps:
             down_since = port.down_since if own[-1].up_ns == 0 else 0
             # Observed while down, and in the pass that sees an outage end.
             recent = now_ns - max(o.up_ns for o in own) < 2_000_000_000
-            if not (down_since or recent):
+            if not (down_since or recent) or self._leaf_unheard((host, dev), own[-1], now_ns):
                 continue
             out.append(self._observation(host, dev, own, down_since, now_ns))
         for rack, outages in list(self.leaves.items()):
@@ -193,6 +205,16 @@ class LinkFlaps:
             if down_since or now_ns - outages[-1].up_ns < 2_000_000_000:
                 out.append(self._leaf_observation(rack, now_ns))
         return out
+
+    def _leaf_unheard(self, key: tuple[int, str], outage: Outage, now_ns: int) -> bool:
+        """Whether a host link's ``outage`` may yet be its whole leaf's: another host link
+        of its rack not sampled since it went down, :data:`LEAF_WAIT_NS` not over."""
+        rack = self.rack_of.get(key)
+        if rack is None or outage.sub_sample or now_ns - outage.down_ns >= LEAF_WAIT_NS:
+            return False
+        heard = outage.down_ns + LEAF_HEARD_NS
+        return any(k != key and ((p := self.ports.get(k)) is None or p.seen_ns < heard)
+                   for k in self.rack_ports[rack])  # fmt: skip
 
     def _whole_leaves(self) -> None:
         """Mark the newest outage of every host link of a leaf as the leaf's when they all

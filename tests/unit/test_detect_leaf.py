@@ -229,3 +229,41 @@ def test_a_leafs_uplink_told_apart_from_no_other_leafs_link_is_still_the_leafs(
     # and the outage is the leaf's for both: not counted when either flaps on its own later
     assert all(runner.paths.state[n].outages[-1].whole_leaf == "leaf2"
                for n in ("leaf2-spine2", "leaf3-spine2"))  # fmt: skip
+
+
+def _event(host: int, ts: int, up: bool) -> np.ndarray:
+    """One link-watch sample of a host's bk0 (its collector ships it at once)."""
+    oper, went = (6, 0) if up else (2, 1)
+    return np.array([(ts, host, b"bk0", 0, 0, (0,) * 5, b"operstate", oper, 0),
+                     (ts, host, b"bk0", 0, 0, (0,) * 5, b"carrier_down_count", went, went)],
+                    records.COUNTER)  # fmt: skip
+
+
+def test_a_dead_leafs_host_links_reported_apart_are_never_paged_one_by_one() -> None:
+    """Held-out seed 1267: leaf1 died, its two hosts saw their links go 5 ms apart, and
+    their reports reached the ops box 0.18 s apart: h1-1-leaf1 was paged on its own,
+    then folded into leaf1's anomaly. A host link of a rack is named once the rack's other
+    host links have been heard from since it went down, or 0.4 s after."""
+    from analytics.detect.flaps import LEAF_WAIT_NS
+
+    ports = {(h, "bk0"): f"{NAMES[h]}-{HOSTS[h]}" for h in HOSTS}
+    flaps = LinkFlaps(600, ports, NAMES, HOSTS, {h: ports[(h, "bk0")] for h in HOSTS})
+    for sec in range(3):
+        flaps.feed(_samples(sec, {}))
+        assert flaps.observations(T0 + sec * S + S // 2) == []
+    t = T0 + 3 * S + 100_000_000  # leaf2 dies
+    flaps.feed(_event(21, t + 2_000_000, up=False))  # h2-1's report arrives first ...
+    said = [o.link for o in flaps.observations(t + 140_000_000)]
+    flaps.feed(_event(22, t + 7_000_000, up=False))  # ... h2-2's one pass later
+    said += [o.link for o in flaps.observations(t + 320_000_000)]
+    assert said == ["leaf2"], said
+    # a host's own link: named once the rack's other host is heard, up, since ...
+    flaps.feed(_event(11, t + 1 * S, up=False))
+    assert [o.link for o in flaps.observations(t + S + 100_000_000)] == ["leaf2"]
+    flaps.feed(_event(12, t + S + 150_000_000, up=True))  # its 1-s sample
+    assert [o.link for o in flaps.observations(t + S + 200_000_000)] == ["h1-1-leaf1", "leaf2"]
+    # ... or LEAF_WAIT_NS after it went down, unheard
+    flaps.feed(_event(31, t + 2 * S, up=False))
+    assert {o.link for o in flaps.observations(t + 2 * S + LEAF_WAIT_NS - 1)} == {
+        "h1-1-leaf1", "leaf2"}  # fmt: skip
+    assert "h3-1-leaf3" in {o.link for o in flaps.observations(t + 2 * S + LEAF_WAIT_NS)}
