@@ -838,12 +838,16 @@ class SilentDrops:
         twin was received :data:`TWIN_QUEUED_NS` or more over its pair's floor."""
         h = self._hist.data
         out = np.zeros(len(h["tx_ns"]), bool)
-        lost = np.flatnonzero(h["lost"] & (h["tx_ns"] >= since_ns))
+        window = h["tx_ns"] >= since_ns
+        lost = np.flatnonzero(h["lost"] & window)
         if not len(lost):
             return out
-        # the lost probes' received twins: as few as the lost
-        twins = np.flatnonzero(~h["lost"] & (h["tx_ns"] >= since_ns)
-                               & np.isin(h["twin"], h["twin"][lost]))  # fmt: skip
+        # the lost probes' received twins: as few as the lost (a sorted search, not isin:
+        # the window holds every judged probe of the sampled paths)
+        pairs_lost = np.sort(h["twin"][lost])
+        got = np.flatnonzero(~h["lost"] & window)
+        at = np.minimum(np.searchsorted(pairs_lost, h["twin"][got]), len(pairs_lost) - 1)
+        twins = got[pairs_lost[at] == h["twin"][got]]
         if not len(twins):
             return out
         floor = self._floors.floors(int(h["tx_ns"].max()) - int(HISTORY_S * 1e9))
