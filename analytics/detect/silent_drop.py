@@ -276,11 +276,14 @@ class _Floors:
     """Each pair's lowest received delay per second of send time, kept as probes are
     judged: the pair's floor over HISTORY_S is the least of its seconds kept (the oldest
     of them may reach up to a second further back), without sorting the whole history
-    every pass."""
+    every pass. The floors last asked for are kept until a probe is added or older
+    seconds are asked to go: a pass's path stats and its random-share judgement ask alike
+    (~50 ms at 5,000 pairs)."""
 
     def __init__(self) -> None:
         # second of send time -> (pair keys sorted, src, dst, least delay)
         self.by_sec: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._last: tuple[int, dict[tuple[int, int], float]] | None = None  # (first, floors)
 
     def add(self, src: np.ndarray, dst: np.ndarray, tx_ns: np.ndarray, delay: np.ndarray) -> None:
         """Received probes (finite delays)."""
@@ -294,16 +297,22 @@ class _Floors:
                 parts.append(self.by_sec[s])
             k, a, b, x = (np.concatenate(c) for c in zip(*parts, strict=True))
             self.by_sec[s] = _least(k, a, b, x)
+        self._last = None
 
     def floors(self, since_ns: int) -> dict[tuple[int, int], float]:
-        """(src, dst) -> its least delay sent since ``since_ns`` (older seconds dropped)."""
+        """(src, dst) -> its least delay sent since ``since_ns`` (older seconds dropped).
+        Not to be changed by the caller: the next call may return it again."""
         first = since_ns // 1_000_000_000
+        if self._last is not None and self._last[0] == first:
+            return self._last[1]
         self.by_sec = {s: v for s, v in self.by_sec.items() if s >= first}
-        if not self.by_sec:
-            return {}
-        k, a, b, x = (np.concatenate(c) for c in zip(*self.by_sec.values(), strict=True))
-        _k, a, b, x = _least(k, a, b, x)
-        return dict(zip(zip(a.tolist(), b.tolist(), strict=True), x.tolist(), strict=True))
+        out: dict[tuple[int, int], float] = {}
+        if self.by_sec:
+            k, a, b, x = (np.concatenate(c) for c in zip(*self.by_sec.values(), strict=True))
+            _k, a, b, x = _least(k, a, b, x)
+            out = dict(zip(zip(a.tolist(), b.tolist(), strict=True), x.tolist(), strict=True))
+        self._last = (first, out)
+        return out
 
 
 def _unheard(h: dict[str, np.ndarray], since_ns: int) -> np.ndarray:
