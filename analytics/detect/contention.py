@@ -804,6 +804,9 @@ class PathDelays:
         # (src, dst) -> the jobs whose messages run between these hosts now (the in-band
         # reports, :meth:`JobDelays.jobs_between`): named beside a contended link.
         self.jobs_between: Callable[[int, int], set[str]] = lambda s, d: set()
+        # since_ns -> the hosts whose own link (or leaf) was down at or after it
+        # (:meth:`LinkFlaps.hosts_down_since`): their routes are not judged (:meth:`_cut_off`)
+        self.hosts_down: Callable[[int], set[int]] = lambda since_ns: set()
         # streamed probes
         self._tx = np.zeros(0, _TX)
         self._rx = np.zeros(0, _RX)
@@ -1242,6 +1245,7 @@ class PathDelays:
     def observations(self, now_ns: int) -> list[Observation]:
         wins = self.windows()
         wins = self._last_windows = wins if isinstance(wins, Windows) else Windows.of(list(wins))
+        wins = self._cut_off(wins)
         own = self._port_held(wins)
         every = own.take(own.judged & own.settled)
         trips = _round_trips(every)  # once per pass: the naming, holding and saying
@@ -1450,6 +1454,19 @@ class PathDelays:
                 out[host] = (typical, thr, into, away)  # the size: the typical route's
                 busy.add(host)
         return out
+
+    def _cut_off(self, wins: Windows) -> Windows:
+        """``wins`` without the routes into or out of a host whose own link (or leaf) was
+        down in the last ``LOSS_SPAN_NS + KNOWN_WITHIN_NS``: what they lost, and the probes
+        held while the host was cut off and sent on when it came back, are the outage's —
+        paged as a flap, not a queue — and no healthy baseline either. Seen in the demo
+        lab (2026-12-06): leaf3's host links down ~6 s; 2 s after they were back,
+        "h3-2-leaf3 (leaf→host) … a full queue that drops, tail ≥651922 µs … 62 % lost"."""
+        down = self.hosts_down(self.newest_ns - LOSS_SPAN_NS - KNOWN_WITHIN_NS)
+        if not down or not len(wins):
+            return wins
+        ends = np.fromiter(down, np.int64, len(down))
+        return wins.take(~(np.isin(wins.src, ends) | np.isin(wins.dst, ends)))
 
     def _port_held(self, wins: Windows) -> Windows:
         """``wins`` with the routes into or out of a host whose port was said within the

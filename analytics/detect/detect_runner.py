@@ -206,6 +206,7 @@ class DetectRunner:
                                  self._contended, self._full_ports)  # fmt: skip
         self.job_delays = JobDelays(names)
         self.delays.jobs_between = self.job_delays.jobs_between
+        self.delays.hosts_down = self.flaps.hosts_down_since
         self._names = names  # shared with the rules, refreshed every pass
         self.book = AnomalyBook(self.config.clear_s)
         self.model: Detector | None = None

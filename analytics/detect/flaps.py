@@ -43,7 +43,8 @@ LEAF_SKEW_NS = 2_500_000_000
 # see their links go within milliseconds, but their collectors' reports reach the ops box
 # up to a few tenths of a second apart: held-out seed 1267 named h1-1-leaf1 0.14 s after
 # leaf1 died and folded it into the leaf's anomaly 0.18 s later (7 of 19 dead leaves in
-# seeds 1259-1266 were first paged as a host link so).
+# seeds 1259-1266 were first paged as a host link so). Past the wait, while another host
+# link of the rack has gone down since, up to LEAF_SKEW_NS: a leaf can go port by port.
 LEAF_WAIT_NS = 400_000_000
 LEAF_HEARD_NS = 100_000_000
 NAMES = {b"operstate", *DOWN_COUNTERS}
@@ -114,6 +115,8 @@ class LinkFlaps:
                 racks.setdefault(rack, []).append((host, dev))
         self.rack_ports = {r: ports for r, ports in racks.items() if len(ports) > 1}
         self.rack_of = {k: r for r, ports in self.rack_ports.items() for k in ports}
+        # the hosts' access ports (every port without a topology): hosts_down_since
+        self.access = {k for k, link in self.port_links.items() if access.get(k[0]) == link}
         self.leaves: dict[str, collections.deque[Outage]] = {}
         self.folded: list[tuple[str, str]] = []
 
@@ -208,13 +211,22 @@ class LinkFlaps:
 
     def _leaf_unheard(self, key: tuple[int, str], outage: Outage, now_ns: int) -> bool:
         """Whether a host link's ``outage`` may yet be its whole leaf's: another host link
-        of its rack not sampled since it went down, :data:`LEAF_WAIT_NS` not over."""
+        of its rack not sampled since it went down, :data:`LEAF_WAIT_NS` not over; or,
+        up to :data:`LEAF_SKEW_NS`, another that went down too since (a leaf going port
+        by port: the demo lab's leaf3, its four host links 0.15 s apart, 2026-12-06 —
+        h3-1-leaf3 was paged 0.53 s, past the wait, then folded into leaf3)."""
         rack = self.rack_of.get(key)
-        if rack is None or outage.sub_sample or now_ns - outage.down_ns >= LEAF_WAIT_NS:
+        age = now_ns - outage.down_ns
+        if rack is None or outage.sub_sample or age >= LEAF_SKEW_NS:
             return False
-        heard = outage.down_ns + LEAF_HEARD_NS
-        return any(k != key and ((p := self.ports.get(k)) is None or p.seen_ns < heard)
-                   for k in self.rack_ports[rack])  # fmt: skip
+        others = [self.ports.get(k) for k in self.rack_ports[rack] if k != key]
+        if age < LEAF_WAIT_NS:
+            heard = outage.down_ns + LEAF_HEARD_NS
+            if any(p is None or p.seen_ns < heard for p in others):
+                return True
+        return any(p is not None and p.down_since and p.outages and not p.outages[-1].whole_leaf
+                   and abs(p.outages[-1].down_ns - outage.down_ns) <= LEAF_SKEW_NS
+                   for p in others)  # fmt: skip
 
     def _whole_leaves(self) -> None:
         """Mark the newest outage of every host link of a leaf as the leaf's when they all
@@ -244,6 +256,17 @@ class LinkFlaps:
                 self.folded.append((self.port_links.get((host, dev), f"{name}:{dev}"), rack))
             up = max(ups) if all(o.up_ns for o in group) else 0
             self.leaves.setdefault(rack, collections.deque()).append(Outage(min(downs), up))
+
+    def hosts_down_since(self, since_ns: int) -> set[int]:
+        """Hosts whose access port was down at or after ``since_ns`` (down now, back
+        since, or a carrier loss counted since): their probes' losses and delays then are
+        the outage's, not a queue's (:meth:`PathDelays._cut_off`)."""
+        return {
+            host for (host, dev), p in self.ports.items()
+            if (not self.access or (host, dev) in self.access)
+            and (p.down_since or (p.pending and p.pending_ts >= since_ns)
+                 or any(o.up_ns >= since_ns for o in p.outages))
+        }  # fmt: skip
 
     def take_folded(self) -> list[tuple[str, str]]:
         """[(key of a host link's anomaly, the leaf's key)] since the last call: a host

@@ -935,6 +935,42 @@ def test_a_drained_port_queues_losses_name_no_fabric_link_behind_it() -> None:
     assert ("leaf1-spine2", "spine→leaf") in said[-1], said
 
 
+def test_a_cut_off_racks_lost_and_held_probes_name_no_queue_until_its_span_is_past() -> None:
+    """Seen in the demo lab (2026-12-06): leaf3's host links down ~6 s; 2 s after they
+    were back, "h3-2-leaf3 (leaf→host) … a full queue that drops, tail ≥651922 µs … 62 %
+    lost" paged under healthy jobs. Probes to and from rack 3 are all lost while it is cut
+    off, and those of its first half second back arrive 0.65 s late (held while the
+    neighbour was unresolved). Those are the outage's, paged as a flap: nothing is named
+    for them. Once the loss span is past, a queue at h3-2's port is named again."""
+    rack3 = {records.host_id("h3-1"), records.host_id("h3-2")}
+    links = [(f"h3-{n}-leaf3", way) for n in (1, 2) for way in (HOST_UP, HOST_DOWN)]
+    for seed in range(3):
+        f = _Fleet(seed=seed, every=True)
+        f.warm()
+        back = [0]  # probe time rack 3 came back (0: still down)
+
+        def cut_off(since: int, back: list[int] = back) -> set[int]:
+            return rack3 if not back[0] or back[0] >= since else set()
+
+        f.delays.hosts_down = cut_off
+        said = []
+        for _ in range(6):
+            f.second(dict.fromkeys(links, 1.0), loss=1.0)
+            said += f.delays.observations(0)
+        back[0] = f.t
+        f.second(dict.fromkeys(links, 650_000.0), loss=0.3, halves=1)
+        said += f.delays.observations(0)
+        for _ in range(7):
+            f.second({})
+            said += f.delays.observations(0)
+        assert said == [], (seed, [o.summary for o in said])
+        incast = {("h3-2-leaf3", HOST_DOWN): 300.0}
+        said = f.judge(incast, seconds=3, loss=0.2)
+        assert {(o.link, o.evidence["direction"]) for o in said} == {
+            ("h3-2-leaf3", HOST_DOWN)
+        }, (seed, [o.summary for o in said])  # fmt: skip
+
+
 def test_a_queue_that_begins_dropping_is_named_from_its_first_seconds_losses() -> None:
     """A shallow buffer saturated by bursty senders (the demo lab's 500-µs buffers,
     2026-12-01): 30 % of the probes crossing it lost, 40 % pass it empty, so its windows

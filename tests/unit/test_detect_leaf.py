@@ -267,3 +267,52 @@ def test_a_dead_leafs_host_links_reported_apart_are_never_paged_one_by_one() -> 
     assert {o.link for o in flaps.observations(t + 2 * S + LEAF_WAIT_NS - 1)} == {
         "h1-1-leaf1", "leaf2"}  # fmt: skip
     assert "h3-1-leaf3" in {o.link for o in flaps.observations(t + 2 * S + LEAF_WAIT_NS)}
+
+
+def test_the_contention_rules_hear_which_hosts_were_cut_off_and_until_when(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hosts whose own link (or leaf) was down at or after a time, as the contention
+    rules ask for them (their routes' losses then are the outage's): leaf2 down 5-15 s and
+    h1-1's link 3-4 s; other hosts never."""
+    runner = _runner(tmp_path, monkeypatch)
+    _run(runner, {21: (5, 15), 22: (5, 15), 11: (3, 4)}, range(0, 20))
+    asked = runner.delays.hosts_down
+    assert asked(T0 + 2 * S) == {11, 21, 22}
+    assert asked(T0 + 10 * S) == {21, 22}  # back at 15 s (seen by the 15-s sample)
+    assert asked(T0 + 16 * S) == set()
+
+
+def test_a_leaf_going_port_by_port_is_named_as_the_leaf_never_as_its_first_host_link() -> None:
+    """Seen in the demo lab (2026-12-06): leaf3's four host links went 0.15 s apart;
+    h3-1-leaf3 was paged 0.53 s after it went, past the 0.4-s wait, then folded into
+    leaf3. While another host link of the rack has gone down since, a host link waits
+    for the rest, up to LEAF_SKEW_NS: two that go and stay down, the others up, are named
+    then, each on its own (2.5 s after each went)."""
+    hosts = {40 + i: "leaf4" for i in (1, 2, 3, 4)}
+    names = {h: f"h4-{h % 10}" for h in hosts}
+    ports = {(h, "bk0"): f"{names[h]}-leaf4" for h in hosts}
+    for dying in ((41, 42, 43, 44), (41, 42)):
+        flaps = LinkFlaps(600, ports, names, hosts, {h: ports[(h, "bk0")] for h in hosts})
+        t = T0 + 3 * S
+        for h in hosts:
+            flaps.feed(_event(h, t - S + h * 1_000_000, up=True))
+        said: list[tuple[int, list[str]]] = []
+        for step in range(1, 31):  # a pass every 0.1 s for 3 s
+            now = t + step * 100_000_000
+            for i, h in enumerate(dying):  # link-watch: shipped as it goes
+                went = t + 50_000_000 + i * 150_000_000
+                if now - 100_000_000 < went <= now:
+                    flaps.feed(_event(h, went, up=False))
+            for h in hosts:  # each collector's 1-s sample of its port
+                at = t + (h % 10) * 230_000_000
+                if now - 100_000_000 < at <= now:
+                    flaps.feed(_event(h, at, up=h not in dying))
+            said.append((step, sorted(o.link for o in flaps.observations(now))))
+        if len(dying) == 4:
+            named = {link for _, links in said for link in links}
+            assert named == {"leaf4"}, said
+        else:  # gone at 0.05 and 0.2 s: named at the first passes 2.5 s after
+            assert said[24:27] == [(25, []), (26, ["h4-1-leaf4"]),
+                                   (27, ["h4-1-leaf4", "h4-2-leaf4"])], said[20:]  # fmt: skip
+            assert all(links == [] for _, links in said[:24]), said
