@@ -44,7 +44,8 @@ LEAF_SKEW_NS = 2_500_000_000
 # up to a few tenths of a second apart: held-out seed 1267 named h1-1-leaf1 0.14 s after
 # leaf1 died and folded it into the leaf's anomaly 0.18 s later (7 of 19 dead leaves in
 # seeds 1259-1266 were first paged as a host link so). Past the wait, while another host
-# link of the rack has gone down since, up to LEAF_SKEW_NS: a leaf can go port by port.
+# link of the rack is down that went within LEAF_SKEW_NS of it, up to LEAF_SKEW_NS: a leaf
+# can go port by port.
 LEAF_WAIT_NS = 400_000_000
 LEAF_HEARD_NS = 100_000_000
 NAMES = {b"operstate", *DOWN_COUNTERS}
@@ -212,9 +213,9 @@ class LinkFlaps:
     def _leaf_unheard(self, key: tuple[int, str], outage: Outage, now_ns: int) -> bool:
         """Whether a host link's ``outage`` may yet be its whole leaf's: another host link
         of its rack not sampled since it went down, :data:`LEAF_WAIT_NS` not over; or,
-        up to :data:`LEAF_SKEW_NS`, another that went down too since (a leaf going port
-        by port: the demo lab's leaf3, its four host links 0.15 s apart, 2026-12-06 —
-        h3-1-leaf3 was paged 0.53 s, past the wait, then folded into leaf3)."""
+        up to :data:`LEAF_SKEW_NS`, another down now that went within that of it (a leaf
+        going port by port: the demo lab's leaf3, its four host links 0.15 s apart,
+        2026-12-06 — h3-1-leaf3 was paged 0.53 s, past the wait, then folded into leaf3)."""
         rack = self.rack_of.get(key)
         age = now_ns - outage.down_ns
         if rack is None or outage.sub_sample or age >= LEAF_SKEW_NS:
