@@ -516,6 +516,10 @@ class Windows:
             self.base_rows,
         )  # fmt: skip
 
+    def touching(self, hosts: np.ndarray) -> np.ndarray:
+        """Per row: whether the route runs into or out of one of ``hosts``."""
+        return np.isin(self.src, hosts) | np.isin(self.dst, hosts)
+
     def hops(self, mask: np.ndarray) -> set[tuple[str, str]]:
         """The hops the rows of ``mask`` cross."""
         rows = np.flatnonzero(mask).tolist()
@@ -1424,7 +1428,7 @@ class PathDelays:
         if not lossy.any():
             return out
         near = hosts[lossy]
-        judged = wins.take(ok & (np.isin(wins.src, near) | np.isin(wins.dst, near)))
+        judged = wins.take(ok & wins.touching(near))
         said = {h for h, *_ in self._ports.values()}
         # hosts whose port holds a queue already (standing, said, or named here): their
         # routes are theirs — a peer's routes to a full port wait and lose in it
@@ -1442,7 +1446,7 @@ class PathDelays:
             cols = judged
             others = np.fromiter(busy - {host}, np.int64)
             if len(others):
-                cols = judged.take(~(np.isin(judged.src, others) | np.isin(judged.dst, others)))
+                cols = judged.take(~judged.touching(others))
                 again = _tail_trips(cols).get(host)
                 if again is None or not passes(again, host):
                     continue
@@ -1466,7 +1470,7 @@ class PathDelays:
         if not down or not len(wins):
             return wins
         ends = np.fromiter(down, np.int64, len(down))
-        return wins.take(~(np.isin(wins.src, ends) | np.isin(wins.dst, ends)))
+        return wins.take(~wins.touching(ends))
 
     def _port_held(self, wins: Windows) -> Windows:
         """``wins`` with the routes into or out of a host whose port was said within the
@@ -1486,7 +1490,7 @@ class PathDelays:
         if not recent or not wins.dropping.any():
             return wins
         ends = np.fromiter(recent, np.int64, len(recent))
-        near = np.isin(wins.src, ends) | np.isin(wins.dst, ends)
+        near = wins.touching(ends)
         return wins.unheld(wins.dropping & ~wins.queued & near)
 
     def _looked_at(self, judged: Windows) -> list[RouteWindow]:
@@ -1502,7 +1506,7 @@ class PathDelays:
         hosts |= {h for h, *_ in self._ports.values()}
         ends = np.fromiter(hosts, np.int64, len(hosts))
         near = judged.crosses(judged.hops(judged.slow))
-        near |= np.isin(judged.src, ends) | np.isin(judged.dst, ends)
+        near |= judged.touching(ends)
         return [judged.route(i) for i in np.flatnonzero(near).tolist()]
 
     def _note_healthy(
@@ -1624,7 +1628,7 @@ class PathDelays:
         ok &= wins.newest - bases.last_ns[ix] >= WINDOW_NS
         if leads:
             led = np.fromiter({h for h, _ in leads}, np.int64)
-            ok &= ~(np.isin(wins.src, led) | np.isin(wins.dst, led))
+            ok &= ~wins.touching(led)
         if contended:
             ok &= ~wins.crosses(contended)
         rows = np.flatnonzero(ok)
