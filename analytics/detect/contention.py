@@ -93,10 +93,11 @@ MIN_SLOW_PATHS = 2
 NAME_SHARE = 0.6
 RESIDUAL = 0.25  # a queue varies this much of itself within a window
 UNSETTLED = 0.2  # lower quartile below this share of the tail's excess: not settled
-# A hop contended this long (probe time) is said. 1 s and 1-s windows until 2026-12-05;
-# shorter still, the ports of a host whose link had just flapped, and of a host whose
-# probes crossed a named link, were paged for what they lost (held-out seeds 1259, 1261,
-# replayed with a hold of 0.25 s and of none): docs/detect.md.
+# A hop queued this long (probe time: from its first slow routes, and named in two passes
+# in a row; from the first pass naming it until 2026-12-06) is said. 1 s and 1-s windows
+# until 2026-12-05; shorter still, the ports of a host whose link had just flapped, and
+# of a host whose probes crossed a named link, were paged for what they lost (held-out
+# seeds 1259, 1261, replayed with a hold of 0.25 s and of none): docs/detect.md.
 PERSIST_NS = 500_000_000
 # A host's port is said once it held this long: its queue is one host's, and a moment of
 # real incast under healthy jobs (two jobs into one host on shallow buffers) can fill it
@@ -841,6 +842,9 @@ class PathDelays:
         # least MIN_PROBES of them): no window to judge, but the fullest queue of all
         self._dark: set[tuple[int, int]] = set()
         self._since: dict[tuple[str, str], int] = {}  # hop -> contended since (probe time)
+        # hop -> since when it held a queue above its routes' threshold with MIN_SLOW_PATHS
+        # slow routes across it, named or not (probe time)
+        self._queued_since: dict[tuple[str, str], int] = {}
         # (src, dst) with a slow route the naming reads -> slow since (probe time), and
         # those that held PERSIST_NS (or drop) -> their queue (ns): :meth:`pair_queues`
         self._pair_since: dict[tuple[int, int], int] = {}
@@ -1261,6 +1265,7 @@ class PathDelays:
         named: dict[tuple[str, str], float] = {}  # hop -> the queue it holds at least (ns)
         masked: dict[tuple[str, str], float] = {}  # hop -> its estimate, not named
         ports: dict[str, int] = {}  # a host's access link named -> that host
+        queued_on: set[tuple[str, str]] = set()  # hops past the first test below (a queue)
         into_of: dict[int, list[RouteWindow]] = collections.defaultdict(list)
         away_of: dict[int, list[RouteWindow]] = collections.defaultdict(list)
         for w in judged:
@@ -1295,6 +1300,7 @@ class PathDelays:
             thr = float(np.median([w.thresholds[0] for w in crossing]))
             if q[c] <= thr or len(slow) < MIN_SLOW_PATHS:
                 continue
+            queued_on.add(hop)
             # A host's own port is named only on its host's round trips: a full queue in
             # front of one host delays every probe to it, which any clock sync reads as
             # that host's clock running ahead (docs/clock.md) — only a host's own port can
@@ -1357,15 +1363,20 @@ class PathDelays:
                 named.update({(link, HOST_UP): rt[0], (link, HOST_DOWN): rt[0]})
         contended = set(named)
         self._learn(wins, contended, leads)
-        # Said once it held PERSIST_NS of probe time: a queue still filling (or draining)
-        # makes routes disagree for a moment, and tomography with them.
+        # Said once it held a queue PERSIST_NS of probe time, named in this pass and the one
+        # before: a queue still filling (or draining) makes routes disagree for a moment,
+        # and tomography with them. The half second runs from its first slow routes, not
+        # from the first pass that names it: the flows hashed onto a link hold up some of
+        # the routes across it before most (one pass named is a moment of tomography).
         now = self.newest_ns
         said = [h for h, *_ in found] + [(link, "port") for link in ports]
         self._since = {h: self._since.get(h, now) for h in said}
+        self._queued_since = {h: self._queued_since.get(h, now) for h in queued_on}
         # A hop whose every slow route is a full queue that drops (:attr:`RouteWindow.
         # dropping`) is not filling: its losses, known up to KNOWN_WITHIN_NS late, held already.
         held_on = [f for f in found
-                   if now - self._since[f[0]] >= PERSIST_NS or all(w.dropping for w in f[1])]  # fmt: skip
+                   if (self._since[f[0]] < now and now - self._queued_since[f[0]] >= PERSIST_NS)
+                   or all(w.dropping for w in f[1])]  # fmt: skip
         out = [self._observation(*f) for f in held_on]
         # A port's direction: where its probes are lost (a full queue drops), clock-free;
         # else where they wait, against the host's clock as it stood while its routes were
