@@ -290,7 +290,13 @@ def test_the_tui_runs_a_real_remediation_and_its_undo(site: dict[str, Any]) -> N
                     await pilot.pause(0.2)
                     if pred():
                         return
-                raise AssertionError(f"timed out: {what}")
+                # What the screen's log said (the remediation's output): a timeout alone
+                # says nothing (a fresh-clone CI timed out on "the run", 2026-12-06).
+                lines = [ln for log in app.screen.query(Log) for ln in log.lines][-25:]
+                raise AssertionError(
+                    f"timed out: {what}; on {type(app.screen).__name__}, "
+                    f"its log's last lines: {lines}"
+                )
 
             # d: the link's drill-down, read from the lab's store.
             await pilot.press("d")
@@ -325,7 +331,12 @@ def test_the_tui_runs_a_real_remediation_and_its_undo(site: dict[str, Any]) -> N
             await pilot.click("#run")
             await pilot.pause(0.3)
             assert isinstance(app.screen, ConfirmScreen)
-            await pilot.click("#yes")
+            # Click once the button is laid out, as a user would. A fresh-clone CI timed out
+            # on "the run" with no run recorded (2026-12-06): likely the click came before
+            # the layout and landed on nothing (not shown).
+            await until(lambda: app.screen.query_one("#yes", Button).region.area > 0,
+                        "the confirmation's buttons", 30)  # fmt: skip
+            assert await pilot.click("#yes"), "the click on 'Yes, run it' landed elsewhere"
             await until(lambda: any(x.startswith("== done") for x in output.lines), "the run")
             return str(anomaly["anomaly_id"])
 
