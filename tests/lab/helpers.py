@@ -15,15 +15,23 @@ from typing import Any
 from lab import fleet
 
 
-def wait_for(pred: Callable[[], Any], timeout: float, what: str, every: float = 0.1) -> Any:
-    """``pred()``'s first truthy value within ``timeout`` seconds, else AssertionError."""
+def wait_for(
+    pred: Callable[[], Any],
+    timeout: float,
+    what: str,
+    every: float = 0.1,
+    detail: Callable[[], Any] | None = None,
+) -> Any:
+    """``pred()``'s first truthy value within ``timeout`` seconds, else AssertionError
+    (with ``detail()``, what stood in the way, when given: a timeout alone says nothing)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         got = pred()
         if got:
             return got
         time.sleep(every)
-    raise AssertionError(f"timed out after {timeout}s: {what}")
+    said = f"; {detail()}" if detail is not None else ""
+    raise AssertionError(f"timed out after {timeout}s: {what}{said}")
 
 
 def spine_for(lab: Any, src: str, dst: str, sport: int, dport: int | None = None) -> str:

@@ -506,16 +506,8 @@ def test_contention_between_two_jobs_is_spread_then_restored_exactly(
         start()  # the scheduler requeues the jobs: they read nccl.conf at start
         # The probes' delays come back to their floors within a few clock windows; the
         # anomalies close once that has held for detect_clear_s (30 s here).
-        left: list[dict[str, Any]] = []
-
-        def none_left() -> bool:
-            left[:] = contended()
-            return not left
-
-        try:
-            _wait(none_left, 75, "no contention left after the spread", every=1.0)
-        except AssertionError as e:  # say what stayed open: a timeout alone says nothing
-            raise AssertionError(f"{e}; open: {[x['summary'] for x in left]}") from None
+        _wait(lambda: not contended(), 75, "no contention left after the spread", every=1.0,
+              detail=lambda: f"open: {[x['summary'] for x in contended()]}")  # fmt: skip
         again = _playbook(site, "remediate.yml", "-e", f"anomaly_id={a['anomaly_id']}", *cap)
         assert again.returncode == 0, again.stdout[-3000:]
         assert not any(_changed(again.stdout).values()), "a re-run changed something"
