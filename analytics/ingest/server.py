@@ -60,6 +60,10 @@ from analytics.thread_priority import lower_thread_priority
 log = logging.getLogger("clockmesh.ingest")
 _GC_THRESHOLD = 50_000
 _PEAKS_SAVE_S = 60.0  # how often the memory peaks are remembered for the next start
+# On stop, the requests in flight get this long to be committed and answered (a group
+# commit takes roll_s and its write); past it aiohttp cancels them and their collectors
+# send again. aiohttp's own default, 60 s, held a restart that long.
+_SHUTDOWN_S = 15.0
 _SWITCH_INTERVAL_S = float(os.environ.get("CLOCKMESH_INGEST_SWITCH_INTERVAL_S", "0.0005"))
 
 
@@ -197,7 +201,9 @@ class IngestServer:
         if self.config.tls_cert:
             ssl_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
             ssl_ctx.load_cert_chain(self.config.tls_cert, self.config.tls_key)
-        self._runner = web.AppRunner(self.routes.app(), access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(
+            self.routes.app(), access_log=None, handle_signals=False, shutdown_timeout=_SHUTDOWN_S
+        )
         await self._runner.setup()
         site = web.TCPSite(
             self._runner,
@@ -258,13 +264,19 @@ class IngestServer:
             log.warning("event=memory_peaks_not_saved error=%r", str(exc))
 
     async def stop(self) -> None:
+        """Stop taking batches, answer every one received, then stop the work behind.
+
+        The listener closes first and the committer keeps running while aiohttp waits for
+        the requests in flight (up to ``_SHUTDOWN_S``): a batch received is committed and
+        acknowledged, not left waiting on a committer already stopped (aiohttp then waited
+        its default 60 s and the collectors' requests timed out)."""
         self._stopping.set()
+        if self._runner is not None:
+            await self._runner.cleanup()
         await self.commit.flush(10)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._runner is not None:
-            await self._runner.cleanup()
         self.commit.shutdown()
         self._side_pool.shutdown(wait=True)
         self._compact_pool.shutdown(wait=True)

@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -174,6 +175,62 @@ def test_kill_9_loses_no_acknowledged_row_and_stores_each_once(daemon: Daemon) -
     # no orphaned files of a partial commit survive a restart
     log = daemon.log.read_text()
     assert log.count("event=listening") == 3
+
+
+def test_sigterm_with_batches_in_flight_answers_each_and_stops_at_once(tmp_path: Path) -> None:
+    """A restart under load: the batches received are committed and acknowledged, the
+    daemon exits within seconds, and no collector's request is left to time out (before,
+    the committer stopped first and aiohttp held the requests in flight for 60 s)."""
+    daemon = Daemon(tmp_path, roll_s=1.0)  # a group commit a second: batches wait in it
+    daemon.start()
+    acked: dict = {}
+    timeouts: list[tuple[int, int]] = []
+    stop = threading.Event()
+
+    def client(i: int) -> None:
+        second = 0
+        while not stop.is_set():
+            try:
+                status, answer = daemon.post(seg(i, second))
+            except TimeoutError:
+                timeouts.append((i, second))
+                continue
+            except OSError:  # refused or reset: the daemon is gone; sent again later
+                time.sleep(0.05)
+                continue
+            if status == 200:
+                acked[(i, second)] = answer["status"]
+                second += 1
+
+    clients = [threading.Thread(target=client, args=(i,)) for i in range(12)]
+    for c in clients:
+        c.start()
+    try:
+        deadline = time.monotonic() + 30
+        while len(acked) < 24 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert daemon.proc is not None
+        daemon.proc.send_signal(signal.SIGTERM)
+        try:
+            daemon.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the daemon took over 20 s to stop with batches in flight")
+        # the clients' requests (10-s timeout) all had their answer or found it gone
+        time.sleep(11)
+    finally:
+        stop.set()
+        for c in clients:
+            c.join(30)
+        daemon.stop()  # (killed, if it did not stop)
+    assert not timeouts, f"requests left unanswered: {timeouts}"
+    assert "event=stopping" in daemon.log.read_text()
+    daemon.start()  # what was acknowledged is stored, each once
+    try:
+        assert daemon.count("SELECT count(*) FROM batches") == len(acked)
+        per_s = ingest_load.DEFAULT_BUDDIES * ingest_load.DEFAULT_PORTS
+        assert daemon.count("SELECT count(*) FROM probe_tx") == len(acked) * per_s
+    finally:
+        daemon.stop()
 
 
 def test_readonly_reader_answers_while_daemon_writes(daemon: Daemon) -> None:
