@@ -203,7 +203,8 @@ class DetectRunner:
                   if topo.host_access.get(h) == name]  # fmt: skip
         self.drops = SilentDrops(topo.host_rack, self.paths.by_ends, self.paths.spine_of, names,
                                  self._links_not_judged, self.paths.recalled, access,
-                                 self._contended, self._full_ports)  # fmt: skip
+                                 self._contended, self._full_ports,
+                                 host_access=topo.host_access)  # fmt: skip
         self.job_delays = JobDelays(names)
         self.delays.jobs_between = self.job_delays.jobs_between
         self.delays.hosts_down = self.flaps.hosts_down_since

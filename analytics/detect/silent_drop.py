@@ -91,6 +91,9 @@ MIN_PATHS = 2  # lossy paths a place must explain to be named
 # `make demo`: 12 of 12 probes on its two paths through spine1, every other path clean)
 # are that pair's problem, not a switch's
 MIN_SOURCES = 2
+# ... and a host's way out, to this many destinations at least (a random share lost on the
+# paths of one pair or two is those pairs', not the host's port)
+MIN_DESTINATIONS = 3
 BACKGROUND = 1e-3  # chance that a path of a healthy fabric looks lossy
 # A place that is one link-direction and nothing narrower (every path through it losing
 # its newest probes) is named only once its paths have been lossy this long: the onset of a
@@ -405,8 +408,10 @@ class SilentDrops:
         access_ports: Iterable[tuple[int, str]] = (),
         contended: Callable[[], set[tuple[str, str]]] | None = None,
         full_ports: Callable[[], set[int]] | None = None,
+        host_access: dict[int, str] | None = None,
     ) -> None:
         self.host_rack = host_rack
+        self.host_access = host_access if host_access is not None else {}  # host -> its link
         self.by_ends = links_by_ends
         self.spine_of = spine_of  # (src, dst, sport) -> spine, kept by FabricPaths
         # ... as the store's traces left it before this detector started (FabricPaths.
@@ -931,16 +936,27 @@ class SilentDrops:
             lost = +lost  # drop places left with no loss
         out = []
         seen: dict[Place, tuple[int, int]] = {}
+        receiving = {p.name for p, *_ in chosen if p.what in ("in", "host")}
         for place, mine, n_, k_ in chosen:
-            if not place.reported:
-                continue  # a host's own loss: `clockmesh live` shows it, its port counts it
+            # A host's own loss is its NIC's or socket's (`clockmesh live` shows it) — but
+            # what one host sends, lost at random to every destination while what it
+            # receives arrives, is the way out of it: its link towards its leaf (a dirty
+            # optic or cable drops one direction), its NIC sending, or its own egress queue
+            sending = place.what == "out" and place.name not in receiving
+            if not place.reported and not sending:
+                continue
             hops = {p for k in mine for p in crossing[k] if p.what == "link"}
             rise = max((queues.get(p, 0.0) for p in hops), default=0.0)
             if rise > RISE_NS or hops & self._queued.keys():
                 self.held_as_queue += 1
                 continue  # a full queue drops too, and delays what it lets through
             losing = [k for k in mine if counts[k][1]]
-            if len(losing) < MIN_PATHS or len({s_ for s_, _d, _p in losing}) < MIN_SOURCES:
+            if len(losing) < MIN_PATHS:
+                continue
+            # a switch drops what every sender sends through it; a host's way out, what it
+            # sends to every destination
+            ends = {d_ if sending else s_ for s_, d_, _p in losing}
+            if len(ends) < (MIN_DESTINATIONS if sending else MIN_SOURCES):
                 continue
             per_s = np.sum([counts[k][2] for k in losing], axis=0)
             if (np.count_nonzero(per_s) < GRAY_MIN_SECONDS
@@ -988,7 +1004,15 @@ class SilentDrops:
         if said is None or not lo <= said <= hi:
             said = self._gray_said[place] = said_rate(share)
         direction: dict[str, str] = {}
-        if place.what == "link":
+        dests: list[str]
+        host = port = ""
+        if place.what == "out":  # a host's way out: its link towards its leaf, host→leaf
+            host = name(int(place.name), f"host {place.name}")
+            port = self.host_access.get(int(place.name), "")
+            where = f"{port} (host→leaf)" if port else f"{host}'s port (sending)"
+            sw, links, dests = self.host_rack.get(int(place.name), ""), [], []
+            direction = {"direction": "host→leaf", "host": host}
+        elif place.what == "link":
             sw, links, dests = "", [place.name], []
             # one direction of one leaf–spine link, as contention names it: the pairs
             # leaving (leaf→spine) or entering (spine→leaf) its leaf are its victims
@@ -1006,6 +1030,15 @@ class SilentDrops:
             "random: every flow through it loses some, none many in a row (a bad optic, "
             "cable or port); links and routes up, paths unmoved, no queue"
         )
+        candidates = [_words(p, name) for p in self._gray_twins.get(place) or [place]]
+        if host:
+            summary = (
+                f"{where} silently drops about {said * 100:g} % of what {host} sends, at "
+                f"random: its flows to its peers lose some, none many in a row, while what "
+                f"it receives arrives (a bad optic or cable, its NIC sending, or its own "
+                "egress queue); link up, paths unmoved, no queue"
+            )
+            candidates = [where, f"{host}'s NIC (sending)"]
         if len(links) == 1:
             summary += f"; out of service: {links[0]}"
         pairs = sorted({f"{name(s, f'host {s}')}→{name(d, f'host {d}')}" for s, d, _ in losing})
@@ -1014,10 +1047,10 @@ class SilentDrops:
             key=f"{where} (random)",
             score=round(min(1.0, 0.5 + 10 * said), 2),
             summary=summary,
-            link=links[0] if len(links) == 1 else "",
+            link=links[0] if len(links) == 1 else port,
             evidence={
                 **self._where(sw, links, dests, losing),
-                "candidates": [_words(p, name) for p in self._gray_twins.get(place) or [place]],
+                "candidates": candidates,
                 "confidence": round(lost / max(total_lost, 1), 2),
                 **direction,
                 "pattern": "random",

@@ -341,7 +341,8 @@ def recommended(topology: dict[str, Any] | None, kind: str, link: str,
     A flapping host access link drains its host; a flapping leaf–spine link goes out of
     service; a job on RoCE v1 moves to a RoCE v2 GID; contention on a fabric link spreads
     the jobs' flows (on a host's own port nothing does); a
-    silent drop that one fabric link explains takes that link out of service.
+    silent drop that one fabric link explains takes that link out of service, one on a
+    host's own link (what it sends) drains the host.
     Without a topology a flapping link cannot be told to be a host's: "" target, the
     action the fabric's."""
     if kind == "flapping_link":
@@ -358,6 +359,9 @@ def recommended(topology: dict[str, Any] | None, kind: str, link: str,
             return "", ""
         return "spread_flows", link
     if kind == "silent_drop" and link:  # the one link the lossy paths leave the switch by
+        host = _access_link(topology, link) if topology else ""
+        if host:  # a host's way out drops what it sends: its jobs go elsewhere
+            return "host_drain", host
         fabric = topology is None or any(
             lk.get("kind") == "fabric" and lk["name"] == link for lk in topology.get("links", [])
         )

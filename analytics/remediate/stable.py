@@ -13,6 +13,9 @@ configured time (``clockmesh remediate restore --after``; the playbooks'
   ``carrier_down_count``, ``carrier_changes``, ``link_downed``), which its collector
   keeps shipping while the host is drained. Stale counters are not proof: a host whose
   collector went quiet is "cannot tell", never stable.
+* a host drained for a silent drop on its way out (its link never went down): the drop's
+  anomaly, closed for that long — a drained host's collector still probes, so the
+  anomaly stays open while the link still drops (:func:`drop_quiet`).
 """
 
 from __future__ import annotations
@@ -47,6 +50,20 @@ class Reading:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def drop_quiet(link: str, anomaly_id: str, closed_ns: int, after_s: float,
+               now_ns: int | None = None) -> Reading:  # fmt: skip
+    """A link drained for a silent drop: stable once the drop's anomaly has been closed
+    ``after_s`` (its carrier, never down, says nothing of the drop)."""
+    src = f"anomaly {anomaly_id} (silent_drop)"
+    if not closed_ns:
+        return Reading(link, False, None, src, f"{link}: {anomaly_id} (silent_drop) is still open")
+    quiet = ((time.time_ns() if now_ns is None else now_ns) - closed_ns) / 1e9
+    if quiet < after_s:
+        why = f"{link}: {anomaly_id} (silent_drop) closed {quiet:.0f} s ago, under {after_s:g} s"
+        return Reading(link, False, quiet, src, why)
+    return Reading(link, True, quiet, src, f"{link}: no drop for {quiet:.0f} s")
 
 
 def _frr_time(text: str) -> dt.datetime:

@@ -100,6 +100,7 @@ def _run(
     port: Port | None = None,
     contended: set[tuple[str, str]] | None = None,
     full_ports: set[int] | None = None,
+    host_access: dict[int, str] | None = None,
 ) -> list:
     """Healthy for healthy_s, then `fault` for `seconds`: every pass's observations (the
     last pass's last). ``late``: the receivers ship their probe_rx
@@ -110,7 +111,8 @@ def _run(
     access = [(h, "bk0") for h in HOSTS] if port else []
     drops = SilentDrops(HOSTS, BY_ENDS, paths, NAMES, access_ports=access,
                         contended=(lambda: contended) if contended else None,
-                        full_ports=(lambda: full_ports) if full_ports else None)  # fmt: skip
+                        full_ports=(lambda: full_ports) if full_ports else None,
+                        host_access=host_access)  # fmt: skip
     every = []
     held: list[dict[str, np.ndarray]] = []
     for i in range(healthy_s + seconds):
@@ -546,6 +548,13 @@ def test_remediation_takes_the_one_link_out_of_service_with_the_cap_and_an_undo(
         Refused, match=r"nothing reaches h1-1's port: check leaf1's route to h1-1, then h1-1's NIC"
     ):
         plan(store, topo, anomaly_id="silent-4")
+    # A host's way out dropping what it sends: drain the host (its link has no twin to
+    # carry its traffic), as for its link flapping.
+    _stored(store, "silent-5", "h2-1-leaf2", [], switch="leaf2", host="h2-1",
+            direction="host→leaf")  # fmt: skip
+    p = plan(store, topo, anomaly_id="silent-5")
+    assert (p.action, p.target) == ("host_drain", "h2-1"), p
+    assert recommended(topo, "silent_drop", "h2-1-leaf2") == ("host_drain", "h2-1")
 
 
 def test_a_blackout_of_three_rounds_and_a_receiver_losing_everything_are_not_silent_drops() -> None:
@@ -864,6 +873,52 @@ def test_a_random_share_lost_with_a_queue_or_at_one_host_or_in_bursts_is_not_nam
     sparse = _random_share(0.001, lambda s, d, p, spine: True)  # a healthy fabric's strays
     every = _run(sparse, seconds=20)
     assert not any(every), [o.summary for obs in every for o in obs][:1]
+
+
+ACCESS = {h: f"{NAMES[h]}-{leaf}" for h, leaf in HOSTS.items()}  # h2-1-leaf2, ...
+
+
+def test_a_host_whose_sends_are_dropped_at_random_is_named_on_its_link_out_as_the_culprit() -> None:
+    """The demo lab, h2-1's way out dropping a third of what it sends (a tbf at its port:
+    a dirty optic drops one direction likewise): every pair out of h2-1 lost ~29 %,
+    nothing into it — no anomaly, only h2-1 "lossy" in `clockmesh live`. Its link is named,
+    host→leaf, with the rate, h2-1 its culprit, once the loss has lasted GRAY_HOLD_NS."""
+    every = _run(_random_share(0.05, lambda s, d, p, spine: s == 21), seconds=20,
+                 host_access=ACCESS)  # fmt: skip
+    first = next(i for i, o in enumerate(every) if o)
+    assert 10 + 6 <= first <= 10 + 10, first  # held 6 s from its first choice
+    for obs in every[first:]:
+        (o,) = obs
+        assert o.kind == "silent_drop" and o.link == "h2-1-leaf2", o.summary
+        assert (o.evidence["host"], o.evidence["direction"]) == ("h2-1", "host→leaf")
+        assert o.evidence["links"] == [] and o.evidence["destinations"] == [], o.evidence
+        assert o.evidence["candidates"] == ["h2-1-leaf2 (host→leaf)", "h2-1's NIC (sending)"]
+        assert 0.03 < o.evidence["packet_share"] < 0.07, o.evidence
+        assert o.summary.startswith(
+            "h2-1-leaf2 (host→leaf) silently drops about 5 % of what h2-1 sends, at random"
+        ), o.summary
+    assert len({o.summary for obs in every[first:] for o in obs}) == 1
+    # in `clockmesh live` and the TUI: h2-1 the culprit, every pair out of it explained
+    seen = attribution.places([{"anomaly_id": "a", "link": "h2-1-leaf2",
+                                "evidence": every[-1][0].evidence}], {})  # fmt: skip
+    assert seen.host == {"h2-1": ["a"]} and not seen.leave and not seen.enter
+    assert seen.explained_by("h2-1", "h3-2", "leaf2", "leaf3") == ["a"]
+    # without a topology, the host's port by its name
+    every = _run(_random_share(0.05, lambda s, d, p, spine: s == 21), seconds=20)
+    assert every[-1] and every[-1][0].summary.startswith("h2-1's port (sending) silently")
+
+
+def test_a_hosts_loss_both_ways_or_to_two_peers_only_is_not_its_link_out() -> None:
+    """What h2-1 sends and what it receives both lost: the host as a whole (its NIC, its
+    collector starved) — `clockmesh live` shows it, as before; the same share lost only to
+    two of its peers: those pairs', not its port (it sends to ten)."""
+    both = _random_share(0.05, lambda s, d, p, spine: 21 in (s, d))
+    every = _run(both, seconds=20, host_access=ACCESS)
+    assert not any(every), [o.summary for obs in every for o in obs][:1]
+    two = _random_share(0.3, lambda s, d, p, spine: s == 21 and d in (31, 32))
+    every = _run(two, seconds=20, host_access=ACCESS)
+    assert not any(o.evidence.get("host") for obs in every for o in obs), [
+        o.summary for obs in every for o in obs][:1]  # fmt: skip
 
 
 def _queue_peaks(share: float, where: Callable[[int, int, int, str], bool], late_ns: float,
