@@ -587,6 +587,7 @@ class DetectRunner:
         links_out = {r.target: r for r in in_force if r.action == "fabric_link_out"}
         self.paths.maintenance = set(links_out)
         self.flaps.maintenance = {r.target for r in in_force if r.action == "host_drain"}
+        self.drops.drained = set(self.flaps.maintenance)
         for r in in_force:
             if r.remediation_id in self._applied:
                 continue

@@ -412,6 +412,9 @@ class SilentDrops:
     ) -> None:
         self.host_rack = host_rack
         self.host_access = host_access if host_access is not None else {}  # host -> its link
+        # hosts drained by a remediation (names): what they send is not judged their way
+        # out's again — the drain dealt with it (DetectRunner, as LinkFlaps.maintenance)
+        self.drained: set[str] = set()
         self.by_ends = links_by_ends
         self.spine_of = spine_of  # (src, dst, sport) -> spine, kept by FabricPaths
         # ... as the store's traces left it before this detector started (FabricPaths.
@@ -942,7 +945,8 @@ class SilentDrops:
             # what one host sends, lost at random to every destination while what it
             # receives arrives, is the way out of it: its link towards its leaf (a dirty
             # optic or cable drops one direction), its NIC sending, or its own egress queue
-            sending = place.what == "out" and place.name not in receiving
+            sending = (place.what == "out" and place.name not in receiving
+                       and self.host_names.get(int(place.name)) not in self.drained)  # fmt: skip
             if not place.reported and not sending:
                 continue
             hops = {p for k in mine for p in crossing[k] if p.what == "link"}

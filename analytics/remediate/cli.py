@@ -216,9 +216,8 @@ def _stability(
     if r.action == "host_drain":
         link = stable.access_link(read_topology(topology), r.target)
         found = latest_anomalies(store, anomaly_id=r.anomaly_id) if r.anomaly_id else []
-        if found and found[0].kind == "silent_drop":  # its link never went down: the drop
-            a = found[0]
-            return stable.drop_quiet(link["name"], a.anomaly_id, a.closed_ns, after_s)
+        if found and found[0].kind == "silent_drop":  # its link never went down
+            return stable.drop_not_judged(link["name"], r.target, r.anomaly_id)
         return stable.host_link(store, link["name"], r.target, after_s)
     raise Refused(f"{undo_id} ({r.action}): only a link taken out or a host drained "
                   "waits for stability")  # fmt: skip

@@ -13,9 +13,10 @@ configured time (``clockmesh remediate restore --after``; the playbooks'
   ``carrier_down_count``, ``carrier_changes``, ``link_downed``), which its collector
   keeps shipping while the host is drained. Stale counters are not proof: a host whose
   collector went quiet is "cannot tell", never stable.
-* a host drained for a silent drop on its way out (its link never went down): the drop's
-  anomaly, closed for that long — a drained host's collector still probes, so the
-  anomaly stays open while the link still drops (:func:`drop_quiet`).
+* a host drained for a silent drop on its way out: never, by itself. Its link never went
+  down, so its carrier proves nothing, and the detector no longer judges a drained host's
+  way out (the drain dealt with it): it goes back by hand once its optic, cable or NIC is
+  changed (:func:`drop_not_judged`).
 """
 
 from __future__ import annotations
@@ -52,18 +53,12 @@ class Reading:
         return asdict(self)
 
 
-def drop_quiet(link: str, anomaly_id: str, closed_ns: int, after_s: float,
-               now_ns: int | None = None) -> Reading:  # fmt: skip
-    """A link drained for a silent drop: stable once the drop's anomaly has been closed
-    ``after_s`` (its carrier, never down, says nothing of the drop)."""
-    src = f"anomaly {anomaly_id} (silent_drop)"
-    if not closed_ns:
-        return Reading(link, False, None, src, f"{link}: {anomaly_id} (silent_drop) is still open")
-    quiet = ((time.time_ns() if now_ns is None else now_ns) - closed_ns) / 1e9
-    if quiet < after_s:
-        why = f"{link}: {anomaly_id} (silent_drop) closed {quiet:.0f} s ago, under {after_s:g} s"
-        return Reading(link, False, quiet, src, why)
-    return Reading(link, True, quiet, src, f"{link}: no drop for {quiet:.0f} s")
+def drop_not_judged(link: str, host: str, anomaly_id: str) -> Reading:
+    """A host drained for a silent drop on its way out: never stable by itself."""
+    why = (f"{link}: {host} was drained for {anomaly_id} (silent_drop: what it sends is "
+           "dropped, its link up); its carrier cannot show the drop has gone: undo it by "
+           f"hand once {link}'s optic, cable or {host}'s NIC is changed")  # fmt: skip
+    return Reading(link, False, None, f"anomaly {anomaly_id} (silent_drop)", why)
 
 
 def _frr_time(text: str) -> dt.datetime:

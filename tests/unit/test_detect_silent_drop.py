@@ -101,6 +101,7 @@ def _run(
     contended: set[tuple[str, str]] | None = None,
     full_ports: set[int] | None = None,
     host_access: dict[int, str] | None = None,
+    drained: set[str] | None = None,
 ) -> list:
     """Healthy for healthy_s, then `fault` for `seconds`: every pass's observations (the
     last pass's last). ``late``: the receivers ship their probe_rx
@@ -113,6 +114,7 @@ def _run(
                         contended=(lambda: contended) if contended else None,
                         full_ports=(lambda: full_ports) if full_ports else None,
                         host_access=host_access)  # fmt: skip
+    drops.drained = drained or set()
     every = []
     held: list[dict[str, np.ndarray]] = []
     for i in range(healthy_s + seconds):
@@ -906,6 +908,10 @@ def test_a_host_whose_sends_are_dropped_at_random_is_named_on_its_link_out_as_th
     # without a topology, the host's port by its name
     every = _run(_random_share(0.05, lambda s, d, p, spine: s == 21), seconds=20)
     assert every[-1] and every[-1][0].summary.startswith("h2-1's port (sending) silently")
+    # drained by a remediation: dealt with, not paged again while it stays drained
+    every = _run(_random_share(0.05, lambda s, d, p, spine: s == 21), seconds=20,
+                 host_access=ACCESS, drained={"h2-1"})  # fmt: skip
+    assert not any(every), [o.summary for obs in every for o in obs][:1]
 
 
 def test_a_hosts_loss_both_ways_or_to_two_peers_only_is_not_its_link_out() -> None:
