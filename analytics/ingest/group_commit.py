@@ -99,7 +99,6 @@ class GroupCommit:
         self._wake = asyncio.Event()
         self.next_commit = 0
         self._last_commit_start = 0.0
-        self._committing = False  # a group taken from ``pending`` and not yet answered
         self._known_names: dict[int, str] = {}
         self._unavailable = ""
         self._broken = ""
@@ -169,10 +168,11 @@ class GroupCommit:
         return status_of, waits, bool(new)
 
     async def flush(self, timeout_s: float) -> None:
-        """Commit what was received, and the group being committed: those clients are
-        waiting for their ack."""
+        """Commit what was received, and answer it: those clients are waiting for their ack
+        (``_inflight`` holds every batch received until it is answered, so a group being
+        committed is waited for too)."""
         deadline = time.monotonic() + timeout_s
-        while (self.pending or self._committing) and time.monotonic() < deadline:
+        while self._inflight and time.monotonic() < deadline:
             self._wake.set()
             await asyncio.sleep(0.05)
 
@@ -193,53 +193,43 @@ class GroupCommit:
             group, rows = self._take_group()
             if not group:
                 continue
-            self._committing = True
+            self._last_commit_start = time.monotonic()
+            number = self.next_commit
+            self.check_space()
+            if self.unavailable_reason():
+                self._finish(group, 503, self.unavailable_reason())
+                continue
             try:
-                await self._commit(loop, group, rows)
-            finally:
-                self._committing = False
+                nbytes = await loop.run_in_executor(
+                    self._commit_pool, self._commit_group, number, group
+                )
+            except StoreWriteError as exc:
+                self.metrics.commit_failures.inc()
+                text = str(exc)
+                log.error("event=commit_failed commit=%d error=%r", number, text)
+                if "restart the daemon" in text:
+                    self._broken = text
+                else:
+                    self._unavailable = text
+                self._finish(group, 503, text)
+                continue
+            except Exception as exc:  # a bug must not leave clients hanging
+                log.exception("event=commit_crashed commit=%d", number)
+                self._broken = f"commit {number} failed unexpectedly: {exc!r}"
+                self._finish(group, 503, self._broken)
+                continue
+            self.next_commit = number + 1
+            self.metrics.commits.inc()
+            for b in group:
+                if b.future.done():  # answered already (rejected inside the commit)
+                    continue
+                for seg in b.segs:
+                    self.writer.ledger.add(seg.host_id, seg.segment)
+            self._finish(group, 200, "stored")
+            log.debug("event=committed commit=%d batches=%d rows=%d bytes=%d",
+                      number, len(group), rows, nbytes)  # fmt: skip
             if self.pending:
                 self._wake.set()
-
-    async def _commit(
-        self, loop: asyncio.AbstractEventLoop, group: list[PendingBatch], rows: int
-    ) -> None:
-        """Commit one group and answer its batches (200, or 503 with why)."""
-        self._last_commit_start = time.monotonic()
-        number = self.next_commit
-        self.check_space()
-        if self.unavailable_reason():
-            self._finish(group, 503, self.unavailable_reason())
-            return
-        try:
-            nbytes = await loop.run_in_executor(
-                self._commit_pool, self._commit_group, number, group
-            )
-        except StoreWriteError as exc:
-            self.metrics.commit_failures.inc()
-            text = str(exc)
-            log.error("event=commit_failed commit=%d error=%r", number, text)
-            if "restart the daemon" in text:
-                self._broken = text
-            else:
-                self._unavailable = text
-            self._finish(group, 503, text)
-            return
-        except Exception as exc:  # a bug must not leave clients hanging
-            log.exception("event=commit_crashed commit=%d", number)
-            self._broken = f"commit {number} failed unexpectedly: {exc!r}"
-            self._finish(group, 503, self._broken)
-            return
-        self.next_commit = number + 1
-        self.metrics.commits.inc()
-        for b in group:
-            if b.future.done():  # answered already (rejected inside the commit)
-                continue
-            for seg in b.segs:
-                self.writer.ledger.add(seg.host_id, seg.segment)
-        self._finish(group, 200, "stored")
-        log.debug("event=committed commit=%d batches=%d rows=%d bytes=%d",
-                  number, len(group), rows, nbytes)  # fmt: skip
 
     def _take_group(self) -> tuple[list[PendingBatch], int]:
         rows = cut = 0
