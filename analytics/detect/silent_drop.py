@@ -1029,20 +1029,21 @@ class SilentDrops:
             sw, links, dests = place.name, [], []
         sources = sorted({name(s, f"host {s}") for s, _, _ in losing})
         # no counts: they change every pass (in the evidence)
-        summary = (
-            f"{where} silently drops about {said * 100:g} % of the packets crossing it, at "
-            "random: every flow through it loses some, none many in a row (a bad optic, "
-            "cable or port); links and routes up, paths unmoved, no queue"
-        )
-        candidates = [_words(p, name) for p in self._gray_twins.get(place) or [place]]
         if host:
+            candidates = [where, f"{host}'s NIC (sending)"]
             summary = (
                 f"{where} silently drops about {said * 100:g} % of what {host} sends, at "
                 f"random: its flows to its peers lose some, none many in a row, while what "
                 f"it receives arrives (a bad optic or cable, its NIC sending, or its own "
                 "egress queue); link up, paths unmoved, no queue"
             )
-            candidates = [where, f"{host}'s NIC (sending)"]
+        else:
+            candidates = [_words(p, name) for p in self._gray_twins.get(place) or [place]]
+            summary = (
+                f"{where} silently drops about {said * 100:g} % of the packets crossing it, "
+                "at random: every flow through it loses some, none many in a row (a bad "
+                "optic, cable or port); links and routes up, paths unmoved, no queue"
+            )
         if len(links) == 1:
             summary += f"; out of service: {links[0]}"
         pairs = sorted({f"{name(s, f'host {s}')}→{name(d, f'host {d}')}" for s, d, _ in losing})

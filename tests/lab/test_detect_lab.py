@@ -963,9 +963,9 @@ def test_a_spine_port_dropping_a_random_share_of_its_packets_is_named_with_its_l
     subprocess.run([*nft, "-f", "-"], input=rules, text=True, check=True)
     t0 = time.monotonic()
     try:
-        a = wait_for(named, 30, f"seed {seed}: silent_drop on {link.name}",
-                     detail=lambda: {k: [(x["link"], x["summary"][:120]) for x in _open(live, k)]
-                                     for k in ("silent_drop", "contention", "flapping_link")})  # fmt: skip
+        a = _wait(named, 30, f"seed {seed}: silent_drop on {link.name}",
+                  detail=lambda: {k: [(x["link"], x["summary"][:120]) for x in _open(live, k)]
+                                  for k in ("silent_drop", "contention", "flapping_link")})  # fmt: skip
         latency = time.monotonic() - t0
         print(f"15 % random loss out of {spine.node}:{spine.interface} -> anomaly in "
               f"{latency:.2f} s: {a['summary']}")  # fmt: skip
