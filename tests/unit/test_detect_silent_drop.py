@@ -75,19 +75,20 @@ def _probes(t_s: float, fault: Fault) -> tuple[dict[str, np.ndarray], dict[str, 
             {k: np.asarray(v, np.int64) for k, v in rx.items()})  # fmt: skip
 
 
-# (host, t_s) -> (packets its port counted in over the second before, operstate)
-Port = Callable[[int, float], tuple[int, int]]
+# (host, t_s) -> (packets its port counted in over the second before, operstate[, packets
+# it counted out: as many as in when not given])
+Port = Callable[[int, float], tuple[int, ...]]
 
 
 def _port_rows(t_s: float, port: Port) -> np.ndarray:
     """One sample of every host's access port (``bk0``), as its collector reads sysfs."""
-    names = ("rx_packets", "operstate", "carrier_down_count")
+    names = ("rx_packets", "tx_packets", "operstate", "carrier_down_count")
     rows = np.zeros(len(HOSTS) * len(names), records.COUNTER)
     for i, (h, name) in enumerate((h, n) for h in HOSTS for n in names):
-        rx, state = port(h, t_s)
+        rx, state, *more = port(h, t_s)
         value = state if name == "operstate" else 0
-        rows[i] = (T0 + int(t_s * NS), h, b"bk0", 0, 0, 0, name.encode(), value,
-                   rx if name == "rx_packets" else 0)  # fmt: skip
+        delta = {"rx_packets": rx, "tx_packets": more[0] if more else rx}.get(name, 0)
+        rows[i] = (T0 + int(t_s * NS), h, b"bk0", 0, 0, 0, name.encode(), value, delta)
     return rows
 
 
@@ -927,6 +928,100 @@ def test_a_hosts_loss_both_ways_or_to_two_peers_only_is_not_its_link_out() -> No
         o.summary for obs in every for o in obs][:1]  # fmt: skip
 
 
+def _cut_off(host: int, since_in: float = 1e9) -> Fault:
+    """Nothing ``host`` sends arrives from t = 10 s on (its NIC stopped sending, its link
+    up) — nor, from ``since_in`` on, anything sent to it (its leaf's ARP entry for it aged
+    out: nothing answers the leaf's ARP)."""
+
+    def f(s: int, d: int, p: int, spine: str, t: float) -> tuple[bool, float]:
+        return (s == host and t >= 10) or (d == host and t >= since_in), 0.0
+
+    return f
+
+
+def _port_of(host: int, rx: int, tx: int, state: int = 6) -> Port:
+    """Every port up, counting 120 packets a second each way — but ``host``'s, from 10 s on,
+    ``rx`` in and ``tx`` out (and ``state``)."""
+    return lambda h, t: (rx, state, tx) if h == host and t >= 10 else (120, 6, 120)
+
+
+def test_a_host_whose_nic_sends_nothing_link_up_is_named_cut_off_as_the_culprit() -> None:
+    """The demo lab, an nftables rule dropping all h2-1 sends (its NIC's transmit hung, as
+    far as the fabric can tell): every pair out of it lost all, and 30 s later, its leaf's
+    ARP entry for it gone, every pair into it too — no anomaly; 15 of 16 hosts "lossy"
+    in `clockmesh live`, h2-1 among them. Now one anomaly on its access link from the
+    first stage to the second, h2-1 the culprit, its NIC named first (its port counted
+    nothing out)."""
+    every = _run(_cut_off(21, since_in=24), seconds=20, host_access=ACCESS,
+                 port=_port_of(21, rx=120, tx=0))  # fmt: skip
+    first = next(i for i, o in enumerate(every) if o)
+    assert 10 + 6 <= first <= 10 + 10, first  # held LINK_HOLD_NS: a full queue would show
+    ways = []
+    for obs in every[first:]:
+        (o,) = obs
+        assert (o.kind, o.key, o.link) == ("silent_drop", "h2-1-leaf2 (host cut off)",
+                                           "h2-1-leaf2"), o  # fmt: skip
+        e = o.evidence
+        assert e["host"] == "h2-1" and e["port_tx_packets"] == {"h2-1": 0}, e
+        assert e["candidates"][0] == "h2-1's NIC (sending)", e
+        ways.append(e["direction"])
+    # one way until the loss into it has lasted long enough to be judged, then both
+    n = ways.index("both ways")
+    assert set(ways[:n]) == {"host→leaf"} and set(ways[n:]) == {"both ways"}, ways
+    assert first + n <= 24 + 4, (first, ways)
+    assert every[first][0].summary == (
+        "h2-1 is cut off from the fabric, its link h2-1-leaf2 up: nothing it sends arrives, "
+        "while what it receives arrives; its port counted (almost) nothing out over 3 s: its "
+        "NIC is not sending (a hung transmit queue) or the host's own filter drops it"
+    )
+    assert every[-1][0].summary.startswith(
+        "h2-1 is cut off from the fabric, its link h2-1-leaf2 up: nothing it sends arrives "
+        "and nothing sent to it arrives;"
+    ), every[-1][0].summary
+    # its peers are the affected, not fourteen more culprits: every pair to or from it
+    seen = attribution.places([{"anomaly_id": "a", "link": "h2-1-leaf2",
+                                "evidence": every[-1][0].evidence}], {})  # fmt: skip
+    assert seen.host == {"h2-1": ["a"]} and not seen.leave and not seen.enter
+    assert seen.explained_by("h3-2", "h2-1", "leaf3", "leaf2") == ["a"]
+    assert seen.explained_by("h3-2", "h1-1", "leaf3", "leaf1") == []
+    # lost at random, but most of it: its rate as it is, never "100 %"
+    every = _run(_random_share(0.8, lambda s, d, p, spine: s == 21), seconds=20,
+                 host_access=ACCESS)  # fmt: skip
+    said = {o.summary.split(" silently drops about ")[1].split(" %")[0] for obs in every
+            for o in obs}  # fmt: skip
+    assert said and said <= {"70", "80"}, said
+    # what it sent counted out of its port: its cable, optic or leaf port first
+    every = _run(_cut_off(21), seconds=20, host_access=ACCESS,
+                 port=_port_of(21, rx=120, tx=150))  # fmt: skip
+    e = every[-1][0].evidence
+    assert e["candidates"] == ["h2-1-leaf2 (host→leaf)", "h2-1's NIC (sending)"], e
+    assert "its port counted it out: h2-1-leaf2's optic or cable" in every[-1][0].summary
+
+
+def test_a_host_cut_off_is_not_named_while_its_link_is_down_or_drained_or_unknown() -> None:
+    """Its link down: a flap's (the flap detector's); drained by a remediation: dealt with;
+    its port's counters never seen, or no topology: not known to be up."""
+    for kw in ({"port": _port_of(21, rx=0, tx=0, state=2), "host_access": ACCESS},
+               {"port": _port_of(21, rx=120, tx=0), "host_access": ACCESS,
+                "drained": {"h2-1"}},
+               {"host_access": ACCESS},
+               {"port": _port_of(21, rx=120, tx=0)}):  # fmt: skip
+        every = _run(_cut_off(21, since_in=24), seconds=20, **kw)  # type: ignore[arg-type]
+        assert not any(every), (kw.keys(), [o.summary for obs in every for o in obs][:1])
+
+
+def test_a_host_losing_what_it_sends_to_two_peers_only_is_not_cut_off() -> None:
+    """All h2-1 sends to h3-1 and h3-2 lost (a spine's or their leaf's, not its NIC's):
+    not the host cut off."""
+
+    def two(s: int, d: int, p: int, spine: str, t: float) -> tuple[bool, float]:
+        return s == 21 and d in (31, 32) and t >= 10, 0.0
+
+    every = _run(two, seconds=20, host_access=ACCESS, port=_port_of(21, rx=120, tx=120))
+    assert not any(o.evidence.get("host") for obs in every for o in obs), [
+        o.summary for obs in every for o in obs][:1]  # fmt: skip
+
+
 def _queue_peaks(share: float, where: Callable[[int, int, int, str], bool], late_ns: float,
                  optic: float = 0.0, seed: int = 7) -> Fault:  # fmt: skip
     """Healthy jobs on a shallow buffer: a ``share`` of the coded pairs crossing ``where``
@@ -976,6 +1071,8 @@ def test_the_rate_a_summary_says_is_a_1_2_5_step_kept_while_the_count_agrees() -
 
     assert [said_rate(q) for q in (0.0168, 0.013, 0.02, 0.0248, 0.04, 0.17)] == [
         0.02, 0.01, 0.02, 0.02, 0.05, 0.2]  # fmt: skip
+    # above 20 %, in tens: a host's way out losing 77 % was said "about 100 %"
+    assert [said_rate(q) for q in (0.29, 0.77, 0.88, 0.97)] == [0.3, 0.8, 0.9, 0.9]
     lo, hi = interval95(41, 2434)
     assert 0.012 < lo < 0.0169 < hi < 0.023, (lo, hi)
     assert interval95(0, 100)[0] == 0.0 and interval95(100, 100)[1] == 1.0
