@@ -7,6 +7,7 @@ other host ok or affected by it — never the peers as failing, never the host a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import subprocess
 import sys
@@ -276,6 +277,53 @@ def test_a_leaf_that_goes_as_a_whole_is_named_and_its_hosts_are_victims(
     assert not [h for h, v in verdicts().items() if v == "culprit" and h != CULPRIT]
 
 
+def _host_end(lab: Lab, host: str, port: str) -> Any:
+    end = lab.topology.link(port).a
+    assert end.node == host, end
+    return end
+
+
+def _silent_drop_of(doc: dict[str, Any], host: str) -> dict[str, Any] | None:
+    """The open ``silent_drop`` whose culprit is ``host``, if any."""
+    got = [a for a in doc["anomalies"]["open"]
+           if a["kind"] == "silent_drop" and a["evidence"].get("host") == host]  # fmt: skip
+    return got[0] if got else None
+
+
+def _wait_named(live: Callable[[], dict[str, Any]], host: str, fault: str) -> dict[str, Any]:
+    """The ``silent_drop`` naming ``host`` the culprit, within 40 s (printed with the time
+    it took; what was open instead, on a timeout)."""
+    t0 = time.monotonic()
+    a = wait_for(lambda: _silent_drop_of(live(), host), 40, f"a silent drop of {host}",
+                 detail=lambda: [(x["kind"], x["link"], x["summary"][:100])
+                                 for x in live()["anomalies"]["open"]])  # fmt: skip
+    print(f"{fault} -> anomaly in {time.monotonic() - t0:.2f} s: {a['summary']}")
+    return dict(a)
+
+
+@contextlib.contextmanager
+def _egress_dropped(end: Any, table: str, share: float) -> Iterator[None]:
+    """nftables dropping ``share`` of what leaves ``end``'s interface (its netdev egress
+    hook: before the driver counts it, as a NIC that does not send it), at random; the
+    test skipped, saying why, on a kernel without the hook; the rule gone afterwards."""
+    nft = ["ip", "netns", "exec", end.namespace, "nft"]
+    drop = (
+        "counter drop"
+        if share >= 1
+        else f"numgen random mod 1000 < {share * 1000:.0f} counter drop"
+    )
+    rules = (f"table netdev {table} {{ chain eg {{ type filter hook egress device "
+             f'"{end.interface}" priority 0; policy accept; {drop}; }}; }}')  # fmt: skip
+    made = subprocess.run([*nft, "-f", "-"], input=rules, text=True, capture_output=True)
+    if made.returncode != 0:  # the rule is this test's own: the kernel lacks the hook
+        pytest.skip(f"nftables cannot hook {end.interface}'s egress on this kernel (5.16+ "
+                    f"with CONFIG_NETFILTER_EGRESS): {made.stderr.strip()}")  # fmt: skip
+    try:
+        yield
+    finally:
+        subprocess.run([*nft, "delete", "table", "netdev", table], check=False)
+
+
 def test_a_host_whose_way_out_drops_at_random_is_the_culprit_of_a_silent_drop(
     opsbox: dict[str, Any],
 ) -> None:
@@ -283,33 +331,14 @@ def test_a_host_whose_way_out_drops_at_random_is_the_culprit_of_a_silent_drop(
     numgen in the host's netdev egress hook), its link up: named on its access link,
     host→leaf, the host the culprit; no other host lossy or to blame. Before, nothing was
     named and only the host was "lossy" (the demo lab, by hand, 2026-12-06)."""
-    lab, live = opsbox["lab"], opsbox["live"]
+    live = opsbox["live"]
     host, port = "h1-2", "h1-2-leaf1"
-    end = lab.topology.link(port).a
-    assert end.node == host, end
-    nft = ["ip", "netns", "exec", end.namespace, "nft"]
-
-    def named() -> dict[str, Any] | None:
-        got = [a for a in live()["anomalies"]["open"]
-               if a["kind"] == "silent_drop" and a["evidence"].get("host") == host]  # fmt: skip
-        return got[0] if got else None
+    end = _host_end(opsbox["lab"], host, port)
 
     wait_for(lambda: not [a for a in live()["anomalies"]["open"] if a["kind"] == "silent_drop"],
              60, "no silent drop open before")  # fmt: skip
-    rules = ("table netdev cmtest_out { chain eg { type filter hook egress device "
-             f'"{end.interface}" priority 0; policy accept; numgen random mod 1000 < 150 '
-             "counter drop; }; }")  # fmt: skip
-    made = subprocess.run([*nft, "-f", "-"], input=rules, text=True, capture_output=True)
-    if made.returncode != 0:  # the rule is this test's own: the kernel lacks the hook
-        pytest.skip(f"nftables cannot hook {end.interface}'s egress on this kernel (5.16+ "
-                    f"with CONFIG_NETFILTER_EGRESS): {made.stderr.strip()}")  # fmt: skip
-    t0 = time.monotonic()
-    try:
-        a = wait_for(named, 40, f"a silent drop on {port}",
-                     detail=lambda: [(x["kind"], x["link"], x["summary"][:100])
-                                     for x in live()["anomalies"]["open"]])  # fmt: skip
-        print(f"15 % of {host}'s egress lost at random -> anomaly in "
-              f"{time.monotonic() - t0:.2f} s: {a['summary']}")  # fmt: skip
+    with _egress_dropped(end, "cmtest_out", 0.15):
+        a = _wait_named(live, host, f"15 % of {host}'s egress lost at random")
         ev = a["evidence"]
         assert a["link"] == port and ev["direction"] == "host→leaf", a
         assert ev["pattern"] == "random" and 0.08 < ev["packet_share"] < 0.25, ev
@@ -325,8 +354,6 @@ def test_a_host_whose_way_out_drops_at_random_is_the_culprit_of_a_silent_drop(
                   if h["verdict"] in ("culprit", "lossy") and h["host"] != host}  # fmt: skip
         # (h2-1, the culprit of the flap test above, while that anomaly is in the window)
         assert set(blamed) <= {CULPRIT}, blamed
-    finally:
-        subprocess.run([*nft, "delete", "table", "netdev", "cmtest_out"], check=False)
 
 
 def test_a_host_whose_nic_sends_nothing_is_cut_off_and_the_culprit(
@@ -338,31 +365,16 @@ def test_a_host_whose_nic_sends_nothing_is_cut_off_and_the_culprit(
     first (its port counted nothing out); it is the culprit, its peers affected, none
     lossy. Before, no anomaly opened and 15 of the demo's 16 hosts read "lossy" (the demo
     lab, by hand, 2026-12-06)."""
-    lab, live = opsbox["lab"], opsbox["live"]
+    live = opsbox["live"]
     host, port = "h3-2", "h3-2-leaf3"
-    end = lab.topology.link(port).a
-    assert end.node == host, end
-    nft = ["ip", "netns", "exec", end.namespace, "nft"]
+    end = _host_end(opsbox["lab"], host, port)
 
     def named() -> dict[str, Any] | None:
-        got = [a for a in live()["anomalies"]["open"]
-               if a["kind"] == "silent_drop" and a["evidence"].get("host") == host]  # fmt: skip
-        return got[0] if got else None
+        return _silent_drop_of(live(), host)
 
     wait_for(lambda: named() is None, 60, f"no silent drop of {host} open before")
-    rules = ("table netdev cmtest_cut { chain eg { type filter hook egress device "
-             f'"{end.interface}" priority 0; policy accept; counter drop; }}; }}')  # fmt: skip
-    made = subprocess.run([*nft, "-f", "-"], input=rules, text=True, capture_output=True)
-    if made.returncode != 0:  # the rule is this test's own: the kernel lacks the hook
-        pytest.skip(f"nftables cannot hook {end.interface}'s egress on this kernel (5.16+ "
-                    f"with CONFIG_NETFILTER_EGRESS): {made.stderr.strip()}")  # fmt: skip
-    t0 = time.monotonic()
-    try:
-        a = wait_for(named, 40, f"{host} cut off, on {port}",
-                     detail=lambda: [(x["kind"], x["link"], x["summary"][:100])
-                                     for x in live()["anomalies"]["open"]])  # fmt: skip
-        print(f"all of {host}'s egress dropped -> anomaly in {time.monotonic() - t0:.2f} s: "
-              f"{a['summary']}")  # fmt: skip
+    with _egress_dropped(end, "cmtest_cut", 1.0):
+        a = _wait_named(live, host, f"all of {host}'s egress dropped")
         ev, aid = a["evidence"], a["anomaly_id"]
         assert a["link"] == port and a["summary"].startswith(f"{host} is cut off from the "
                                                              "fabric"), a  # fmt: skip
@@ -383,5 +395,3 @@ def test_a_host_whose_nic_sends_nothing_is_cut_off_and_the_culprit(
                 assert h["verdict"] != "lossy" and aid not in h["culprit_of"], h
         assert wait_for(lambda: (x := named()) and x["evidence"]["direction"] == "both ways"
                         and x, 60, "both ways")["anomaly_id"] == aid  # fmt: skip
-    finally:
-        subprocess.run([*nft, "delete", "table", "netdev", "cmtest_cut"], check=False)
