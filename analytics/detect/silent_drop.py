@@ -1161,7 +1161,13 @@ class SilentDrops:
         or whose own port contention names. Judged on the window's counts, not on the
         streak rule alone: the paths into and out of it, probed every second or two, go
         from lost-in-a-row to losing-their-newest and back from pass to pass."""
-        hosts = {s for s, _d, _p in lossy if s in self.host_access} | self._cut.keys()
+        # only hosts losing in a row to MIN_DESTINATIONS peers (a switch's drop rarely is;
+        # a pass during one must not walk every path for nothing)
+        reach: dict[int, set[int]] = collections.defaultdict(set)
+        for s, d, _p in lossy:
+            if s in self.host_access:
+                reach[s].add(d)
+        hosts = {s for s, ds in reach.items() if len(ds) >= MIN_DESTINATIONS} | self._cut.keys()
         if not hosts:
             return []
         out: dict[int, list[tuple[int, int, int]]] = collections.defaultdict(list)
