@@ -404,11 +404,6 @@ class _Ports:
         later = list(d)[1:]
         return sum(s[1] for s in later), sum(s[2] for s in later)
 
-    def received(self, host: int, now_ns: int) -> int | None:
-        """Packets ``host``'s port counted in (:meth:`counted`)."""
-        got = self.counted(host, now_ns)
-        return None if got is None else got[0]
-
 
 class SilentDrops:
     def __init__(
@@ -1136,12 +1131,24 @@ class SilentDrops:
         out = [k for k in lossy | clean if k[0] == d]
         if not self.host_rack.get(d) or len(out) < MIN_PATHS or any(k in lossy for k in out):
             return None
-        got = self.ports.received(d, now_ns)
-        if got is None:
+        counted = self.ports.counted(d, now_ns)
+        if counted is None:
             return None
-        sent = sum(stats[k]["sent"] for k in covered) * (1 << self.sample_bits)
+        got = counted[0]
+        return got if self._nearly_none(got, covered, stats) else None
+
+    def _nearly_none(
+        self,
+        packets: int,
+        paths: Iterable[tuple[int, int, int]],
+        stats: dict[tuple[int, int, int], dict[str, float]],
+    ) -> bool:
+        """Whether a port's count over ``RX_SPAN_NS`` is (nearly) none beside the probes
+        ``paths`` carried over the window (scaled to the span, every path kept): fewer
+        than RX_SHARE of them, or than RX_FLOOR packets (the leaf's own ARP)."""
+        sent = sum(stats[k]["sent"] for k in paths) * (1 << self.sample_bits)
         per_span = sent * RX_SPAN_NS / (WINDOW_S * 1e9)
-        return got if got <= max(RX_FLOOR, RX_SHARE * per_span) else None
+        return packets <= max(RX_FLOOR, RX_SHARE * per_span)
 
     def _cut_offs(
         self,
@@ -1226,10 +1233,8 @@ class SilentDrops:
         host, port = name(h, f"host {h}"), self.host_access[h]
         covered = [*out, *into]
         both = bool(into)
-        sent = sum(stats[k]["sent"] for k in out) * (1 << self.sample_bits)
-        quiet = max(RX_FLOOR, RX_SHARE * sent * RX_SPAN_NS / (WINDOW_S * 1e9))
         peers = len({d for _s, d, _p in out})
-        if tx <= quiet:
+        if self._nearly_none(tx, out, stats):
             why = (f"its port counted (almost) nothing out over {RX_SPAN_NS / 1e9:.0f} s: its "
                    "NIC is not sending (a hung transmit queue) or the host's own filter "
                    "drops it")  # fmt: skip
