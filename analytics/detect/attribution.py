@@ -336,6 +336,26 @@ def place_name(a: Mapping[str, Any]) -> str:
     return f"{ev['switch']} towards {', '.join(dests)}" if dests else str(ev["switch"])
 
 
+# How far before the live window's start (its newest probes' age) a probe it counts was
+# sent: the collectors' lag and the wait for a probe's receipt (analytics/ingest/live.py)
+WINDOW_LAG_S = 10.0
+
+
+def still_explaining(
+    closed: Iterable[Mapping[str, Any]], now_ns: int, window_s: float
+) -> list[dict[str, Any]]:
+    """The closed anomalies whose loss the live window (``window_s`` up to ``now_ns``) may
+    still hold: last seen (their condition last held) no earlier than the window's start,
+    less :data:`WINDOW_LAG_S`. Not by when they closed: an anomaly closes the clear time
+    (60 s) after its last sighting, when its loss is already leaving the window — keyed on
+    closing, one went on explaining a fresh fault at its place for 70 s after it closed
+    (the demo lab: a host cut off, healed, then its leaf dropping what it sent)."""
+    since = now_ns - int((window_s + WINDOW_LAG_S) * 1e9)
+    return [
+        dict(a) for a in closed if int(a.get("last_seen_ns") or a.get("closed_ns") or 0) >= since
+    ]
+
+
 def link_leaves(topology: Mapping[str, Any]) -> dict[str, str]:
     """Fabric link name -> its leaf, from a topology document (``kind: fabric`` links,
     the leaf being the end whose node is not a spine: the ``a`` end in clockmesh's)."""

@@ -160,8 +160,8 @@ class LiveDocument:
         # both directions and its verdict (analytics/detect/attribution.py).
         racks = {names[i]: r for i, r in self.detect.paths.host_rack.items() if i in names}
         link_leaf = {n: lk.leaf for n, lk in self.detect.paths.links.items()}
-        since = live.generated_ns - int((live.window_s + 10) * 1e9)  # loss still counted
-        ended = [a for a in doc["anomalies"]["recently_closed"] if a["closed_ns"] >= since]
+        ended = attribution.still_explaining(doc["anomalies"]["recently_closed"],
+                                             live.generated_ns, live.window_s)  # fmt: skip
         open_ = doc["anomalies"]["open"]
         stale_s = attribution.stale_after(doc["ingest"]["advised_roll_s"])
         self._attribution.annotate((live.generated_ns, passes), doc["hosts"], doc["pairs"], open_,

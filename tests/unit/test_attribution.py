@@ -192,6 +192,25 @@ def test_an_anomaly_closed_within_the_window_still_explains_its_loss_but_names_n
     assert losses["h2-1"].culprit_of == [] and losses["h2-1"].affected_by == {"flapping-1"}
 
 
+def test_a_closed_anomaly_explains_only_loss_the_window_may_still_hold_of_it() -> None:
+    """An anomaly closes the clear time (60 s) after its condition last held, so its loss
+    is leaving the 60-s window as it closes: a fresh fault at its place afterwards is
+    unexplained (lossy, a new page's), not "affected" by the closed one."""
+    s = 1_000_000_000
+    now, window = 1_000 * s, 60.0
+    flap = {"anomaly_id": "flapping-1", "kind": "flapping_link", "link": "h2-1-leaf2",
+            "evidence": {"host": "h2-1", "device": "bk0"}}  # fmt: skip
+    just = {**flap, "last_seen_ns": now - 20 * s, "closed_ns": now - 1 * s}
+    long_ago = {**flap, "last_seen_ns": now - 75 * s, "closed_ns": now - 15 * s}
+    assert attribution.still_explaining([just], now, window) == [just]
+    assert attribution.still_explaining([long_ago], now, window) == []
+    pairs = _mesh({(s_, "h2-1"): 30 for s_ in RACKS})
+    ended = attribution.still_explaining([long_ago], now, window)
+    _, losses = attribution.attribute(RACKS, pairs, [], RACKS, LEAVES, closed=ended)
+    verdicts = {h: attribution.verdict(x, 0.5) for h, x in losses.items()}
+    assert "affected" not in verdicts.values() and "lossy" in verdicts.values(), verdicts
+
+
 def test_clockmesh_live_says_an_open_anomaly_no_longer_seen_and_when_it_closes() -> None:
     """An anomaly stays open for the book's clear_s after its last observation; the page
     says how long it has not been seen, so a cleared fault does not read as ongoing."""
