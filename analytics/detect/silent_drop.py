@@ -210,6 +210,8 @@ UNSTARTED_NS = 30_000_000_000
 RX_SPAN_NS = 3_000_000_000
 RX_SHARE = 0.1  # "nearly nothing": fewer than this share of the probes sent to it ...
 RX_FLOOR = 3  # ... or than this many packets (the leaf's own ARP)
+# the ways a host is cut off from the fabric (evidence.direction)
+OUT, IN, BOTH = "host→leaf", "leaf→host", "both ways"
 UP = 6  # operstate "up" (RFC 2863, collector.sysfs_counters.OPERSTATE)
 PORT_COUNTERS = ("rx_packets", "tx_packets", "operstate", "carrier_down_count")
 _MIX = np.uint64(0x9E3779B97F4A7C15)
@@ -471,8 +473,9 @@ class SilentDrops:
         self._gray_twins: dict[Place, list[Place]] = {}  # ... and the places it cannot be told from
         self._gray_said: dict[Place, float] = {}  # ... and the rate its summary says
         self._gray_last: tuple[int, list[Observation]] = (-(1 << 62), [])  # when, what
-        # host cut off from the fabric -> (first, newest) pass it was, and both ways then
-        self._cut: dict[int, tuple[int, int, bool]] = {}
+        # host cut off from the fabric -> (first, newest) pass it was, which way then, and
+        # which way it began
+        self._cut: dict[int, tuple[int, int, str, str]] = {}
         self._paths_seen = np.zeros(0, np.uint64)  # paths judged (for _bound), sorted
         self._paths_since = 0  # ... since this send time (recounted every HISTORY_S)
 
@@ -1128,6 +1131,8 @@ class SilentDrops:
         if len(places) != 1 or places[0].what != "in":
             return None
         d = int(places[0].name)
+        if self._cut.get(d, (0, 0, "", ""))[3] == IN:
+            return None  # it dropped what it received first: its leaf's ARP went unanswered
         out = [k for k in lossy | clean if k[0] == d]
         if not self.host_rack.get(d) or len(out) < MIN_PATHS or any(k in lossy for k in out):
             return None
@@ -1157,24 +1162,36 @@ class SilentDrops:
         stats: dict[tuple[int, int, int], dict[str, float]],
         now_ns: int,
     ) -> list[Observation]:
-        """Hosts cut off from the fabric, their link up: every probe each sent over the
-        window lost, on every path judged (``crossing``), to at least MIN_DESTINATIONS
-        hosts, MIN_PATHS of them lost in a row (``lossy``) — what they send never reaches
-        the fabric (the NIC not sending, an optic or cable one way, the host's own
-        filter) — while their port's counters say the link stayed up. What is sent to
-        such a host arrives (one way), or every probe of every path into it is lost from
-        MIN_SOURCES hosts (both ways: its leaf's ARP entry for it aged out). Named once
-        it has lasted LINK_HOLD_NS (a full queue shows meanwhile), not for a host drained
-        or whose own port contention names. Judged on the window's counts, not on the
-        streak rule alone: the paths into and out of it, probed every second or two, go
-        from lost-in-a-row to losing-their-newest and back from pass to pass."""
-        # only hosts losing in a row to MIN_DESTINATIONS peers (a switch's drop rarely is;
-        # a pass during one must not walk every path for nothing)
+        """Hosts cut off from the fabric, their link up — one way or both:
+
+        * **out** (``host→leaf``): every probe the host sent over the window lost, on every
+          path judged (``crossing``), to at least MIN_DESTINATIONS peers, MIN_PATHS of them
+          lost in a row (``lossy``) — what it sends never reaches the fabric (its NIC not
+          sending, an optic or cable one way, its own filter). What is sent to it arrives,
+          or every probe of every path into it is lost from MIN_SOURCES hosts (``both
+          ways``: its leaf's ARP entry for it aged out);
+        * **in** (``leaf→host``): the same for every path into it, from MIN_DESTINATIONS
+          peers, while its own paths out deliver and its port counted the packets in (not
+          (nearly) none: that is its leaf dropping what it forwards to it, a switch's
+          place, :meth:`_unreached`) — the host drops them itself (its own filter, its
+          NIC's receive ring, its collector not reading). Its peers each lose one in
+          fifteen of what they send and read "lossy" without it.
+
+        Their port's counters must say the link stayed up. Named once it has lasted
+        LINK_HOLD_NS (a full queue shows meanwhile; a collector restarting is back in two
+        seconds), not for a host drained or whose own port contention names. Judged on
+        the window's counts, not on the streak rule alone: the paths into and out of it,
+        probed every second or two, go from lost-in-a-row to losing-their-newest and back
+        from pass to pass."""
+        # only hosts losing in a row to or from MIN_DESTINATIONS peers (a switch's drop
+        # rarely is; a pass during one must not walk every path for nothing)
         reach: dict[int, set[int]] = collections.defaultdict(set)
+        heard: dict[int, set[int]] = collections.defaultdict(set)
         for s, d, _p in lossy:
-            if s in self.host_access:
-                reach[s].add(d)
-        hosts = {s for s, ds in reach.items() if len(ds) >= MIN_DESTINATIONS} | self._cut.keys()
+            reach[s].add(d)
+            heard[d].add(s)
+        hosts = {h for h, ds in [*reach.items(), *heard.items()] if len(ds) >= MIN_DESTINATIONS}
+        hosts = (hosts & self.host_access.keys()) | self._cut.keys()
         if not hosts:
             return []
         out: dict[int, list[tuple[int, int, int]]] = collections.defaultdict(list)
@@ -1184,31 +1201,49 @@ class SilentDrops:
                 out[k[0]].append(k)
             if k[1] in hosts:
                 into[k[1]].append(k)
+
+        def all_lost(paths: list[tuple[int, int, int]], peers: set[int]) -> bool:
+            return (len(peers) >= MIN_DESTINATIONS and sum(k in lossy for k in paths) >= MIN_PATHS
+                    and all(stats[k]["lost"] == stats[k]["sent"] for k in paths))  # fmt: skip
+
+        def delivering(paths: list[tuple[int, int, int]]) -> bool:
+            return (not any(k in lossy for k in paths)
+                    and sum(stats[k]["lost"] < stats[k]["sent"] for k in paths) >= MIN_PATHS)  # fmt: skip
+
         full = self.full_ports()
-        seen: dict[int, tuple[int, int, bool]] = {}
+        seen: dict[int, tuple[int, int, str, str]] = {}
         found = []
         for h in sorted(hosts):
-            paths = out.get(h, [])
-            if (self.host_names.get(h) in self.drained or h in full
-                    or len({d for _s, d, _p in paths}) < MIN_DESTINATIONS
-                    or sum(k in lossy for k in paths) < MIN_PATHS
-                    or any(stats[k]["lost"] < stats[k]["sent"] for k in paths)):  # fmt: skip
+            if self.host_names.get(h) in self.drained or h in full:
                 continue
             counted = self.ports.counted(h, now_ns)
             if counted is None:
                 continue  # its link not up throughout (a flap's), or its port not known
-            first, last, both = self._cut.get(h, (now_ns, now_ns, False))
+            paths, back = out.get(h, []), into.get(h, [])
+            first, last, way, began = self._cut.get(h, (now_ns, now_ns, "", ""))
             if now_ns - last > GRAY_GAP_NS:
-                first, both = now_ns, False
-            back = into.get(h, [])
-            if (len({s for s, _d, _p in back}) >= MIN_SOURCES
-                    and all(stats[k]["lost"] == stats[k]["sent"] for k in back)):  # fmt: skip
-                both = True
-            elif sum(stats[k]["lost"] < stats[k]["sent"] for k in back) >= MIN_PATHS:
-                both = False
-            seen[h] = (first, now_ns, both)
+                way = began = ""
+            if all_lost(paths, {d for _s, d, _p in paths}):
+                if (len({s for s, _d, _p in back}) >= MIN_SOURCES
+                        and all(stats[k]["lost"] == stats[k]["sent"] for k in back)):  # fmt: skip
+                    now = BOTH
+                elif sum(stats[k]["lost"] < stats[k]["sent"] for k in back) >= MIN_PATHS:
+                    now = OUT
+                else:  # the paths into it not judged yet: as it was
+                    now = way if way == BOTH else OUT
+            elif (all_lost(back, {s for s, _d, _p in back})
+                    and (delivering(paths) or way in (IN, BOTH))
+                    and (began == IN or not self._nearly_none(counted[0], back, stats))):  # fmt: skip
+                # (while its own sends go too, until all of them are lost; and once its
+                # leaf, its ARP requests unanswered, no longer sends to it: as it was)
+                now = IN
+            else:
+                continue
+            if not began:
+                first, began = now_ns, now
+            seen[h] = (first, now_ns, now, began)
             if now_ns - first >= LINK_HOLD_NS:
-                found.append(self._cut_off_observation(h, paths, back if both else [], stats,
+                found.append(self._cut_off_observation(h, paths, back, now, began, stats,
                                                        *counted))  # fmt: skip
         # a host not cut off this pass keeps its start for GRAY_GAP_NS, as a random share
         self._cut = {h: v for h, v in self._cut.items() if now_ns - v[1] <= GRAY_GAP_NS}
@@ -1220,34 +1255,55 @@ class SilentDrops:
         h: int,
         out: list[tuple[int, int, int]],
         into: list[tuple[int, int, int]],
+        way: str,
+        began: str,
         stats: dict[tuple[int, int, int], dict[str, float]],
         rx: int,
         tx: int,
     ) -> Observation:
-        """A host cut off from the fabric (:meth:`_cut_offs`; ``into``: the paths into it,
-        all lost, when both ways are): on its access link, one anomaly whether only its
-        way out or both ways are lost so far (its leaf's ARP entry for it ages out in
-        between), the host the culprit. Whether its port counted what it sent out tells
-        its NIC from its cable, optic or leaf port."""
+        """A host cut off from the fabric (:meth:`_cut_offs`, ``way`` it is): on its access
+        link, one anomaly whichever way and however that changes (its leaf's ARP entry
+        for a host that sends nothing ages out; a host that takes nothing in loses its
+        ARP entry for its gateway), the host the culprit. Whether its port counted what
+        it sent out tells its NIC from its cable, optic or leaf port."""
         name = self.host_names.get
         host, port = name(h, f"host {h}"), self.host_access[h]
-        covered = [*out, *into]
-        both = bool(into)
-        peers = len({d for _s, d, _p in out})
-        if self._nearly_none(tx, out, stats):
-            why = (f"its port counted (almost) nothing out over {RX_SPAN_NS / 1e9:.0f} s: its "
-                   "NIC is not sending (a hung transmit queue) or the host's own filter "
-                   "drops it")  # fmt: skip
+        covered = {OUT: out, IN: into}.get(way, [*out, *into])
+        span = f"{RX_SPAN_NS / 1e9:.0f} s"
+        itself = "itself (its own filter, its NIC's receive ring, or its collector not reading)"
+        if IN in (way, began):  # what is sent to it lost (first): it drops what it receives
+            candidates = [f"{host}'s own filter", f"{host}'s NIC (receiving)",
+                          f"{host}'s collector (receiving)"]  # fmt: skip
+        if way == IN and not self._nearly_none(rx, into, stats):
+            # not "cut off": its port may count a job's traffic in while a filter drops only
+            # the probes (the count, in the evidence, changes every pass: not said here)
+            why = f"its port counts them in, so they reach it and the host drops them {itself}"
+        elif way == IN:
+            why = (f"its port counted them in at first, so they reached it and the host "
+                   f"dropped them {itself} — its leaf's ARP requests too, so its leaf no "
+                   "longer sends to it")  # fmt: skip
+        elif began == IN and way == BOTH:
+            why = ("first what was sent to it was lost, its port counting it in: the host "
+                   "drops what it receives (its own filter or its NIC's receive ring) — its "
+                   "leaf's ARP answers too, so it can no longer send either")  # fmt: skip
+        elif self._nearly_none(tx, out, stats):
+            why = (f"its port counted (almost) nothing out over {span}: its NIC is not "
+                   "sending (a hung transmit queue) or the host's own filter drops it")  # fmt: skip
             candidates = [f"{host}'s NIC (sending)", f"{host}'s own filter", port]
         else:
             why = (f"its port counted it out: {port}'s optic or cable, or its leaf's port, "
                    "drops it")  # fmt: skip
             candidates = [f"{port} (host→leaf)", f"{host}'s NIC (sending)"]
-        what = ("nothing it sends arrives and nothing sent to it arrives" if both else
-                "nothing it sends arrives, while what it receives arrives")  # fmt: skip
-        summary = f"{host} is cut off from the fabric, its link {port} up: {what}; {why}"
+        what = {
+            BOTH: "nothing it sends arrives and nothing sent to it arrives",
+            OUT: "nothing it sends arrives, while what it receives arrives",
+        }.get(way, "")
+        summary = (f"{host} takes in nothing sent to it, its link {port} up: every probe its "
+                   f"peers send it is lost, while what it sends arrives; {why}" if way == IN
+                   else f"{host} is cut off from the fabric, its link {port} up: {what}; {why}")  # fmt: skip
         lost = sum(stats[k]["lost"] for k in covered)
         n = sum(stats[k]["sent"] for k in covered)
+        peers = {d for _s, d, _p in out} if way != IN else {s for s, _d, _p in into}
         pairs = sorted({f"{name(s, f'host {s}')}→{name(d, f'host {d}')}" for s, d, _ in covered})
         return Observation(
             kind=KIND,
@@ -1258,11 +1314,11 @@ class SilentDrops:
             evidence={
                 **self._where(self.host_rack.get(h, ""), [], [], covered),
                 "host": host,
-                "direction": "both ways" if both else "host→leaf",
+                "direction": way,
                 "candidates": candidates,
                 "confidence": 1.0,
                 "pattern": "every packet",
-                "peers_unreached": peers,
+                "peers_unreached": len(peers),
                 "lossy_paths": len(covered),
                 "clean_paths_through": 0,
                 "flow_share": 1.0,

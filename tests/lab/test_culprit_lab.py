@@ -302,22 +302,24 @@ def _wait_named(live: Callable[[], dict[str, Any]], host: str, fault: str) -> di
 
 
 @contextlib.contextmanager
-def _egress_dropped(end: Any, table: str, share: float) -> Iterator[None]:
+def _nft_dropped(end: Any, table: str, share: float, hook: str = "egress") -> Iterator[None]:
     """nftables dropping ``share`` of what leaves ``end``'s interface (its netdev egress
-    hook: before the driver counts it, as a NIC that does not send it), at random; the
-    test skipped, saying why, on a kernel without the hook; the rule gone afterwards."""
+    hook: before the driver counts it, as a NIC that does not send it) or, ``hook``
+    "ingress", of what arrives at it (after the driver counted it, as the host's own
+    filter), at random; the test skipped, saying why, on a kernel without the hook; the
+    rule gone afterwards."""
     nft = ["ip", "netns", "exec", end.namespace, "nft"]
     drop = (
         "counter drop"
         if share >= 1
         else f"numgen random mod 1000 < {share * 1000:.0f} counter drop"
     )
-    rules = (f"table netdev {table} {{ chain eg {{ type filter hook egress device "
+    rules = (f"table netdev {table} {{ chain c {{ type filter hook {hook} device "
              f'"{end.interface}" priority 0; policy accept; {drop}; }}; }}')  # fmt: skip
     made = subprocess.run([*nft, "-f", "-"], input=rules, text=True, capture_output=True)
     if made.returncode != 0:  # the rule is this test's own: the kernel lacks the hook
-        pytest.skip(f"nftables cannot hook {end.interface}'s egress on this kernel (5.16+ "
-                    f"with CONFIG_NETFILTER_EGRESS): {made.stderr.strip()}")  # fmt: skip
+        pytest.skip(f"nftables cannot hook {end.interface}'s {hook} on this kernel (egress: "
+                    f"5.16+ with CONFIG_NETFILTER_EGRESS): {made.stderr.strip()}")  # fmt: skip
     try:
         yield
     finally:
@@ -337,7 +339,7 @@ def test_a_host_whose_way_out_drops_at_random_is_the_culprit_of_a_silent_drop(
 
     wait_for(lambda: not [a for a in live()["anomalies"]["open"] if a["kind"] == "silent_drop"],
              60, "no silent drop open before")  # fmt: skip
-    with _egress_dropped(end, "cmtest_out", 0.15):
+    with _nft_dropped(end, "cmtest_out", 0.15):
         a = _wait_named(live, host, f"15 % of {host}'s egress lost at random")
         ev = a["evidence"]
         assert a["link"] == port and ev["direction"] == "host→leaf", a
@@ -373,7 +375,7 @@ def test_a_host_whose_nic_sends_nothing_is_cut_off_and_the_culprit(
         return _silent_drop_of(live(), host)
 
     wait_for(lambda: named() is None, 60, f"no silent drop of {host} open before")
-    with _egress_dropped(end, "cmtest_cut", 1.0):
+    with _nft_dropped(end, "cmtest_cut", 1.0):
         a = _wait_named(live, host, f"all of {host}'s egress dropped")
         ev, aid = a["evidence"], a["anomaly_id"]
         assert a["link"] == port and a["summary"].startswith(f"{host} is cut off from the "
@@ -395,3 +397,48 @@ def test_a_host_whose_nic_sends_nothing_is_cut_off_and_the_culprit(
                 assert h["verdict"] != "lossy" and aid not in h["culprit_of"], h
         assert wait_for(lambda: (x := named()) and x["evidence"]["direction"] == "both ways"
                         and x, 60, "both ways")["anomaly_id"] == aid  # fmt: skip
+
+
+def test_a_host_that_drops_all_it_receives_is_named_and_its_peers_are_not_lossy(
+    opsbox: dict[str, Any],
+) -> None:
+    """A host whose own filter drops everything that reaches it (nftables in its netdev
+    ingress hook, after its port counted it), its link up and its sends arriving: named on
+    its access link as taking in nothing, its own filter first; the culprit, its peers
+    affected and none lossy. Before, no anomaly opened and every peer — each losing what
+    it sent to that host — read "lossy" (found by hand on the demo lab, 2026-12-06)."""
+    live = opsbox["live"]
+    host, port = "h2-2", "h2-2-leaf2"
+    end = _host_end(opsbox["lab"], host, port)
+
+    def named() -> dict[str, Any] | None:
+        return _silent_drop_of(live(), host)
+
+    wait_for(lambda: named() is None, 60, f"no silent drop of {host} open before")
+    with _nft_dropped(end, "cmtest_deaf", 1.0, hook="ingress"):
+        a = _wait_named(live, host, f"all that reaches {host} dropped")
+        ev, aid = a["evidence"], a["anomaly_id"]
+        assert a["link"] == port and ev["direction"] == "leaf→host", a
+        assert a["summary"].startswith(f"{host} takes in nothing sent to it, its link {port} "
+                                       "up: every probe its peers send it is lost"), a  # fmt: skip
+        assert ev["candidates"][0] == f"{host}'s own filter" and ev["peers_unreached"] >= 3, ev
+
+        def doc_hosts() -> dict[str, dict[str, Any]]:
+            return {h["host"]: h for h in live()["hosts"]}
+
+        wait_for(lambda: doc_hosts()[host]["verdict"] == "culprit", 20, f"{host} the culprit")
+        wait_for(lambda: sum(aid in h["affected_by"] for h in doc_hosts().values()) >= 3, 30,
+                 f"{host}'s peers affected by {aid}")  # fmt: skip
+        for name, h in doc_hosts().items():
+            if name != host:
+                assert h["verdict"] != "lossy" and aid not in h["culprit_of"], h
+        # its leaf's ARP entry for it, or its own for its leaf, runs out unanswered (the
+        # leaf stops sending to it; it stops sending): the same anomaly says so — never
+        # its leaf named for what it stopped sending to a host that answers nothing
+        x = wait_for(lambda: (x := named()) and ("at first" in x["summary"]
+                     or x["evidence"]["direction"] == "both ways") and x, 90,
+                     "an ARP entry between it and its leaf run out")  # fmt: skip
+        assert x["anomaly_id"] == aid, x
+        time.sleep(5)
+        assert not [o for o in live()["anomalies"]["open"] if o["kind"] == "silent_drop"
+                    and host in (o["evidence"].get("destinations") or [])]  # fmt: skip

@@ -1010,6 +1010,91 @@ def test_a_host_cut_off_is_not_named_while_its_link_is_down_or_drained_or_unknow
         assert not any(every), (kw.keys(), [o.summary for obs in every for o in obs][:1])
 
 
+def _deaf(host: int, since_out: float = 1e9) -> Fault:
+    """Nothing sent to ``host`` arrives from t = 10 s on, though its port counts it in (its
+    own filter drops it) — nor, from ``since_out`` on, anything it sends (its ARP entry
+    for its gateway aged out: the leaf's answers are dropped too)."""
+
+    def f(s: int, d: int, p: int, spine: str, t: float) -> tuple[bool, float]:
+        return (d == host and t >= 10) or (s == host and t >= since_out), 0.0
+
+    return f
+
+
+def test_a_host_that_drops_all_sent_to_it_is_named_the_culprit_not_its_fifteen_peers() -> None:
+    """h2-1's own filter drops everything it receives, its port counting it in: every peer
+    loses what it sends to h2-1 — in `clockmesh live` each of them "lossy" and nothing
+    named. Now one anomaly on h2-1's access link, h2-1 the culprit and its peers affected,
+    its port's count in the evidence (a reader tells a filter on the probes alone, its
+    port counting a job's traffic in, from the host taking in nothing); once h2-1 can no
+    longer send either (its gateway's ARP answer dropped as well), the same anomaly says
+    both ways."""
+    every = _run(_deaf(21, since_out=24), seconds=20, host_access=ACCESS,
+                 port=_port_of(21, rx=120, tx=120))  # fmt: skip
+    first = next(i for i, o in enumerate(every) if o)
+    assert 10 + 6 <= first <= 10 + 10, first  # held LINK_HOLD_NS, as a host cut off
+    ways = []
+    for obs in every[first:]:
+        (o,) = obs
+        assert (o.kind, o.key, o.link) == ("silent_drop", "h2-1-leaf2 (host cut off)",
+                                           "h2-1-leaf2"), o  # fmt: skip
+        assert o.evidence["host"] == "h2-1", o.evidence
+        ways.append(o.evidence["direction"])
+    n = ways.index("both ways")
+    assert n and set(ways[:n]) == {"leaf→host"} and set(ways[n:]) == {"both ways"}, ways
+    o = every[first][0]
+    assert o.summary == (
+        "h2-1 takes in nothing sent to it, its link h2-1-leaf2 up: every probe its peers send "
+        "it is lost, while what it sends arrives; its port counts them in, so they reach it "
+        "and the host drops them itself (its own filter, its NIC's receive ring, or its "
+        "collector not reading)"
+    ), o.summary
+    assert len({o.summary for obs in every[first:] for o in obs[:1]}) == 2  # one a way
+    e = o.evidence
+    assert e["candidates"][0] == "h2-1's own filter" and e["port_rx_packets"] == {"h2-1": 360}
+    assert e["peers_unreached"] == 5 and {p.split("→")[1] for p in e["pairs"]} == {"h2-1"}, e
+    # its peers are affected, h2-1 the culprit
+    seen = attribution.places([{"anomaly_id": "a", "link": "h2-1-leaf2", "evidence": e}], {})
+    assert seen.host == {"h2-1": ["a"]} and seen.explained_by("h3-2", "h2-1", "leaf3",
+                                                              "leaf2") == ["a"]  # fmt: skip
+    # its leaf's ARP requests unanswered, the leaf stops sending to it (its port counts
+    # only those): still the host's, one anomaly — never its leaf "dropping" traffic to it
+    every = _run(_deaf(21), seconds=24, host_access=ACCESS,
+                 port=lambda h, t: (1 if t >= 24 else 120, 6, 120) if h == 21 and t >= 10
+                 else (120, 6, 120))  # fmt: skip
+    named = [obs for obs in every if obs]
+    assert len(named) >= 12 and all(len(obs) == 1 for obs in named), named[:1]
+    assert {o.key for obs in named for o in obs} == {"h2-1-leaf2 (host cut off)"}
+    assert {o.evidence["direction"] for obs in named for o in obs} == {"leaf→host"}
+    assert every[-1][0].summary.endswith(
+        "its port counted them in at first, so they reached it and the host dropped them "
+        "itself (its own filter, its NIC's receive ring, or its collector not reading) — its "
+        "leaf's ARP requests too, so its leaf no longer sends to it"
+    ), every[-1][0].summary
+    # its port counting (nearly) nothing in: its leaf drops it, a switch's place, not the host
+    every = _run(_deaf(21), seconds=20, host_access=ACCESS, port=_port_of(21, rx=1, tx=120))
+    assert every[-1] and not any(o.evidence.get("host") for obs in every for o in obs)
+    assert every[-1][0].evidence["switch"] == "leaf2", every[-1][0].summary
+    # its link down (a flap's), drained, its port unknown, or its own sends lost too from the
+    # start (a host losing both ways at random is its own, as before): not this
+    for kw in ({"port": _port_of(21, rx=0, tx=0, state=2), "host_access": ACCESS},
+               {"port": _port_of(21, rx=120, tx=120), "host_access": ACCESS,
+                "drained": {"h2-1"}},
+               {"host_access": ACCESS},
+               {"port": _port_of(21, rx=120, tx=120)}):  # fmt: skip
+        every = _run(_deaf(21), seconds=20, **kw)  # type: ignore[arg-type]
+        assert not any(o.evidence.get("host") for obs in every for o in obs), (
+            kw.keys(), [o.summary for obs in every for o in obs][:1])  # fmt: skip
+
+    # only two peers' probes to it lost: those pairs', not the host
+    def two(s: int, d: int, p: int, spine: str, t: float) -> tuple[bool, float]:
+        return d == 21 and s in (31, 32) and t >= 10, 0.0
+
+    every = _run(two, seconds=20, host_access=ACCESS, port=_port_of(21, rx=120, tx=120))
+    assert not any(o.evidence.get("host") for obs in every for o in obs), [
+        o.summary for obs in every for o in obs][:1]  # fmt: skip
+
+
 def test_a_host_losing_what_it_sends_to_two_peers_only_is_not_cut_off() -> None:
     """All h2-1 sends to h3-1 and h3-2 lost (a spine's or their leaf's, not its NIC's):
     not the host cut off."""
