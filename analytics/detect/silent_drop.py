@@ -1239,6 +1239,12 @@ class SilentDrops:
                 now = IN
             else:
                 continue
+            if began and now not in (began, BOTH):
+                # the other way alone, after one way or both: clearing, not a new fault (the
+                # demo lab: a host's ingress filter removed, what is sent to it arrives at
+                # once while its window still holds its sends lost, its gateway not resolved
+                # — "nothing it sends arrives … its NIC is not sending" was said, and stood)
+                continue
             if not began:
                 first, began = now_ns, now
             seen[h] = (first, now_ns, now, began)
@@ -1274,14 +1280,12 @@ class SilentDrops:
         if IN in (way, began):  # what is sent to it lost (first): it drops what it receives
             candidates = [f"{host}'s own filter", f"{host}'s NIC (receiving)",
                           f"{host}'s collector (receiving)"]  # fmt: skip
-        if way == IN and not self._nearly_none(rx, into, stats):
+        if way == IN:
             # not "cut off": its port may count a job's traffic in while a filter drops only
-            # the probes (the count, in the evidence, changes every pass: not said here)
-            why = f"its port counts them in, so they reach it and the host drops them {itself}"
-        elif way == IN:
-            why = (f"its port counted them in at first, so they reached it and the host "
-                   f"dropped them {itself} — its leaf's ARP requests too, so its leaf no "
-                   "longer sends to it")  # fmt: skip
+            # the probes. The count, in the evidence, changes every pass — and comes and goes
+            # as its leaf's ARP entry for it runs out unanswered and its own requests renew
+            # it (the demo lab): "counted", true either way, not "counts"
+            why = f"its port counted them in, so they reached it: the host drops them {itself}"
         elif began == IN and way == BOTH:
             why = ("first what was sent to it was lost, its port counting it in: the host "
                    "drops what it receives (its own filter or its NIC's receive ring) — its "
