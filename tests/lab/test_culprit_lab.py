@@ -301,6 +301,25 @@ def _wait_named(live: Callable[[], dict[str, Any]], host: str, fault: str) -> di
     return dict(a)
 
 
+def _culprit_and_affected(
+    live: Callable[[], dict[str, Any]], host: str, aid: str, within_s: float
+) -> None:
+    """In ``/v1/live``: ``host`` the culprit of anomaly ``aid`` (within 20 s), three or
+    more of its peers affected by it (within ``within_s``), and no other host lossy or
+    its culprit."""
+
+    def doc_hosts() -> dict[str, dict[str, Any]]:
+        return {h["host"]: h for h in live()["hosts"]}
+
+    wait_for(lambda: doc_hosts()[host]["verdict"] == "culprit", 20, f"{host} the culprit")
+    assert aid in doc_hosts()[host]["culprit_of"]
+    wait_for(lambda: sum(aid in h["affected_by"] for h in doc_hosts().values()) >= 3,
+             within_s, f"{host}'s peers affected by {aid}")  # fmt: skip
+    for name, h in doc_hosts().items():
+        if name != host:
+            assert h["verdict"] != "lossy" and aid not in h["culprit_of"], h
+
+
 @contextlib.contextmanager
 def _nft_dropped(end: Any, table: str, share: float, hook: str = "egress") -> Iterator[None]:
     """nftables dropping ``share`` of what leaves ``end``'s interface (its netdev egress
@@ -382,19 +401,9 @@ def test_a_host_whose_nic_sends_nothing_is_cut_off_and_the_culprit(
                                                              "fabric"), a  # fmt: skip
         assert ev["candidates"][0] == f"{host}'s NIC (sending)", ev
         assert ev["direction"] in ("host→leaf", "both ways") and ev["port_tx_packets"][host] <= 3
-
-        def doc_hosts() -> dict[str, dict[str, Any]]:
-            return {h["host"]: h for h in live()["hosts"]}
-
-        wait_for(lambda: doc_hosts()[host]["verdict"] == "culprit", 20, f"{host} the culprit")
-        assert aid in doc_hosts()[host]["culprit_of"]
         # its peers lose what they send to it once the leaf's ARP entry for it is gone:
         # affected by it, not lossy
-        wait_for(lambda: sum(aid in h["affected_by"] for h in doc_hosts().values()) >= 3, 60,
-                 f"{host}'s peers affected by {aid}")  # fmt: skip
-        for name, h in doc_hosts().items():
-            if name != host:
-                assert h["verdict"] != "lossy" and aid not in h["culprit_of"], h
+        _culprit_and_affected(live, host, aid, within_s=60)
         assert wait_for(lambda: (x := named()) and x["evidence"]["direction"] == "both ways"
                         and x, 60, "both ways")["anomaly_id"] == aid  # fmt: skip
 
@@ -425,16 +434,7 @@ def test_a_host_that_drops_all_it_receives_is_named_and_its_peers_are_not_lossy(
                                        "up: every probe its peers send it is lost") or (
             "first what was sent to it was lost, its port counting it in" in a["summary"]), a  # fmt: skip
         assert ev["candidates"][0] == f"{host}'s own filter" and ev["peers_unreached"] >= 3, ev
-
-        def doc_hosts() -> dict[str, dict[str, Any]]:
-            return {h["host"]: h for h in live()["hosts"]}
-
-        wait_for(lambda: doc_hosts()[host]["verdict"] == "culprit", 20, f"{host} the culprit")
-        wait_for(lambda: sum(aid in h["affected_by"] for h in doc_hosts().values()) >= 3, 30,
-                 f"{host}'s peers affected by {aid}")  # fmt: skip
-        for name, h in doc_hosts().items():
-            if name != host:
-                assert h["verdict"] != "lossy" and aid not in h["culprit_of"], h
+        _culprit_and_affected(live, host, aid, within_s=30)
         # its own ARP entry for its leaf runs out unanswered (its leaf's for it may go
         # first: the leaf stops sending to it) and it sends nothing either: the same
         # anomaly says so — never its leaf named for what it stopped sending to a host that
