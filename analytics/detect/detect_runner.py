@@ -618,10 +618,16 @@ class DetectRunner:
                 if a.link and a.evidence.get("direction")}  # fmt: skip
 
     def _full_ports(self) -> set[int]:
-        """Hosts whose own port a recent ``contention`` names (``evidence.host``): the
-        probes a full queue there drops are its own, not a switch's silent drop
-        (:meth:`SilentDrops._port_queued`)."""
-        names = {a.evidence["host"] for a in self._recent_contention() if a.evidence.get("host")}
+        """Hosts whose own port a ``contention`` observed in the last CONTENDED_S names
+        (``evidence.host``): the probes a full queue there drops are its own, not a
+        switch's silent drop (:meth:`SilentDrops._port_queued`), nor the host cut off.
+        Observed, not open: an anomaly stays open 60 s after its last sighting. On the demo
+        lab a host's egress shaped to 8 kbit/s was judged contended once, in one pass, and
+        the host cut off was held back for as long as that stayed open: both closed while
+        the shaper stood, and no anomaly was open for 27 s."""
+        now = self.paths.newest_ns
+        names = {a.evidence["host"] for a in self._recent_contention() if a.evidence.get("host")
+                 and now - a.last_seen_ns <= int(CONTENDED_S * 1e9)}  # fmt: skip
         if not names:
             return set()
         return {h for h, n in self._names.items() if n in names}

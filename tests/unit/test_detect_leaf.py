@@ -316,3 +316,27 @@ def test_a_leaf_going_port_by_port_is_named_as_the_leaf_never_as_its_first_host_
             assert said[24:27] == [(25, []), (26, ["h4-1-leaf4"]),
                                    (27, ["h4-1-leaf4", "h4-2-leaf4"])], said[20:]  # fmt: skip
             assert all(links == [] for _, links in said[:24]), said
+
+
+def test_a_hosts_port_counts_as_full_while_contention_observes_it_not_while_it_is_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The probes a host's full port drops are its queue's, not the host cut off — while
+    contention observes that queue. On the demo lab a host's egress shaped to 8 kbit/s was
+    judged contended in one pass; held back for the 60 s that anomaly stayed open, the
+    host cut off went quiet, both closed while the shaper stood, and nothing was open for
+    27 s."""
+    from analytics.detect.anomalies import Observation
+
+    runner = _runner(tmp_path, monkeypatch)
+    ns = 1_000_000_000
+    t0 = 1_800_000_000 * ns
+    port = Observation(kind="contention", key="h2-1-leaf2 host→leaf", score=0.8, summary="",
+                       link="h2-1-leaf2", evidence={"host": "h2-1", "direction": "host→leaf"})  # fmt: skip
+    runner.book.observe(port, t0)
+    runner._names.update(NAMES)  # as a pass refreshes them
+    h21 = {v: k for k, v in NAMES.items()}["h2-1"]
+    runner.paths.newest_ns = t0 + 5 * ns
+    assert runner._full_ports() == {h21}
+    runner.paths.newest_ns = t0 + 25 * ns  # still open (60 s), not observed for 25 s
+    assert port.book_key in runner.book.open and runner._full_ports() == set()

@@ -1020,6 +1020,16 @@ def test_a_host_almost_all_of_whose_sends_are_lost_is_cut_off_said_almost() -> N
         "egress queue drops it"
     }, {o.summary for o in named}
     assert named[-1].evidence["pattern"] == "almost every packet", named[-1].evidence
+    # the trickle counted out by its port (its own egress queue lets it out), near the
+    # threshold between its NIC's side and its optic's: one cause said, the first
+    every = _run(_random_share(0.99, lambda s, d, p, spine: s == 21), seconds=20,
+                 host_access=ACCESS,
+                 port=lambda h, t: (120, 6, 20 + 40 * (int(t) % 2)) if h == 21 and t >= 10
+                 else (120, 6, 120))  # fmt: skip
+    said = {o.summary.split("; ")[1] for obs in every for o in obs}
+    assert said == {"its port counted only part of what it sent out over 3 s: its NIC is not "
+                    "sending (a hung transmit queue), or the host's own filter or egress queue "
+                    "drops it"}, said  # fmt: skip
     every = _run(_random_share(0.9, lambda s, d, p, spine: s == 21), seconds=20,
                  host_access=ACCESS, port=_port_of(21, rx=120, tx=12))  # fmt: skip
     assert not any(o.key.endswith("(host cut off)") for obs in every for o in obs), [
