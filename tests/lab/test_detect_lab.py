@@ -730,7 +730,8 @@ def test_healthy_roce_v2_jobs_on_shallow_buffers_raise_no_contention(
         deadline = time.monotonic() + 40.0
         while time.monotonic() < deadline:
             opened = [a for a in live()["anomalies"]["open"] if a["kind"] == "contention"]
-            assert opened == [], opened
+            assert not opened, [(a["link"], a["summary"], a["evidence"].get("pairs"))
+                                for a in opened]  # fmt: skip
             time.sleep(0.5)
     finally:
         jobgen.stop_job(lab, "healthyA")
@@ -757,6 +758,16 @@ def _silent_drops_in_store(store: Path) -> list[tuple[str, str]]:
         .fetchall()
     )
     return [(str(a), str(s)) for a, s in rows]
+
+
+def _silent_drops_held(url: str) -> dict[str, float]:
+    """The daemon's count of places that looked like a silent drop and were held back, by
+    reason (a test that waited in vain says why)."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    got = re.findall(r'^clockmesh_detect_silent_drop_held_total\{reason="(\w+)"\} (\S+)$', text,
+                     re.MULTILINE)  # fmt: skip
+    return {reason: float(n) for reason, n in got}
 
 
 def _no_silent_drop_for(live: Callable[[], dict[str, Any]], seconds: float, what: str) -> None:
@@ -942,6 +953,7 @@ def test_a_spine_port_dropping_a_random_share_of_its_packets_is_named_with_its_l
     nothing else; closed once the port is mended. (This lab's hosts send ~32 probes a
     second, ~16 a second cross the port: 15 % loses ~19 in the 8-s window, over the 10 a
     place must explain; the demo's rate names 2 %.)"""
+    from analytics.detect.silent_drop import WARMUP_NS
     from lab import frr
 
     lab, live = opsbox["lab"], opsbox["live"]
@@ -956,6 +968,10 @@ def test_a_spine_port_dropping_a_random_share_of_its_packets_is_named_with_its_l
 
     _wait(lambda: not _open(live, "flapping_link") and not _open(live, "contention")
           and not _open(live, "silent_drop"), 90, "earlier anomalies closed")  # fmt: skip
+    # a pair is judged WARMUP_NS after its first delivered probe: run alone, this test
+    # injected 3 s after the fleet's first probes, and 8 of its ~17 s were that warm-up
+    young = WARMUP_NS / 1e9 - (time.monotonic() - opsbox["traced_at"])
+    time.sleep(max(0.0, young + 1.0))
     nft = ["ip", "netns", "exec", spine.namespace, "nft"]
     rules = ("table ip cmtest_gray { chain forward { type filter hook forward priority 0; "
              f'policy accept; oifname "{spine.interface}" numgen random mod 1000 < 150 '
@@ -964,8 +980,9 @@ def test_a_spine_port_dropping_a_random_share_of_its_packets_is_named_with_its_l
     t0 = time.monotonic()
     try:
         a = _wait(named, 30, f"seed {seed}: silent_drop on {link.name}",
-                  detail=lambda: {k: [(x["link"], x["summary"][:120]) for x in _open(live, k)]
-                                  for k in ("silent_drop", "contention", "flapping_link")})  # fmt: skip
+                  detail=lambda: {**{k: [(x["link"], x["summary"][:120]) for x in _open(live, k)]
+                                     for k in ("silent_drop", "contention", "flapping_link")},
+                                  "held": _silent_drops_held(opsbox["url"])})  # fmt: skip
         latency = time.monotonic() - t0
         print(f"15 % random loss out of {spine.node}:{spine.interface} -> anomaly in "
               f"{latency:.2f} s: {a['summary']}")  # fmt: skip
