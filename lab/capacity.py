@@ -20,14 +20,20 @@ load, as in production.
 
 A switch port holds tens to hundreds of microseconds of queue, not the tens of
 milliseconds a Linux queue of 100 packets holds at lab rates: ``--buffer 400us`` sizes
-each class's queue in time at the capacity (:func:`buffer_packets`: whole full-size
-frames, at least two: with one, the probes' own rounds drop behind any frame in service),
-so a saturated port queues at most that long and drops beyond.
+each class's queue in time at the capacity, so a saturated port queues at most that long
+and drops beyond. In bytes (:func:`buffer_bytes`, a ``bfifo``), as a switch's buffer is:
+a queue counted in full frames (a ``pfifo`` of :func:`buffer_packets`) holds two at
+50 Mbit/s and 500 µs, and a probe round of ~100-byte probes meeting a job's frame
+overflowed it — healthy jobs at a fifth of the capacity lost 41 packets of the RDMA class
+in 40 s, and a link was once paged as contended for it (2026-12-06); the same 3125 bytes
+lost none. At least two full frames (:data:`MIN_QUEUE`: with one, the probes' own rounds
+drop behind any frame in service).
 The scenario generator (:mod:`lab.scenario`) uses 50 Mbit/s with 500 µs buffers.
 
 Shape per link end (``tc``): ``htb`` root, one class at the capacity, three children —
 control (rate 5 %, prio 0), RDMA (90 %, prio 1) and best effort (5 %, prio 2), each with a
-ceiling of 100 % and a ``pfifo`` of ``queue_packets`` (a switch's shallow buffer) — and
+ceiling of 100 % and a ``bfifo`` of the buffer's bytes (a switch's shallow buffer; a
+``pfifo`` of ``queue`` packets when no buffer is given) — and
 ``u32`` filters on the DSCP. The
 capacity is recorded in the lab's state: ``lab status`` shows it, ``lab heal`` puts it back
 after removing a fault's qdisc, ``lab congest`` on a link replaces it with its ``tbf`` until
@@ -47,6 +53,12 @@ RDMA_DSCP = 26
 QUEUE_PACKETS = 100
 MIN_QUEUE = 2  # packets: a probe round sent back to back needs room behind a frame in service
 MTU_BITS = 1514 * 8  # a full frame on a lab veth
+
+
+def buffer_bytes(rate: str, buffer_us: float) -> int:
+    """Bytes of each class's queue that hold ``buffer_us`` at ``rate``: a saturated queue
+    waits at most that long (plus the frame in service) and drops beyond."""
+    return int(buffer_us * 1e-6 * parse_rate(rate) / 8)
 
 
 def buffer_packets(rate: str, buffer_us: float) -> int:
@@ -112,9 +124,16 @@ def _root_is_ours(end: LinkEnd) -> bool:
     return res.returncode == 0 and res.stdout.startswith("qdisc htb 1: root")
 
 
-def shape_end(end: LinkEnd, rate: str, dscp: int = RDMA_DSCP, queue: int = QUEUE_PACKETS) -> None:
+def shape_end(
+    end: LinkEnd,
+    rate: str,
+    dscp: int = RDMA_DSCP,
+    queue: int = QUEUE_PACKETS,
+    limit_bytes: int | None = None,
+) -> None:
     """Shape one link end (a capacity already there is changed in place: classes and
-    queues replaced, the root kept)."""
+    queues replaced, the root kept); each class's queue ``limit_bytes`` deep (a
+    ``bfifo``), else ``queue`` packets (a ``pfifo``)."""
     bps = parse_rate(rate)
     dev = ["dev", end.interface]
     quantum = ["quantum", "1514"]
@@ -128,9 +147,9 @@ def shape_end(end: LinkEnd, rate: str, dscp: int = RDMA_DSCP, queue: int = QUEUE
         _tc(end, ["class", "replace", *dev, "parent", "1:1", "classid", f"1:{cls}", "htb",
                   "rate", f"{bps * share:.0f}bit", "ceil", f"{bps:.0f}bit", "prio", prio,
                   *quantum])  # fmt: skip
+    fifo = ["bfifo", "limit", str(limit_bytes)] if limit_bytes else ["pfifo", "limit", str(queue)]
     for cls in ("5", "10", "20"):
-        _tc(end, ["qdisc", "replace", *dev, "parent", f"1:{cls}", "handle", f"{cls}:",
-                  "pfifo", "limit", str(queue)])  # fmt: skip
+        _tc(end, ["qdisc", "replace", *dev, "parent", f"1:{cls}", "handle", f"{cls}:", *fifo])
     _tc(end, ["filter", "replace", *dev, "parent", "1:", "protocol", "ip", "prio", "1",
               "u32", "match", "ip", "dsfield", "0xc0", "0xc0", "flowid", "1:5"])  # fmt: skip
     _tc(end, ["filter", "replace", *dev, "parent", "1:", "protocol", "ip", "prio", "2",
@@ -146,18 +165,19 @@ def apply(
     buffer_us: float | None = None,
 ) -> int:
     """Shape every fabric link (both ends) and record it; returns the link ends shaped.
-    ``buffer_us`` sizes each queue in time instead of ``queue`` packets
-    (:func:`buffer_packets`); a capacity already applied is changed."""
+    ``buffer_us`` sizes each queue in time, in bytes (:func:`buffer_bytes`), instead of
+    ``queue`` packets; a capacity already applied is changed."""
     queue = queue_for(rate, queue, buffer_us)  # bad input fails before anything is touched
+    limit = None if buffer_us is None else buffer_bytes(rate, buffer_us)
     links = [lk for lk in lab.topology.links if lk.kind == "fabric"]
     with lab.state.update() as st:
         st["capacity"] = {"rate": rate, "dscp": dscp, "queue": queue}
         if buffer_us is not None:
-            st["capacity"]["buffer_us"] = buffer_us
+            st["capacity"].update(buffer_us=buffer_us, buffer_bytes=limit)
     n = 0
     for lk in links:
         for end in (lk.a, lk.b):
-            shape_end(end, rate, dscp, queue)
+            shape_end(end, rate, dscp, queue, limit)
             n += 1
     return n
 
@@ -174,7 +194,7 @@ def reapply(lab: Any, link: Link) -> bool:
         return False
     for end in (link.a, link.b):
         shape_end(end, cap["rate"], int(cap.get("dscp", RDMA_DSCP)),
-                  int(cap.get("queue", QUEUE_PACKETS)))  # fmt: skip
+                  int(cap.get("queue", QUEUE_PACKETS)), cap.get("buffer_bytes"))  # fmt: skip
     return True
 
 

@@ -171,10 +171,12 @@ def _print_status(st: LabStatus) -> None:
             click.echo(f"    {lk.name}: DOWN (a={lk.a_up}, b={lk.b_up})")
         cap = st.capacity
         if cap:
-            held = f", {cap['buffer_us']:g} µs" if cap.get("buffer_us") else ""
-            click.echo(f"  fabric capacity: {cap['rate']} per link and direction, RDMA class "
-                       f"DSCP {cap.get('dscp', 26)} first, queues of {cap.get('queue', 100)} "
-                       f"packets{held} (lab capacity)")  # fmt: skip
+            held = (f"{cap['buffer_bytes']} bytes, {cap['buffer_us']:g} µs"
+                    if cap.get("buffer_bytes") else f"{cap.get('queue', 100)} packets")  # fmt: skip
+            click.echo(
+                f"  fabric capacity: {cap['rate']} per link and direction, RDMA class "
+                f"DSCP {cap.get('dscp', 26)} first, queues of {held} (lab capacity)"
+            )
         for lk in st.links:
             faults = [q for q in lk.qdisc if not (cap and q.endswith(":htb"))]
             if faults:
@@ -450,9 +452,9 @@ def drop_cmd(name: str, state_dir: Path | None, switch: str, to: tuple[str, ...]
 @click.option("--queue", type=click.IntRange(2, 100_000), default=100, show_default=True,
               help="Packets each class may queue (a switch's buffer).")  # fmt: skip
 @click.option("--buffer", "buffer_", default=None,
-              help="Size each queue in time instead (e.g. 400us, 1ms): a switch's shallow "
-              "buffer; a saturated port queues at most this long and drops beyond. At least "
-              "2 full frames at the rate.")  # fmt: skip
+              help="Size each queue in time instead (e.g. 400us, 1ms), in bytes at the rate: "
+              "a switch's shallow buffer; a saturated port queues at most this long and drops "
+              "beyond. At least 2 full frames at the rate.")  # fmt: skip
 @click.option("--off", is_flag=True, help="Remove the capacity: unlimited links again.")
 @_user_errors
 def capacity_cmd(
@@ -475,10 +477,10 @@ def capacity_cmd(
         return
     buffer_us = parse_duration(buffer_, "--buffer") * 1e6 if buffer_ else None
     n = capacity.apply(lab, rate, dscp, queue, buffer_us)
-    queue = capacity.current(lab)["queue"]
-    held = f" ({buffer_} at {rate})" if buffer_ else ""
-    click.echo(f"{n} link ends at {rate}, DSCP {dscp} in the RDMA class, queues of {queue} "
-               f"packets{held}")  # fmt: skip
+    cap = capacity.current(lab)
+    held = (f"{cap['buffer_bytes']} bytes ({buffer_} at {rate}, {cap['queue']} full frames)"
+            if cap.get("buffer_bytes") else f"{cap['queue']} packets")  # fmt: skip
+    click.echo(f"{n} link ends at {rate}, DSCP {dscp} in the RDMA class, queues of {held}")
 
 
 @lab.command()

@@ -142,8 +142,8 @@ def test_every_host_has_its_own_fake_rdma_tree(small_lab: Lab) -> None:
 
 def test_a_capacity_is_changed_in_place_and_a_one_frame_buffer_refused(small_lab: Lab) -> None:
     """`lab capacity` twice changes the queues (tc cannot change an htb root in place:
-    the second call failed with tc's own words); a buffer of one frame is refused before
-    anything is touched."""
+    the second call failed with tc's own words), each a buffer of the time's bytes; a
+    buffer of one frame is refused before anything is touched."""
     import sys
 
     from lab import capacity
@@ -155,20 +155,21 @@ def test_a_capacity_is_changed_in_place_and_a_one_frame_buffer_refused(small_lab
     def queues() -> list[str]:
         out = subprocess.run(["ip", "netns", "exec", end.namespace, "tc", "qdisc", "show",
                               "dev", end.interface], capture_output=True, text=True).stdout  # fmt: skip
-        return [ln.split(" limit ")[1].split()[0] for ln in out.splitlines() if "pfifo" in ln]
+        return [ln.split(" limit ")[1].split()[0] for ln in out.splitlines() if "fifo" in ln]
 
     try:
         first = subprocess.run([*base, "--buffer", "500us"], capture_output=True, text=True)
         assert first.returncode == 0, first.stderr
-        assert queues() == ["2p", "2p", "2p"]
+        assert queues() == ["3125b", "3125b", "3125b"]  # 500 µs at 50 Mbit/s, in bytes
         again = subprocess.run([*base, "--buffer", "1ms"], capture_output=True, text=True)
         assert again.returncode == 0, again.stderr
-        assert "queues of 4 packets" in again.stdout and queues() == ["4p", "4p", "4p"]
+        assert "queues of 6250 bytes (1ms at 50mbit, 4 full frames)" in again.stdout, again.stdout
+        assert queues() == ["6250b", "6250b", "6250b"]
         tiny = subprocess.run([*base, "--buffer", "200us"], capture_output=True, text=True)
         assert tiny.returncode != 0 and "Traceback" not in tiny.stderr
         assert "--buffer: 200 µs holds 1 full frame at 50mbit" in tiny.stderr
         assert len(tiny.stderr.strip().splitlines()) == 1
-        assert queues() == ["4p", "4p", "4p"]  # left as it was
-        assert capacity.current(small_lab)["queue"] == 4
+        assert queues() == ["6250b", "6250b", "6250b"]  # left as it was
+        assert capacity.current(small_lab)["buffer_bytes"] == 6250
     finally:
         capacity.remove(small_lab)
