@@ -253,7 +253,7 @@ def congest(
     bps = parse_rate(rate)
     # tbf's queue in bytes: at least capacity's least queue of full frames
     least = capacity.MIN_QUEUE * capacity.MTU_BITS // 8
-    limit = None if buffer_us is None else max(int(bps / 8 * buffer_us * 1e-6), least)
+    limit = None if buffer_us is None else max(capacity.buffer_bytes(rate, buffer_us), least)
     size = ["latency", "50ms"] if limit is None else ["limit", str(limit)]  # fmt: skip
     topo = lab.topology
     link = _get_link(topo, link_name)

@@ -760,6 +760,16 @@ def _silent_drops_in_store(store: Path) -> list[tuple[str, str]]:
     return [(str(a), str(s)) for a, s in rows]
 
 
+def _once_pairs_are_judged(opsbox: dict[str, Any], at_least_s: float) -> None:
+    """Sleep until every pair is judged (WARMUP_NS after its first delivered probe, and
+    a second more; a new pair's first seconds are not a switch's drop): a test run alone
+    starts before that. At least ``at_least_s``."""
+    from analytics.detect.silent_drop import WARMUP_NS
+
+    young = WARMUP_NS / 1e9 - (time.monotonic() - opsbox["traced_at"])
+    time.sleep(max(at_least_s, young + 1.0))
+
+
 def _silent_drops_held(url: str) -> dict[str, float]:
     """The daemon's count of places that looked like a silent drop and were held back, by
     reason (a test that waited in vain says why)."""
@@ -853,7 +863,6 @@ def test_a_spine_silently_dropping_one_host_is_named_with_the_host_within_5_s(
     """A plain blackhole /32 in a spine's kernel table (not through FRR, not through `lab
     drop`): BGP keeps advertising the rack, every link stays up, no ICMP is sent — only
     the probes crossing that spine towards that host are lost."""
-    from analytics.detect.silent_drop import WARMUP_NS
     from lab import frr
 
     lab, live = opsbox["lab"], opsbox["live"]
@@ -865,10 +874,7 @@ def test_a_spine_silently_dropping_one_host_is_named_with_the_host_within_5_s(
     named = _silent_drop_at(live, spine.name)
     _wait(lambda: not _open(live, "flapping_link") and not _open(live, "contention"), 90,
           "earlier anomalies closed")  # fmt: skip
-    # a pair is judged WARMUP_NS after its first delivered probe (a new pair's first
-    # seconds are not a switch's drop): run alone, this test starts before that
-    young = WARMUP_NS / 1e9 - (time.monotonic() - opsbox["traced_at"])
-    time.sleep(max(3.0, young + 1.0))
+    _once_pairs_are_judged(opsbox, at_least_s=3.0)
     assert named() is None, f"seed {seed}"
     with _blackholed(spine, host) as t0:
         a = _wait(named, 20, f"seed {seed}: silent_drop at {spine.name} towards {host.name}")
@@ -896,7 +902,6 @@ def test_a_leaf_black_holing_its_own_host_is_named_from_that_hosts_port(
     that host is lost, from every rack, while it sends on and its link stays up. The
     probes alone cannot tell it from the host losing all it receives; the host's port,
     which counts nothing in, can."""
-    from analytics.detect.silent_drop import WARMUP_NS
 
     lab, live = opsbox["lab"], opsbox["live"]
     topo = lab.topology
@@ -906,8 +911,7 @@ def test_a_leaf_black_holing_its_own_host_is_named_from_that_hosts_port(
     named = _silent_drop_at(live, leaf.name)
     _wait(lambda: not _open(live, "flapping_link") and not _open(live, "contention")
           and not _open(live, "silent_drop"), 90, "earlier anomalies closed")  # fmt: skip
-    young = WARMUP_NS / 1e9 - (time.monotonic() - opsbox["traced_at"])
-    time.sleep(max(3.0, young + 1.0))
+    _once_pairs_are_judged(opsbox, at_least_s=3.0)
     with _blackholed(leaf, host) as t0:
         a = _wait(named, 30, f"seed {seed}: silent_drop at {leaf.name} towards {host.name}")
         latency = time.monotonic() - t0
@@ -953,7 +957,6 @@ def test_a_spine_port_dropping_a_random_share_of_its_packets_is_named_with_its_l
     nothing else; closed once the port is mended. (This lab's hosts send ~32 probes a
     second, ~16 a second cross the port: 15 % loses ~19 in the 8-s window, over the 10 a
     place must explain; the demo's rate names 2 %.)"""
-    from analytics.detect.silent_drop import WARMUP_NS
     from lab import frr
 
     lab, live = opsbox["lab"], opsbox["live"]
@@ -968,10 +971,9 @@ def test_a_spine_port_dropping_a_random_share_of_its_packets_is_named_with_its_l
 
     _wait(lambda: not _open(live, "flapping_link") and not _open(live, "contention")
           and not _open(live, "silent_drop"), 90, "earlier anomalies closed")  # fmt: skip
-    # a pair is judged WARMUP_NS after its first delivered probe: run alone, this test
-    # injected 3 s after the fleet's first probes, and 8 of its ~17 s were that warm-up
-    young = WARMUP_NS / 1e9 - (time.monotonic() - opsbox["traced_at"])
-    time.sleep(max(0.0, young + 1.0))
+    # run alone, this test injected 3 s after the fleet's first probes, and 8 of its
+    # ~17 s were the pairs' warm-up
+    _once_pairs_are_judged(opsbox, at_least_s=0.0)
     nft = ["ip", "netns", "exec", spine.namespace, "nft"]
     rules = ("table ip cmtest_gray { chain forward { type filter hook forward priority 0; "
              f'policy accept; oifname "{spine.interface}" numgen random mod 1000 < 150 '
