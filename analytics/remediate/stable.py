@@ -17,6 +17,9 @@ configured time (``clockmesh remediate restore --after``; the playbooks'
   down, so its carrier proves nothing, and the detector no longer judges a drained host's
   way out (the drain dealt with it): it goes back by hand once its optic, cable or NIC is
   changed (:func:`drop_not_judged`).
+* a leaf–spine link taken out for a silent drop: never, by itself, either. Its link never
+  went down, so its switches' records prove nothing, and out of service it carries no
+  probes that could show the drop has gone (:func:`fabric_drop_not_judged`).
 """
 
 from __future__ import annotations
@@ -58,6 +61,15 @@ def drop_not_judged(link: str, host: str, anomaly_id: str) -> Reading:
     why = (f"{link}: {host} was drained for {anomaly_id} (silent_drop: what it sends is "
            "dropped, its link up); its carrier cannot show the drop has gone: undo it by "
            f"hand once {link}'s optic, cable or {host}'s NIC is changed")  # fmt: skip
+    return Reading(link, False, None, f"anomaly {anomaly_id} (silent_drop)", why)
+
+
+def fabric_drop_not_judged(link: str, anomaly_id: str) -> Reading:
+    """A leaf–spine link taken out for a silent drop: never stable by itself."""
+    why = (f"{link} was taken out for {anomaly_id} (silent_drop: traffic crossing it is "
+           "dropped, its link up); neither its carrier nor its switches' records can show "
+           "the drop has gone, and out of service it carries no probes: undo it by hand "
+           f"once {link}'s optics, cable or switch ports are changed")  # fmt: skip
     return Reading(link, False, None, f"anomaly {anomaly_id} (silent_drop)", why)
 
 

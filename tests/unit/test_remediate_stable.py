@@ -173,3 +173,38 @@ def test_a_host_drained_for_a_silent_drop_is_never_restored_by_its_carrier(
     assert "undo it by hand once h2-1-leaf2's optic, cable or h2-1's NIC is changed" in (
         no.output.replace("\n", " ")
     )
+
+
+def test_a_fabric_link_taken_out_for_a_silent_drop_is_never_restored_by_its_switches(
+    tmp_path: Path,
+) -> None:
+    """leaf3-spine2 taken out because traffic crossing it was dropped, its link up: its
+    switches' records, quiet for a day, prove nothing, and out of service it carries no
+    probes. The guard holds it out, saying to undo it by hand — while a link taken out for
+    a flap is still put back on the same quiet readings."""
+    from tests.unit.test_detect_silent_drop import _stored
+
+    store = tmp_path / "store"
+    store.mkdir()
+    topo = tmp_path / "topology.json"
+    topo.write_text(json.dumps(_topology_racks()))
+    for rid, anomaly, target in (("rem-drop", "silent-l3s2", "leaf3-spine2"),
+                                 ("rem-flap", "flap-l1s2", "leaf1-spine2")):  # fmt: skip
+        records.write_remediation(store, records.Remediation(
+            rid, anomaly, "fabric_link_out", target, [], False, "ok", "test", "{}"))  # fmt: skip
+    _stored(store, "silent-l3s2", "leaf3-spine2", ["leaf3-spine2"])
+
+    def cli(rid: str, a: str, b: str) -> Any:
+        quiet = [_reading(a, b, 86_400), _reading(b, a, 86_400)]
+        return CliRunner().invoke(remediate, [
+            "stable", "--store", str(store), "--topology", str(topo), "--undo", rid,
+            "--after", "600", "--readings", json.dumps(quiet)])  # fmt: skip
+
+    no = cli("rem-drop", "leaf3", "spine2")
+    assert no.exit_code == 1
+    said = no.output.replace("\n", " ")
+    assert ("not stable: leaf3-spine2 was taken out for silent-l3s2 (silent_drop: traffic "
+            "crossing it is dropped, its link up)") in said, no.output  # fmt: skip
+    assert "undo it by hand once leaf3-spine2's optics, cable or switch ports are changed" in said
+    ok = cli("rem-flap", "leaf1", "spine2")
+    assert ok.exit_code == 0 and json.loads(ok.output)["stable"] is True, ok.output
