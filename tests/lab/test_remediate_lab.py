@@ -491,7 +491,7 @@ def test_contention_between_two_jobs_is_spread_then_restored_exactly(
     # frame 4.6 ms on the wire) a fresh-clone CI timed out waiting for no contention after
     # the spread (2026-12-06): likely two probes in three meeting a frame ahead of them on
     # the spread links, a window of them now and then a standing queue. At 3 Mbit/s one
-    # did again (2026-12-07, spine1→leaf2 paged after the spread): the site's probe rate
+    # did again (2026-12-06, spine1→leaf2 paged after the spread): the site's probe rate
     # (above) now gives each route's window enough instants, and the ports are split
     # evenly both ways (a 3-1 split back is 87 %: contention that stays, rightly).
     capacity.apply(lab, "3000kbit")
