@@ -116,15 +116,23 @@ def test_a_host_link_is_judged_from_its_own_counters_in_the_store(tmp_path: Path
     assert not r.stable and "saw its link down" in r.why
 
 
-def test_the_guard_cli_judges_a_remediation_and_refuses_other_actions(tmp_path: Path) -> None:
+def _guard_site(tmp_path: Path, *rows: tuple[str, str, str, str]) -> tuple[Path, Path]:
+    """(store, topology) of an ops box that ran these remediations, each (remediation id,
+    anomaly id, action, target)."""
     store = tmp_path / "store"
     store.mkdir()
     topo = tmp_path / "topology.json"
     topo.write_text(json.dumps(_topology_racks()))
-    for rid, action, target in (("rem-link", "fabric_link_out", "leaf1-spine2"),
-                                ("rem-gid", "roce_v2_gid", "job7")):  # fmt: skip
+    for rid, anomaly, action, target in rows:
+        targets = [target] if action == "host_drain" else []
         records.write_remediation(store, records.Remediation(
-            rid, "a", action, target, [], False, "ok", "test", "{}"))  # fmt: skip
+            rid, anomaly, action, target, targets, False, "ok", "test", "{}"))  # fmt: skip
+    return store, topo
+
+
+def test_the_guard_cli_judges_a_remediation_and_refuses_other_actions(tmp_path: Path) -> None:
+    store, topo = _guard_site(tmp_path, ("rem-link", "a", "fabric_link_out", "leaf1-spine2"),
+                              ("rem-gid", "a", "roce_v2_gid", "job7"))  # fmt: skip
 
     def cli(*argv: str) -> Any:
         return CliRunner().invoke(remediate, ["stable", "--store", str(store), "--topology",
@@ -155,12 +163,7 @@ def test_a_host_drained_for_a_silent_drop_is_never_restored_by_its_carrier(
     drained host's way out. The guard holds it out, saying to undo it by hand."""
     from tests.unit.test_detect_silent_drop import _stored
 
-    store = tmp_path / "store"
-    store.mkdir()
-    topo = tmp_path / "topology.json"
-    topo.write_text(json.dumps(_topology_racks()))
-    records.write_remediation(store, records.Remediation(
-        "rem-drain", "silent-h21", "host_drain", "h2-1", ["h2-1"], False, "ok", "test", "{}"))  # fmt: skip
+    store, topo = _guard_site(tmp_path, ("rem-drain", "silent-h21", "host_drain", "h2-1"))
     _stored(store, "silent-h21", "h2-1-leaf2", [], host="h2-1", direction="host→leaf")
     now = 1_795_000_000 * S
     _counters(store, "h2-1", now, 700, loss_at_s=[])
@@ -184,14 +187,9 @@ def test_a_fabric_link_taken_out_for_a_silent_drop_is_never_restored_by_its_swit
     a flap is still put back on the same quiet readings."""
     from tests.unit.test_detect_silent_drop import _stored
 
-    store = tmp_path / "store"
-    store.mkdir()
-    topo = tmp_path / "topology.json"
-    topo.write_text(json.dumps(_topology_racks()))
-    for rid, anomaly, target in (("rem-drop", "silent-l3s2", "leaf3-spine2"),
-                                 ("rem-flap", "flap-l1s2", "leaf1-spine2")):  # fmt: skip
-        records.write_remediation(store, records.Remediation(
-            rid, anomaly, "fabric_link_out", target, [], False, "ok", "test", "{}"))  # fmt: skip
+    store, topo = _guard_site(tmp_path, ("rem-drop", "silent-l3s2", "fabric_link_out",
+                                         "leaf3-spine2"),
+                              ("rem-flap", "flap-l1s2", "fabric_link_out", "leaf1-spine2"))  # fmt: skip
     _stored(store, "silent-l3s2", "leaf3-spine2", ["leaf3-spine2"])
 
     def cli(rid: str, a: str, b: str) -> Any:
