@@ -45,8 +45,13 @@ def site(
 ) -> Iterator[dict[str, Any]]:
     lab = lab_factory("r", spines=2, leaves=3, hosts_per_leaf=1)
     base = tmp_path_factory.mktemp("remediate")
-    with opsbox_fleet(lab, base, probe={"trace_interval_s": 1.0}, detect_interval_s=0.2,
-                      detect_clear_s=30) as site:  # fmt: skip
+    # Three hosts: two routes cross each link one way (sixteen or more in a fleet of 16),
+    # so each pair probes four times the default rate, as many probes over a link as a
+    # rack of peers would send: at the default rate a route's half-second window held two
+    # probe instants, and a spread link at 58 % load (queues of milliseconds at 3 Mbit/s)
+    # read, now and then, as a standing queue on both its routes at once.
+    with opsbox_fleet(lab, base, probe={"trace_interval_s": 1.0, "rate_per_port": 4.0},
+                      detect_interval_s=0.2, detect_clear_s=30) as site:  # fmt: skip
         site["inventory"] = fleet.opsbox_inventory(lab, site["store"], base / "inventory.yml",
                                                    site["hosts"])  # fmt: skip
         yield site
@@ -486,10 +491,9 @@ def test_contention_between_two_jobs_is_spread_then_restored_exactly(
     # frame 4.6 ms on the wire) a fresh-clone CI timed out waiting for no contention after
     # the spread (2026-12-06): likely two probes in three meeting a frame ahead of them on
     # the spread links, a window of them now and then a standing queue. At 3 Mbit/s one
-    # did again (2026-12-06, spine1→leaf2 paged after the spread). The ports are now split
-    # evenly both ways (a 3-1 split back is 87 %: contention that stays, rightly); the
-    # thinness remains (two routes per link way here, a route's half second two probe
-    # instants): docs/detect.md, "Not yet".
+    # did again (2026-12-06, spine1→leaf2 paged after the spread): the site's probe rate
+    # (above) now gives each route's window enough instants, and the ports are split
+    # evenly both ways (a 3-1 split back is 87 %: contention that stays, rightly).
     capacity.apply(lab, "3000kbit")
     try:
         time.sleep(6.0)
