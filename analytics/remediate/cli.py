@@ -209,12 +209,17 @@ def _stability(
     r = known.get(undo_id)
     if r is None:
         raise Refused(f"remediation {undo_id}: not in {store}/remediations")
-    # the anomaly it was taken out for (a store that never held one: none to look up)
-    known_anomaly = bool(r.anomaly_id) and has_files(store, "anomalies")
-    found = latest_anomalies(store, anomaly_id=r.anomaly_id) if known_anomaly else []
-    dropped = bool(found) and found[0].kind == "silent_drop"  # its link never went down
+
+    def dropped() -> bool:
+        """Taken out for a silent drop (its link never went down)? Read only for the
+        actions that wait for stability; a store that never held an anomaly: no."""
+        if not r.anomaly_id or not has_files(store, "anomalies"):
+            return False
+        found = latest_anomalies(store, anomaly_id=r.anomaly_id)
+        return bool(found) and found[0].kind == "silent_drop"
+
     if r.action == "fabric_link_out":
-        if dropped:
+        if dropped():
             return stable.fabric_drop_not_judged(r.target, r.anomaly_id)
         readings = json.loads(readings_json)
         if not isinstance(readings, list):
@@ -222,7 +227,7 @@ def _stability(
         return stable.fabric_link(r.target, readings, after_s)
     if r.action == "host_drain":
         link = stable.access_link(read_topology(topology), r.target)
-        if dropped:
+        if dropped():
             return stable.drop_not_judged(link["name"], r.target, r.anomaly_id)
         return stable.host_link(store, link["name"], r.target, after_s)
     raise Refused(f"{undo_id} ({r.action}): only a link taken out or a host drained "

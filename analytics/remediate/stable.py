@@ -61,7 +61,7 @@ def drop_not_judged(link: str, host: str, anomaly_id: str) -> Reading:
     why = (f"{link}: {host} was drained for {anomaly_id} (silent_drop: what it sends is "
            "dropped, its link up); its carrier cannot show the drop has gone: undo it by "
            f"hand once {link}'s optic, cable or {host}'s NIC is changed")  # fmt: skip
-    return Reading(link, False, None, f"anomaly {anomaly_id} (silent_drop)", why)
+    return _held_for_drop(link, anomaly_id, why)
 
 
 def fabric_drop_not_judged(link: str, anomaly_id: str) -> Reading:
@@ -70,6 +70,12 @@ def fabric_drop_not_judged(link: str, anomaly_id: str) -> Reading:
            "dropped, its link up); neither its carrier nor its switches' records can show "
            "the drop has gone, and out of service it carries no probes: undo it by hand "
            f"once {link}'s optics, cable or switch ports are changed")  # fmt: skip
+    return _held_for_drop(link, anomaly_id, why)
+
+
+def _held_for_drop(link: str, anomaly_id: str, why: str) -> Reading:
+    """Not stable, never: what was taken out for silent drop ``anomaly_id`` goes back by
+    hand (``why`` says when)."""
     return Reading(link, False, None, f"anomaly {anomaly_id} (silent_drop)", why)
 
 
