@@ -181,6 +181,7 @@ class FabricPaths:
         # closes the first (:meth:`take_folded`)
         self.folded: list[tuple[str, str]] = []
         self._observed: dict[str, int] = {}  # anomaly key -> when it was last observed
+        self._named: dict[str, str] = {}  # anomaly key -> the one link it last named alone
 
     def feed(self, rows: np.ndarray) -> None:
         """``path_hop`` records (numpy, :data:`collector.records.PATH_HOP`), as if every
@@ -565,8 +566,18 @@ class FabricPaths:
             twins = st.whole
         elif len(twins) < 2:
             twins = (name,)
+        # An anomaly that named one link alone keeps naming it when a new outage of its
+        # group is first seen as "it or its twin" (one trace per path tells them apart
+        # only later): its candidates say so. Relabelled, an open flap anomaly read
+        # "leaf1-spine2 or leaf2-spine2" for a pass, and a remediation planned from it
+        # then was refused (not a leaf–spine link; fresh-clone CI, 2026-12-07).
+        kept = self._named.get(key, "") if len(twins) > 1 and not whole else ""
+        if kept not in twins:
+            kept = ""
+        if kept:
+            name, st = kept, self.state[kept]  # its outages, its earlier ones with them
         lk = self.links[name]
-        label = lk.spine if whole else " or ".join(twins)
+        label = lk.spine if whole else kept or " or ".join(twins)
         extra = {
             "leaf": lk.leaf,
             "spine": lk.spine,
@@ -589,6 +600,10 @@ class FabricPaths:
         obs = flap_observation(label, outages, st.down_since, self.newest_ns, self.window_ns, extra)
         obs.link = twins[0] if len(twins) == 1 else label
         obs.key = key
+        if len(twins) == 1:
+            self._named[key] = twins[0]
+        elif not kept:
+            self._named.pop(key, None)
         if st.down_since and not self._said_down.get(key):
             self._down_from[key] = self._pass_ns  # began saying "down now"
         self._said_down[key] = self.newest_ns if st.down_since else 0

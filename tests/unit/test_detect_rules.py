@@ -610,6 +610,9 @@ def test_a_twin_with_an_old_anomaly_of_its_own_is_not_reopened() -> None:
             for o in paths.observations(int(sec * S) + S // 4):
                 keys.add(o.key)
                 assert o.evidence["candidates"] == ["leaf1-spine2", "leaf3-spine2"], o
+                # still named after the link it singled out, not "A or B": a remediation
+                # planned from it now must find a link (a fresh-clone CI, 2026-12-07)
+                assert o.link == "leaf3-spine2" and o.summary.startswith("leaf3-spine2 "), o
         paths.feed(rows)
         for o in paths.observations(int(sec * S) + S // 2):
             keys.add(o.key)
@@ -662,6 +665,8 @@ def test_a_twin_whose_anomaly_closed_lends_it_no_key_and_is_not_reopened() -> No
     paths.feed(_only(_round(links, hosts, 104, {"leaf3-spine2"}), host_rack, "leaf1", "leaf3"))
     (twin2,) = observe(104.25)
     assert twin2.key == now.key and twin2.evidence["down_now"], twin2
+    assert twin2.link == "leaf3-spine2", twin2  # the link its anomaly singled out, kept
+    assert twin2.evidence["candidates"] == ["leaf1-spine2", "leaf3-spine2"], twin2.evidence
     for sec in range(105, 112):
         paths.feed(_round(links, hosts, sec, set()))
         for o in observe(sec + 0.5):
