@@ -99,6 +99,16 @@ UNSETTLED = 0.2  # lower quartile below this share of the tail's excess: not set
 # of a host whose probes crossed a named link, were paged for what they lost (held-out
 # seeds 1259, 1261, replayed with a hold of 0.25 s and of none): docs/detect.md.
 PERSIST_NS = 500_000_000
+# ... and seen slow at this many distinct send instants (a sender's tick, at most
+# TICK_GAP_NS wide) of its routes' newest probes since it was first named. A collector
+# sends every pair of a tick at once (collector/agent.py: ticks 0.15-0.45 s apart), so
+# the routes of one sender across a link are one sample of its queue per tick, not one
+# each: on a link crossed by one host's routes (the 3-host lab's leaf→spine links) the
+# half second was ~3 ticks, and healthy jobs at 9 % of a 50-Mbit/s link (a 1,400-B frame
+# 224 µs on the wire) met by ~3 ticks in a row paged it, about one detect-module run in
+# three (2026-12-07). Links that many hosts cross reach this within the half second.
+MIN_INSTANTS = 4
+TICK_GAP_NS = 100_000_000
 # A host's port is said once it held this long: its queue is one host's, and a moment of
 # real incast under healthy jobs (two jobs into one host on shallow buffers) can fill it
 # for a moment. On the fabric's 0.5 s, a fresh-clone CI paged h3-1's port under two
@@ -407,6 +417,16 @@ class RouteWindow:
         if self.dropping:
             return max(float(self.excess[0]), float(self.span_excess))
         return max(float(self.excess[0]), 0.0)
+
+
+def _add_instants(instants: dict[int, list[int]], slow: list[RouteWindow]) -> None:
+    """Add the send instants of ``slow`` routes' newest probes to ``instants`` (src ->
+    instants): one per sender's tick, those within ``TICK_GAP_NS`` of one already there
+    being the same tick."""
+    for w in slow:
+        seen = instants.setdefault(w.src, [])
+        if all(abs(w.newest_ns - t) > TICK_GAP_NS for t in seen):
+            seen.append(w.newest_ns)
 
 
 DIRECTIONS = (HOST_UP, "leaf→spine", "spine→leaf", HOST_DOWN)  # a route's hops, in order
@@ -845,6 +865,8 @@ class PathDelays:
         # hop -> since when it held a queue above its routes' threshold with MIN_SLOW_PATHS
         # slow routes across it, named or not (probe time)
         self._queued_since: dict[tuple[str, str], int] = {}
+        # hop named -> its slow routes' send instants since (src -> tick times, ns)
+        self._instants: dict[tuple[str, str], dict[int, list[int]]] = {}
         # (src, dst) with a slow route the naming reads -> slow since (probe time), and
         # those that held PERSIST_NS (or drop) -> their queue (ns): :meth:`pair_queues`
         self._pair_since: dict[tuple[int, int], int] = {}
@@ -1374,8 +1396,12 @@ class PathDelays:
         self._queued_since = {h: self._queued_since.get(h, now) for h in queued_on}
         # A hop whose every slow route is a full queue that drops (:attr:`RouteWindow.
         # dropping`) is not filling: its losses, known up to KNOWN_WITHIN_NS late, held already.
+        self._instants = {h: self._instants.get(h, {}) for h, *_ in found}
+        for hop, slow, *_ in found:
+            _add_instants(self._instants[hop], slow)
         held_on = [f for f in found
-                   if (self._since[f[0]] < now and now - self._queued_since[f[0]] >= PERSIST_NS)
+                   if (self._since[f[0]] < now and now - self._queued_since[f[0]] >= PERSIST_NS
+                       and sum(map(len, self._instants[f[0]].values())) >= MIN_INSTANTS)
                    or all(w.dropping for w in f[1])]  # fmt: skip
         out = [self._observation(*f) for f in held_on]
         # A port's direction: where its probes are lost (a full queue drops), clock-free;

@@ -10,7 +10,14 @@ from collections.abc import Callable
 import numpy as np
 
 from analytics.clock.clock_state import ClockState
-from analytics.detect.contention import HOST_DOWN, HOST_UP, PathDelays, RouteWindow, queues
+from analytics.detect.contention import (
+    HOST_DOWN,
+    HOST_UP,
+    MIN_INSTANTS,
+    PathDelays,
+    RouteWindow,
+    queues,
+)
 from collector import records
 from tests.unit.test_detect_rules import _fabric, _round
 
@@ -770,13 +777,53 @@ def test_routes_out_of_a_host_late_by_what_its_routes_in_are_early_name_no_link(
     for late_us, early_us, said in ((32_490.0, 29_000.0, False), (300.0, 0.0, True)):
         d._since.clear()
         got = []
-        for step in range(3):
+        for step in range(MIN_INSTANTS):  # one sender's tick a pass: one instant each
             d.newest_ns = (step + 1) * S
             d.windows = lambda late_us=late_us, early_us=early_us: windows(late_us, early_us)
             got = d.observations(0)
         links = [(o.link, o.evidence["direction"]) for o in got]
         # the same routes late with the routes in on time: leaf3's uplink queue, named
         assert links == ([("leaf3-spine2", "leaf→spine")] if said else []), (late_us, links)
+
+
+def test_one_senders_ticks_meeting_a_busy_link_three_times_in_a_row_are_not_a_queue() -> None:
+    """A collector sends all the pairs of a tick at once, so one host's routes across a
+    link are one sample of its queue per tick. Healthy jobs (9 % of a 50-Mbit/s link,
+    1,400-B frames) met by three of h2-1's ticks in a row paged leaf2-spine2 (leaf→spine)
+    in the detect lab, about one run in three (2026-12-07): three ticks span the half
+    second a queue must hold. Three are not a queue; a queue every tick meets is named at
+    its fourth."""
+    from dataclasses import replace
+
+    d, route = _one_host_racks()
+    racks = (1, 2, 3)
+    tick_ns = 300_000_000
+    phase = {1: 50_000_000, 2: 150_000_000, 3: 250_000_000}  # each sender's own ticks
+
+    def windows(now: int, slow_ticks: range) -> list[RouteWindow]:
+        out = []
+        for s in racks:
+            k = (now - phase[s]) // tick_ns  # the sender's newest tick
+            for t in racks:
+                for y in ("spine1", "spine2"):
+                    if s == t:
+                        continue
+                    ex = 240.0 if s == 2 and y == "spine2" and k in slow_ticks else 0.0
+                    out.append(replace(route(s, t, y, ex), newest_ns=k * tick_ns + phase[s]))
+        return out
+
+    def run(slow_ticks: range, passes: range) -> list[tuple[int, str]]:
+        named = []
+        for p in passes:  # a detector pass every 0.1 s of probe time
+            d.newest_ns = now = p * 100_000_000
+            d.windows = lambda now=now: windows(now, slow_ticks)
+            named += [(now, f"{o.link} {o.evidence['direction']}") for o in d.observations(0)]
+        return named
+
+    assert run(range(10, 13), range(1, 60)) == []  # ticks 10-12: 3.0-3.6 s (old rule: named)
+    named = run(range(40, 50), range(100, 160))  # a queue from tick 40 (12.15 s) on
+    assert named and {w for _, w in named} == {"leaf2-spine2 leaf→spine"}, named
+    assert named[0][0] >= 43 * tick_ns + phase[2], named  # at its fourth tick, not before
 
 
 def test_a_hosts_clock_stepping_makes_no_pair_slow_but_a_queue_at_its_port_does() -> None:
