@@ -37,7 +37,9 @@ Non-negative least squares over every judged route (slow and healthy) estimates 
 so a rack behind two congested uplinks is not blamed for them. A (link, direction) is
 contended when its estimated queue exceeds the thresholds of the routes crossing it,
 ``MIN_SLOW_PATHS`` slow routes cross it and ``NAME_SHARE`` of the routes crossing it (every
-one, below five) waited beyond their thresholds and what the hops already named explain.
+one, below five) waited beyond their thresholds and what the hops already named explain;
+it is said once that held ``PERSIST_NS`` and ``MIN_INSTANTS`` distinct send instants (a
+collector's tick samples all of its routes at once: one sample, not one per route).
 A host whose routes in arrive earlier than
 healthy beyond their noise has a clock the solver holds wrong (a queue only delays): its
 routes out are late by as much, which no fabric link they cross is blamed for
