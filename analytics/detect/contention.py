@@ -424,11 +424,16 @@ class RouteWindow:
 def _add_instants(instants: dict[int, list[int]], slow: list[RouteWindow]) -> None:
     """Add the send instants of ``slow`` routes' newest probes to ``instants`` (src ->
     instants): one per sender's tick, those within ``TICK_GAP_NS`` of one already there
-    being the same tick."""
+    being the same tick; ``MIN_INSTANTS`` in all at most (a queue that stands for hours
+    keeps no list of its ticks)."""
+    count = sum(map(len, instants.values()))
     for w in slow:
+        if count >= MIN_INSTANTS:
+            return
         seen = instants.setdefault(w.src, [])
         if all(abs(w.newest_ns - t) > TICK_GAP_NS for t in seen):
             seen.append(w.newest_ns)
+            count += 1
 
 
 DIRECTIONS = (HOST_UP, "leaf→spine", "spine→leaf", HOST_DOWN)  # a route's hops, in order
