@@ -421,19 +421,20 @@ class RouteWindow:
         return max(float(self.excess[0]), 0.0)
 
 
-def _add_instants(instants: dict[int, list[int]], slow: list[RouteWindow]) -> None:
+def _add_instants(instants: dict[int, list[int]], slow: list[RouteWindow]) -> int:
     """Add the send instants of ``slow`` routes' newest probes to ``instants`` (src ->
     instants): one per sender's tick, those within ``TICK_GAP_NS`` of one already there
     being the same tick; ``MIN_INSTANTS`` in all at most (a queue that stands for hours
-    keeps no list of its ticks)."""
+    keeps no list of its ticks). Returns how many it holds."""
     count = sum(map(len, instants.values()))
     for w in slow:
         if count >= MIN_INSTANTS:
-            return
+            break
         seen = instants.setdefault(w.src, [])
         if all(abs(w.newest_ns - t) > TICK_GAP_NS for t in seen):
             seen.append(w.newest_ns)
             count += 1
+    return count
 
 
 DIRECTIONS = (HOST_UP, "leaf→spine", "spine→leaf", HOST_DOWN)  # a route's hops, in order
@@ -1404,11 +1405,10 @@ class PathDelays:
         # A hop whose every slow route is a full queue that drops (:attr:`RouteWindow.
         # dropping`) is not filling: its losses, known up to KNOWN_WITHIN_NS late, held already.
         self._instants = {h: self._instants.get(h, {}) for h, *_ in found}
-        for hop, slow, *_ in found:
-            _add_instants(self._instants[hop], slow)
+        sampled = {hop: _add_instants(self._instants[hop], slow) for hop, slow, *_ in found}
         held_on = [f for f in found
                    if (self._since[f[0]] < now and now - self._queued_since[f[0]] >= PERSIST_NS
-                       and sum(map(len, self._instants[f[0]].values())) >= MIN_INSTANTS)
+                       and sampled[f[0]] >= MIN_INSTANTS)
                    or all(w.dropping for w in f[1])]  # fmt: skip
         out = [self._observation(*f) for f in held_on]
         # A port's direction: where its probes are lost (a full queue drops), clock-free;
