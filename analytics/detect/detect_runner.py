@@ -46,7 +46,7 @@ from analytics.detect.model import Detector, ModelError
 from analytics.detect.model import load as load_model
 from analytics.detect.paths import FabricLink, FabricPaths
 from analytics.detect.roce import RoceJobs
-from analytics.detect.silent_drop import PORT_COUNTERS, SilentDrops
+from analytics.detect.silent_drop import GRAY_MIN_SECONDS, PORT_COUNTERS, SilentDrops
 from analytics.detect.silent_drop import TABLES as PROBE_TABLES
 from analytics.detect.silent_drop import columns as probe_columns
 from analytics.detect.survival import Survival
@@ -752,12 +752,15 @@ class _DetectCollector(Collector):
             "Places whose loss looked like a silent drop but were not named, by reason:"
             " one_source (all lossy paths from one sender), queue (loss came with a delay rise),"
             " named (narrower places named in the last 15 s explain all its lossy paths),"
-            " burst (a random share of its probes lost, but in a burst: passes)",
+            " burst (a random share of its probes lost, but in a burst: passes),"
+            f" few_seconds (... lost in fewer than {GRAY_MIN_SECONDS} of the window's seconds:"
+            " passes)",
             labels=["reason"],
         )
         for reason, n in (("one_source", r.drops.one_source), ("queue", r.drops.held_as_queue),
                           ("named", r.drops.held_as_named),
-                          ("burst", r.drops.held_as_burst)):  # fmt: skip
+                          ("burst", r.drops.held_as_burst),
+                          ("few_seconds", r.drops.held_as_few_seconds)):  # fmt: skip
             c.add_metric([reason], n)
         yield c
 

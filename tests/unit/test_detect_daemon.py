@@ -120,7 +120,7 @@ def test_flap_and_roce_v1_job_open_live_stored_and_close(tmp_path: Path) -> None
         metrics = d.get("/metrics")
         assert b'clockmesh_anomalies_open{kind="roce_v1_job"} 1.0' in metrics
         # what the detector held back is counted where an operator scrapes it
-        for reason in ("one_source", "queue", "named", "burst"):
+        for reason in ("one_source", "queue", "named", "burst", "few_seconds"):
             assert (
                 f'clockmesh_detect_silent_drop_held_total{{reason="{reason}"}} 0.0'.encode()
                 in metrics

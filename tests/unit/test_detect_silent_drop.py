@@ -3,6 +3,7 @@ which place (switch, switch towards a host, link direction) explains them."""
 
 from __future__ import annotations
 
+import collections
 import json
 import zlib
 from collections.abc import Callable
@@ -14,7 +15,7 @@ import pytest
 
 from analytics.detect import attribution
 from analytics.detect.detect_runner import DetectConfig, DetectRunner
-from analytics.detect.silent_drop import SilentDrops
+from analytics.detect.silent_drop import SilentDrops, in_a_burst, poisson_sf
 from analytics.store import layout
 from collector import records
 
@@ -876,6 +877,54 @@ def test_a_random_share_lost_with_a_queue_or_at_one_host_or_in_bursts_is_not_nam
     sparse = _random_share(0.001, lambda s, d, p, spine: True)  # a healthy fabric's strays
     every = _run(sparse, seconds=20)
     assert not any(every), [o.summary for obs in every for o in obs][:1]
+
+
+def test_a_random_share_whose_first_second_loses_more_is_named_as_soon_as_a_steady_one() -> None:
+    """At the detect lab's 15 % (~2.4 probes lost a second through the port) a fault's
+    first seconds often hold 5 or 6 of the first dozen lost: that second held over 40 % of
+    the window's loss and the link was held as "lost in a burst" until it was diluted —
+    in CI once named in 23.9 s, once not in 30 s. A second a random share reaches by
+    chance is no burst: named when the same share lost evenly is."""
+    import random
+
+    def losing(counts: list[int]) -> Fault:
+        # lost per second: counts[0] in the first second, then counts[1:] over and over
+        # (one probe of its coded pair, at random among the paths crossing the place)
+        rng, seen, picks = random.Random(1), collections.Counter(), {}
+
+        def f(s: int, d: int, p: int, spine: str, t: float) -> tuple[bool, float]:
+            if not _spine1_down_to_leaf2(s, d, p, spine):
+                return False, 0.0
+            sec = int(t) - 10
+            seen[sec] += 1
+            if sec not in picks:
+                n = counts[0] if sec == 0 else counts[1 + (sec - 1) % (len(counts) - 1)]
+                picks[sec] = set(rng.sample(range(32), n))
+            return seen[sec] % 2 == 1 and seen[sec] // 2 in picks[sec], 0.0
+
+        return f
+
+    def named_at(counts: list[int]) -> int:
+        every = _run(losing(counts), seconds=25)
+        return next(i for i, o in enumerate(every) if o)
+
+    steady = named_at([2, 2, 1, 2, 1, 2, 2, 1])
+    assert named_at([6, 2, 1, 2, 1, 2, 2, 1]) <= steady, steady
+
+
+def test_a_second_is_a_burst_only_beyond_what_chance_gives_a_random_share() -> None:
+    # its rate from the other seconds since the first lossy one: 6 beside ~1.5 a second
+    # is chance (p ~ 0.005 a second); 12 beside 2.5, or 30 beside 1, is a burst
+    assert not in_a_burst(np.array([0, 0, 0, 6, 1, 2, 1, 2]))
+    assert not in_a_burst(np.array([0, 0, 0, 5, 2, 3, 1, 1]))
+    assert in_a_burst(np.array([0, 0, 0, 12, 2, 3, 2, 3]))
+    assert in_a_burst(np.array([0, 0, 30, 1, 1, 0, 1, 1]))
+    assert in_a_burst(np.array([0, 0, 0, 0, 0, 0, 0, 9]))
+    # no second over 40 % of the loss: spread, whatever chance says
+    assert not in_a_burst(np.array([2, 2, 9, 2, 2, 3, 2, 2]))
+    assert not in_a_burst(np.zeros(8, np.int64))
+    assert poisson_sf(0, 3.0) == 1.0 and poisson_sf(3, 0.0) == 0.0
+    assert abs(poisson_sf(5, 1.75) - 0.0329016) < 1e-6  # 1 - P(X <= 4), by hand
 
 
 ACCESS = {h: f"{NAMES[h]}-{leaf}" for h, leaf in HOSTS.items()}  # h2-1-leaf2, ...
