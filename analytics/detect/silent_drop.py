@@ -193,6 +193,15 @@ GRAY_MIN_LOST = 10  # lost probes a place must explain ...
 GRAY_COST = 20.0  # ... and nats it must earn over the background
 GRAY_HOLD_NS = 6_000_000_000
 GRAY_GAP_NS = 3_000_000_000
+# A place holding keeps being chosen with GRAY_KEEP_LOST lost probes (and its cost
+# earned), while it lost some in the window's newest GRAY_FRESH_SECONDS seconds (the
+# newest ~1.5 s of which are not yet judged): a share whose count hovers near
+# GRAY_MIN_LOST dipped under it for over GRAY_GAP_NS and began its hold again (the
+# detect lab, 15 % of ~12 probes a second: ~11.7 lost in the window's judged ~6.5 s;
+# named in 19.9 s and 23.8 s, 2026-12-07). A loss that ended is not kept: its window
+# empties from the newest seconds first.
+GRAY_KEEP_LOST = 5
+GRAY_FRESH_SECONDS = 4
 # ... and spread over the window: lost in GRAY_MIN_SECONDS of its seconds at least, no
 # second holding over GRAY_MAX_SECOND_SHARE of them. A burst (a rack's collectors
 # restarting, a control plane's hiccup of a few rounds, paths coming back unevenly after
@@ -207,10 +216,8 @@ _SAID = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.
 GRAY_MAX_SECOND_SHARE = 0.4
 # ... and beyond chance: a second a random share losing at the other seconds' mean rate
 # (Poisson) would reach in any of them with less than this probability. At the detect
-# lab's 15 % (~2.4 probes lost a second through the port) each second reaches 5 with
-# ~10 % chance: among a fault's first dozen lost, that is over 40 %, and the share was
-# held as a burst until diluted (its hold begun again past GRAY_GAP_NS) — a likely cause
-# of that lab test's 23.9 s and its miss in 30 s (2026-12-06)
+# lab's 15 % (~1.8 probes lost a second through the port) a second of 5 among a
+# fault's first dozen lost is chance, and was held as a burst until diluted.
 GRAY_BURST_P = 1e-3
 GRAY_MAX_PLACES = 4  # places named per pass, at most
 # ... and not (nearly) all of them: a place losing every probe is the streak rule's, once
@@ -976,7 +983,7 @@ class SilentDrops:
         while lost and len(chosen) < GRAY_MAX_PLACES:
             best = max(lost, key=lambda p: (rate_evidence(lost[p], sent[p]), -sent[p], repr(p)))
             k_, n_ = lost[best], sent[best]
-            if k_ < GRAY_MIN_LOST or rate_evidence(k_, n_) <= 0:
+            if k_ < GRAY_KEEP_LOST or rate_evidence(k_, n_) <= 0:
                 break
             mine = [k for k in through[best] if k in paths]
             # places crossed by exactly these paths cannot be told apart (a spine towards
@@ -988,6 +995,8 @@ class SilentDrops:
                            key=lambda p: (_GRAY_FIRST.get(p.what, 9), repr(p)))  # fmt: skip
             if best.reported and twins:
                 best = twins[0]
+            if k_ < GRAY_MIN_LOST and not self._gray_held(best, now_ns):
+                break  # too few to start a hold (fewer keep one going: below)
             self._gray_twins[best] = twins
             chosen.append((best, mine, n_, k_))
             for k in mine:  # explained: out of every other place's counts
@@ -1030,6 +1039,8 @@ class SilentDrops:
             if in_a_burst(per_s):
                 self.held_as_burst += 1
                 continue  # lost in a burst, not at random
+            if k_ < GRAY_MIN_LOST and not per_s[-GRAY_FRESH_SECONDS:].any():
+                continue  # kept by fewer only while it keeps losing (a loss that ended)
             first, last = self._gray.get(place, (now_ns, now_ns))
             if now_ns - last > GRAY_GAP_NS:
                 first = now_ns
@@ -1043,6 +1054,12 @@ class SilentDrops:
         self._gray.update(seen)
         self._gray_said = {p: q for p, q in self._gray_said.items() if p in self._gray}
         return out
+
+    def _gray_held(self, place: Place, now_ns: int) -> bool:
+        """Is ``place`` holding as a random share (chosen, its last choice within
+        :data:`GRAY_GAP_NS`)?"""
+        got = self._gray.get(place)
+        return got is not None and now_ns - got[1] <= GRAY_GAP_NS
 
     def _where(
         self, sw: str, links: list[str], dests: list[str], paths: Iterable[tuple[int, int, int]]

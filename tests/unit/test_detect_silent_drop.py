@@ -879,37 +879,55 @@ def test_a_random_share_lost_with_a_queue_or_at_one_host_or_in_bursts_is_not_nam
     assert not any(every), [o.summary for obs in every for o in obs][:1]
 
 
-def test_a_random_share_whose_first_second_loses_more_is_named_as_soon_as_a_steady_one() -> None:
-    """At the detect lab's 15 % (~2.4 probes lost a second through the port) a fault's
-    first seconds often hold 5 or 6 of the first dozen lost: that second held over 40 % of
-    the window's loss and the link was held as "lost in a burst" until it was diluted —
-    in CI once named in 23.9 s, once not in 30 s. A second a random share reaches by
-    chance is no burst: named when the same share lost evenly is."""
+def _losing(counts: list[int], first: int | None = None, until: int = 1 << 30) -> Fault:
+    """Through spine1 down to leaf2, ``counts[i % len(counts)]`` probes lost in the fault's
+    i-th second (``first`` in its first, when given), one probe of a coded pair each, at
+    random among the paths; none from second ``until`` on."""
     import random
 
-    def losing(counts: list[int]) -> Fault:
-        # lost per second: counts[0] in the first second, then counts[1:] over and over
-        # (one probe of its coded pair, at random among the paths crossing the place)
-        rng, seen, picks = random.Random(1), collections.Counter(), {}
+    rng, seen, picks = random.Random(1), collections.Counter(), {}
 
-        def f(s: int, d: int, p: int, spine: str, t: float) -> tuple[bool, float]:
-            if not _spine1_down_to_leaf2(s, d, p, spine):
-                return False, 0.0
-            sec = int(t) - 10
-            seen[sec] += 1
-            if sec not in picks:
-                n = counts[0] if sec == 0 else counts[1 + (sec - 1) % (len(counts) - 1)]
-                picks[sec] = set(rng.sample(range(32), n))
-            return seen[sec] % 2 == 1 and seen[sec] // 2 in picks[sec], 0.0
+    def f(s: int, d: int, p: int, spine: str, t: float) -> tuple[bool, float]:
+        sec = int(t) - 10
+        if not _spine1_down_to_leaf2(s, d, p, spine) or sec >= until:
+            return False, 0.0
+        seen[sec] += 1
+        if sec not in picks:
+            n = first if sec == 0 and first is not None else counts[sec % len(counts)]
+            picks[sec] = set(rng.sample(range(32), n))
+        return seen[sec] % 2 == 1 and seen[sec] // 2 in picks[sec], 0.0
 
-        return f
+    return f
 
-    def named_at(counts: list[int]) -> int:
-        every = _run(losing(counts), seconds=25)
-        return next(i for i, o in enumerate(every) if o)
 
-    steady = named_at([2, 2, 1, 2, 1, 2, 2, 1])
-    assert named_at([6, 2, 1, 2, 1, 2, 2, 1]) <= steady, steady
+def _named_at(fault: Fault) -> int | None:
+    every = _run(fault, seconds=30)
+    return next((i for i, o in enumerate(every) if o), None)
+
+
+def test_a_random_share_whose_first_second_loses_more_is_named_as_soon_as_a_steady_one() -> None:
+    """At the detect lab's 15 % (~1.8 probes lost a second through the port) a second of 5
+    among a fault's first dozen lost is chance, not a burst: named when the same share
+    lost evenly is (it was held as a burst until diluted)."""
+    steady = _named_at(_losing([2, 2, 1, 2, 1, 2, 2, 1]))
+    assert steady is not None
+    got = _named_at(_losing([2, 2, 1, 2, 1, 2, 2, 1], first=6))
+    assert got is not None and got <= steady, (got, steady)
+
+
+def test_a_random_share_whose_count_hovers_near_the_bar_is_named_and_an_ended_one_is_not() -> None:
+    """The detect lab's 15 % of ~12 probes a second loses ~11.7 in the window's judged
+    seconds, against the 10 a place must explain to be chosen: the count dipped under 10
+    for over 3 s and the 6-s hold began again (named in 19.9 s and 23.8 s, the lab test's
+    bound 20 s). Once holding, a place is kept with 5 while it keeps losing. ~1.3 lost a
+    second was never named in 30 s; a loss that ended is named only as before."""
+    low = [1, 2, 1, 1, 2, 1, 2, 1, 1]
+    got = _named_at(_losing(low))
+    assert got is not None and got <= 10 + 14, got
+    # ended after 11 s: it had not reached its hold, and is not kept by the few left
+    assert _named_at(_losing(low, until=11)) is None
+    # nor is a higher share that ended before its hold (its window empties)
+    assert _named_at(_losing([2, 2, 1, 2, 1, 2, 2, 1], until=10)) is None
 
 
 def test_a_second_is_a_burst_only_beyond_what_chance_gives_a_random_share() -> None:
