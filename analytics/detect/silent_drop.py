@@ -120,34 +120,20 @@ def rate_evidence(lost: float, sent: float) -> float:
     return lost * math.log(q / b) + (sent - lost) * math.log((1 - q) / (1 - b)) - GRAY_COST
 
 
-def poisson_sf(k: int, lam: float) -> float:
-    """P(X >= k) for X ~ Poisson(``lam``), summed upwards from k (small tails stay exact)."""
-    if k <= 0:
-        return 1.0
-    if lam <= 0:
-        return 0.0
-    total, i = 0.0, k
-    log_lam = math.log(lam)
-    while True:
-        term = math.exp(i * log_lam - lam - math.lgamma(i + 1))
-        total += term
-        if i > lam and term < 1e-17 * total:
-            return min(total, 1.0)
-        i += 1
-
-
 def in_a_burst(per_s: np.ndarray) -> bool:
     """Whether a place's lost probes, per second of the window, were lost in a burst, not
     at random: one second holds over :data:`GRAY_MAX_SECOND_SHARE` of them, more than a
     random share losing at the other seconds' mean rate (since the first lossy second)
     reaches in any of those seconds but with chance :data:`GRAY_BURST_P`."""
+    from scipy.special import pdtrc  # P(X > k), X Poisson; lazy: the CLI's start stays light
+
     total, most = int(per_s.sum()), int(per_s.max(initial=0))
     if not total or most <= GRAY_MAX_SECOND_SHARE * total:
         return False
     seconds = len(per_s) - int(np.flatnonzero(per_s)[0])
     if seconds < 2:
         return True
-    return seconds * poisson_sf(most, (total - most) / (seconds - 1)) < GRAY_BURST_P
+    return seconds * float(pdtrc(most - 1, (total - most) / (seconds - 1))) < GRAY_BURST_P
 
 
 def said_rate(q: float) -> float:
@@ -1041,9 +1027,7 @@ class SilentDrops:
                 continue  # lost in a burst, not at random
             if k_ < GRAY_MIN_LOST and not per_s[-GRAY_FRESH_SECONDS:].any():
                 continue  # kept by fewer only while it keeps losing (a loss that ended)
-            first, last = self._gray.get(place, (now_ns, now_ns))
-            if now_ns - last > GRAY_GAP_NS:
-                first = now_ns
+            first = self._gray[place][0] if self._gray_held(place, now_ns) else now_ns
             seen[place] = (first, now_ns)
             if now_ns - first < GRAY_HOLD_NS:
                 continue
