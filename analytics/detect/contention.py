@@ -116,6 +116,14 @@ TICK_GAP_NS = 100_000_000
 # for a moment. On the fabric's 0.5 s, a fresh-clone CI paged h3-1's port under two
 # healthy jobs (2026-12-05; most likely that, not reproduced): docs/detect.md.
 PORT_PERSIST_NS = 1_000_000_000
+# A port said whose check fails in a pass stays said, unreported, this long: a shallow
+# queue that fills and drains has its typical route's tail under the threshold now and
+# then (the detect lab, a 480-µs buffer: 7 times in 40 s, each back within 3 s). Dropped at once, it
+# began its PORT_PERSIST_NS again, its routes were learnt as healthy meanwhile, and a
+# rack-mate whose routes to it wait in its queue was checked first and blocked it: in a
+# fresh-clone CI (2026-12-07) the anomaly went 10 s without an update, closed, and opened
+# anew 1.6 s later.
+PORT_GAP_NS = 3_000_000_000
 # A pair is slow (the TUI's amber) once a route of it held this long, or at once when it
 # drops or crosses a hop said: a micro-burst under healthy jobs holds one route for about
 # a second, and no hop is said for it.
@@ -1391,15 +1399,17 @@ class PathDelays:
             if link not in ports and rt is not None and rt[0] > rt[1]:
                 ports[link] = host
                 named.update({(link, HOST_UP): rt[0], (link, HOST_DOWN): rt[0]})
-        contended = set(named)
+        now = self.newest_ns
+        kept = {link: self._ports[link] for link, (host, *_) in sorted(self._ports.items())
+                if link not in ports and now - self._port_said.get(host, now) <= PORT_GAP_NS}  # fmt: skip
+        contended = set(named) | {(link, way) for link in kept for way in (HOST_UP, HOST_DOWN)}
         self._learn(wins, contended, leads)
         # Said once it held a queue PERSIST_NS of probe time, named in this pass and the one
         # before: a queue still filling (or draining) makes routes disagree for a moment,
         # and tomography with them. The half second runs from its first slow routes, not
         # from the first pass that names it: the flows hashed onto a link hold up some of
         # the routes across it before most (one pass named is a moment of tomography).
-        now = self.newest_ns
-        said = [h for h, *_ in found] + [(link, "port") for link in ports]
+        said = [h for h, *_ in found] + [(link, "port") for link in (*ports, *kept)]
         self._since = {h: self._since.get(h, now) for h in said}
         self._queued_since = {h: self._queued_since.get(h, now) for h in queued_on}
         # A hop whose every slow route is a full queue that drops (:attr:`RouteWindow.
@@ -1436,12 +1446,12 @@ class PathDelays:
             said_ports[link] = (host, direction, told)
             out.append(self._port_observation(link, host, direction, told, *rt,
                                               standing=rt is not full.get(host)))  # fmt: skip
-        self._ports = said_ports
         self._port_said.update({host: now for host, *_ in said_ports.values()})
+        self._ports = {**kept, **said_ports}
         said_hops = {t for f in held_on for t in self._twins[f[0]]}
-        said_hops |= {(link, way) for link in said_ports for way in (HOST_UP, HOST_DOWN)}
+        said_hops |= {(link, way) for link in self._ports for way in (HOST_UP, HOST_DOWN)}
         self._hold_pairs(every, trips, leads, said_hops)
-        busy = set(ports.values()) | {h for h, *_ in said_ports.values()}
+        busy = set(ports.values()) | {h for h, *_ in self._ports.values()}
         self._note_healthy(trips, busy, leads)
         return out
 

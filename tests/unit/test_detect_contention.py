@@ -353,6 +353,26 @@ def test_a_full_port_queue_that_drains_between_bursts_is_named_from_its_tail_and
         assert obs.evidence["loss_in"] > 0.1 and obs.evidence["loss_out"] == 0, obs.evidence
 
 
+def test_a_full_port_said_through_a_lull_of_its_queue_is_said_again_as_it_returns() -> None:
+    """A shallow queue that fills and drains has its typical route's tail under the
+    threshold now and then: the detect lab's 480-µs buffer, 7 times in 40 s. Each time the
+    port was dropped and began its hold again, and once (a fresh-clone CI, 2026-12-07) a
+    rack-mate checked first kept it unsaid for 10 s: the anomaly closed and opened anew.
+    Here a second with no queue: the port is not reported while it lasts, and said again
+    in the first pass the queue is back (2-4 passes later before); nothing else is."""
+    for seed in range(4):
+        f = _Fleet(seed=seed, every=True)
+        f.warm()
+        incast = {("h1-1-leaf1", "leaf→host"): 800.0}
+        said = []
+        for i in range(20):
+            f.second({} if i == 12 else incast, loss=0.4, empty=0.5)
+            said.append({o.link for o in f.delays.observations(0)})
+        assert said[11] == {"h1-1-leaf1"}, (seed, said)
+        assert said[12] == set(), (seed, said)  # the lull: not reported
+        assert all(s == {"h1-1-leaf1"} for s in said[13:]), (seed, said)
+
+
 def test_a_busy_port_that_loses_nothing_and_stands_no_queue_is_not_named() -> None:
     """The same bursts into one host through a buffer deep enough to take them: the tail
     of its probes waits, half meet the port empty, nothing is lost — a busy port, not a
