@@ -116,13 +116,13 @@ TICK_GAP_NS = 100_000_000
 # for a moment. On the fabric's 0.5 s, a fresh-clone CI paged h3-1's port under two
 # healthy jobs (2026-12-05; most likely that, not reproduced): docs/detect.md.
 PORT_PERSIST_NS = 1_000_000_000
-# A port said whose check fails in a pass stays said, unreported, this long: a shallow
-# queue that fills and drains has its typical route's tail under the threshold now and
-# then (the detect lab, a 480-µs buffer: 7 times in 40 s, each back within 3 s). Dropped at once, it
-# began its PORT_PERSIST_NS again, its routes were learnt as healthy meanwhile, and a
-# rack-mate whose routes to it wait in its queue was checked first and blocked it: in a
-# fresh-clone CI (2026-12-07) the anomaly went 10 s without an update, closed, and opened
-# anew 1.6 s later.
+# A port said whose check fails in a pass stays said, unreported, this long after it was
+# last said: a shallow queue that fills and drains has its typical route's tail under the
+# threshold now and then (the detect lab, a 480-µs buffer: 7 times in 40 s, each back
+# within 3 s). Dropped at once, it began its PORT_PERSIST_NS again, its routes were learnt
+# as healthy meanwhile, and a rack-mate whose routes to it wait in its queue was checked
+# first and blocked it: in a fresh-clone CI (2026-12-07) the anomaly went 10 s without an
+# update, closed, and opened anew 1.6 s later.
 PORT_GAP_NS = 3_000_000_000
 # A pair is slow (the TUI's amber) once a route of it held this long, or at once when it
 # drops or crosses a hop said: a micro-burst under healthy jobs holds one route for about
@@ -1400,8 +1400,9 @@ class PathDelays:
                 ports[link] = host
                 named.update({(link, HOST_UP): rt[0], (link, HOST_DOWN): rt[0]})
         now = self.newest_ns
-        kept = {link: self._ports[link] for link, (host, *_) in sorted(self._ports.items())
-                if link not in ports and now - self._port_said.get(host, now) <= PORT_GAP_NS}  # fmt: skip
+        # (a host whose last saying _port_held has forgotten is not kept either)
+        kept = {link: said for link, said in self._ports.items() if link not in ports
+                and now - self._port_said.get(said[0], now - PORT_GAP_NS - 1) <= PORT_GAP_NS}  # fmt: skip
         contended = set(named) | {(link, way) for link in kept for way in (HOST_UP, HOST_DOWN)}
         self._learn(wins, contended, leads)
         # Said once it held a queue PERSIST_NS of probe time, named in this pass and the one
