@@ -136,9 +136,14 @@ def in_a_burst(per_s: np.ndarray) -> bool:
     return seconds * float(pdtrc(most - 1, (total - most) / (seconds - 1))) < GRAY_BURST_P
 
 
-def said_rate(q: float) -> float:
-    """The 1-2-5 step nearest ``q`` (in ratio)."""
-    return min(_SAID, key=lambda x: abs(math.log(x / max(q, 1e-6))))
+def said_rate(q: float, lo: float = 0.0, hi: float = 1.0) -> float:
+    """The step of ``_SAID`` nearest ``q`` (in ratio) among those in its interval
+    ``[lo, hi]``; else ``q`` to the fewest significant figures (two or more) that keep it
+    in the interval."""
+    inside = [x for x in _SAID if lo <= x <= hi]
+    if inside:
+        return min(inside, key=lambda x: (abs(x - q), x))
+    return next((r for d in (2, 3, 4) if lo <= (r := float(f"{q:.{d}g}")) <= hi), q)
 
 
 def interval95(lost: int, sent: int) -> tuple[float, float]:
@@ -195,11 +200,12 @@ GRAY_FRESH_SECONDS = 4
 # a heal) loses many probes in a second or three: not a random share.
 GRAY_MIN_SECONDS = 5
 _GRAY_FIRST = {"link": 0, "to": 1, "switch": 2}  # of places that cannot be told apart
-# The rate a summary says, on a 1-2-5 scale to 20 %, then in tens (80 % said "about 100 %"
-# on the 1-2-5 scale alone): kept while the 95 % interval of the rate now holds it (an
-# 8-s window's count varies by ±20 % at the demo's 2 %: a summary that followed it would
-# store a row every pass, and say a different number every second)
-_SAID = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+# The rate a summary says: a whole step of its decade (0.1-0.9 %, 1-9 %, then tens to
+# 90 %) inside the rate's 95 % interval, kept while the interval holds it (an 8-s
+# window's count varies by ±20 % at the demo's 2 %: a summary that followed it would
+# store a row every pass, and say a different number every second). A 1-2-5 scale said a
+# hand-made 4 % share, measured 3.7 % [3.0, 4.5], "about 5 %": outside its own interval.
+_SAID = tuple(round(d * 10.0**e, 3) for e in (-3, -2, -1) for d in range(1, 10))
 GRAY_MAX_SECOND_SHARE = 0.4
 # ... and beyond chance: a second a random share losing at the other seconds' mean rate
 # (Poisson) would reach in any of them with less than this probability. At the detect
@@ -1073,7 +1079,7 @@ class SilentDrops:
         lo, hi = interval95(lost, sent)
         said = self._gray_said.get(place)
         if said is None or not lo <= said <= hi:
-            said = self._gray_said[place] = said_rate(share)
+            said = self._gray_said[place] = said_rate(share, lo, hi)
         direction: dict[str, str] = {}
         dests: list[str]
         host = port = ""
