@@ -284,6 +284,11 @@ class DetectRunner:
             data = tables.get(name)
             if data is not None and data.num_rows:
                 got.append((name, data.take(pa.array(np.arange(data.num_rows)))))
+        data = tables.get("health")
+        if data is not None and data.num_rows and self.drops.host_rack:
+            kept = data.filter(pc.equal(data.column("name"), "rx_kernel_drops"))
+            if kept.num_rows:  # a collector's socket dropping: a host's received share
+                got.append(("socket", kept.select(["ts_ns", "host", "value"])))
         for name in PROBE_TABLES:  # every probe, received or lost: silent drops
             data = tables.get(name)
             if data is not None and data.num_rows and self.drops.host_rack:
@@ -408,6 +413,10 @@ class DetectRunner:
                     continue
                 if name == "port":
                     self.drops.ports.feed(layout.arrow_to_records("counter", data))
+                    continue
+                if name == "socket":
+                    self.drops.feed_socket(*(data.column(c).to_numpy()
+                                             for c in ("ts_ns", "host", "value")))  # fmt: skip
                     continue
                 if name == "owd":
                     self.delays.feed(
@@ -754,13 +763,15 @@ class _DetectCollector(Collector):
             " named (narrower places named in the last 15 s explain all its lossy paths),"
             " burst (a random share of its probes lost, but in a burst: passes),"
             f" few_seconds (... lost in fewer than {GRAY_MIN_SECONDS} of the window's seconds:"
-            " passes)",
+            " passes), socket (a host's received share while its collector's socket dropped"
+            " datagrams, or no count of them: passes)",
             labels=["reason"],
         )
         for reason, n in (("one_source", r.drops.one_source), ("queue", r.drops.held_as_queue),
                           ("named", r.drops.held_as_named),
                           ("burst", r.drops.held_as_burst),
-                          ("few_seconds", r.drops.held_as_few_seconds)):  # fmt: skip
+                          ("few_seconds", r.drops.held_as_few_seconds),
+                          ("socket", r.drops.held_as_socket)):  # fmt: skip
             c.add_metric([reason], n)
         yield c
 

@@ -43,6 +43,7 @@ TIME_COLUMNS = {
     "probe_rx": "rx_ns",
     "echo": "t1_ns",
     "counter": "ts_ns",
+    "health": "ts_ns",
     "path_hop": "ts_ns",
     "rdma_config": "ts_ns",
     "job_rdma": "ts_ns",

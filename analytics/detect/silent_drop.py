@@ -51,6 +51,7 @@ Over 500 lines: one signal; loss judgement, tomography and queue check share its
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import math
 from collections.abc import Callable, Iterable
@@ -213,6 +214,11 @@ GRAY_MAX_SECOND_SHARE = 0.4
 # fault's first dozen lost is chance, and was held as a burst until diluted.
 GRAY_BURST_P = 1e-3
 GRAY_MAX_PLACES = 4  # places named per pass, at most
+# A host's received share is its link's only while its collector's socket dropped nothing
+# (its rx_kernel_drops, shipped a second apart) over the window: a collector not keeping
+# up loses probes sent to it at random too
+SOCKET_KEEP_NS = 20_000_000_000
+SOCKET_BEFORE_NS = 2_000_000_000  # the count this long before the window: where it began
 # ... and not (nearly) all of them: a place losing every probe is the streak rule's, once
 # its paths have lost enough in a row (the demo lab: a host whose NIC sent nothing was
 # first paged as dropping "about 100 % of what it sends, at random")
@@ -502,6 +508,9 @@ class SilentDrops:
         self.held_as_named = 0  # broader places whose lossy paths narrower named ones explain
         self.held_as_burst = 0  # places losing a share of their probes, in a burst
         self.held_as_few_seconds = 0  # ... lost in fewer than GRAY_MIN_SECONDS seconds
+        self.held_as_socket = 0  # a host's received share, its collector's socket dropping
+        # host -> its collector's socket drop count (rx_kernel_drops), (ts, value) a second
+        self._socket: dict[int, collections.deque[tuple[int, int]]] = {}
         self._named: dict[Place, int] = {}  # place observed -> the newest pass it was
         self._queued: dict[Place, int] = {}  # link-direction -> queued (remembered) until
         self._floors = _Floors()  # each pair's least delay received, per second
@@ -543,6 +552,26 @@ class SilentDrops:
         self._raise_watermarks(dst, rx)
         self._rx.add({"key": _key(cols["src"], cols["seq"]), "rx_ns": rx,
                       "path": _key(cols["src"], dst, cols["sport"])})  # fmt: skip
+
+    def feed_socket(self, ts_ns: np.ndarray, host: np.ndarray, value: np.ndarray) -> None:
+        """Collectors' ``rx_kernel_drops`` health values: datagrams the kernel dropped on
+        their probe sockets (SO_RXQ_OVFL), cumulative, one a second."""
+        for t, h, v in zip(ts_ns.tolist(), host.tolist(), value.tolist(), strict=True):
+            d = self._socket.setdefault(h, collections.deque())
+            d.append((t, v))
+            while d[0][0] < t - SOCKET_KEEP_NS:
+                d.popleft()
+
+    def socket_dropped(self, host: int, since_ns: int) -> int | None:
+        """Datagrams ``host``'s collector socket dropped since ``since_ns`` (the count at
+        the sample before it on); None: no count since then (an older collector, or
+        none shipped yet). A collector restarted counts from 0 again."""
+        d = [x for x in self._socket.get(host, ()) if x[0] >= since_ns - SOCKET_BEFORE_NS]
+        if not d or d[-1][0] < since_ns:
+            return None
+        # (the value is the last socket's to report: its echo sockets' and its probe
+        # socket's counts by turns read as drops — never as none)
+        return sum(b if b < a else b - a for (_t, a), (_u, b) in itertools.pairwise(d))
 
     def _raise_watermarks(self, hosts: np.ndarray, ns: np.ndarray) -> None:
         """Each of ``hosts`` has shipped every receive up to its newest of ``ns``."""
@@ -952,7 +981,8 @@ class SilentDrops:
         if not len(self._hist):
             self._gray.clear()
             return []
-        counts = self.window_counts(int(h["tx_ns"].max()) - GRAY_WINDOW_NS)
+        since = int(h["tx_ns"].max()) - GRAY_WINDOW_NS
+        counts = self.window_counts(since)
         # a spine with a contended link-direction: its paths' loss is the queue's — and the
         # bulk that fills it fills its sources' uplinks to that spine too (held-out seed
         # 1251: leaf3-spine2's saturating flows dropped 4 % at leaf1-spine2 going up, with
@@ -1000,15 +1030,20 @@ class SilentDrops:
             lost = +lost  # drop places left with no loss
         out = []
         seen: dict[Place, tuple[int, int, bool]] = {}
-        receiving = {p.name for p, *_ in chosen if p.what in ("in", "host")}
+        # A host's own place, lost at random to or from every peer, is its access link (a
+        # dirty optic or cable drops one direction or both), its NIC, or (what it
+        # receives) its collector not keeping up: named on its link, the host the culprit
+        ways: dict[str, set[str]] = collections.defaultdict(set)
+        for p, *_ in chosen:
+            if not p.reported:
+                ways[p.name].add(p.what)
         for place, mine, n_, k_ in chosen:
-            # A host's own loss is its NIC's or socket's (`clockmesh live` shows it) — but
-            # what one host sends, lost at random to every destination while what it
-            # receives arrives, is the way out of it: its link towards its leaf (a dirty
-            # optic or cable drops one direction), its NIC sending, or its own egress queue
-            sending = (place.what == "out" and place.name not in receiving
-                       and self.host_names.get(int(place.name)) not in self.drained)  # fmt: skip
-            if not place.reported and not sending:
+            own = not place.reported
+            if own and self.host_names.get(int(place.name)) in self.drained:
+                continue
+            # what a host receives: its collector's socket dropped some (or cannot say)
+            if place.what in ("in", "host") and self.socket_dropped(int(place.name), since) != 0:
+                self.held_as_socket += 1
                 continue
             if interval95(k_, n_)[0] > GRAY_MAX_SHARE:
                 continue  # (nearly) every probe: lost in a row, not at random
@@ -1020,10 +1055,14 @@ class SilentDrops:
             losing = [k for k in mine if counts[k][1]]
             if len(losing) < MIN_PATHS:
                 continue
-            # a switch drops what every sender sends through it; a host's way out, what it
-            # sends to every destination
-            ends = {d_ if sending else s_ for s_, d_, _p in losing}
-            if len(ends) < (MIN_DESTINATIONS if sending else MIN_SOURCES):
+            # a switch drops what every sender sends through it; a host's link, what it
+            # sends to or receives from every peer
+            if own:
+                me = int(place.name)
+                ends = {d_ if s_ == me else s_ for s_, d_, _p in losing}
+            else:
+                ends = {s_ for s_, _d, _p in losing}
+            if len(ends) < (MIN_DESTINATIONS if own else MIN_SOURCES):
                 continue
             per_s = np.sum([counts[k][2] for k in losing], axis=0)
             if np.count_nonzero(per_s) < GRAY_MIN_SECONDS:
@@ -1040,7 +1079,8 @@ class SilentDrops:
             seen[place] = (first, now_ns, armed)
             if not armed or now_ns - first < GRAY_HOLD_NS:
                 continue
-            out.append(self._gray_observation(place, mine, losing, n_, k_, total_lost, rise))
+            both = own and ways[place.name] >= {"out", "in"}  # each way chosen on its own
+            out.append(self._gray_observation(place, mine, losing, n_, k_, total_lost, rise, both))
         # a place not chosen this pass keeps its start for GRAY_GAP_NS (a rate near the
         # threshold is chosen in most passes, not all)
         self._gray = {p: v for p, v in self._gray.items() if now_ns - v[1] <= GRAY_GAP_NS}
@@ -1072,7 +1112,10 @@ class SilentDrops:
         lost: int,
         total_lost: int,
         rise: float,
+        both: bool = False,
     ) -> Observation:
+        """A random share at ``place``; ``both``: a host's way out and way in were each
+        chosen (at their own rates)."""
         name = self.host_names.get
         where = _words(place, name)
         share = lost / sent if sent else 0.0
@@ -1083,12 +1126,14 @@ class SilentDrops:
         direction: dict[str, str] = {}
         dests: list[str]
         host = port = ""
-        if place.what == "out":  # a host's way out: its link towards its leaf, host→leaf
+        way = {"out": OUT, "in": IN, "host": BOTH}.get(place.what, "")
+        if way:  # a host's access link: the way out of it, into it, or both
             host = name(int(place.name), f"host {place.name}")
             port = self.host_access.get(int(place.name), "")
-            where = f"{port} (host→leaf)" if port else f"{host}'s port (sending)"
+            bare = {OUT: "sending", IN: "receiving"}.get(way, way)  # no topology: no port
+            where = f"{port} ({way})" if port else f"{host}'s port ({bare})"
             sw, links, dests = self.host_rack.get(int(place.name), ""), [], []
-            direction = {"direction": "host→leaf", "host": host}
+            direction = {"direction": way, "host": host}
         elif place.what == "link":
             sw, links, dests = "", [place.name], []
             # one direction of one leaf–spine link, as contention names it: the pairs
@@ -1102,18 +1147,37 @@ class SilentDrops:
             sw, links, dests = place.name, [], []
         sources = sorted({name(s, f"host {s}") for s, _, _ in losing})
         # no counts: they change every pass (in the evidence)
-        if host:
+        rate = f"{said * 100:g} %"
+        if way == OUT:
             candidates = [where, f"{host}'s NIC (sending)"]
+            other = ("what it receives loses some too" if both
+                     else "while what it receives arrives")  # fmt: skip
             summary = (
-                f"{where} silently drops about {said * 100:g} % of what {host} sends, at "
-                f"random: its flows to its peers lose some, none many in a row, while what "
-                f"it receives arrives (a bad optic or cable, its NIC sending, or its own "
-                "egress queue); link up, paths unmoved, no queue"
+                f"{where} silently drops about {rate} of what {host} sends, at random: its "
+                f"flows to its peers lose some, none many in a row, {other} (a bad optic or "
+                "cable, its NIC sending, or its own egress queue); link up, paths unmoved, "
+                "no queue"
+            )
+        elif way == IN:
+            candidates = [where, f"{host}'s NIC (receiving)", f"{host}'s collector (receiving)"]
+            other = "what it sends loses some too" if both else "while what it sends arrives"
+            summary = (
+                f"{where} silently drops about {rate} of what is sent to {host}, at random: "
+                f"its peers' flows to it lose some, none many in a row, {other} (a bad optic "
+                "or cable, its NIC receiving, or its collector not keeping up); link up, "
+                "paths unmoved, no queue"
+            )
+        elif way == BOTH:
+            candidates = [where, f"{host}'s NIC"]
+            summary = (
+                f"{where} silently drops about {rate} of what {host} sends and receives, at "
+                "random: its flows with its peers lose some both ways, none many in a row (a "
+                "bad optic or cable, or its NIC); link up, paths unmoved, no queue"
             )
         else:
             candidates = [_words(p, name) for p in self._gray_twins.get(place) or [place]]
             summary = (
-                f"{where} silently drops about {said * 100:g} % of the packets crossing it, "
+                f"{where} silently drops about {rate} of the packets crossing it, "
                 "at random: every flow through it loses some, none many in a row (a bad "
                 "optic, cable or port); links and routes up, paths unmoved, no queue"
             )

@@ -105,12 +105,15 @@ def _run(
     full_ports: set[int] | None = None,
     host_access: dict[int, str] | None = None,
     drained: set[str] | None = None,
+    socket: Callable[[int, float], int] | None = lambda h, t: 0,
 ) -> list:
     """Healthy for healthy_s, then `fault` for `seconds`: every pass's observations (the
     last pass's last). ``late``: the receivers ship their probe_rx
     that many rounds later (each destination is judged at its own pace): all but h1-1, so
     its loss shows first. ``paths``: the traced paths (default every inter-rack one).
-    ``port``: the hosts' access-port counters, fed once a second (default none)."""
+    ``port``: the hosts' access-port counters, fed once a second (default none).
+    ``socket(host, t)``: its collector's socket drops so far, fed once a second (default
+    none dropped; None: no count shipped)."""
     paths = _paths() if paths is None else paths
     access = [(h, "bk0") for h in HOSTS] if port else []
     drops = SilentDrops(HOSTS, BY_ENDS, paths, NAMES, access_ports=access,
@@ -124,6 +127,10 @@ def _run(
         tx, rx = _probes(float(i), healthy if i < healthy_s else fault)
         if port:
             drops.ports.feed(_port_rows(float(i), port))
+        if socket is not None:
+            hosts = np.array(sorted(HOSTS))
+            drops.feed_socket(np.full(len(hosts), T0 + i * NS), hosts,
+                              np.array([socket(h, float(i)) for h in hosts]))  # fmt: skip
         drops.feed("probe_tx", tx)
         odd = rx["dst"] != 11 if late else np.zeros(len(rx["dst"]), bool)
         drops.feed("probe_rx", {k: v[~odd] for k, v in rx.items()})
@@ -852,14 +859,16 @@ def test_a_link_direction_dropping_a_random_share_of_its_packets_is_named_with_i
 def test_a_random_share_lost_with_a_queue_or_at_one_host_or_in_bursts_is_not_named() -> None:
     """A full queue drops at random too, and delays what it lets through (contention's), or
     is named by contention on a link of the same spine;
-    a host whose socket drops a share of what it receives is its own (``clockmesh live``
-    shows it lossy); the same share lost in a burst of two seconds is a hiccup."""
+    a host whose collector's socket drops a share of what it receives is its own
+    (``clockmesh live`` shows it lossy), as is one whose collector ships no count of
+    them; the same share lost in a burst of two seconds is a hiccup."""
     queue = _random_share(0.05, _spine1_down_to_leaf2, extra_ns=300_000.0)
     every = _run(queue, seconds=20)
     assert not any(every), [o.summary for obs in every for o in obs][:1]
     own = _random_share(0.05, lambda s, d, p, spine: d == 21)
-    every = _run(own, seconds=20)
-    assert not any(every), [o.summary for obs in every for o in obs][:1]
+    for socket in (_socket_dropping(21), None):
+        every = _run(own, seconds=20, host_access=ACCESS, socket=socket)
+        assert not any(every), [o.summary for obs in every for o in obs][:1]
     burst = _random_share(0.5, _spine1_down_to_leaf2)
     every = _run(lambda s, d, p, y, t: burst(s, d, p, y, t) if t < 12 else (False, 0.0),
                  seconds=12)  # fmt: skip
@@ -1003,13 +1012,52 @@ def test_a_host_whose_sends_are_dropped_at_random_is_named_on_its_link_out_as_th
     assert not any(every), [o.summary for obs in every for o in obs][:1]
 
 
-def test_a_hosts_loss_both_ways_or_to_two_peers_only_is_not_its_link_out() -> None:
-    """What h2-1 sends and what it receives both lost: the host as a whole (its NIC, its
-    collector starved) — `clockmesh live` shows it, as before; the same share lost only to
-    two of its peers: those pairs', not its port (it sends to ten)."""
-    both = _random_share(0.05, lambda s, d, p, spine: 21 in (s, d))
-    every = _run(both, seconds=20, host_access=ACCESS)
-    assert not any(every), [o.summary for obs in every for o in obs][:1]
+def _socket_dropping(host: int) -> Callable[[int, float], int]:
+    """``host``'s collector socket dropping 3 datagrams a second from t = 10 s on."""
+    return lambda h, t: 3 * int(t - 9) if h == host and t >= 10 else 0
+
+
+def test_a_host_link_dropping_at_random_into_the_host_or_both_ways_is_named_on_it() -> None:
+    """A dirty optic or cable drops one direction of a host's link, or both: every peer's
+    flows to it lose some (and, both ways, its flows to them) — no anomaly before, only
+    h2-1 "lossy" in `clockmesh live`. Its link is named with the way and the rate, h2-1 the
+    culprit; what it receives only while its collector's socket dropped none of it."""
+    for who, way, says in ((lambda s, d: d == 21, "leaf→host", "of what is sent to h2-1, "
+                            "at random: its peers' flows to it lose some, none many in a "
+                            "row, while what it sends arrives"),
+                           (lambda s, d: 21 in (s, d), "both ways", "of what h2-1 sends and "
+                            "receives, at random: its flows with its peers lose some both "
+                            "ways")):  # fmt: skip
+        share = _random_share(0.05, lambda s, d, p, spine, who=who: who(s, d))
+        every = _run(share, seconds=20, host_access=ACCESS)
+        first = next(i for i, o in enumerate(every) if o)
+        assert 10 + 6 <= first <= 10 + 10, (way, first)
+        for obs in every[first:]:
+            (o,) = obs
+            assert o.kind == "silent_drop" and o.link == "h2-1-leaf2", o.summary
+            assert (o.evidence["host"], o.evidence["direction"]) == ("h2-1", way)
+            assert o.evidence["candidates"][0] == f"h2-1-leaf2 ({way})", o.evidence
+            head, said, tail = re.fullmatch(r"(.*) about ([\d.]+) % (.*)", o.summary).groups()
+            assert head == f"h2-1-leaf2 ({way}) silently drops" and tail.startswith(says), tail
+            lo, hi = o.evidence["packet_share_95"]
+            assert said in ("4", "5", "6") and lo <= float(said) / 100 <= hi, o.evidence
+        # in `clockmesh live` and the TUI: h2-1 the culprit, its peers' pairs explained
+        seen = attribution.places([{"anomaly_id": "a", "link": "h2-1-leaf2",
+                                    "evidence": every[-1][0].evidence}], {})  # fmt: skip
+        assert seen.host == {"h2-1": ["a"]}
+        assert seen.explained_by("h3-2", "h2-1", "leaf3", "leaf2") == ["a"]
+        # its collector's socket dropping meanwhile: its own loss, maybe, not its link's
+        every = _run(share, seconds=20, host_access=ACCESS, socket=_socket_dropping(21))
+        assert not any(every), [o.summary for obs in every for o in obs][:1]
+    # what it sends is no socket's: named whatever its socket drops
+    out = _random_share(0.05, lambda s, d, p, spine: s == 21)
+    every = _run(out, seconds=20, host_access=ACCESS, socket=_socket_dropping(21))
+    assert every[-1] and every[-1][0].evidence["direction"] == "host→leaf", every[-1]
+
+
+def test_a_hosts_loss_to_two_peers_only_is_not_its_link() -> None:
+    """The same share lost only to two of its peers: those pairs', not its port (it sends
+    to ten)."""
     two = _random_share(0.3, lambda s, d, p, spine: s == 21 and d in (31, 32))
     every = _run(two, seconds=20, host_access=ACCESS)
     assert not any(o.evidence.get("host") for obs in every for o in obs), [
