@@ -1080,7 +1080,8 @@ class SilentDrops:
             if not armed or now_ns - first < GRAY_HOLD_NS:
                 continue
             both = own and ways[place.name] >= {"out", "in"}  # each way chosen on its own
-            out.append(self._gray_observation(place, mine, losing, n_, k_, total_lost, rise, both))
+            out.append(self._gray_observation(place, mine, losing, n_, k_, total_lost, rise, both,
+                                              losing_now=bool(per_s[-1])))  # fmt: skip
         # a place not chosen this pass keeps its start for GRAY_GAP_NS (a rate near the
         # threshold is chosen in most passes, not all)
         self._gray = {p: v for p, v in self._gray.items() if now_ns - v[1] <= GRAY_GAP_NS}
@@ -1113,15 +1114,18 @@ class SilentDrops:
         total_lost: int,
         rise: float,
         both: bool = False,
+        losing_now: bool = True,
     ) -> Observation:
         """A random share at ``place``; ``both``: a host's way out and way in were each
-        chosen (at their own rates)."""
+        chosen (at their own rates); ``losing_now``: it lost probes in the window's newest
+        second (the rate said is changed only then: once the loss ends the window's
+        share falls each second, and the rate it had is what a page should go on saying)."""
         name = self.host_names.get
         where = _words(place, name)
         share = lost / sent if sent else 0.0
         lo, hi = interval95(lost, sent)
         said = self._gray_said.get(place)
-        if said is None or not lo <= said <= hi:
+        if said is None or (losing_now and not lo <= said <= hi):
             said = self._gray_said[place] = said_rate(share, lo, hi)
         direction: dict[str, str] = {}
         dests: list[str]

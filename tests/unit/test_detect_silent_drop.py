@@ -1330,6 +1330,19 @@ def test_probes_lost_beside_a_queue_s_peak_are_not_a_random_share() -> None:
     assert 0.03 < o.evidence["packet_share"] < 0.08, o.evidence
 
 
+def test_the_rate_said_stays_as_it_was_once_the_loss_ends() -> None:
+    """The demo lab, a host link's 5 % healed: its anomaly, open until it cleared, said
+    "about 3 %" — the share of a window the heal diluted a little more each second. A
+    page goes on saying the rate it had while it lost."""
+    for seed in (1, 2, 3):
+        share = _random_share(0.2, _spine1_down_to_leaf2, seed=seed)
+        every = _run(lambda s, d, p, y, t, f=share: f(s, d, p, y, t) if t < 32 else (False, 0.0),
+                     seconds=40)  # fmt: skip
+        said = [o.summary.split(" about ")[1].split(" %")[0]
+                for obs in every[10 + 21 :] for o in obs]  # fmt: skip
+        assert len(said) >= 4 and len(set(said)) == 1, (seed, said)
+
+
 def test_the_rate_a_summary_says_is_a_whole_step_inside_its_interval() -> None:
     """The demo's 1 % read 1.68 % in one 8-s window (41 of 2,434): "about 2 %" — and the
     95 % interval beside the count says how far to trust it. The rate said is never
