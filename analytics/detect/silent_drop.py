@@ -566,7 +566,7 @@ class SilentDrops:
         """Datagrams ``host``'s collector socket dropped since ``since_ns`` (the count at
         the sample before it on); None: no count since then (an older collector, or
         none shipped yet). A collector restarted counts from 0 again."""
-        d = [x for x in self._socket.get(host, ()) if x[0] >= since_ns - SOCKET_BEFORE_NS]
+        d = sorted(x for x in self._socket.get(host, ()) if x[0] >= since_ns - SOCKET_BEFORE_NS)
         if not d or d[-1][0] < since_ns:
             return None
         # (the value is the last socket's to report: its echo sockets' and its probe

@@ -1055,6 +1055,21 @@ def test_a_host_link_dropping_at_random_into_the_host_or_both_ways_is_named_on_i
     assert every[-1] and every[-1][0].evidence["direction"] == "host→leaf", every[-1]
 
 
+def test_a_collectors_socket_count_reads_as_its_drops_since_a_time() -> None:
+    """rx_kernel_drops is cumulative: a constant count (drops long ago) is no drop now, a
+    collector restarted counts from 0 again, and no count since then is not "none"."""
+    drops = SilentDrops(HOSTS, BY_ENDS, _paths(), NAMES)
+    t = np.arange(10) * NS
+    drops.feed_socket(t, np.full(10, 11), np.full(10, 4))
+    # restarted at 6 s, one dropped at 8 s; shipped out of order: read in time order
+    drops.feed_socket(t[::-1], np.full(10, 21), np.array([1, 1, 0, 0, 5, 5, 5, 5, 5, 5]))
+    assert drops.socket_dropped(11, 5 * NS) == 0
+    assert drops.socket_dropped(21, 2 * NS) == 1
+    assert drops.socket_dropped(21, 9 * NS) == 1  # (from the sample 2 s before)
+    assert drops.socket_dropped(21, 12 * NS) is None  # nothing shipped since 12 s
+    assert drops.socket_dropped(31, 0) is None
+
+
 def test_a_hosts_loss_to_two_peers_only_is_not_its_link() -> None:
     """The same share lost only to two of its peers: those pairs', not its port (it sends
     to ten)."""
