@@ -17,6 +17,42 @@ import sys
 import time
 from typing import Any
 
+CATCH_UP_S = 0.05  # a paced sender late by more than this forgets the rest
+
+
+class Pacer:
+    """When a paced sender sends, and how many: ``batch`` packets every ``batch / pps``
+    seconds — one batch per 0.2 ms at most (one packet at a time below 5 kpps): a
+    millisecond's packets sent at once would fill a shallow buffer, drop and leave it
+    idle till the next burst, no standing queue, unlike a paced sender at the same rate.
+
+    Late by a whole batch or more (the CPU busy elsewhere), a wake-up sends one batch
+    more, never all that is owed at once, with a pause between wake-ups, and a deficit
+    older than ``CATCH_UP_S`` is forgotten. Caught up at once, a stall of a few ms left
+    in one burst of frames, which a shallow buffer on the way drops: `lab saturate`'s
+    flows, each at 0.65 of a link, lost 1.9 % at the link before the one they fill
+    (2026-12-07, two busy cores). Not caught up at all, a sender on a busy machine fell
+    short of its rate: `lab congest`'s 75 Mbit/s into a 50-Mbit/s port sent 39-51 Mbit/s
+    for 6 s in CI, the port's queue drained and the page it held closed mid-fault."""
+
+    def __init__(self, pps: float, now: float) -> None:
+        self.batch = max(1, int(pps / 5000))
+        self.interval = self.batch / pps
+        self.next_send = now
+
+    def due(self, now: float) -> int:
+        """Packets to send at ``now`` (a wake-up); counts them as sent."""
+        self.next_send = max(self.next_send, now - CATCH_UP_S)
+        n = 2 * self.batch if now - self.next_send >= self.interval else self.batch
+        self.next_send += self.interval * n / self.batch
+        return n
+
+    def wait(self, now: float) -> float:
+        """Seconds to sleep before the next wake-up: till the next batch is due, or
+        half an interval while behind (twice the rate at most, in pairs)."""
+        delay = self.next_send - now
+        return delay if delay > 0 else self.interval / 2
+
 
 def run(src: str, sport: int, dst: str, dport: int, pps: float, size: int, dscp: int = 0) -> None:
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -26,28 +62,13 @@ def run(src: str, sport: int, dst: str, dport: int, pps: float, size: int, dscp:
     sock.bind((src, sport))
     sock.setblocking(False)
     payload = b"clockmesh-lab-load".ljust(size, b"\0")
-    # One batch per 0.2 ms at most (one packet at a time below 5 kpps): a millisecond's
-    # packets sent at once would fill a shallow buffer, drop and leave it idle till the
-    # next burst — no standing queue, unlike a paced sender at the same rate.
-    batch = max(1, int(pps / 5000))
-    interval = batch / pps
-    next_send = time.monotonic()
+    pacer = Pacer(pps, time.monotonic())
     while True:
-        for _ in range(batch):
+        for _ in range(pacer.due(time.monotonic())):
             # A full queue or an ICMP error (link down) is exactly what we cause.
             with contextlib.suppress(OSError):
                 sock.sendto(payload, (dst, dport))
-        next_send += interval
-        delay = next_send - time.monotonic()
-        if delay > 0:
-            time.sleep(delay)
-        elif delay < -interval:
-            # Fell behind (the CPU busy elsewhere): go on at the rate from now, without
-            # the missed packets. Caught up at once, a stall of a few ms left in one burst
-            # of frames, which a shallow buffer on the way drops: `lab saturate`'s
-            # flows, each at 0.65 of a link, lost 1.9 % at the link before the one they
-            # fill (2026-12-07, two busy cores), and the probes there read a queue.
-            next_send = time.monotonic()
+        time.sleep(pacer.wait(time.monotonic()))
 
 
 def main(argv: list[str] | None = None) -> None:
