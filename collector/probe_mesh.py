@@ -104,6 +104,7 @@ class ProbeMesh:
         self._rxb = DatagramBatch(DRAIN_ROWS, RX_SLOT, timestamping.ANC_SIZE)
         self._errb = DatagramBatch(DRAIN_ROWS, ERR_SLOT, timestamping.ERR_ANC_SIZE)
         self._port_of = np.zeros(DRAIN_ROWS, np.intp)  # source-port socket of each row
+        self._sock_drops = np.zeros(1, np.int64)  # (sized by open())
         self._txb = DatagramBatch(2 * MAX_PAIRS, SIZE)
         self._echob = DatagramBatch(DRAIN_ROWS, SIZE)
         self._echo_addrs: dict[int, tuple[str, int]] = {}
@@ -169,6 +170,8 @@ class ProbeMesh:
                 self.tx_socks.append(sock)
             self._tx_ids = np.zeros((len(self.tx_socks), RING), np.uint64)
             self._tx_count = np.zeros(len(self.tx_socks), np.int64)
+            # the kernel's drop count of each socket: the source-port ones, the probe one
+            self._sock_drops = np.zeros(len(self.tx_socks) + 1, np.int64)
             self.tracer.socks = self.tx_socks
             # Probes, echoes and traces in the RDMA traffic class (RoCE v2's DSCP): they
             # measure the queue RDMA traffic sees, not the best-effort one.
@@ -473,13 +476,14 @@ class ProbeMesh:
         b = self._rxb
         ts, kind, ttl, drops = timestamping.rx_meta_batch(b, n)
         if drops >= 0:
-            # the echo sockets' count, then the probe socket's (the last one reported
-            # wins, as when the two kinds were drained and checked apart)
+            # Each socket's count (cumulative, the newest in this batch), summed: one
+            # socket's alone, the count shipped went up and down as a drain read the
+            # echo sockets or the probe socket, which the detector reads as a restart.
             per_row = timestamping.rx_meta_rows(b, n)[3]
-            for part in (per_row[:m], per_row[m:]):
-                top = int(part.max(initial=-1))
-                if top >= 0:
-                    self.stats["rx_kernel_drops"] = top
+            newest = np.full(len(self._sock_drops), -1, np.int64)
+            np.maximum.at(newest, self._port_of[:n], per_row)  # -1: the probe socket
+            self._sock_drops = np.where(newest >= 0, newest, self._sock_drops)
+            self.stats["rx_kernel_drops"] = int(self._sock_drops.sum())
         none = ts == 0
         if none.any():
             ts[none] = time.time_ns()

@@ -4,6 +4,7 @@ Runs the recvmmsg/sendmmsg path and the per-datagram fallback (no libc functions
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -162,6 +163,40 @@ def test_echoes_and_probes_checked_in_one_batch_keep_their_sockets_apart(
     assert b.stats["probes_received"] == 4
     assert len(b.buffers["probe_rx"].take()) == 4
     assert len(b.buffers["echo"].take()) == 0
+
+
+def test_the_kernel_drop_count_is_every_sockets_and_never_goes_back(
+    meshes: tuple[ProbeMesh, ProbeMesh],
+) -> None:
+    """The kernel drops datagrams at b's probe socket and at one of its echo sockets
+    (nothing read while a flood arrives at each): b's ``rx_kernel_drops`` is both
+    sockets' drops, whichever socket a drain reads — one socket's alone, the count went
+    up and down, which the detector reads as a collector restart, and a count that
+    moves as a socket dropping."""
+    a, b = meshes
+    time.sleep(0.2)
+    assert b.rx_sock is not None
+    flood = bytes(PacketCodec(KEY).pack(KIND_PROBE, 0, 1, 7, 8, 0, time.time_ns()))
+    to_probe, to_echo = (
+        (b.cfg.backend.address, b.port),
+        (b.cfg.backend.address, b.cfg.probe.base_sport),
+    )
+    for sock, to, n in ((b.rx_sock, to_probe, 300), (b.tx_socks[0], to_echo, 100)):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a few datagrams
+        for _ in range(n):
+            a.tx_socks[0].sendto(flood, to)
+    for _ in range(3):
+        b.drain()  # the floods read: the next datagram at each socket carries its count
+    counts = []
+    for to in (to_probe, to_echo, to_probe, to_echo):
+        a.tx_socks[0].sendto(flood, to)
+        time.sleep(0.05)
+        b.drain()
+        counts.append(b.stats["rx_kernel_drops"])
+    # the first drain read the probe socket's count alone: the echo socket's is known
+    # from the next on
+    assert counts[1] > counts[0] > 0
+    assert counts[1:] == [counts[1]] * 3, counts
 
 
 def test_a_trace_probe_that_reaches_a_collector_is_counted_apart_not_as_malformed(
