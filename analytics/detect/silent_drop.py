@@ -1031,8 +1031,9 @@ class SilentDrops:
         out = []
         seen: dict[Place, tuple[int, int, bool]] = {}
         # A host's own place, lost at random to or from every peer, is its access link (a
-        # dirty optic or cable drops one direction or both), its NIC, or (what it
-        # receives) its collector not keeping up: named on its link, the host the culprit
+        # dirty optic or cable drops one direction or both) or its NIC — what it receives,
+        # only while its collector's sockets dropped nothing (else that collector not
+        # keeping up, held): named on its link, the host the culprit
         ways: dict[str, set[str]] = collections.defaultdict(set)
         for p, *_ in chosen:
             if not p.reported:
@@ -1163,13 +1164,15 @@ class SilentDrops:
                 "no queue"
             )
         elif way == IN:
-            candidates = [where, f"{host}'s NIC (receiving)", f"{host}'s collector (receiving)"]
+            # (its collector not keeping up, the other cause, is ruled out: a received
+            # share is named only while its sockets dropped nothing, feed_socket)
+            candidates = [where, f"{host}'s NIC (receiving)"]
             other = "what it sends loses some too" if both else "while what it sends arrives"
             summary = (
                 f"{where} silently drops about {rate} of what is sent to {host}, at random: "
                 f"its peers' flows to it lose some, none many in a row, {other} (a bad optic "
-                "or cable, its NIC receiving, or its collector not keeping up); link up, "
-                "paths unmoved, no queue"
+                "or cable, or its NIC receiving: its collector's sockets dropped none); link "
+                "up, paths unmoved, no queue"
             )
         elif way == BOTH:
             candidates = [where, f"{host}'s NIC"]

@@ -445,3 +445,38 @@ def test_a_host_that_drops_all_it_receives_is_named_and_its_peers_are_not_lossy(
         time.sleep(5)
         assert not [o for o in live()["anomalies"]["open"] if o["kind"] == "silent_drop"
                     and host in (o["evidence"].get("destinations") or [])]  # fmt: skip
+
+
+def test_a_host_link_dropping_at_random_into_its_host_is_the_hosts_silent_drop(
+    opsbox: dict[str, Any],
+) -> None:
+    """A dirty optic on the leaf's side of one host's link: the leaf loses 15 % of what it
+    sends the host, at random (`lab drop LEAF --toward HOST --packets`, nftables numgen
+    in the leaf's forward hook), the link up. Named on the host's access link,
+    leaf→host, the host the culprit, no host lossy — because the host's collector
+    shipped its sockets' kernel drop count and it stood still (a collector that does not
+    keep up loses received probes at random too). Before, no anomaly opened and
+    `clockmesh live` said only that host was "lossy" (the demo lab, 2026-12-07)."""
+    from lab import faults
+
+    live, lab = opsbox["live"], opsbox["lab"]
+    host, port = "h1-1", "h1-1-leaf1"
+    wait_for(lambda: _silent_drop_of(live(), host) is None, 60,
+             f"no silent drop of {host} open before")  # fmt: skip
+    faults.lossy_port(lab, "leaf1", host, 0.15)
+    try:
+        a = _wait_named(live, host, f"15 % of what leaf1 sends {host} lost at random")
+        ev, aid = a["evidence"], a["anomaly_id"]
+        assert a["link"] == port and ev["direction"] == "leaf→host", a
+        assert ev["pattern"] == "random" and 0.08 < ev["packet_share"] < 0.25, ev
+        assert f"what is sent to {host}" in a["summary"], a
+        wait_for(lambda: next(h for h in live()["hosts"] if h["host"] == host)["verdict"]
+                 == "culprit", 20, f"{host} the culprit")  # fmt: skip
+        doc = live()
+        assert not [a["anomaly_id"] for a in doc["anomalies"]["open"]
+                    if a["kind"] == "silent_drop" and a["link"].startswith("leaf1")], doc  # fmt: skip
+        for h in doc["hosts"]:
+            assert h["verdict"] != "lossy", h
+            assert (aid in h["culprit_of"]) == (h["host"] == host), h
+    finally:
+        faults.heal(lab)
