@@ -474,12 +474,11 @@ class ProbeMesh:
 
         Returns (rows, timestamp ns, TsKind, TTL) with the rejections counted."""
         b = self._rxb
-        ts, kind, ttl, drops = timestamping.rx_meta_batch(b, n)
-        if drops >= 0:
+        ts, kind, ttl, per_row = timestamping.rx_meta_rows(b, n)
+        if per_row.max(initial=-1) >= 0:
             # Each socket's count (cumulative, the newest in this batch), summed: one
             # socket's alone, the count shipped went up and down as a drain read the
             # echo sockets or the probe socket, which the detector reads as a restart.
-            per_row = timestamping.rx_meta_rows(b, n)[3]
             newest = np.full(len(self._sock_drops), -1, np.int64)
             np.maximum.at(newest, self._port_of[:n], per_row)  # -1: the probe socket
             self._sock_drops = np.where(newest >= 0, newest, self._sock_drops)

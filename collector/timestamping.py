@@ -218,13 +218,6 @@ def rx_meta_batch(batch: Any, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarra
     """:func:`rx_meta` for the first ``n`` datagrams of a received batch.
 
     Returns (timestamp ns or 0, TsKind, TTL, highest kernel drop count or -1)."""
-    c = batch.control_view(_rx_dtype(batch.control.shape[1]))[:n]
-    clen = batch.controllen(n)
-    if (clen == _TS_SPACE + _INT_SPACE).all() and (
-        batch.control[:n, _HDR_COLS] == _RX_USUAL
-    ).all():  # every row: timestamps, then the TTL (no drops reported)
-        ts, kind = _timestamp(c["sw_s"], c["sw_ns"], c["hw_s"], c["hw_ns"])
-        return ts, kind, c["c1_val"].astype(np.uint8), -1
     ts, kind, ttl, drops = rx_meta_rows(batch, n)
     return ts, kind, ttl, int(drops.max(initial=-1))
 
@@ -234,6 +227,11 @@ def rx_meta_rows(batch: Any, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray
     (-1 where the datagram carried none)."""
     c = batch.control_view(_rx_dtype(batch.control.shape[1]))[:n]
     clen = batch.controllen(n)
+    if (clen == _TS_SPACE + _INT_SPACE).all() and (
+        batch.control[:n, _HDR_COLS] == _RX_USUAL
+    ).all():  # every row: timestamps, then the TTL (no drops reported)
+        ts, kind = _timestamp(c["sw_s"], c["sw_ns"], c["hw_s"], c["hw_ns"])
+        return ts, kind, c["c1_val"].astype(np.uint8), np.full(n, -1, np.int64)
     ok = (c["c0_level"] == socket.SOL_SOCKET) & (c["c0_type"] == SCM_TIMESTAMPING)
     ok &= c["c0_len"] == 16 + _TS3.size
     ts, kind = _timestamp(c["sw_s"], c["sw_ns"], c["hw_s"], c["hw_ns"])
