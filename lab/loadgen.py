@@ -18,6 +18,9 @@ import time
 from typing import Any
 
 CATCH_UP_S = 0.05  # a paced sender late by more than this forgets the rest
+# `saturate`'s flows catch up no faster than this share of the link's capacity: every
+# other link a flow crosses has that capacity too, and keeps no standing queue
+CEILING_SHARE = 0.9
 
 
 class Pacer:
@@ -27,17 +30,24 @@ class Pacer:
     idle till the next burst, no standing queue, unlike a paced sender at the same rate.
 
     Late by a whole batch or more (the CPU busy elsewhere), a wake-up sends one batch
-    more, never all that is owed at once, with a pause between wake-ups, and a deficit
-    older than ``CATCH_UP_S`` is forgotten. Caught up at once, a stall of a few ms left
-    in one burst of frames, which a shallow buffer on the way drops: `lab saturate`'s
-    flows, each at 0.65 of a link, lost 1.9 % at the link before the one they fill
-    (2026-12-07, two busy cores). Not caught up at all, a sender on a busy machine fell
-    short of its rate: `lab congest`'s 75 Mbit/s into a 50-Mbit/s port sent 39-51 Mbit/s
-    for 6 s in CI, the port's queue drained and the page it held closed mid-fault."""
+    more, never all that is owed at once, and the next such wake-up waits long enough
+    that the sender never outruns ``ceiling_pps`` (twice its rate unless told less); a
+    deficit older than ``CATCH_UP_S`` is forgotten. Caught up at once, a stall of a few ms
+    left in one burst of frames, which a shallow buffer on the way drops: `lab
+    saturate`'s flows, each at 0.65 of a link, lost 1.9 % at the link before the one they
+    fill (2026-12-07, two busy cores). Caught up at four times its rate (pairs half an
+    interval apart, until late on 2026-12-07), a flow at 0.65 of a link drove the other link it
+    crosses to 2.6 × for the ms it caught up: held-out seed 1285 paged that link too
+    (a standing queue of ≥323 µs, 11 % lost), a real queue the lab had not meant. Not
+    caught up at all, a sender on a busy machine fell short of its rate: `lab congest`'s
+    75 Mbit/s into a 50-Mbit/s port sent 39-51 Mbit/s for 6 s in CI, the port's queue
+    drained and the page it held closed mid-fault."""
 
-    def __init__(self, pps: float, now: float) -> None:
+    def __init__(self, pps: float, now: float, ceiling_pps: float | None = None) -> None:
         self.batch = max(1, int(pps / 5000))
         self.interval = self.batch / pps
+        ceiling = 2 * pps if ceiling_pps is None else min(max(ceiling_pps, pps), 2 * pps)
+        self.pair_gap = 2 * self.batch / ceiling  # between wake-ups that send a pair
         self.next_send = now
 
     def due(self, now: float) -> int:
@@ -48,13 +58,22 @@ class Pacer:
         return n
 
     def wait(self, now: float) -> float:
-        """Seconds to sleep before the next wake-up: till the next batch is due, or
-        half an interval while behind (twice the rate at most, in pairs)."""
+        """Seconds to sleep before the next wake-up: till the next batch is due, or,
+        while behind, the gap that keeps pairs under the ceiling."""
         delay = self.next_send - now
-        return delay if delay > 0 else self.interval / 2
+        return delay if delay > 0 else self.pair_gap
 
 
-def run(src: str, sport: int, dst: str, dport: int, pps: float, size: int, dscp: int = 0) -> None:
+def run(
+    src: str,
+    sport: int,
+    dst: str,
+    dport: int,
+    pps: float,
+    size: int,
+    dscp: int = 0,
+    ceiling_pps: float | None = None,
+) -> None:
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     if dscp:  # RoCE v2's class (26) with `lab capacity`: contends with the RDMA traffic
@@ -62,7 +81,7 @@ def run(src: str, sport: int, dst: str, dport: int, pps: float, size: int, dscp:
     sock.bind((src, sport))
     sock.setblocking(False)
     payload = b"clockmesh-lab-load".ljust(size, b"\0")
-    pacer = Pacer(pps, time.monotonic())
+    pacer = Pacer(pps, time.monotonic(), ceiling_pps)
     while True:
         for _ in range(pacer.due(time.monotonic())):
             # A full queue or an ICMP error (link down) is exactly what we cause.
@@ -80,10 +99,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pps", type=float, required=True, help="packets per second")
     parser.add_argument("--size", type=int, default=1400, help="UDP payload bytes")
     parser.add_argument("--dscp", type=int, default=0, help="DSCP of every packet (0-63)")
+    parser.add_argument(
+        "--max-pps",
+        type=float,
+        default=None,
+        help="never faster than this while catching up after a stall (default: 2 x --pps)",
+    )
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     with contextlib.suppress(KeyboardInterrupt):
-        run(args.src, args.sport, args.dst, args.dport, args.pps, args.size, args.dscp)
+        run(
+            args.src, args.sport, args.dst, args.dport, args.pps, args.size, args.dscp, args.max_pps
+        )
 
 
 if __name__ == "__main__":
@@ -105,8 +132,9 @@ def saturate(
     each flow hashed onto the spine; ``b2a`` (spine→leaf): hosts of up to two other racks
     send to a host under the leaf (incast). Together the flows carry ``overload`` × the
     link's capacity ``rate`` while each other link they cross carries at most
-    ``overload`` / 2 × (with three racks or more: 0.65, idle a third of the time): the named direction's queue fills to its
-    buffer and drops beyond, no other queue stands. Every flow is recorded as a fault
+    ``overload`` / 2 × (with three racks or more: 0.65, idle a third of the time), and
+    catching up after a stall at most ``CEILING_SHARE`` ×: the named direction's queue
+    fills to its buffer and drops beyond, no other queue stands. Every flow is recorded as a fault
     (``lab heal`` stops them); DSCP 26 puts them in the RDMA class, as another job's
     RoCE v2 traffic."""
     from lab import faults
@@ -136,6 +164,7 @@ def saturate(
             sport,
             share,
             dscp,
+            ceiling_bps=CEILING_SHARE * bps,
             kind="saturate",
             link=link.name,
             direction=direction,

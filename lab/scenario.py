@@ -232,7 +232,7 @@ class Scenario:
     def _job_contention(self) -> Fault:
         """Two jobs from one host, to hosts of two other racks (one rack twice when there
         are two), their bulk flows hashed onto one uplink: together 1.3 × its capacity,
-        each other link they cross at most 0.65 ×."""
+        each other link they cross at most 0.65 × (0.9 × catching up after a stall)."""
         topo = self.lab.topology
         racks = sorted({h.rack for h in topo.hosts})
         ra = self.rng.choice(racks)
@@ -253,10 +253,11 @@ class Scenario:
         # every bulk flow's source port first: a running load crowds the port search
         ports = [faults.find_source_port(topo, a, p, link, link.a) for p in peers]
         bps = faults.parse_rate(CAPACITY) * 0.65
+        ceiling = faults.parse_rate(CAPACITY) * loadgen.CEILING_SHARE  # catching up
         try:
             for i, (job, peer, sport) in enumerate(zip(jobs, peers, ports, strict=True)):
-                faults._start_load(self.lab, a, peer, sport, bps, 26, kind="job_bulk",
-                                   link=link.name, job=job)  # fmt: skip
+                faults._start_load(self.lab, a, peer, sport, bps, 26, ceiling_bps=ceiling,
+                                   kind="job_bulk", link=link.name, job=job)  # fmt: skip
                 jobgen.start_job(self.lab, job, [a.name, peer.name], 3, 20.0, 512,
                                  port=jobgen.PORT + 1 + i)  # fmt: skip
             f.start_ns = time.time_ns()  # onset: both jobs' bulk flows run

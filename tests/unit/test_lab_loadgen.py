@@ -42,6 +42,22 @@ def test_a_stall_is_caught_up_in_pairs_and_a_long_one_forgotten() -> None:
     assert abs(after - 6500 * (end - now - 1.0 + CATCH_UP_S)) <= 3, (after, before)
 
 
+def test_a_load_catching_up_never_outruns_its_ceiling() -> None:
+    # `lab saturate`'s flow at 0.65 of a 50-Mbit/s link (2,818 pps of 1,442-byte frames)
+    # crosses another such link: caught up at four times its rate, it drove that link to
+    # 2.6 x for the ms it caught up, and held-out seed 1285 paged it as contended
+    pps = 0.65 * 50e6 / (1442 * 8)
+    for ceiling, most_rate in ((None, 2 * pps), (0.9 * 50e6 / (1442 * 8), 0.9 * 50e6 / (1442 * 8))):
+        pacer = Pacer(pps, 0.0, ceiling)
+        sent, _, now = _send(pacer, 1.0, 0.0)
+        stalled = now + 0.020  # a 20-ms stall: 56 packets owed
+        early, _, t = _send(pacer, stalled + 0.005, stalled)
+        assert early <= most_rate * (t - stalled) + 2, (ceiling, early, t - stalled)
+        assert early > pps * (t - stalled), (ceiling, early)  # it does catch up
+        more, _, end = _send(pacer, stalled + 0.5, t)
+        assert abs(sent + early + more - pps * end) <= 2, ceiling  # all of it, in the end
+
+
 def test_a_fast_load_sends_a_batch_per_fifth_of_a_millisecond() -> None:
     pacer = Pacer(20_000, 0.0)
     assert (pacer.batch, round(pacer.interval * 1e6)) == (4, 200)
