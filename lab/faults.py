@@ -281,30 +281,19 @@ def congest(
     return records
 
 
-def _start_load(
-    lab: Lab,
-    src: Host,
-    dst: Host,
-    sport: int,
-    bps: float,
-    dscp: int = 0,
-    *,
-    ceiling_bps: float | None = None,
-    **info: Any,
-) -> dict[str, Any]:
+def _start_load(lab: Lab, src: Host, dst: Host, sport: int, bps: float, dscp: int = 0, *,
+                ceiling_bps: float | None = None, **info: Any) -> dict[str, Any]:  # fmt: skip
     """A paced UDP load (``python -m lab.loadgen``, 1400-byte datagrams, best effort
     unless ``dscp``) of ``bps`` from src:sport to dst, recorded as a fault (``heal``
-    stops it). ``ceiling_bps``: never faster while it catches up after a stall (default
-    twice ``bps``)."""
+    stops it); catching up after a stall, never above ``ceiling_bps`` (default 2 × bps)."""
     size = 1400
-    frame_bits = (size + 42) * 8
-    pps = min(bps / frame_bits, MAX_LOAD_PPS)
+    pps = min(bps / ((size + 42) * 8), MAX_LOAD_PPS)
     cmd = ["ip", "netns", "exec", src.namespace, sys.executable, "-m", "lab.loadgen"]
     cmd += ["--src", src.backend_address, "--sport", str(sport), "--dst", dst.backend_address]
     cmd += ["--dport", str(LOAD_DPORT), "--pps", f"{pps:.0f}", "--size", str(size)]
     cmd += ["--dscp", str(dscp)]
     if ceiling_bps is not None:
-        cmd += ["--max-pps", f"{ceiling_bps / frame_bits:.0f}"]
+        cmd += ["--max-pps", f"{ceiling_bps / ((size + 42) * 8):.0f}"]
     proc = subprocess.Popen(
         cmd,
         stdin=subprocess.DEVNULL,
