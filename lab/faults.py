@@ -285,7 +285,7 @@ def _start_load(lab: Lab, src: Host, dst: Host, sport: int, bps: float, dscp: in
                 ceiling_bps: float | None = None, **info: Any) -> dict[str, Any]:  # fmt: skip
     """A paced UDP load (``python -m lab.loadgen``, 1400-byte datagrams, best effort
     unless ``dscp``) of ``bps`` from src:sport to dst, recorded as a fault (``heal``
-    stops it); catching up after a stall, never above ``ceiling_bps`` (default 2 × bps)."""
+    stops it); catching up after a stall, never above ``ceiling_bps`` (default 4 × bps)."""
     size = 1400
     pps = min(bps / ((size + 42) * 8), MAX_LOAD_PPS)
     cmd = ["ip", "netns", "exec", src.namespace, sys.executable, "-m", "lab.loadgen"]
