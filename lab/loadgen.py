@@ -41,10 +41,10 @@ class Pacer:
     real queue the lab had not meant: `saturate`'s and job-against-job flows get a
     ceiling. With twice its rate for every load (an hour on 2026-12-07), the CI lab
     test of a shallow queue at a host's port, a `congest` load, failed again: loads
-    given no ceiling keep four times. Not
-    caught up at all, a sender on a busy machine fell short of its rate: `lab congest`'s
-    75 Mbit/s into a 50-Mbit/s port sent 39-51 Mbit/s for 6 s in CI, the port's queue
-    drained and the page it held closed mid-fault."""
+    given no ceiling keep four times. Not caught up at all, a sender on a busy machine
+    fell short of its rate: `lab congest`'s 75 Mbit/s into a 50-Mbit/s port sent 39-51
+    Mbit/s for 6 s in CI, the port's queue drained and the page it held closed
+    mid-fault."""
 
     def __init__(self, pps: float, now: float, ceiling_pps: float | None = None) -> None:
         self.batch = max(1, int(pps / 5000))

@@ -252,8 +252,8 @@ class Scenario:
             "direction": "leaf→spine", "rate": CAPACITY, "seconds": round(seconds, 1)})  # fmt: skip
         # every bulk flow's source port first: a running load crowds the port search
         ports = [faults.find_source_port(topo, a, p, link, link.a) for p in peers]
-        bps = faults.parse_rate(CAPACITY) * 0.65
-        ceiling = faults.parse_rate(CAPACITY) * loadgen.CEILING_SHARE  # catching up
+        cap = faults.parse_rate(CAPACITY)
+        bps, ceiling = cap * 0.65, cap * loadgen.CEILING_SHARE  # ceiling: catching up
         try:
             for i, (job, peer, sport) in enumerate(zip(jobs, peers, ports, strict=True)):
                 faults._start_load(self.lab, a, peer, sport, bps, 26, ceiling_bps=ceiling,
