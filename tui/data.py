@@ -233,7 +233,7 @@ def fleet(live: dict[str, Any], racks: dict[str, str], th: Thresholds | None = N
             state, peer = RED, lo_peer or xlo_peer
         elif q_peer and q > th.amber_us:
             state, peer = AMBER, q_peer
-        elif lo_all > th.red_loss:
+        elif lo_all > th.red_loss or xlo > 0:  # any loss an anomaly explains: its victim
             state, peer, affected_by = AFFECTED, xlo_peer or lo_peer, xlo_ids
         elif xq_peer and xq > th.amber_us:
             state, peer, affected_by = AFFECTED, xq_peer, xq_ids

@@ -25,7 +25,8 @@ and unexplained parts gives its verdict (:func:`verdict`): ``culprit`` (an open 
 names its own link), ``lossy`` (loss no open anomaly explains), ``slow`` (a pair of it
 the detector judged queued beyond that path's own healthy delay — the pair's
 ``queue_us`` — and no open anomaly explains), ``affected`` (loss or queue, all of it
-explained), ``ok``. Readers (``/v1/live``, ``clockmesh live``, the TUI, the report) all
+explained, however little: a spine port losing 1 % of what it sends loses each of its
+victims well under 1 % of their probes, and they are its), ``ok``. Readers (``/v1/live``, ``clockmesh live``, the TUI, the report) all
 go through this module. No Textual, no DuckDB here.
 """
 
@@ -302,8 +303,8 @@ def verdict(
         return LOSSY_
     if loss.queue_us > 0:
         return SLOW
-    if loss.worst > lossy or loss.queue_explained_us > 0:
-        return AFFECTED
+    if loss.lost_explained or loss.lost_to_explained or loss.queue_explained_us > 0:
+        return AFFECTED  # any loss an anomaly explains, however small: its victim
     return OK
 
 

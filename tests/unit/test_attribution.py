@@ -76,6 +76,30 @@ def test_contention_explains_one_direction_and_a_roce_job_explains_no_probe() ->
     assert _verdicts(_mesh({("h1-1", "h2-1"): 20}), [roce])["h1-1"] == "lossy"
 
 
+def test_a_port_losing_a_random_share_makes_its_victims_affected_under_one_percent() -> None:
+    """A spine port losing a random share of what it sends into leaf2: of the paths
+    into rack 2 one in eight crosses it, and its victims lose 0.1 % of what they send
+    or receive — under the 1 % a loss must reach to be worth a look, but every probe
+    they lost is the open anomaly's: they are affected by it (before: ok, as if nothing
+    touched them)."""
+    drop = {"anomaly_id": "silent-4", "kind": "silent_drop", "link": "leaf2-spine1",
+            "evidence": {"direction": "spine→leaf", "leaf": "leaf2", "links": ["leaf2-spine1"]}}
+    lost = {("h1-1", "h2-1"): 1, ("h3-2", "h2-2"): 1}  # 1 of the 100 sent on each pair
+    pairs = _mesh(lost, sent=1000)
+    assert set(_verdicts(pairs, []).values()) == {"ok"}  # 0.1 %: no look without a cause
+    explained, losses = attribution.attribute(RACKS, pairs, [drop], RACKS, LEAVES)
+    verdicts = {h: attribution.verdict(x, 0.5) for h, x in losses.items()}
+    victims = {"h1-1", "h2-1", "h3-2", "h2-2"}
+    assert {h for h, v in verdicts.items() if v == "affected"} == victims, verdicts
+    assert {verdicts[h] for h in set(RACKS) - victims} == {"ok"}
+    assert all(losses[h].affected_by == {"silent-4"} for h in victims)
+    assert max(losses[h].worst for h in victims) < attribution.LOSSY
+    # loss on a path the anomaly's place does not cross stays unexplained: not its victim
+    other = _mesh({("h2-1", "h1-1"): 1}, sent=1000)  # leaving rack 2, not entering it
+    _, losses = attribution.attribute(RACKS, other, [drop], RACKS, LEAVES)
+    assert {attribution.verdict(x, 0.5) for x in losses.values()} == {"ok"}
+
+
 def test_a_black_holed_host_is_lossy_from_what_was_sent_to_it() -> None:
     """No anomaly explains it: the host everyone loses probes to is lossy (it lost nothing
     of its own), and so are the senders — nothing here may call them affected."""
