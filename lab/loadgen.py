@@ -32,19 +32,11 @@ class Pacer:
     Late by a whole batch or more (the CPU busy elsewhere), a wake-up sends one batch
     more, never all that is owed at once, half an interval after the last (up to four
     times its rate), or late enough never to outrun ``ceiling_pps`` when given; a
-    deficit older than ``CATCH_UP_S`` is forgotten. Caught up at once, a stall of a few ms
-    left in one burst of frames, which a shallow buffer on the way drops: `lab
-    saturate`'s flows, each at 0.65 of a link, lost 1.9 % at the link before the one they
-    fill (2026-12-07, two busy cores). Caught up at four times its rate, a flow at 0.65
-    of a link drives the other link it crosses to 2.6 × for the ms it catches up:
-    held-out seed 1285 paged that link too (a standing queue of ≥323 µs, 11 % lost), a
-    real queue the lab had not meant: `saturate`'s and job-against-job flows get a
-    ceiling. With twice its rate for every load (an hour on 2026-12-07), the CI lab
-    test of a shallow queue at a host's port, a `congest` load, failed again: loads
-    given no ceiling keep four times. Not caught up at all, a sender on a busy machine
-    fell short of its rate: `lab congest`'s 75 Mbit/s into a 50-Mbit/s port sent 39-51
-    Mbit/s for 6 s in CI, the port's queue drained and the page it held closed
-    mid-fault."""
+    deficit older than ``CATCH_UP_S`` is forgotten. Caught up at once, a stall's frames
+    leave in one burst that a shallow buffer on the way drops; not caught up at all, a
+    sender on a busy machine falls short of its rate and the queue it holds drains;
+    caught up faster than the links it crosses carry, it fills one it was not meant to
+    (docs/lab.md, "saturate", has the runs that showed each)."""
 
     def __init__(self, pps: float, now: float, ceiling_pps: float | None = None) -> None:
         self.batch = max(1, int(pps / 5000))
