@@ -83,8 +83,9 @@ def test_a_port_losing_a_random_share_makes_its_victims_affected_under_one_perce
     they lost is the open anomaly's: they are affected by it (before: ok, as if nothing
     touched them)."""
     drop = {"anomaly_id": "silent-4", "kind": "silent_drop", "link": "leaf2-spine1",
-            "evidence": {"direction": "spine→leaf", "leaf": "leaf2", "links": ["leaf2-spine1"]}}
-    lost = {("h1-1", "h2-1"): 1, ("h3-2", "h2-2"): 1}  # 1 of the 100 sent on each pair
+            "evidence": {"direction": "spine→leaf", "leaf": "leaf2",
+                         "links": ["leaf2-spine1"]}}  # fmt: skip
+    lost = {("h1-1", "h2-1"): 1, ("h3-2", "h2-2"): 1}  # 1 of the 1,000 sent on each pair
     pairs = _mesh(lost, sent=1000)
     assert set(_verdicts(pairs, []).values()) == {"ok"}  # 0.1 %: no look without a cause
     explained, losses = attribution.attribute(RACKS, pairs, [drop], RACKS, LEAVES)
@@ -94,6 +95,8 @@ def test_a_port_losing_a_random_share_makes_its_victims_affected_under_one_perce
     assert {verdicts[h] for h in set(RACKS) - victims} == {"ok"}
     assert all(losses[h].affected_by == {"silent-4"} for h in victims)
     assert max(losses[h].worst for h in victims) < attribution.LOSSY
+    on = {(p["src"], p["dst"]): ids for p, ids in zip(pairs, explained, strict=True)}
+    assert on[("h1-1", "h2-1")] == ["silent-4"] and on[("h2-1", "h1-1")] == []
     # loss on a path the anomaly's place does not cross stays unexplained: not its victim
     other = _mesh({("h2-1", "h1-1"): 1}, sent=1000)  # leaving rack 2, not entering it
     _, losses = attribution.attribute(RACKS, other, [drop], RACKS, LEAVES)
