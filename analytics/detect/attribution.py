@@ -26,8 +26,9 @@ names its own link), ``lossy`` (loss no open anomaly explains), ``slow`` (a pair
 the detector judged queued beyond that path's own healthy delay — the pair's
 ``queue_us`` — and no open anomaly explains), ``affected`` (loss or queue, all of it
 explained, however little: a spine port losing 1 % of what it sends loses each of its
-victims well under 1 % of their probes, and they are its), ``ok``. Readers (``/v1/live``, ``clockmesh live``, the TUI, the report) all
-go through this module. No Textual, no DuckDB here.
+victims well under 1 % of their probes, and they are its), ``ok``. Readers
+(``/v1/live``, ``clockmesh live``, the TUI, the report) all go through this module. No
+Textual, no DuckDB here.
 """
 
 from __future__ import annotations
