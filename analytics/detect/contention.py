@@ -1216,10 +1216,9 @@ class PathDelays:
         rank = np.arange(len(got_r)) - np.searchsorted(got_r, got_r)  # within its route
         newest_few = np.zeros(len(rid), bool)
         newest_few[got_rows[rank >= n_fine[got_r] - MIN_PROBES]] = True  # the newest few
-        n_got = np.minimum(n_fine, MIN_PROBES)
-        for r in np.flatnonzero(few & (n_got == 0) & (lost >= MIN_PROBES)).tolist():
+        for r in np.flatnonzero(few & (n_fine == 0) & (lost >= MIN_PROBES)).tolist():
             self._dark.add((int(src[r]), int(dst[r])))  # every probe lost: pair_excess
-        ok &= ~(few & (n_got < MIN_PROBES) & ~((n_got > 0) & (lost >= MIN_PROBES)))
+        ok &= ~(few & (n_fine < MIN_PROBES) & ~((n_fine > 0) & (lost >= MIN_PROBES)))
         judged_few = few & ok
         if judged_few.any():
             few_stats, _ = _route_quantiles(rid, d_all, newest_few, nr, QUANTILES, like_numpy=True)
